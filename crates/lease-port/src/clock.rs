@@ -1,0 +1,148 @@
+//! Time, injectable: wall-clock for lease expiries, monotonic for local deadlines.
+
+use std::fmt::Debug;
+use std::time::{Instant, SystemTime};
+
+/// A source of time.
+///
+/// [`now`](Clock::now) is wall-clock time, used for lease expiries that other
+/// processes must understand. [`instant`](Clock::instant) is monotonic, used
+/// for deadlines a process keeps for itself (when to renew, when a lease it
+/// holds must be taken as lost): a wall-clock jump must never stretch those.
+pub trait Clock: Send + Sync + Debug {
+    /// Wall-clock time.
+    fn now(&self) -> SystemTime;
+
+    /// Monotonic time. Defaults to [`Instant::now`].
+    fn instant(&self) -> Instant {
+        Instant::now()
+    }
+}
+
+/// The operating system's clocks.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> SystemTime {
+        SystemTime::now()
+    }
+}
+
+impl<C: Clock + ?Sized> Clock for std::sync::Arc<C> {
+    fn now(&self) -> SystemTime {
+        (**self).now()
+    }
+    fn instant(&self) -> Instant {
+        (**self).instant()
+    }
+}
+
+#[cfg(feature = "test-util")]
+pub use manual::ManualClock;
+
+#[cfg(feature = "test-util")]
+mod manual {
+    use super::Clock;
+    use std::sync::{Arc, Mutex, PoisonError};
+    use std::time::{Duration, Instant, SystemTime};
+
+    /// A clock that moves only when told to; clones share one time.
+    ///
+    /// Both readings advance together: [`advance`](Self::advance) moves the
+    /// wall clock and the monotonic clock by the same amount, and
+    /// [`set_wall`](Self::set_wall) jumps the wall clock alone, as an NTP
+    /// step would.
+    ///
+    /// ```
+    /// use lease_port::{Clock, ManualClock};
+    /// use std::time::Duration;
+    /// let clock = ManualClock::new();
+    /// let t0 = clock.now();
+    /// clock.advance(Duration::from_secs(5));
+    /// assert_eq!(clock.now(), t0 + Duration::from_secs(5));
+    /// ```
+    #[derive(Debug, Clone)]
+    pub struct ManualClock {
+        inner: Arc<Mutex<State>>,
+    }
+
+    #[derive(Debug)]
+    struct State {
+        wall: SystemTime,
+        mono: Instant,
+    }
+
+    impl ManualClock {
+        /// A clock standing at a fixed, recent wall time (2026-01-01T00:00:00Z).
+        pub fn new() -> Self {
+            Self::starting_at(SystemTime::UNIX_EPOCH + Duration::from_secs(1_767_225_600))
+        }
+
+        /// A clock standing at `wall`.
+        pub fn starting_at(wall: SystemTime) -> Self {
+            Self {
+                inner: Arc::new(Mutex::new(State {
+                    wall,
+                    mono: Instant::now(),
+                })),
+            }
+        }
+
+        /// Moves both clocks forward by `by`.
+        pub fn advance(&self, by: Duration) {
+            let mut s = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+            s.wall += by;
+            s.mono += by;
+        }
+
+        /// Sets the wall clock to `wall` (forwards or backwards); the
+        /// monotonic clock does not move.
+        pub fn set_wall(&self, wall: SystemTime) {
+            self.inner
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .wall = wall;
+        }
+    }
+
+    impl Default for ManualClock {
+        fn default() -> Self {
+            Self::new()
+        }
+    }
+
+    impl Clock for ManualClock {
+        fn now(&self) -> SystemTime {
+            self.inner
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .wall
+        }
+
+        fn instant(&self) -> Instant {
+            self.inner
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .mono
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn clones_share_time_and_wall_jumps_leave_monotonic_alone() {
+            let a = ManualClock::new();
+            let b = a.clone();
+            let (w0, m0) = (a.now(), a.instant());
+            b.advance(Duration::from_millis(1500));
+            assert_eq!(a.now(), w0 + Duration::from_millis(1500));
+            assert_eq!(a.instant(), m0 + Duration::from_millis(1500));
+            a.set_wall(w0 - Duration::from_secs(3600));
+            assert_eq!(b.now(), w0 - Duration::from_secs(3600));
+            assert_eq!(b.instant(), m0 + Duration::from_millis(1500));
+        }
+    }
+}

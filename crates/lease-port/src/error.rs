@@ -1,0 +1,195 @@
+//! The one error type of the contract, with a kind callers match on.
+
+use std::borrow::Cow;
+use std::error::Error as StdError;
+use std::fmt;
+
+use crate::OwnerId;
+
+/// What went wrong, coarse enough to decide what to do next.
+///
+/// | kind | meaning | what a server does |
+/// |---|---|---|
+/// | `Held` | another owner holds the session, or the caller lost it | reject with *leased elsewhere* (409) or cancel the run |
+/// | `Unsupported` | the backend cannot provide leases at all | stop consulting it for the life of the process |
+/// | `Invalid` | the input can never succeed | reject the request (400) |
+/// | `Transient` | an infrastructure fault that may pass | retry, or answer 503 |
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LeaseErrorKind {
+    /// Held live by another owner, or ownership of the caller's lease was lost.
+    Held,
+    /// The backend cannot provide leases at all. Never used for a passing fault.
+    Unsupported,
+    /// Bad input: an id, owner or lease value that can never be accepted.
+    Invalid,
+    /// An infrastructure fault (I/O, network, timeout); the operation may succeed later.
+    Transient,
+}
+
+impl LeaseErrorKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            LeaseErrorKind::Held => "lease held",
+            LeaseErrorKind::Unsupported => "leases unsupported",
+            LeaseErrorKind::Invalid => "invalid lease input",
+            LeaseErrorKind::Transient => "transient lease failure",
+        }
+    }
+}
+
+impl fmt::Display for LeaseErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+type Source = Box<dyn StdError + Send + Sync + 'static>;
+
+/// The error every [`SessionLease`](crate::SessionLease) operation returns.
+///
+/// Match on [`kind()`](Self::kind); the underlying cause, when there is one,
+/// is kept as [`source()`](std::error::Error::source).
+///
+/// ```
+/// use lease_port::{LeaseError, LeaseErrorKind, OwnerId};
+/// let holder = OwnerId::new("replica-2")?;
+/// let err = LeaseError::held(Some(holder.clone()));
+/// assert_eq!(err.kind(), LeaseErrorKind::Held);
+/// assert_eq!(err.holder(), Some(&holder));
+///
+/// let io = std::io::Error::new(std::io::ErrorKind::TimedOut, "etcd did not answer");
+/// let err = LeaseError::transient("renew timed out").with_source(io);
+/// assert!(err.is_retryable());
+/// assert!(std::error::Error::source(&err).is_some());
+/// # Ok::<(), LeaseError>(())
+/// ```
+#[derive(thiserror::Error)]
+#[error("{}", self.render())]
+pub struct LeaseError {
+    kind: LeaseErrorKind,
+    message: Cow<'static, str>,
+    holder: Option<OwnerId>,
+    #[source]
+    source: Option<Source>,
+}
+
+impl LeaseError {
+    /// An error of `kind` with a human-readable detail.
+    pub fn new(kind: LeaseErrorKind, message: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            holder: None,
+            source: None,
+        }
+    }
+
+    /// Held elsewhere, or ownership lost; `holder` is the live holder when known.
+    pub fn held(holder: Option<OwnerId>) -> Self {
+        let message = match &holder {
+            Some(h) => Cow::Owned(format!("held by {h}")),
+            None => Cow::Borrowed("held by another owner or no longer ours"),
+        };
+        Self {
+            holder,
+            ..Self::new(LeaseErrorKind::Held, message)
+        }
+    }
+
+    /// The backend cannot provide leases at all.
+    pub fn unsupported(message: impl Into<Cow<'static, str>>) -> Self {
+        Self::new(LeaseErrorKind::Unsupported, message)
+    }
+
+    /// Bad input.
+    pub fn invalid(message: impl Into<Cow<'static, str>>) -> Self {
+        Self::new(LeaseErrorKind::Invalid, message)
+    }
+
+    /// A passing infrastructure fault.
+    pub fn transient(message: impl Into<Cow<'static, str>>) -> Self {
+        Self::new(LeaseErrorKind::Transient, message)
+    }
+
+    /// Keeps `source` as the cause of this error.
+    #[must_use]
+    pub fn with_source(mut self, source: impl Into<Source>) -> Self {
+        self.source = Some(source.into());
+        self
+    }
+
+    /// Records the live holder (meaningful for [`LeaseErrorKind::Held`]).
+    #[must_use]
+    pub fn with_holder(mut self, holder: OwnerId) -> Self {
+        self.holder = Some(holder);
+        self
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> LeaseErrorKind {
+        self.kind
+    }
+
+    /// The owner holding the session, when the backend knows it.
+    pub fn holder(&self) -> Option<&OwnerId> {
+        self.holder.as_ref()
+    }
+
+    /// The detail given when the error was made.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// True for [`LeaseErrorKind::Transient`]: the same call may succeed later.
+    pub fn is_retryable(&self) -> bool {
+        self.kind == LeaseErrorKind::Transient
+    }
+
+    fn render(&self) -> String {
+        format!("{}: {}", self.kind, self.message)
+    }
+}
+
+impl fmt::Debug for LeaseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("LeaseError");
+        d.field("kind", &self.kind).field("message", &self.message);
+        if let Some(h) = &self.holder {
+            d.field("holder", h);
+        }
+        if let Some(s) = &self.source {
+            d.field("source", s);
+        }
+        d.finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_names_kind_and_detail() {
+        let err = LeaseError::held(Some(OwnerId::new("b").unwrap()));
+        assert_eq!(err.to_string(), "lease held: held by b");
+        let err = LeaseError::unsupported("no coordination API");
+        assert_eq!(err.to_string(), "leases unsupported: no coordination API");
+        assert!(!err.is_retryable());
+    }
+
+    #[test]
+    fn source_is_kept() {
+        let io = std::io::Error::other("disk on fire");
+        let err = LeaseError::transient("write failed").with_source(io);
+        let src = StdError::source(&err).unwrap();
+        assert_eq!(src.to_string(), "disk on fire");
+        assert!(format!("{err:?}").contains("disk on fire"));
+    }
+
+    #[test]
+    fn error_is_send_sync_static() {
+        fn assert_bounds<T: Send + Sync + 'static>() {}
+        assert_bounds::<LeaseError>();
+    }
+}

@@ -1,0 +1,65 @@
+//! The trait every backend implements.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::{Lease, LeaseError, OwnerId, SessionId};
+
+/// Temporary, fenced ownership of a session by one process.
+///
+/// Object-safe: servers hold an `Arc<dyn SessionLease>` chosen at start-up.
+/// Every operation may be cancelled by dropping its future; a backend must
+/// leave its shared state consistent when that happens (a dropped acquire may
+/// or may not have taken the lease, exactly as a lost reply would).
+///
+/// The rules each method follows are stated on the method and in the crate
+/// documentation; `leaseconformance` checks every one of them.
+#[async_trait]
+pub trait SessionLease: Send + Sync {
+    /// Takes the lease on `session` for `owner`.
+    ///
+    /// Succeeds when the lease is free, expired, or held live by `owner`
+    /// itself. A takeover — any acquisition other than the live holder
+    /// re-acquiring — returns a token greater than every token ever issued
+    /// for `session`. The live holder re-acquiring gets a later expiry and
+    /// either its current token or a new, greater one.
+    ///
+    /// Held live by another owner: [`LeaseErrorKind::Held`](crate::LeaseErrorKind::Held),
+    /// naming the holder when the backend knows it.
+    async fn acquire(&self, session: &SessionId, owner: &OwnerId) -> Result<Lease, LeaseError>;
+
+    /// Extends `lease`, returning a value with the same token and a later
+    /// expiry. Store the returned value.
+    ///
+    /// When the caller no longer holds the lease (taken over, released, or
+    /// expired and not provably unraced): [`LeaseErrorKind::Held`](crate::LeaseErrorKind::Held).
+    /// The caller must then stop acting for the session at once.
+    async fn renew(&self, lease: &Lease) -> Result<Lease, LeaseError>;
+
+    /// Gives up `lease` so another owner can take the session at once.
+    ///
+    /// Removes only the caller's own hold (same owner and token). Succeeds
+    /// without effect when the lease is unknown, expired and taken, or held
+    /// under another token.
+    async fn release(&self, lease: &Lease) -> Result<(), LeaseError>;
+}
+
+macro_rules! forward {
+    ($($ty:ty),*) => {$(
+        #[async_trait]
+        impl<T: SessionLease + ?Sized> SessionLease for $ty {
+            async fn acquire(&self, session: &SessionId, owner: &OwnerId) -> Result<Lease, LeaseError> {
+                (**self).acquire(session, owner).await
+            }
+            async fn renew(&self, lease: &Lease) -> Result<Lease, LeaseError> {
+                (**self).renew(lease).await
+            }
+            async fn release(&self, lease: &Lease) -> Result<(), LeaseError> {
+                (**self).release(lease).await
+            }
+        }
+    )*};
+}
+
+forward!(Arc<T>, Box<T>, &T);

@@ -1,0 +1,3 @@
+//! x
+mod factory;
+pub use factory::*;
