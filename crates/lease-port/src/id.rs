@@ -141,7 +141,12 @@ mod tests {
 
     #[test]
     fn accepts_ordinary_ids() {
-        for ok in ["a", "chat/../etc/passwd", "ünïcødé ☕", &"x".repeat(MAX_ID_LEN)] {
+        for ok in [
+            "a",
+            "chat/../etc/passwd",
+            "ünïcødé ☕",
+            &"x".repeat(MAX_ID_LEN),
+        ] {
             assert_eq!(SessionId::new(ok).unwrap().as_str(), ok);
             assert_eq!(OwnerId::new(ok).unwrap().as_str(), ok);
         }
@@ -150,7 +155,15 @@ mod tests {
     #[test]
     fn rejects_bad_ids_with_invalid() {
         let long = "x".repeat(MAX_ID_LEN + 1);
-        for bad in ["", "a\nb", "\0", "tab\there", "\u{7f}", "\u{9b}", long.as_str()] {
+        for bad in [
+            "",
+            "a\nb",
+            "\0",
+            "tab\there",
+            "\u{7f}",
+            "\u{9b}",
+            long.as_str(),
+        ] {
             let err = SessionId::new(bad).unwrap_err();
             assert_eq!(err.kind(), LeaseErrorKind::Invalid, "{bad:?}");
             let err = OwnerId::new(bad).unwrap_err();

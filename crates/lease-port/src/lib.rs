@@ -120,9 +120,9 @@ mod id;
 mod lease;
 mod port;
 
-pub use clock::{Clock, SystemClock};
 #[cfg(feature = "test-util")]
 pub use clock::ManualClock;
+pub use clock::{Clock, SystemClock};
 pub use error::{LeaseError, LeaseErrorKind};
 pub use id::{MAX_ID_LEN, OwnerId, SessionId};
 pub use lease::{FencingToken, Lease};

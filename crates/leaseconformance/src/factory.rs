@@ -1,6 +1,6 @@
 //! How a backend plugs into the suite.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use lease_port::SessionLease;
@@ -48,6 +48,13 @@ pub trait LeaseFactory: Send + Sync + 'static {
 
     /// What this backend supports.
     fn capabilities(&self) -> Capabilities;
+
+    /// The backend's current wall-clock time, against which the suite checks
+    /// the expiries it is handed. Factories with [`TimeControl::Manual`] must
+    /// return their injected clock's reading.
+    fn now(&self) -> SystemTime {
+        SystemTime::now()
+    }
 
     /// Lets `by` pass for every client: moves the injected clock, or sleeps.
     async fn advance(&self, by: Duration);

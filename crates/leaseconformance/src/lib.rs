@@ -1,3 +1,222 @@
-//! x
+//! The behaviour suite every `SessionLease` backend must pass.
+//!
+//! # What it is for
+//!
+//! `lease-port` states the lease contract in prose; this crate states it in
+//! code. Every backend of this project runs it, and so should yours: if your
+//! infrastructure already has a locking primitive (etcd, a database
+//! conditional write, a coordination service), implement
+//! [`SessionLease`](lease_port::SessionLease) over it and let the suite tell
+//! you what you got wrong — before two processes drive one session.
+//!
+//! # How to use it
+//!
+//! Implement [`LeaseFactory`] — fresh clients of your backend sharing one
+//! store, a TTL, and a way to let time pass — and expand [`suite!`] in an
+//! integration test. It becomes one `#[tokio::test]` per case, so filtering,
+//! `#[ignore]` and nextest work as usual. The test crate needs `tokio` with
+//! the `macros` and `rt-multi-thread` features.
+//!
+//! ```
+//! use std::{sync::Arc, time::{Duration, SystemTime}};
+//! use lease_port::{Clock, ManualClock};
+//! use leaseconformance::{Capabilities, LeaseFactory, TimeControl};
+//! use memlease::MemLease;
+//!
+//! struct Factory { clock: ManualClock, store: MemLease }
+//!
+//! impl Factory {
+//!     fn new() -> Self {
+//!         let clock = ManualClock::new();
+//!         let store = MemLease::builder()
+//!             .ttl(Duration::from_secs(10))
+//!             .clock(Arc::new(clock.clone()))
+//!             .build();
+//!         Factory { clock, store }
+//!     }
+//! }
+//!
+//! #[async_trait::async_trait]
+//! impl LeaseFactory for Factory {
+//!     type Lease = MemLease;
+//!     async fn client(&self) -> MemLease { self.store.clone() }
+//!     fn ttl(&self) -> Duration { Duration::from_secs(10) }
+//!     fn capabilities(&self) -> Capabilities {
+//!         Capabilities { time: TimeControl::Manual, restart: false }
+//!     }
+//!     fn now(&self) -> SystemTime { self.clock.now() }
+//!     async fn advance(&self, by: Duration) { self.clock.advance(by) }
+//! }
+//!
+//! // In tests/conformance.rs this one line is the whole suite:
+//! // leaseconformance::suite!(async { Factory::new() });
+//!
+//! // Cases are plain async functions too:
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! leaseconformance::cases::takeover(&Factory::new()).await;
+//! let report = leaseconformance::check_all(|| async { Factory::new() }).await;
+//! assert!(report.iter().all(|case| case.passed()), "{report:?}");
+//! # });
+//! ```
+//!
+//! # The cases
+//!
+//! Each names the rule of the contract it checks (see `lease-port`):
+//! [`acquire_free`](cases::acquire_free),
+//! [`reacquire_same_owner`](cases::reacquire_same_owner),
+//! [`renew_extends`](cases::renew_extends),
+//! [`release_frees`](cases::release_frees),
+//! [`release_idempotent`](cases::release_idempotent),
+//! [`expiry`](cases::expiry), [`takeover`](cases::takeover),
+//! [`monotonic_tokens`](cases::monotonic_tokens) (across a restart when the
+//! backend can restart), [`renew_after_loss`](cases::renew_after_loss),
+//! [`stale_release_after_takeover`](cases::stale_release_after_takeover),
+//! [`session_isolation`](cases::session_isolation) (including ids an unsafe
+//! encoding would merge), [`concurrent_race`](cases::concurrent_race) (exactly
+//! one winner per round), [`concurrent_exclusion`](cases::concurrent_exclusion)
+//! (holds never overlap), [`invalid_input`](cases::invalid_input) (forged
+//! values, extreme tokens), and [`model_check`](cases::model_check): random
+//! operation sequences compared with a reference model, shrunk on failure.
+//!
+//! # Time
+//!
+//! Backends with an injected clock ([`TimeControl::Manual`]) run every case
+//! instantly. Backends on real time ([`TimeControl::Real`]) sleep past a
+//! short TTL where a case needs expiry; pick a TTL of about a second. The
+//! model check uses a fixed seed; set `PROPTEST_RNG_SEED` to explore others.
+//!
+//! # The suite is tested too
+//!
+//! A suite that cannot fail proves nothing. This crate's own tests run it
+//! against deliberately broken backends — no token bump on takeover, release
+//! ignoring the owner, renew resurrecting a lease taken over, acquire
+//! ignoring expiry, and more — and require each to be caught.
+
 mod factory;
-pub use factory::*;
+mod model;
+mod support;
+
+pub mod cases;
+
+pub use factory::{Capabilities, LeaseFactory, TimeControl};
+
+use std::future::Future;
+
+/// Calls `$callback!` with the name of every case, so the list lives in one
+/// place.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __with_cases {
+    ([$($callback:tt)*] $($args:tt)*) => {
+        $($callback)*! {
+            [$($args)*]
+            acquire_free
+            reacquire_same_owner
+            renew_extends
+            release_frees
+            release_idempotent
+            expiry
+            takeover
+            monotonic_tokens
+            renew_after_loss
+            stale_release_after_takeover
+            session_isolation
+            concurrent_race
+            concurrent_exclusion
+            invalid_input
+            model_check
+        }
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __suite_tests {
+    ([$make:expr] $($case:ident)*) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $case() {
+            let factory = $make.await;
+            $crate::cases::$case(&factory).await;
+        }
+    )*};
+}
+
+/// Expands to one `#[tokio::test]` per case, each on a fresh factory.
+///
+/// The argument is an expression evaluating to a future of the factory,
+/// evaluated once per test:
+///
+/// ```text
+/// leaseconformance::suite!(async { MyFactory::start().await });
+/// ```
+///
+/// Wrap it in a module to keep the names apart when one test crate checks
+/// several configurations.
+#[macro_export]
+macro_rules! suite {
+    ($make:expr) => {
+        $crate::__with_cases!([$crate::__suite_tests] $make);
+    };
+}
+
+/// The outcome of one case in [`check_all`].
+#[derive(Debug, Clone)]
+pub struct CaseOutcome {
+    /// The case's name, as in [`cases`].
+    pub name: &'static str,
+    /// `None` when it passed; the panic message when it failed.
+    pub failure: Option<String>,
+}
+
+impl CaseOutcome {
+    /// True when the case passed.
+    pub fn passed(&self) -> bool {
+        self.failure.is_none()
+    }
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __check_all {
+    ([$make:ident $out:ident] $($case:ident)*) => {$(
+        let future = $make();
+        let handle = tokio::spawn(async move {
+            let factory = future.await;
+            $crate::cases::$case(&factory).await;
+        });
+        $out.push($crate::CaseOutcome {
+            name: stringify!($case),
+            failure: match handle.await {
+                Ok(()) => None,
+                Err(e) => Some($crate::__panic_message(e)),
+            },
+        });
+    )*};
+}
+
+#[doc(hidden)]
+pub fn __panic_message(e: tokio::task::JoinError) -> String {
+    match e.try_into_panic() {
+        Ok(payload) => payload
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_else(|| "non-text panic".to_owned()),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// Runs every case, each on a fresh factory from `make`, and reports which
+/// passed instead of stopping at the first failure. Must run inside a Tokio
+/// runtime; panics of failing cases are caught (and printed by the default
+/// panic hook).
+pub async fn check_all<F, Fut, Make>(make: Make) -> Vec<CaseOutcome>
+where
+    F: LeaseFactory,
+    Fut: Future<Output = F> + Send + 'static,
+    Make: Fn() -> Fut,
+{
+    let mut outcomes = Vec::new();
+    __with_cases!([__check_all] make outcomes);
+    outcomes
+}

@@ -1,1 +1,407 @@
-//! x
+//! In-memory [`SessionLease`]: leases between the tasks of one process.
+//!
+//! # When to choose it
+//!
+//! - Tests of code that uses leases: inject a
+//!   [`ManualClock`](lease_port::ManualClock) (feature `test-util` of
+//!   `lease-port`) and move time without sleeping.
+//! - A single-process server that wants the full lease lifecycle (fencing
+//!   tokens, cancellation on loss) with nothing to deploy.
+//!
+//! It does **not** coordinate separate processes: every process has its own
+//! table. For several processes on one host use `flocklease`; across hosts,
+//! `k8slease` or `grpcdriver`.
+//!
+//! # Example
+//!
+//! ```
+//! use std::{sync::Arc, time::Duration};
+//! use lease_port::{LeaseErrorKind, ManualClock, OwnerId, SessionId, SessionLease};
+//! use memlease::MemLease;
+//!
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! let clock = ManualClock::new();
+//! let leases = MemLease::builder()
+//!     .ttl(Duration::from_secs(30))
+//!     .clock(Arc::new(clock.clone()))
+//!     .build();
+//! let (a, b) = (OwnerId::new("a")?, OwnerId::new("b")?);
+//! let chat = SessionId::new("chat-1")?;
+//!
+//! let held = leases.acquire(&chat, &a).await?;
+//! let err = leases.acquire(&chat, &b).await.unwrap_err();
+//! assert_eq!(err.kind(), LeaseErrorKind::Held);
+//! assert_eq!(err.holder(), Some(&a));
+//!
+//! clock.advance(Duration::from_secs(31)); // a stopped renewing
+//! let taken = leases.acquire(&chat, &b).await?;
+//! assert!(taken.token() > held.token());
+//! assert_eq!(leases.renew(&held).await.unwrap_err().kind(), LeaseErrorKind::Held);
+//! # Ok::<(), lease_port::LeaseError>(())
+//! # }).unwrap();
+//! ```
+//!
+//! # Behaviour
+//!
+//! The table is split into shards, each behind its own mutex and chosen by
+//! the session id's hash, so operations on different sessions rarely meet on
+//! one lock. Each shard keeps its own token counter: a session always lives
+//! in the same shard, so its tokens rise strictly for the life of the
+//! instance, across releases and expiries, without keeping a record of every
+//! session ever leased. Released entries are removed; expired entries are
+//! removed when next touched or by [`MemLease::purge_expired`].
+//!
+//! Renewing an expired lease succeeds when its record is still the caller's
+//! (nobody acquired since): the check and the update happen under one shard
+//! lock, which is the proof the contract asks for.
+//!
+//! Clones share one table: hand a clone to each task that competes.
+
+use std::collections::HashMap;
+use std::collections::hash_map::{Entry, RandomState};
+use std::fmt;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use lease_port::{
+    Clock, FencingToken, Lease, LeaseError, OwnerId, SessionId, SessionLease, SystemClock,
+};
+
+/// The TTL granted when none is configured.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+
+/// Shard count when none is configured: enough that two busy threads rarely
+/// share a lock, small enough to stay cheap to create.
+pub const DEFAULT_SHARDS: usize = 64;
+
+#[derive(Debug)]
+struct Holder {
+    owner: OwnerId,
+    token: FencingToken,
+    expiry: SystemTime,
+}
+
+#[derive(Debug, Default)]
+struct Shard {
+    held: HashMap<SessionId, Holder>,
+    last_token: u64,
+}
+
+struct Table {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: RandomState,
+    ttl: Duration,
+    clock: Arc<dyn Clock>,
+}
+
+/// The in-memory lease table. Cheap to clone; clones share state.
+#[derive(Clone)]
+pub struct MemLease {
+    table: Arc<Table>,
+}
+
+/// Configures a [`MemLease`].
+#[derive(Debug)]
+pub struct MemLeaseBuilder {
+    ttl: Duration,
+    clock: Arc<dyn Clock>,
+    shards: usize,
+}
+
+impl MemLeaseBuilder {
+    /// How long a grant lasts unless renewed. Default [`DEFAULT_TTL`].
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// The clock expiries are judged by. Default [`SystemClock`].
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Number of independently locked shards (at least 1). Default
+    /// [`DEFAULT_SHARDS`].
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = shards.max(1);
+        self
+    }
+
+    /// Builds the table.
+    pub fn build(self) -> MemLease {
+        MemLease {
+            table: Arc::new(Table {
+                shards: (0..self.shards).map(|_| Mutex::default()).collect(),
+                hasher: RandomState::new(),
+                ttl: self.ttl,
+                clock: self.clock,
+            }),
+        }
+    }
+}
+
+impl MemLease {
+    /// A table granting `ttl` on the system clock.
+    pub fn new(ttl: Duration) -> Self {
+        Self::builder().ttl(ttl).build()
+    }
+
+    /// A builder with the defaults.
+    pub fn builder() -> MemLeaseBuilder {
+        MemLeaseBuilder {
+            ttl: DEFAULT_TTL,
+            clock: Arc::new(SystemClock),
+            shards: DEFAULT_SHARDS,
+        }
+    }
+
+    /// The TTL this table grants.
+    pub fn ttl(&self) -> Duration {
+        self.table.ttl
+    }
+
+    /// Drops expired entries from every shard and returns how many went.
+    /// Tokens stay monotonic: counters are per shard, not per entry.
+    pub fn purge_expired(&self) -> usize {
+        let now = self.table.clock.now();
+        let mut removed = 0;
+        for shard in self.table.shards.iter() {
+            let mut shard = lock(shard);
+            let before = shard.held.len();
+            shard.held.retain(|_, h| now < h.expiry);
+            removed += before - shard.held.len();
+        }
+        removed
+    }
+
+    /// How many sessions are held live right now.
+    pub fn live_count(&self) -> usize {
+        let now = self.table.clock.now();
+        self.table
+            .shards
+            .iter()
+            .map(|s| lock(s).held.values().filter(|h| now < h.expiry).count())
+            .sum()
+    }
+
+    fn shard(&self, session: &SessionId) -> MutexGuard<'_, Shard> {
+        let t = &*self.table;
+        let idx = (t.hasher.hash_one(session) as usize) % t.shards.len();
+        lock(&t.shards[idx])
+    }
+
+    fn expiry_from(&self, now: SystemTime) -> Result<SystemTime, LeaseError> {
+        now.checked_add(self.table.ttl)
+            .ok_or_else(|| LeaseError::invalid("TTL overflows the clock"))
+    }
+
+    fn acquire_now(&self, session: &SessionId, owner: &OwnerId) -> Result<Lease, LeaseError> {
+        let now = self.table.clock.now();
+        let expiry = self.expiry_from(now)?;
+        let mut shard = self.shard(session);
+        let shard = &mut *shard;
+        let token = match shard.held.entry(session.clone()) {
+            Entry::Occupied(mut e) => {
+                let h = e.get_mut();
+                if now < h.expiry && h.owner != *owner {
+                    return Err(LeaseError::held(Some(h.owner.clone())));
+                }
+                if now < h.expiry {
+                    // The live holder re-acquiring keeps its epoch.
+                    h.expiry = expiry;
+                    h.token
+                } else {
+                    let token = next_token(&mut shard.last_token)?;
+                    *h = Holder {
+                        owner: owner.clone(),
+                        token,
+                        expiry,
+                    };
+                    token
+                }
+            }
+            Entry::Vacant(e) => {
+                let token = next_token(&mut shard.last_token)?;
+                e.insert(Holder {
+                    owner: owner.clone(),
+                    token,
+                    expiry,
+                });
+                token
+            }
+        };
+        Ok(Lease::new(session.clone(), owner.clone(), token, expiry))
+    }
+
+    fn renew_now(&self, lease: &Lease) -> Result<Lease, LeaseError> {
+        let now = self.table.clock.now();
+        let expiry = self.expiry_from(now)?;
+        let mut shard = self.shard(lease.session_id());
+        match shard.held.get_mut(lease.session_id()) {
+            // Expired but unchanged since: the shard lock proves no one raced us.
+            Some(h) if h.owner == *lease.owner() && h.token == lease.token() => {
+                h.expiry = expiry;
+                Ok(lease.with_expiry(expiry))
+            }
+            Some(h) if now < h.expiry => Err(LeaseError::held(Some(h.owner.clone()))),
+            _ => Err(LeaseError::held(None)),
+        }
+    }
+
+    fn release_now(&self, lease: &Lease) {
+        let mut shard = self.shard(lease.session_id());
+        if let Entry::Occupied(e) = shard.held.entry(lease.session_id().clone()) {
+            if e.get().owner == *lease.owner() && e.get().token == lease.token() {
+                e.remove();
+            }
+        }
+    }
+}
+
+fn next_token(last: &mut u64) -> Result<FencingToken, LeaseError> {
+    // Unreachable in practice (2^64 takeovers), but a wrapped token would
+    // silently re-admit old owners: refuse instead.
+    *last = last
+        .checked_add(1)
+        .ok_or_else(|| LeaseError::invalid("fencing tokens exhausted for this shard"))?;
+    Ok(FencingToken::new(*last))
+}
+
+fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    // No code path panics while holding a shard lock, and every update is a
+    // single assignment, so a poisoned shard is still consistent.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl fmt::Debug for MemLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemLease")
+            .field("ttl", &self.table.ttl)
+            .field("shards", &self.table.shards.len())
+            .field("clock", &self.table.clock)
+            .finish()
+    }
+}
+
+#[async_trait]
+impl SessionLease for MemLease {
+    async fn acquire(&self, session: &SessionId, owner: &OwnerId) -> Result<Lease, LeaseError> {
+        self.acquire_now(session, owner)
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<Lease, LeaseError> {
+        self.renew_now(lease)
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), LeaseError> {
+        self.release_now(lease);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lease_port::{LeaseErrorKind, ManualClock};
+
+    fn setup() -> (MemLease, ManualClock) {
+        let clock = ManualClock::new();
+        let leases = MemLease::builder()
+            .ttl(Duration::from_secs(10))
+            .clock(Arc::new(clock.clone()))
+            .build();
+        (leases, clock)
+    }
+
+    fn ids() -> (SessionId, OwnerId, OwnerId) {
+        (
+            SessionId::new("s").unwrap(),
+            OwnerId::new("a").unwrap(),
+            OwnerId::new("b").unwrap(),
+        )
+    }
+
+    #[tokio::test]
+    async fn release_removes_the_entry_but_tokens_keep_rising() {
+        let (leases, _) = setup();
+        let (s, a, b) = ids();
+        let first = leases.acquire(&s, &a).await.unwrap();
+        leases.release(&first).await.unwrap();
+        assert_eq!(leases.live_count(), 0);
+        let second = leases.acquire(&s, &b).await.unwrap();
+        assert!(second.token() > first.token());
+    }
+
+    #[tokio::test]
+    async fn single_shard_still_keeps_sessions_apart() {
+        let clock = ManualClock::new();
+        let leases = MemLease::builder().shards(0).clock(Arc::new(clock)).build();
+        let (s, a, b) = ids();
+        let t = SessionId::new("t").unwrap();
+        leases.acquire(&s, &a).await.unwrap();
+        leases.acquire(&t, &b).await.unwrap();
+        assert_eq!(leases.live_count(), 2);
+    }
+
+    #[tokio::test]
+    async fn purge_drops_only_expired_entries() {
+        let (leases, clock) = setup();
+        let (s, a, _) = ids();
+        let t = SessionId::new("t").unwrap();
+        leases.acquire(&s, &a).await.unwrap();
+        clock.advance(Duration::from_secs(6));
+        let later = leases.acquire(&t, &a).await.unwrap();
+        clock.advance(Duration::from_secs(5));
+        assert_eq!(leases.purge_expired(), 1);
+        assert_eq!(leases.live_count(), 1);
+        assert!(leases.renew(&later).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn renew_reclaims_an_unraced_expired_lease_with_the_same_token() {
+        let (leases, clock) = setup();
+        let (s, a, _) = ids();
+        let lease = leases.acquire(&s, &a).await.unwrap();
+        clock.advance(Duration::from_secs(20));
+        let renewed = leases.renew(&lease).await.unwrap();
+        assert_eq!(renewed.token(), lease.token());
+        assert!(renewed.expiry() > clock.now());
+    }
+
+    #[tokio::test]
+    async fn forged_lease_values_are_refused_without_panic() {
+        let (leases, _) = setup();
+        let (s, a, b) = ids();
+        let real = leases.acquire(&s, &a).await.unwrap();
+        let forged = Lease::new(s.clone(), b.clone(), real.token(), real.expiry());
+        let err = leases.renew(&forged).await.unwrap_err();
+        assert_eq!(err.kind(), LeaseErrorKind::Held);
+        assert_eq!(err.holder(), Some(&a));
+        leases.release(&forged).await.unwrap();
+        let max = Lease::new(
+            s.clone(),
+            a.clone(),
+            FencingToken::new(u64::MAX),
+            real.expiry(),
+        );
+        assert_eq!(
+            leases.renew(&max).await.unwrap_err().kind(),
+            LeaseErrorKind::Held
+        );
+        assert!(
+            leases.renew(&real).await.is_ok(),
+            "forgeries changed nothing"
+        );
+    }
+
+    #[tokio::test]
+    async fn ttl_overflowing_the_clock_is_invalid_not_a_panic() {
+        let leases = MemLease::builder().ttl(Duration::MAX).build();
+        let (s, a, _) = ids();
+        let err = leases.acquire(&s, &a).await.unwrap_err();
+        assert_eq!(err.kind(), LeaseErrorKind::Invalid);
+    }
+}

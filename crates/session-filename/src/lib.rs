@@ -129,9 +129,21 @@ mod tests {
 
     #[test]
     fn traversal_and_separators_are_neutralised() {
-        for raw in ["..", ".", "a/b", "a\\b", "/etc/passwd", ".hidden", "C:\\x", "a:b"] {
+        for raw in [
+            "..",
+            ".",
+            "a/b",
+            "a\\b",
+            "/etc/passwd",
+            ".hidden",
+            "C:\\x",
+            "a:b",
+        ] {
             let s = stem(&id(raw));
-            assert!(!s.contains('/') && !s.contains('\\') && !s.contains('.'), "{s}");
+            assert!(
+                !s.contains('/') && !s.contains('\\') && !s.contains('.'),
+                "{s}"
+            );
             assert!(!s.contains(':'), "{s}");
             assert_eq!(decode(&s).as_deref(), Some(raw));
         }

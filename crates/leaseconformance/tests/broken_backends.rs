@@ -1,0 +1,255 @@
+//! The suite must catch broken backends: each flaw below is a bug a real
+//! backend could plausibly have, and at least the named case must fail on it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use lease_port::{
+    Clock, FencingToken, Lease, LeaseError, ManualClock, OwnerId, SessionId, SessionLease,
+};
+use leaseconformance::{Capabilities, LeaseFactory, TimeControl, check_all};
+
+const TTL: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flaw {
+    /// None: the reference backend, which must pass everything.
+    None,
+    /// A takeover reuses the previous holder's token.
+    NoTokenBumpOnTakeover,
+    /// Release removes whatever hold the session has.
+    ReleaseIgnoresOwner,
+    /// Release checks the owner but not the token.
+    ReleaseIgnoresToken,
+    /// Renew by a former holder overwrites whoever took over.
+    RenewResurrects,
+    /// An expired lease still blocks other owners.
+    AcquireIgnoresExpiry,
+    /// The token counter is dropped with the record on release.
+    TokenResetAfterRelease,
+    /// Session ids are folded to lower case before use.
+    CaseFoldedIds,
+    /// Renew returns success but does not move the expiry.
+    RenewKeepsExpiry,
+    /// Acquire reads, yields, then writes: two racers can both win.
+    CheckThenAct,
+    /// Renewal of a released lease brings it back.
+    RenewAfterRelease,
+}
+
+#[derive(Debug, Clone)]
+struct Rec {
+    owner: OwnerId,
+    token: u64,
+    expiry: SystemTime,
+    released: bool,
+}
+
+#[derive(Clone)]
+struct Broken {
+    flaw: Flaw,
+    clock: ManualClock,
+    table: Arc<Mutex<HashMap<String, Rec>>>,
+}
+
+impl Broken {
+    fn key(&self, s: &SessionId) -> String {
+        if self.flaw == Flaw::CaseFoldedIds {
+            s.as_str().to_lowercase()
+        } else {
+            s.as_str().to_owned()
+        }
+    }
+
+    fn live(&self, r: &Rec, now: SystemTime) -> bool {
+        !r.released && (now < r.expiry || self.flaw == Flaw::AcquireIgnoresExpiry)
+    }
+}
+
+#[async_trait]
+impl SessionLease for Broken {
+    async fn acquire(&self, s: &SessionId, o: &OwnerId) -> Result<Lease, LeaseError> {
+        let key = self.key(s);
+        let now = self.clock.now();
+        let expiry = now + TTL;
+        let seen = self.table.lock().unwrap().get(&key).cloned();
+        if let Some(r) = &seen {
+            if self.live(r, now) && r.owner != *o {
+                return Err(LeaseError::held(Some(r.owner.clone())));
+            }
+        }
+        if self.flaw == Flaw::CheckThenAct {
+            tokio::task::yield_now().await;
+        }
+        let mut table = self.table.lock().unwrap();
+        let current = if self.flaw == Flaw::CheckThenAct {
+            seen
+        } else {
+            table.get(&key).cloned()
+        };
+        let token = match &current {
+            Some(r) if self.live(r, now) && r.owner == *o => r.token,
+            Some(r) if self.flaw == Flaw::NoTokenBumpOnTakeover => r.token,
+            Some(r) => r.token + 1,
+            None => 1,
+        };
+        table.insert(
+            key,
+            Rec {
+                owner: o.clone(),
+                token,
+                expiry,
+                released: false,
+            },
+        );
+        Ok(Lease::new(
+            s.clone(),
+            o.clone(),
+            FencingToken::new(token),
+            expiry,
+        ))
+    }
+
+    async fn renew(&self, l: &Lease) -> Result<Lease, LeaseError> {
+        let key = self.key(l.session_id());
+        let now = self.clock.now();
+        let mut table = self.table.lock().unwrap();
+        let Some(r) = table.get_mut(&key) else {
+            return Err(LeaseError::held(None));
+        };
+        let ours = r.owner == *l.owner() && r.token == l.token().get();
+        let ok = match self.flaw {
+            Flaw::RenewResurrects => true,
+            Flaw::RenewAfterRelease => ours,
+            _ => ours && !r.released,
+        };
+        if !ok {
+            return Err(LeaseError::held(self.live(r, now).then(|| r.owner.clone())));
+        }
+        if self.flaw == Flaw::RenewResurrects {
+            r.owner = l.owner().clone();
+            r.token = l.token().get();
+        }
+        r.released = false;
+        if self.flaw != Flaw::RenewKeepsExpiry {
+            r.expiry = now + TTL;
+        }
+        Ok(l.with_expiry(r.expiry))
+    }
+
+    async fn release(&self, l: &Lease) -> Result<(), LeaseError> {
+        let key = self.key(l.session_id());
+        let mut table = self.table.lock().unwrap();
+        let Some(r) = table.get_mut(&key) else {
+            return Ok(());
+        };
+        let matches = match self.flaw {
+            Flaw::ReleaseIgnoresOwner => true,
+            Flaw::ReleaseIgnoresToken => r.owner == *l.owner(),
+            _ => r.owner == *l.owner() && r.token == l.token().get(),
+        };
+        if matches {
+            if self.flaw == Flaw::TokenResetAfterRelease {
+                table.remove(&key);
+            } else {
+                r.released = true;
+            }
+        }
+        Ok(())
+    }
+}
+
+struct Factory(Broken);
+
+#[async_trait]
+impl LeaseFactory for Factory {
+    type Lease = Broken;
+    async fn client(&self) -> Broken {
+        self.0.clone()
+    }
+    fn ttl(&self) -> Duration {
+        TTL
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            time: TimeControl::Manual,
+            restart: false,
+        }
+    }
+    fn now(&self) -> SystemTime {
+        self.0.clock.now()
+    }
+    async fn advance(&self, by: Duration) {
+        self.0.clock.advance(by);
+    }
+}
+
+async fn failing_cases(flaw: Flaw) -> Vec<&'static str> {
+    let report = check_all(move || async move {
+        Factory(Broken {
+            flaw,
+            clock: ManualClock::new(),
+            table: Arc::default(),
+        })
+    })
+    .await;
+    report
+        .iter()
+        .filter(|c| !c.passed())
+        .map(|c| c.name)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reference_backend_passes_everything() {
+    assert_eq!(failing_cases(Flaw::None).await, Vec::<&str>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_flaw_is_caught_by_the_case_made_for_it() {
+    let expectations = [
+        (Flaw::NoTokenBumpOnTakeover, "expiry"),
+        (Flaw::ReleaseIgnoresOwner, "release_idempotent"),
+        (Flaw::ReleaseIgnoresToken, "release_idempotent"),
+        (Flaw::RenewResurrects, "renew_after_loss"),
+        (Flaw::AcquireIgnoresExpiry, "expiry"),
+        (Flaw::TokenResetAfterRelease, "release_frees"),
+        (Flaw::CaseFoldedIds, "session_isolation"),
+        (Flaw::RenewKeepsExpiry, "renew_extends"),
+        (Flaw::CheckThenAct, "concurrent_race"),
+        (Flaw::RenewAfterRelease, "renew_after_loss"),
+    ];
+    let mut missed = Vec::new();
+    for (flaw, case) in expectations {
+        let failing = failing_cases(flaw).await;
+        println!("{flaw:?} caught by {failing:?}");
+        if !failing.contains(&case) {
+            missed.push((flaw, case, failing));
+        }
+    }
+    assert!(
+        missed.is_empty(),
+        "flaws not caught where expected: {missed:#?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_model_check_alone_catches_every_sequential_flaw() {
+    let mut missed = Vec::new();
+    for flaw in [
+        Flaw::NoTokenBumpOnTakeover,
+        Flaw::ReleaseIgnoresOwner,
+        Flaw::ReleaseIgnoresToken,
+        Flaw::RenewResurrects,
+        Flaw::AcquireIgnoresExpiry,
+        Flaw::TokenResetAfterRelease,
+        Flaw::RenewAfterRelease,
+    ] {
+        if !failing_cases(flaw).await.contains(&"model_check") {
+            missed.push(flaw);
+        }
+    }
+    assert!(missed.is_empty(), "model check missed {missed:?}");
+}
