@@ -74,42 +74,40 @@ impl SessionLease for Broken {
         let key = self.key(s);
         let now = self.clock.now();
         let expiry = now + TTL;
-        let seen = self.table.lock().unwrap().get(&key).cloned();
-        if let Some(r) = &seen {
-            if self.live(r, now) && r.owner != *o {
-                return Err(LeaseError::held(Some(r.owner.clone())));
+        let check = |r: &Option<Rec>| match r {
+            Some(r) if self.live(r, now) && r.owner != *o => {
+                Err(LeaseError::held(Some(r.owner.clone())))
             }
-        }
-        if self.flaw == Flaw::CheckThenAct {
-            tokio::task::yield_now().await;
-        }
-        let mut table = self.table.lock().unwrap();
-        let current = if self.flaw == Flaw::CheckThenAct {
-            seen
-        } else {
-            table.get(&key).cloned()
+            _ => Ok(()),
         };
-        let token = match &current {
-            Some(r) if self.live(r, now) && r.owner == *o => r.token,
-            Some(r) if self.flaw == Flaw::NoTokenBumpOnTakeover => r.token,
-            Some(r) => r.token + 1,
-            None => 1,
-        };
-        table.insert(
-            key,
-            Rec {
+        let write = |table: &mut HashMap<String, Rec>, current: &Option<Rec>| {
+            let token = match current {
+                Some(r) if self.live(r, now) && r.owner == *o => r.token,
+                Some(r) if self.flaw == Flaw::NoTokenBumpOnTakeover => r.token,
+                Some(r) => r.token + 1,
+                None => 1,
+            };
+            let rec = Rec {
                 owner: o.clone(),
                 token,
                 expiry,
                 released: false,
-            },
-        );
-        Ok(Lease::new(
-            s.clone(),
-            o.clone(),
-            FencingToken::new(token),
-            expiry,
-        ))
+            };
+            table.insert(key.clone(), rec);
+            Lease::new(s.clone(), o.clone(), FencingToken::new(token), expiry)
+        };
+        let seen = {
+            let mut table = self.table.lock().unwrap();
+            let current = table.get(&key).cloned();
+            check(&current)?;
+            if self.flaw != Flaw::CheckThenAct {
+                return Ok(write(&mut table, &current));
+            }
+            current
+        };
+        // The flaw: decide on what was read, let others run, then write.
+        tokio::task::yield_now().await;
+        Ok(write(&mut self.table.lock().unwrap(), &seen))
     }
 
     async fn renew(&self, l: &Lease) -> Result<Lease, LeaseError> {
