@@ -57,14 +57,15 @@
 //!
 //! Clones share one table: hand a clone to each task that competes.
 
-use std::collections::HashMap;
-use std::collections::hash_map::{Entry, RandomState};
+use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
+use hashbrown::HashTable;
+use hashbrown::hash_table::Entry;
 use lease_port::{
     Clock, FencingToken, Lease, LeaseError, OwnerId, SessionId, SessionLease, SystemClock,
 };
@@ -78,19 +79,34 @@ pub const DEFAULT_SHARDS: usize = 64;
 
 #[derive(Debug)]
 struct Holder {
+    session: SessionId,
     owner: OwnerId,
     token: FencingToken,
     expiry: SystemTime,
 }
 
+/// One lock's worth of the table. Entries are found by a hash computed once
+/// per operation, which also picked the shard, so no key is hashed twice.
 #[derive(Debug, Default)]
 struct Shard {
-    held: HashMap<SessionId, Holder>,
+    held: HashTable<Holder>,
     last_token: u64,
 }
 
+impl Shard {
+    fn find(&mut self, hash: u64, session: &SessionId) -> Option<&mut Holder> {
+        self.held.find_mut(hash, |h| h.session == *session)
+    }
+}
+
+/// A shard on cache lines of its own: two threads working on sessions in
+/// neighbouring shards must not bounce one line between their cores.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Padded(Mutex<Shard>);
+
 struct Table {
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[Padded]>,
     hasher: RandomState,
     ttl: Duration,
     clock: Arc<dyn Clock>,
@@ -134,7 +150,7 @@ impl MemLeaseBuilder {
     pub fn build(self) -> MemLease {
         MemLease {
             table: Arc::new(Table {
-                shards: (0..self.shards).map(|_| Mutex::default()).collect(),
+                shards: (0..self.shards).map(|_| Padded::default()).collect(),
                 hasher: RandomState::new(),
                 ttl: self.ttl,
                 clock: self.clock,
@@ -169,9 +185,9 @@ impl MemLease {
         let now = self.table.clock.now();
         let mut removed = 0;
         for shard in self.table.shards.iter() {
-            let mut shard = lock(shard);
+            let mut shard = lock(&shard.0);
             let before = shard.held.len();
-            shard.held.retain(|_, h| now < h.expiry);
+            shard.held.retain(|h| now < h.expiry);
             removed += before - shard.held.len();
         }
         removed
@@ -183,14 +199,18 @@ impl MemLease {
         self.table
             .shards
             .iter()
-            .map(|s| lock(s).held.values().filter(|h| now < h.expiry).count())
+            .map(|s| lock(&s.0).held.iter().filter(|h| now < h.expiry).count())
             .sum()
     }
 
-    fn shard(&self, session: &SessionId) -> MutexGuard<'_, Shard> {
+    /// The session's hash and its locked shard.
+    fn shard(&self, session: &SessionId) -> (u64, MutexGuard<'_, Shard>) {
         let t = &*self.table;
-        let idx = (t.hasher.hash_one(session) as usize) % t.shards.len();
-        lock(&t.shards[idx])
+        let hash = t.hasher.hash_one(session);
+        // The table uses the low bits to place entries; pick the shard by the
+        // high ones so entries within a shard still spread.
+        let idx = ((hash >> 32) as usize) % t.shards.len();
+        (hash, lock(&t.shards[idx].0))
     }
 
     fn expiry_from(&self, now: SystemTime) -> Result<SystemTime, LeaseError> {
@@ -201,9 +221,15 @@ impl MemLease {
     fn acquire_now(&self, session: &SessionId, owner: &OwnerId) -> Result<Lease, LeaseError> {
         let now = self.table.clock.now();
         let expiry = self.expiry_from(now)?;
-        let mut shard = self.shard(session);
-        let shard = &mut *shard;
-        let token = match shard.held.entry(session.clone()) {
+        let (hash, mut guard) = self.shard(session);
+        let shard = &mut *guard;
+        let hasher = &self.table.hasher;
+        let entry = shard.held.entry(
+            hash,
+            |h| h.session == *session,
+            |h| hasher.hash_one(&h.session),
+        );
+        let token = match entry {
             Entry::Occupied(mut e) => {
                 let h = e.get_mut();
                 if now < h.expiry && h.owner != *owner {
@@ -215,17 +241,16 @@ impl MemLease {
                     h.token
                 } else {
                     let token = next_token(&mut shard.last_token)?;
-                    *h = Holder {
-                        owner: owner.clone(),
-                        token,
-                        expiry,
-                    };
+                    h.owner = owner.clone();
+                    h.token = token;
+                    h.expiry = expiry;
                     token
                 }
             }
             Entry::Vacant(e) => {
                 let token = next_token(&mut shard.last_token)?;
                 e.insert(Holder {
+                    session: session.clone(),
                     owner: owner.clone(),
                     token,
                     expiry,
@@ -239,8 +264,8 @@ impl MemLease {
     fn renew_now(&self, lease: &Lease) -> Result<Lease, LeaseError> {
         let now = self.table.clock.now();
         let expiry = self.expiry_from(now)?;
-        let mut shard = self.shard(lease.session_id());
-        match shard.held.get_mut(lease.session_id()) {
+        let (hash, mut shard) = self.shard(lease.session_id());
+        match shard.find(hash, lease.session_id()) {
             // Expired but unchanged since: the shard lock proves no one raced us.
             Some(h) if h.owner == *lease.owner() && h.token == lease.token() => {
                 h.expiry = expiry;
@@ -252,11 +277,12 @@ impl MemLease {
     }
 
     fn release_now(&self, lease: &Lease) {
-        let mut shard = self.shard(lease.session_id());
-        if let Entry::Occupied(e) = shard.held.entry(lease.session_id().clone()) {
-            if e.get().owner == *lease.owner() && e.get().token == lease.token() {
-                e.remove();
-            }
+        let (hash, mut shard) = self.shard(lease.session_id());
+        let ours = |h: &Holder| {
+            h.session == *lease.session_id() && h.owner == *lease.owner() && h.token == lease.token()
+        };
+        if let Ok(e) = shard.held.find_entry(hash, ours) {
+            e.remove();
         }
     }
 }
