@@ -113,7 +113,13 @@ fn ci() -> Result {
     )?;
     run(
         "package every publishable crate",
-        cargo().args(["package", "--workspace", "--no-verify", "--allow-dirty", "--quiet"]),
+        cargo().args([
+            "package",
+            "--workspace",
+            "--no-verify",
+            "--allow-dirty",
+            "--quiet",
+        ]),
     )?;
     run(
         "tests",

@@ -48,7 +48,10 @@ fn limit_cycle(map: &Bare, owner: &OwnerId, session: &SessionId, token: &mut u64
         let mut m = map.lock().expect("unpoisoned");
         *token += 1;
         if m.get(session).is_none() {
-            m.insert(session.clone(), (owner.clone(), *token, now + Duration::from_secs(30)));
+            m.insert(
+                session.clone(),
+                (owner.clone(), *token, now + Duration::from_secs(30)),
+            );
         }
     }
     {
@@ -117,7 +120,9 @@ fn two_threads(c: &mut Criterion) {
     g.bench_function("ours", |b| {
         b.iter_custom(|iters| parallel(&leases, 2, iters.div_ceil(2)))
     });
-    g.bench_function("limit", |b| b.iter_custom(|iters| parallel(&leases, 1, iters)));
+    g.bench_function("limit", |b| {
+        b.iter_custom(|iters| parallel(&leases, 1, iters))
+    });
     g.finish();
 }
 

@@ -85,8 +85,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     ),
                     Err(e) => return Err(e.into()),
                 }
-                let grant = Grant { worker: w, token: lease.token().get(), from, until };
-                history.lock().map_err(|_| "poisoned")?.entry(s).or_default().push(grant);
+                let grant = Grant {
+                    worker: w,
+                    token: lease.token().get(),
+                    from,
+                    until,
+                };
+                history
+                    .lock()
+                    .map_err(|_| "poisoned")?
+                    .entry(s)
+                    .or_default()
+                    .push(grant);
             }
             Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
         }));

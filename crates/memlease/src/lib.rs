@@ -279,7 +279,9 @@ impl MemLease {
     fn release_now(&self, lease: &Lease) {
         let (hash, mut shard) = self.shard(lease.session_id());
         let ours = |h: &Holder| {
-            h.session == *lease.session_id() && h.owner == *lease.owner() && h.token == lease.token()
+            h.session == *lease.session_id()
+                && h.owner == *lease.owner()
+                && h.token == lease.token()
         };
         if let Ok(e) = shard.held.find_entry(hash, ours) {
             e.remove();
