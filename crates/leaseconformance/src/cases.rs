@@ -265,12 +265,12 @@ pub async fn session_isolation<F: LeaseFactory>(f: &F) {
     let (a, b) = (owner("a"), owner("b"));
     let base = session("iso");
     let variants = [
-        format!("{base}"),
+        base.to_string(),
         format!("{base}/x"),
         format!("{base}%2fx"),
         format!("{base}_2fx"),
         format!("{base}/../x"),
-        format!("{}", base.as_str().to_uppercase()),
+        base.as_str().to_uppercase(),
         format!("{base} ☕"),
         format!(
             "{base}{}",

@@ -357,10 +357,12 @@ mod tests {
 
     #[test]
     fn no_step_sum_lands_on_an_expiry() {
-        // Expiry is 10 tenths after a grant; steps are 4 and 15.
-        for a in 0..10u32 {
-            for b in 0..3u32 {
-                assert_ne!(a * 4 + b * 15, 10);
+        // A grant lasts 10 tenths; no combination of steps after it may sum
+        // to exactly that.
+        let (a, b) = (Step::TwoFifths.tenths(), Step::ThreeHalves.tenths());
+        for i in 0..=10 {
+            for j in 0..=10 {
+                assert_ne!(i * a + j * b, 10, "{i} x {a} + {j} x {b}");
             }
         }
     }

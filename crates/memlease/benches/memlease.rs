@@ -4,6 +4,9 @@
 //! Groups follow the `cargo xtask bench` convention: `ours` and `limit` in
 //! one group, measured in the same run.
 
+// `criterion_group!` generates an undocumented `pub fn`.
+#![allow(missing_docs)]
+
 use std::collections::HashMap;
 use std::future::Future;
 use std::hint::black_box;

@@ -112,7 +112,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         list.sort_by_key(|g| g.token);
         for pair in list.windows(2) {
             if pair[1].from < pair[0].until {
-                return Err(format!("session-{s}: overlapping grants {pair:?}").into());
+                let (a, b) = (pair[0], pair[1]);
+                return Err(format!(
+                    "session-{s}: worker-{} (token {}) overlaps worker-{} (token {})",
+                    a.worker, a.token, b.worker, b.token
+                )
+                .into());
             }
         }
         grants += list.len();
