@@ -1,0 +1,207 @@
+//! Listing the leases in a directory, for operators.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime};
+
+use lease_port::{FencingToken, LeaseError, OwnerId, SessionId};
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg, OFlag};
+use nix::sys::stat::Mode;
+
+use crate::StoreError;
+use crate::record::{RECORD_LEN, Record};
+use crate::store::{file_name, from_nanos, is_kind, kind_name, open_dir};
+
+/// The state of one session's lease at the time of listing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseState {
+    /// Held, and the listing time is before the expiry.
+    Live,
+    /// Held once and never released; the expiry has passed. The next acquire
+    /// takes it over (or the holder reclaims it by renewing).
+    Expired,
+    /// Released, or the file was created and no token issued yet.
+    Free,
+}
+
+/// One session's lease, as its file records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseInfo {
+    /// The session. `None` only for a file created but never written whose
+    /// name is a hashed stem (the id of a plain stem is decoded from the name).
+    pub session: Option<SessionId>,
+    /// The holder (live or expired); `None` when free.
+    pub owner: Option<OwnerId>,
+    /// The highest token issued for the session; `None` when none was.
+    pub token: Option<FencingToken>,
+    /// When the hold lapses; `None` when free.
+    pub expiry: Option<SystemTime>,
+    /// Live, expired or free, judged at the listing time.
+    pub state: LeaseState,
+}
+
+/// One directory entry of a listing.
+#[derive(Debug)]
+pub struct LeaseEntry {
+    /// The entry's file name.
+    pub file_name: String,
+    /// What its record says, or why it cannot be read.
+    pub lease: Result<LeaseInfo, StoreError>,
+}
+
+/// How long a listing waits for one file's lock before reporting it busy.
+const LIST_LOCK_WAIT: Duration = Duration::from_millis(200);
+
+/// Lists every entry of the lease directory `dir`, sorted by file name, with
+/// its state judged at `now` (pass `SystemTime::now()`, or the clock the
+/// leases run on).
+///
+/// Blocking; takes a shared file lock on each file while reading it, so it
+/// never sees a record half-written. It never creates, changes or removes
+/// anything. Entries that are not lease files (other names, symlinks,
+/// directories, damaged records) are listed with the reason in
+/// [`LeaseEntry::lease`], so an operator sees everything that would stop a
+/// session. The directory itself being missing, a symlink, or not a
+/// directory is an error of the whole call.
+///
+/// Opening and closing these files never disturbs the locks of processes
+/// using the directory: `flock` locks belong to the lock holder's own open
+/// file description.
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use flocklease::{FlockLease, LeaseState, list_leases};
+/// use lease_port::{OwnerId, SessionId, SessionLease};
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let dir = tempfile::tempdir().unwrap();
+/// let leases = FlockLease::builder(dir.path()).ttl(Duration::from_secs(30)).open()?;
+/// leases.acquire(&SessionId::new("chat-1")?, &OwnerId::new("replica-a")?).await?;
+///
+/// let entries = list_leases(dir.path(), SystemTime::now())?;
+/// let info = entries[0].lease.as_ref().unwrap();
+/// assert_eq!(info.state, LeaseState::Live);
+/// assert_eq!(info.owner.as_ref().unwrap().as_str(), "replica-a");
+/// # Ok::<(), lease_port::LeaseError>(())
+/// # }).unwrap();
+/// ```
+pub fn list_leases(dir: impl AsRef<Path>, now: SystemTime) -> Result<Vec<LeaseEntry>, LeaseError> {
+    let dir = dir.as_ref();
+    let (dir_fd, _) = open_dir(dir, false)?;
+    let read_dir =
+        std::fs::read_dir(dir).map_err(|e| StoreError::io("listing", dir.to_path_buf(), e))?;
+    let mut entries = Vec::new();
+    for entry in read_dir {
+        let entry = entry.map_err(|e| StoreError::io("listing", dir.to_path_buf(), e))?;
+        let name = entry.file_name();
+        let path = dir.join(&name);
+        let Some(name) = name.to_str().map(str::to_owned) else {
+            entries.push(LeaseEntry {
+                file_name: name.to_string_lossy().into_owned(),
+                lease: Err(StoreError::UnexpectedName { path }),
+            });
+            continue;
+        };
+        let lease = inspect_one(&dir_fd, &path, &name, now);
+        entries.push(LeaseEntry {
+            file_name: name,
+            lease,
+        });
+    }
+    entries.sort_by(|a, b| a.file_name.cmp(&b.file_name));
+    Ok(entries)
+}
+
+fn inspect_one(
+    dir_fd: &std::os::fd::OwnedFd,
+    path: &Path,
+    name: &str,
+    now: SystemTime,
+) -> Result<LeaseInfo, StoreError> {
+    let Some(stem) = name.strip_suffix(".lease") else {
+        return Err(StoreError::UnexpectedName {
+            path: path.to_path_buf(),
+        });
+    };
+    let fd = nix::fcntl::openat(
+        dir_fd,
+        name,
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK,
+        Mode::empty(),
+    )
+    .map_err(|e| match e {
+        Errno::ELOOP => StoreError::NotRegular {
+            path: path.to_path_buf(),
+            what: "a symbolic link",
+        },
+        e => StoreError::io("opening", path.to_path_buf(), e),
+    })?;
+    let st = nix::sys::stat::fstat(&fd).map_err(|e| StoreError::io("inspecting", path.to_path_buf(), e))?;
+    if !is_kind(&st, nix::sys::stat::SFlag::S_IFREG) {
+        return Err(StoreError::NotRegular {
+            path: path.to_path_buf(),
+            what: kind_name(&st),
+        });
+    }
+    let mut file = File::from(fd);
+    let start = Instant::now();
+    let locked = loop {
+        match Flock::lock(file, FlockArg::LockSharedNonblock) {
+            Ok(l) => break l,
+            Err((f, Errno::EWOULDBLOCK | Errno::EINTR)) if start.elapsed() < LIST_LOCK_WAIT => {
+                file = f;
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err((_, Errno::EWOULDBLOCK)) => {
+                return Err(StoreError::LockTimeout {
+                    path: path.to_path_buf(),
+                    waited: start.elapsed(),
+                });
+            }
+            Err((_, e)) => return Err(StoreError::io("locking", path.to_path_buf(), e)),
+        }
+    };
+    let mut buf = [0u8; RECORD_LEN + 1];
+    let mut len = 0;
+    while len < buf.len() {
+        match locked.read_at(&mut buf[len..], len as u64) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(StoreError::io("reading", path.to_path_buf(), e)),
+        }
+    }
+    drop(locked);
+    let Some(record) = Record::decode(path, &buf[..len])? else {
+        let session = session_filename::decode(stem).and_then(|s| SessionId::new(s).ok());
+        return Ok(LeaseInfo {
+            session,
+            owner: None,
+            token: None,
+            expiry: None,
+            state: LeaseState::Free,
+        });
+    };
+    if file_name(&record.session) != name {
+        return Err(StoreError::SessionMismatch {
+            path: path.to_path_buf(),
+            found: record.session.to_string(),
+            expected: session_filename::decode(stem).unwrap_or_else(|| "?".to_owned()),
+        });
+    }
+    let expiry = record.owner.as_ref().map(|_| from_nanos(record.expiry_nanos));
+    let state = match expiry {
+        None => LeaseState::Free,
+        Some(e) if now < e => LeaseState::Live,
+        Some(_) => LeaseState::Expired,
+    };
+    Ok(LeaseInfo {
+        session: Some(record.session),
+        owner: record.owner,
+        token: Some(FencingToken::new(record.token)),
+        expiry,
+        state,
+    })
+}

@@ -1,0 +1,342 @@
+//! [`SessionLease`] for processes on one host: one lease file per session in
+//! a shared directory, each read and rewritten under a short `flock`.
+//!
+//! # What it is for
+//!
+//! Several server processes on one machine (replicas behind a local load
+//! balancer, a worker pool, a restarted process overlapping its predecessor)
+//! must not drive the same session at once. Point every process at the same
+//! directory and each session has exactly one live owner, with a fencing
+//! token that rises on every takeover — across releases, expiries, process
+//! crashes and host restarts.
+//!
+//! # When to choose it
+//!
+//! - All competing processes run on **one host** and can share a directory
+//!   on a **local** file system (ext4, xfs, btrfs, tmpfs, APFS).
+//! - You want nothing to deploy: no lease service, no cluster API.
+//!
+//! Not for: processes on several hosts (use `k8slease` or `grpcdriver`), or
+//! tasks of one process only (`memlease` is cheaper). **Never put the
+//! directory on a network file system** (NFS, SMB, CephFS, 9p, FUSE mounts of
+//! remote storage): `flock` there is emulated, absent, or local to one client,
+//! and two hosts could both believe they own a session.
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use flocklease::FlockLease;
+//! use lease_port::{LeaseErrorKind, OwnerId, SessionId, SessionLease};
+//!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let dir = tempfile::tempdir().unwrap();
+//! // Each process opens its own instance on the shared directory.
+//! let replica_a = FlockLease::builder(dir.path()).ttl(Duration::from_secs(30)).open()?;
+//! let replica_b = FlockLease::builder(dir.path()).ttl(Duration::from_secs(30)).open()?;
+//! let (a, b) = (OwnerId::new("host1/pid-100")?, OwnerId::new("host1/pid-200")?);
+//! let chat = SessionId::new("chat/7")?;
+//!
+//! let lease = replica_a.acquire(&chat, &a).await?;
+//! let err = replica_b.acquire(&chat, &b).await.unwrap_err();
+//! assert_eq!(err.kind(), LeaseErrorKind::Held);
+//! assert_eq!(err.holder(), Some(&a));
+//!
+//! let lease = replica_a.renew(&lease).await?; // every TTL/3 or so
+//! replica_a.release(&lease).await?;
+//! let next = replica_b.acquire(&chat, &b).await?;
+//! assert!(next.token() > lease.token()); // fence every write with it
+//! # Ok::<(), lease_port::LeaseError>(())
+//! # }).unwrap();
+//! ```
+//!
+//! # How it works
+//!
+//! Each session has one file, `<dir>/<stem>.lease`, where `<stem>` is
+//! [`session_filename::stem`] of the id: safe characters only, no path
+//! traversal, at most 120 bytes (long ids are hashed), never two ids on one
+//! name. Every operation opens the file (`O_NOFOLLOW | O_CLOEXEC`, relative
+//! to the directory descriptor opened at start-up), takes an exclusive
+//! `flock`, checks the directory path still names that directory, reads the
+//! record, decides by the injected [`Clock`], rewrites the record in place
+//! with `pwrite`, and unlocks. The lock is held only for that critical
+//! section — never while a session runs — so a holder that dies or stops
+//! leaves a record that simply expires.
+//!
+//! `flock` locks belong to the open file description, so two instances in
+//! one process exclude each other exactly as two processes do, and opening
+//! and closing another descriptor on a lease file (an operator tool,
+//! [`list_leases`], a second instance) never drops anyone's lock — unlike
+//! POSIX `fcntl` locks, which is why they are not used.
+//!
+//! Files are never renamed over, truncated or unlinked by this crate: the
+//! record is the only copy of the session's highest token.
+//!
+//! # On-disk format
+//!
+//! A lease file is empty (created, no token issued yet) or holds exactly one
+//! [`RECORD_LEN`]-byte record, little-endian:
+//!
+//! | offset | size | field |
+//! |---:|---:|---|
+//! | 0 | 8 | magic `MECLEASE` ([`MAGIC`]) |
+//! | 8 | 2 | format version, [`FORMAT_VERSION`] |
+//! | 10 | 1 | state: 0 free (released), 1 held |
+//! | 11 | 1 | reserved, 0 |
+//! | 12 | 2 | session id length in bytes |
+//! | 14 | 2 | owner id length in bytes (0 when free) |
+//! | 16 | 8 | token: the highest ever issued for the session (kept when free) |
+//! | 24 | 8 | expiry, nanoseconds since the Unix epoch (0 when free) |
+//! | 32 | 256 | full session id, UTF-8, zero-padded |
+//! | 288 | 256 | owner id, UTF-8, zero-padded |
+//! | 544 | 4 | CRC-32 (IEEE) of bytes 0..544 |
+//!
+//! A file of exactly [`RECORD_LEN`] zero bytes is read as "created, never
+//! written" too (a crash can leave one after the first write's size change
+//! but before its data; no token was returned from it, because tokens are
+//! returned only after `fdatasync`). Anything else that does not decode —
+//! wrong length, wrong magic, another version, a failed checksum (a torn
+//! write), inconsistent fields, or the record of another session — is an
+//! error naming the file ([`StoreError`]). It is **never** treated as free
+//! and never resets the token: that session stops, with a clear message,
+//! until an operator repairs or removes the file.
+//!
+//! # Durability
+//!
+//! - Every `acquire` writes its record and calls `fdatasync` **before** it
+//!   returns; the first record of a new file also syncs the directory, so
+//!   the file's name survives a crash. A token handed out is therefore on
+//!   disk, and tokens stay strictly increasing across process crashes, power
+//!   loss and host restarts.
+//! - `renew` and `release` are not synced. After a host crash a renewal may
+//!   be lost (the lease then ends at an earlier expiry, which every process
+//!   restarted with the host has outlived anyway) and a release may be lost
+//!   (the session stays held until its expiry). Neither can lower a token.
+//! - **Deleting a lease file by hand resets that session's tokens to 1.** The
+//!   next owner's writes would then carry tokens a store may already have
+//!   seen higher and refuse. Do not delete lease files of sessions whose data
+//!   you keep; delete them only together with that data (or for sessions
+//!   that are gone). Clearing a damaged file is the same decision.
+//!
+//! # Errors
+//!
+//! | kind | when |
+//! |---|---|
+//! | `Held` | another owner holds the session live; renew of a lease no longer ours |
+//! | `Transient` | I/O errors, the lock not obtained within the lock timeout ("lock file wedged"), a damaged or foreign lease file, a symlink or non-regular file at a lease name, the directory replaced or removed — the cause is the `source()`, a [`StoreError`] |
+//! | `Unsupported` | the file system does not support `flock` ([`StoreError::LocksUnsupported`]) |
+//! | `Invalid` | the clock is outside 1970..2554 or the TTL overflows it; 2⁶⁴ tokens used |
+//!
+//! # Blocking and time bounds
+//!
+//! Waiting for a file lock happens on Tokio's blocking pool
+//! (`spawn_blocking`), polling a non-blocking `flock` with back-off until
+//! the [lock timeout](FlockLeaseBuilder::lock_timeout); past it the operation
+//! fails with `Transient` ("lock file wedged") instead of hanging. The
+//! `fdatasync` of an acquire also runs on the blocking pool. The rest — open,
+//! an uncontended non-blocking `flock`, `pread`, `pwrite` into the page cache
+//! and close, a few microseconds on a local file system — runs inline by
+//! default, because handing it to another thread would cost several times
+//! the work itself. [`FlockLeaseBuilder::inline_fast_path`]`(false)` moves
+//! every operation to the blocking pool. Outside a Tokio runtime everything
+//! runs on the calling thread.
+//!
+//! Expiry is judged with the injected [`Clock`]'s wall-clock reading, so
+//! every process on the host must use the same (system) clock in production;
+//! the lock timeout is always real, monotonic time.
+//!
+//! # Operators
+//!
+//! [`list_leases`] lists every file of a directory with session, owner,
+//! token, expiry and state (live, expired, free), or why it is unreadable.
+
+mod error;
+mod inspect;
+mod record;
+mod store;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lease_port::{Clock, Lease, LeaseError, OwnerId, SessionId, SessionLease, SystemClock};
+
+pub use error::StoreError;
+pub use inspect::{LeaseEntry, LeaseInfo, LeaseState, list_leases};
+pub use record::{FORMAT_VERSION, MAGIC, RECORD_LEN};
+
+use store::{Op, Reply, Step, Store};
+
+/// The TTL granted when none is configured.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+
+/// How long an operation waits for a lease file's lock when none is
+/// configured. A critical section takes microseconds (milliseconds with the
+/// `fdatasync` of an acquire), so waiting this long means the holder of the
+/// file lock is stopped or stuck.
+pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Leases stored as lock-guarded files in one directory. Cheap to clone;
+/// clones share the directory handle.
+///
+/// Create one per process with [`FlockLease::builder`]; every process (and
+/// every instance) on the same directory coordinates with every other.
+#[derive(Clone)]
+pub struct FlockLease {
+    store: Arc<Store>,
+}
+
+/// Configures a [`FlockLease`].
+#[derive(Debug)]
+pub struct FlockLeaseBuilder {
+    dir: PathBuf,
+    ttl: Duration,
+    clock: Arc<dyn Clock>,
+    lock_timeout: Duration,
+    inline_fast_path: bool,
+}
+
+impl FlockLeaseBuilder {
+    /// How long a grant lasts unless renewed. Default [`DEFAULT_TTL`].
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// The clock expiries are judged by. Default [`SystemClock`]. All
+    /// processes sharing a directory must read the same wall clock.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The longest an operation waits for a lease file's lock before failing
+    /// with `Transient` ("lock file wedged"). Default
+    /// [`DEFAULT_LOCK_TIMEOUT`]; keep it well under the TTL.
+    pub fn lock_timeout(mut self, timeout: Duration) -> Self {
+        self.lock_timeout = timeout;
+        self
+    }
+
+    /// Whether the non-waiting part of an operation runs inline on the
+    /// calling task (default `true`) or every operation goes to Tokio's
+    /// blocking pool (`false`). See the crate docs, "Blocking and time
+    /// bounds".
+    pub fn inline_fast_path(mut self, inline: bool) -> Self {
+        self.inline_fast_path = inline;
+        self
+    }
+
+    /// Opens the directory — creating it with mode 0700 when absent — and
+    /// checks it: a symlink or a non-directory is refused with
+    /// [`StoreError::DirSymlink`] / [`StoreError::NotADirectory`]
+    /// (`Transient`). Blocking, once, at start-up.
+    pub fn open(self) -> Result<FlockLease, LeaseError> {
+        let store = Store::new(
+            self.dir,
+            self.ttl,
+            self.clock,
+            self.lock_timeout,
+            self.inline_fast_path,
+        )?;
+        Ok(FlockLease {
+            store: Arc::new(store),
+        })
+    }
+}
+
+impl FlockLease {
+    /// A builder for leases in `dir`, with the defaults.
+    pub fn builder(dir: impl Into<PathBuf>) -> FlockLeaseBuilder {
+        FlockLeaseBuilder {
+            dir: dir.into(),
+            ttl: DEFAULT_TTL,
+            clock: Arc::new(SystemClock),
+            lock_timeout: DEFAULT_LOCK_TIMEOUT,
+            inline_fast_path: true,
+        }
+    }
+
+    /// Leases in `dir` granting `ttl` on the system clock.
+    pub fn open(dir: impl Into<PathBuf>, ttl: Duration) -> Result<Self, LeaseError> {
+        Self::builder(dir).ttl(ttl).open()
+    }
+
+    /// The directory holding the lease files.
+    pub fn dir(&self) -> &Path {
+        &self.store.dir
+    }
+
+    /// The TTL this instance grants.
+    pub fn ttl(&self) -> Duration {
+        self.store.ttl
+    }
+
+    /// [`list_leases`] of this instance's directory, judged by its clock, on
+    /// the blocking pool.
+    pub async fn list(&self) -> Result<Vec<LeaseEntry>, LeaseError> {
+        let store = Arc::clone(&self.store);
+        offload(move || list_leases(&store.dir, store.clock.now())).await
+    }
+
+    async fn run(&self, op: Op) -> Result<Reply, LeaseError> {
+        let store = Arc::clone(&self.store);
+        if !store.inline_fast_path || tokio::runtime::Handle::try_current().is_err() {
+            return offload(move || store.run_blocking(&op)).await;
+        }
+        match store.run_until_wait(&op)? {
+            Step::Done(reply) => Ok(reply),
+            step => offload(move || store.finish(step, &op)).await,
+        }
+    }
+}
+
+/// Runs `f` on Tokio's blocking pool, or right here outside a runtime.
+async fn offload<T, F>(f: F) -> Result<T, LeaseError>
+where
+    F: FnOnce() -> Result<T, LeaseError> + Send + 'static,
+    T: Send + 'static,
+{
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) => handle.spawn_blocking(f).await.map_err(|e| {
+            LeaseError::transient("lease file operation did not complete").with_source(e)
+        })?,
+        Err(_) => f(),
+    }
+}
+
+fn granted(reply: Reply) -> Result<Lease, LeaseError> {
+    match reply {
+        Reply::Granted(lease) => Ok(lease),
+        Reply::Released => Err(LeaseError::transient("internal: release answered a grant")),
+    }
+}
+
+impl fmt::Debug for FlockLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FlockLease")
+            .field("dir", &self.store.dir)
+            .field("ttl", &self.store.ttl)
+            .field("lock_timeout", &self.store.lock_timeout)
+            .field("inline_fast_path", &self.store.inline_fast_path)
+            .field("clock", &self.store.clock)
+            .finish()
+    }
+}
+
+#[async_trait]
+impl SessionLease for FlockLease {
+    async fn acquire(&self, session: &SessionId, owner: &OwnerId) -> Result<Lease, LeaseError> {
+        granted(self.run(Op::Acquire(session.clone(), owner.clone())).await?)
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<Lease, LeaseError> {
+        granted(self.run(Op::Renew(lease.clone())).await?)
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), LeaseError> {
+        self.run(Op::Release(lease.clone())).await.map(|_| ())
+    }
+}

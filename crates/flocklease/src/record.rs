@@ -1,0 +1,280 @@
+//! The on-disk lease record: fixed layout, little-endian, checksummed.
+
+use std::path::Path;
+
+use lease_port::{MAX_ID_LEN, OwnerId, SessionId};
+
+use crate::StoreError;
+
+/// The first eight bytes of every lease record.
+pub const MAGIC: [u8; 8] = *b"MECLEASE";
+
+/// The record layout this build writes and reads.
+pub const FORMAT_VERSION: u16 = 1;
+
+/// Size of a lease record, which is also the size of a written lease file.
+pub const RECORD_LEN: usize = 548;
+
+const OFF_VERSION: usize = 8;
+const OFF_STATE: usize = 10;
+const OFF_RESERVED: usize = 11;
+const OFF_SESSION_LEN: usize = 12;
+const OFF_OWNER_LEN: usize = 14;
+const OFF_TOKEN: usize = 16;
+const OFF_EXPIRY: usize = 24;
+const OFF_SESSION: usize = 32;
+const OFF_OWNER: usize = OFF_SESSION + MAX_ID_LEN;
+const OFF_CRC: usize = OFF_OWNER + MAX_ID_LEN;
+
+const STATE_FREE: u8 = 0;
+const STATE_HELD: u8 = 1;
+
+// The layout above must add up to the advertised length.
+const _: () = assert!(OFF_CRC + 4 == RECORD_LEN);
+
+/// One decoded record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Record {
+    /// The full session id (file names may be hashed).
+    pub(crate) session: SessionId,
+    /// The holder, or `None` once released.
+    pub(crate) owner: Option<OwnerId>,
+    /// The highest token issued for the session.
+    pub(crate) token: u64,
+    /// Expiry in nanoseconds since the Unix epoch; 0 when free.
+    pub(crate) expiry_nanos: u64,
+}
+
+impl Record {
+    pub(crate) fn encode(&self) -> [u8; RECORD_LEN] {
+        let mut b = [0u8; RECORD_LEN];
+        b[..8].copy_from_slice(&MAGIC);
+        b[OFF_VERSION..OFF_VERSION + 2].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        b[OFF_STATE] = if self.owner.is_some() {
+            STATE_HELD
+        } else {
+            STATE_FREE
+        };
+        let session = self.session.as_str().as_bytes();
+        let owner = self.owner.as_ref().map_or(&[][..], |o| o.as_str().as_bytes());
+        // Ids are validated to at most MAX_ID_LEN (256) bytes, so both the
+        // u16 lengths and the fixed fields hold them.
+        b[OFF_SESSION_LEN..OFF_SESSION_LEN + 2].copy_from_slice(&(session.len() as u16).to_le_bytes());
+        b[OFF_OWNER_LEN..OFF_OWNER_LEN + 2].copy_from_slice(&(owner.len() as u16).to_le_bytes());
+        b[OFF_TOKEN..OFF_TOKEN + 8].copy_from_slice(&self.token.to_le_bytes());
+        b[OFF_EXPIRY..OFF_EXPIRY + 8].copy_from_slice(&self.expiry_nanos.to_le_bytes());
+        b[OFF_SESSION..OFF_SESSION + session.len()].copy_from_slice(session);
+        b[OFF_OWNER..OFF_OWNER + owner.len()].copy_from_slice(owner);
+        let crc = crc32fast::hash(&b[..OFF_CRC]);
+        b[OFF_CRC..].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    /// Decodes the bytes of a whole file (`bytes` may be longer or shorter
+    /// than a record). `Ok(None)`: empty or all-zero, a file created but never
+    /// written, so no token was ever issued from it.
+    pub(crate) fn decode(path: &Path, bytes: &[u8]) -> Result<Option<Record>, StoreError> {
+        let path_buf = || path.to_path_buf();
+        if bytes.is_empty() || (bytes.len() == RECORD_LEN && bytes.iter().all(|&b| b == 0)) {
+            return Ok(None);
+        }
+        if bytes.len() >= MAGIC.len() && bytes[..MAGIC.len()] != MAGIC {
+            return Err(StoreError::Foreign { path: path_buf() });
+        }
+        if bytes.len() < RECORD_LEN {
+            if bytes[..bytes.len().min(MAGIC.len())] != MAGIC[..bytes.len().min(MAGIC.len())] {
+                return Err(StoreError::Foreign { path: path_buf() });
+            }
+            return Err(StoreError::Truncated {
+                path: path_buf(),
+                len: bytes.len() as u64,
+            });
+        }
+        if bytes.len() > RECORD_LEN {
+            return Err(StoreError::Oversized {
+                path: path_buf(),
+                len: bytes.len() as u64,
+            });
+        }
+        let version = u16::from_le_bytes([bytes[OFF_VERSION], bytes[OFF_VERSION + 1]]);
+        if version != FORMAT_VERSION {
+            return Err(StoreError::Version {
+                path: path_buf(),
+                found: version,
+            });
+        }
+        let stored = u32::from_le_bytes(le4(&bytes[OFF_CRC..]));
+        let computed = crc32fast::hash(&bytes[..OFF_CRC]);
+        if stored != computed {
+            return Err(StoreError::Checksum {
+                path: path_buf(),
+                stored,
+                computed,
+            });
+        }
+        let malformed = |detail: String| StoreError::Malformed {
+            path: path_buf(),
+            detail,
+        };
+        let state = bytes[OFF_STATE];
+        if bytes[OFF_RESERVED] != 0 {
+            return Err(malformed("reserved byte is not zero".into()));
+        }
+        let session_len = u16::from_le_bytes([bytes[OFF_SESSION_LEN], bytes[OFF_SESSION_LEN + 1]]) as usize;
+        let owner_len = u16::from_le_bytes([bytes[OFF_OWNER_LEN], bytes[OFF_OWNER_LEN + 1]]) as usize;
+        if session_len > MAX_ID_LEN || owner_len > MAX_ID_LEN {
+            return Err(malformed(format!(
+                "id lengths {session_len}/{owner_len} exceed {MAX_ID_LEN}"
+            )));
+        }
+        let token = u64::from_le_bytes(le8(&bytes[OFF_TOKEN..]));
+        let expiry_nanos = u64::from_le_bytes(le8(&bytes[OFF_EXPIRY..]));
+        let session = std::str::from_utf8(&bytes[OFF_SESSION..OFF_SESSION + session_len])
+            .ok()
+            .and_then(|s| SessionId::new(s).ok())
+            .ok_or_else(|| malformed("stored session id is not a valid id".into()))?;
+        let owner = match state {
+            STATE_FREE if owner_len == 0 && expiry_nanos == 0 => None,
+            STATE_HELD if owner_len > 0 && token > 0 => Some(
+                std::str::from_utf8(&bytes[OFF_OWNER..OFF_OWNER + owner_len])
+                    .ok()
+                    .and_then(|s| OwnerId::new(s).ok())
+                    .ok_or_else(|| malformed("stored owner id is not a valid id".into()))?,
+            ),
+            _ => {
+                return Err(malformed(format!(
+                    "state {state} with owner length {owner_len}, token {token}, expiry {expiry_nanos}"
+                )));
+            }
+        };
+        let padding_clean = bytes[OFF_SESSION + session_len..OFF_OWNER]
+            .iter()
+            .chain(&bytes[OFF_OWNER + owner_len..OFF_CRC])
+            .all(|&b| b == 0);
+        if !padding_clean {
+            return Err(malformed("padding after an id is not zero".into()));
+        }
+        Ok(Some(Record {
+            session,
+            owner,
+            token,
+            expiry_nanos,
+        }))
+    }
+}
+
+fn le4(b: &[u8]) -> [u8; 4] {
+    let mut out = [0; 4];
+    out.copy_from_slice(&b[..4]);
+    out
+}
+
+fn le8(b: &[u8]) -> [u8; 8] {
+    let mut out = [0; 8];
+    out.copy_from_slice(&b[..8]);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn path() -> &'static Path {
+        Path::new("/leases/x.lease")
+    }
+
+    fn held() -> Record {
+        Record {
+            session: SessionId::new("chat/7 ☕").unwrap(),
+            owner: Some(OwnerId::new("host-a/4242").unwrap()),
+            token: 42,
+            expiry_nanos: 1_767_225_600_123_456_789,
+        }
+    }
+
+    #[test]
+    fn round_trips_held_and_free() {
+        let r = held();
+        assert_eq!(Record::decode(path(), &r.encode()).unwrap(), Some(r.clone()));
+        let free = Record {
+            owner: None,
+            expiry_nanos: 0,
+            ..r
+        };
+        assert_eq!(Record::decode(path(), &free.encode()).unwrap(), Some(free));
+    }
+
+    #[test]
+    fn longest_ids_fit() {
+        let r = Record {
+            session: SessionId::new("s".repeat(MAX_ID_LEN)).unwrap(),
+            owner: Some(OwnerId::new("é".repeat(MAX_ID_LEN / 2)).unwrap()),
+            ..held()
+        };
+        assert_eq!(Record::decode(path(), &r.encode()).unwrap(), Some(r));
+    }
+
+    #[test]
+    fn empty_and_all_zero_files_are_unwritten() {
+        assert_eq!(Record::decode(path(), &[]).unwrap(), None);
+        assert_eq!(Record::decode(path(), &[0; RECORD_LEN]).unwrap(), None);
+    }
+
+    #[test]
+    fn damage_is_named() {
+        let good = held().encode();
+        let err = Record::decode(path(), &good[..100]).unwrap_err();
+        assert!(matches!(err, StoreError::Truncated { len: 100, .. }), "{err}");
+        let err = Record::decode(path(), &good[..3]).unwrap_err();
+        assert!(matches!(err, StoreError::Truncated { len: 3, .. }), "{err}");
+        let err = Record::decode(path(), &[0; 17]).unwrap_err();
+        assert!(matches!(err, StoreError::Foreign { .. }), "{err}");
+        let err = Record::decode(path(), b"hello world").unwrap_err();
+        assert!(matches!(err, StoreError::Foreign { .. }), "{err}");
+        let mut long = good.to_vec();
+        long.push(0);
+        let err = Record::decode(path(), &long).unwrap_err();
+        assert!(matches!(err, StoreError::Oversized { .. }), "{err}");
+        let mut flipped = good;
+        flipped[OFF_TOKEN] ^= 1;
+        let err = Record::decode(path(), &flipped).unwrap_err();
+        assert!(matches!(err, StoreError::Checksum { .. }), "{err}");
+        let mut newer = good;
+        newer[OFF_VERSION] = 2;
+        let err = Record::decode(path(), &newer).unwrap_err();
+        assert!(matches!(err, StoreError::Version { found: 2, .. }), "{err}");
+        // A torn write: the first half of a new record over the old one.
+        let mut next = held();
+        next.token = 43;
+        next.owner = Some(OwnerId::new("host-b/1").unwrap());
+        let mut torn = good;
+        torn[..RECORD_LEN / 2].copy_from_slice(&next.encode()[..RECORD_LEN / 2]);
+        let err = Record::decode(path(), &torn).unwrap_err();
+        assert!(matches!(err, StoreError::Checksum { .. }), "{err}");
+    }
+
+    #[test]
+    fn inconsistent_fields_behind_a_valid_checksum_are_malformed() {
+        let mut b = held().encode();
+        b[OFF_STATE] = STATE_FREE; // free, but with an owner
+        let crc = crc32fast::hash(&b[..OFF_CRC]);
+        b[OFF_CRC..].copy_from_slice(&crc.to_le_bytes());
+        let err = Record::decode(path(), &b).unwrap_err();
+        assert!(matches!(err, StoreError::Malformed { .. }), "{err}");
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+            let _ = Record::decode(path(), &bytes);
+        }
+
+        #[test]
+        fn any_single_bit_flip_is_detected(byte in 0..RECORD_LEN, bit in 0..8u8) {
+            let mut b = held().encode();
+            b[byte] ^= 1 << bit;
+            prop_assert!(Record::decode(path(), &b).is_err());
+        }
+    }
+}

@@ -1,0 +1,502 @@
+//! The file-system side: the directory, opening, locking, reading and
+//! writing lease files, and the decision taken under the lock.
+
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use lease_port::{Clock, FencingToken, Lease, LeaseError, OwnerId, SessionId};
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg, OFlag};
+use nix::sys::stat::{FileStat, Mode, SFlag};
+
+use crate::StoreError;
+use crate::record::{RECORD_LEN, Record};
+
+/// The lease file name of `session`: its safe stem plus `.lease`.
+pub(crate) fn file_name(session: &SessionId) -> String {
+    let mut name = session_filename::stem(session);
+    name.push_str(".lease");
+    name
+}
+
+pub(crate) struct Store {
+    pub(crate) dir: PathBuf,
+    dir_fd: OwnedFd,
+    dir_id: (u64, u64),
+    pub(crate) ttl: Duration,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) lock_timeout: Duration,
+    pub(crate) inline_fast_path: bool,
+}
+
+pub(crate) enum Op {
+    Acquire(SessionId, OwnerId),
+    Renew(Lease),
+    Release(Lease),
+}
+
+pub(crate) enum Reply {
+    Granted(Lease),
+    Released,
+}
+
+impl Op {
+    pub(crate) fn session(&self) -> &SessionId {
+        match self {
+            Op::Acquire(s, _) => s,
+            Op::Renew(l) | Op::Release(l) => l.session_id(),
+        }
+    }
+
+    fn creates_file(&self) -> bool {
+        matches!(self, Op::Acquire(..))
+    }
+
+    /// The answer when the session's file does not exist: nothing was ever
+    /// issued for it.
+    fn reply_without_file(&self) -> Result<Reply, LeaseError> {
+        match self {
+            Op::Release(_) => Ok(Reply::Released),
+            _ => Err(LeaseError::held(None)),
+        }
+    }
+}
+
+/// What to do under the lock, decided from the record read.
+pub(crate) struct Plan {
+    write: Option<Record>,
+    /// fdatasync the file (and, for a file's first record, its directory)
+    /// before replying.
+    sync: bool,
+    sync_dir: bool,
+    reply: Result<Reply, LeaseError>,
+}
+
+impl Plan {
+    pub(crate) fn needs_sync(&self) -> bool {
+        self.sync
+    }
+}
+
+/// Outcome of opening a lease file.
+pub(crate) enum Opened {
+    File(File),
+    Absent,
+}
+
+pub(crate) fn kind_name(st: &FileStat) -> &'static str {
+    match SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) {
+        SFlag::S_IFDIR => "a directory",
+        SFlag::S_IFLNK => "a symbolic link",
+        SFlag::S_IFIFO => "a FIFO",
+        SFlag::S_IFSOCK => "a socket",
+        SFlag::S_IFCHR => "a character device",
+        SFlag::S_IFBLK => "a block device",
+        SFlag::S_IFREG => "a regular file",
+        _ => "an unknown kind of file",
+    }
+}
+
+pub(crate) fn is_kind(st: &FileStat, kind: SFlag) -> bool {
+    st.st_mode & SFlag::S_IFMT.bits() == kind.bits()
+}
+
+/// Opens (creating with mode 0700 when absent) and checks the lease
+/// directory; returns its descriptor and identity.
+pub(crate) fn open_dir(path: &Path, create: bool) -> Result<(OwnedFd, (u64, u64)), StoreError> {
+    match nix::sys::stat::lstat(path) {
+        Ok(st) if is_kind(&st, SFlag::S_IFLNK) => {
+            return Err(StoreError::DirSymlink {
+                path: path.to_path_buf(),
+            });
+        }
+        Ok(st) if !is_kind(&st, SFlag::S_IFDIR) => {
+            return Err(StoreError::NotADirectory {
+                path: path.to_path_buf(),
+            });
+        }
+        Ok(_) => {}
+        Err(Errno::ENOENT) if create => {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(path)
+                .map_err(|e| StoreError::io("creating lease directory", path.to_path_buf(), e))?;
+        }
+        Err(e) => return Err(StoreError::io("inspecting", path.to_path_buf(), e)),
+    }
+    let fd = nix::fcntl::open(
+        path,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| match e {
+        Errno::ELOOP => StoreError::DirSymlink {
+            path: path.to_path_buf(),
+        },
+        Errno::ENOTDIR => StoreError::NotADirectory {
+            path: path.to_path_buf(),
+        },
+        e => StoreError::io("opening lease directory", path.to_path_buf(), e),
+    })?;
+    let st = nix::sys::stat::fstat(&fd)
+        .map_err(|e| StoreError::io("inspecting", path.to_path_buf(), e))?;
+    Ok((fd, (st.st_dev, st.st_ino)))
+}
+
+fn to_nanos(t: SystemTime) -> Result<u64, LeaseError> {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .ok()
+        .and_then(|d| u64::try_from(d.as_nanos()).ok())
+        .ok_or_else(|| LeaseError::invalid("clock reads outside 1970..2554, the range of a lease record"))
+}
+
+pub(crate) fn from_nanos(n: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_nanos(n)
+}
+
+impl Store {
+    pub(crate) fn new(
+        dir: PathBuf,
+        ttl: Duration,
+        clock: Arc<dyn Clock>,
+        lock_timeout: Duration,
+        inline_fast_path: bool,
+    ) -> Result<Self, StoreError> {
+        let (dir_fd, dir_id) = open_dir(&dir, true)?;
+        Ok(Store {
+            dir,
+            dir_fd,
+            dir_id,
+            ttl,
+            clock,
+            lock_timeout,
+            inline_fast_path,
+        })
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// Opens the lease file `name` inside the directory opened at start-up,
+    /// never following a symlink, and checks it is a regular file.
+    pub(crate) fn open_file(&self, name: &str, create: bool) -> Result<Opened, StoreError> {
+        let mut flags = OFlag::O_RDWR | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
+        if create {
+            flags |= OFlag::O_CREAT;
+        }
+        let fd = match nix::fcntl::openat(
+            &self.dir_fd,
+            name,
+            flags,
+            Mode::S_IRUSR | Mode::S_IWUSR,
+        ) {
+            Ok(fd) => fd,
+            Err(Errno::ENOENT) if !create => return Ok(Opened::Absent),
+            Err(Errno::ELOOP) => {
+                return Err(StoreError::NotRegular {
+                    path: self.path(name),
+                    what: "a symbolic link",
+                });
+            }
+            Err(Errno::EISDIR) => {
+                return Err(StoreError::NotRegular {
+                    path: self.path(name),
+                    what: "a directory",
+                });
+            }
+            Err(Errno::ENXIO) => {
+                return Err(StoreError::NotRegular {
+                    path: self.path(name),
+                    what: "a socket or device",
+                });
+            }
+            Err(e) => return Err(StoreError::io("opening", self.path(name), e)),
+        };
+        let st = nix::sys::stat::fstat(&fd).map_err(|e| StoreError::io("inspecting", self.path(name), e))?;
+        if !is_kind(&st, SFlag::S_IFREG) {
+            return Err(StoreError::NotRegular {
+                path: self.path(name),
+                what: kind_name(&st),
+            });
+        }
+        Ok(Opened::File(File::from(fd)))
+    }
+
+    /// One non-blocking attempt: `Ok(Err(file))` when another open file
+    /// description holds the lock.
+    pub(crate) fn try_lock(
+        &self,
+        mut file: File,
+        name: &str,
+    ) -> Result<Result<Flock<File>, File>, StoreError> {
+        loop {
+            match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+                Ok(locked) => return Ok(Ok(locked)),
+                Err((f, Errno::EWOULDBLOCK)) => return Ok(Err(f)),
+                Err((f, Errno::EINTR)) => file = f,
+                Err((_, e @ (Errno::ENOLCK | Errno::EOPNOTSUPP | Errno::EINVAL))) => {
+                    return Err(StoreError::LocksUnsupported {
+                        path: self.path(name),
+                        source: e.into(),
+                    });
+                }
+                Err((_, e)) => return Err(StoreError::io("locking", self.path(name), e)),
+            }
+        }
+    }
+
+    /// Blocks (this thread only) until the lock is ours or the lock timeout
+    /// passes, polling with a growing back-off.
+    pub(crate) fn wait_lock(&self, mut file: File, name: &str) -> Result<Flock<File>, StoreError> {
+        let start = Instant::now();
+        let mut pause = Duration::from_micros(50);
+        loop {
+            file = match self.try_lock(file, name)? {
+                Ok(locked) => return Ok(locked),
+                Err(file) => file,
+            };
+            let waited = start.elapsed();
+            if waited >= self.lock_timeout {
+                return Err(StoreError::LockTimeout {
+                    path: self.path(name),
+                    waited,
+                });
+            }
+            // A little jitter keeps pollers from waking in lock-step.
+            let jitter = Duration::from_nanos(u64::from(start.elapsed().subsec_nanos() % 50_000));
+            std::thread::sleep((pause + jitter).min(self.lock_timeout - waited));
+            pause = (pause * 2).min(Duration::from_millis(4));
+        }
+    }
+
+    /// Under the lock: checks the directory still is the one opened, reads
+    /// the record, and decides what to write and answer.
+    pub(crate) fn plan(&self, file: &File, name: &str, op: &Op) -> Result<Plan, LeaseError> {
+        self.check_dir()?;
+        let record = self.read(file, name)?;
+        if let Some(r) = &record {
+            if r.session != *op.session() {
+                return Err(StoreError::SessionMismatch {
+                    path: self.path(name),
+                    found: r.session.to_string(),
+                    expected: op.session().to_string(),
+                }
+                .into());
+            }
+        }
+        let now_time = self.clock.now();
+        let now = to_nanos(now_time)?;
+        let expiry = || {
+            now_time
+                .checked_add(self.ttl)
+                .ok_or_else(|| LeaseError::invalid("TTL overflows the clock"))
+                .and_then(to_nanos)
+        };
+        let nothing = |reply| Plan {
+            write: None,
+            sync: false,
+            sync_dir: false,
+            reply,
+        };
+        Ok(match op {
+            Op::Acquire(session, owner) => {
+                let token = match &record {
+                    Some(Record {
+                        owner: Some(holder),
+                        token,
+                        expiry_nanos,
+                        ..
+                    }) if now < *expiry_nanos => {
+                        if holder != owner {
+                            return Ok(nothing(Err(LeaseError::held(Some(holder.clone())))));
+                        }
+                        // The live holder re-acquiring keeps its epoch.
+                        *token
+                    }
+                    Some(r) => r.token.checked_add(1).ok_or_else(|| {
+                        LeaseError::invalid("fencing tokens exhausted for this session")
+                    })?,
+                    None => 1,
+                };
+                let expiry_nanos = expiry()?;
+                Plan {
+                    write: Some(Record {
+                        session: session.clone(),
+                        owner: Some(owner.clone()),
+                        token,
+                        expiry_nanos,
+                    }),
+                    // Every acquire is durable before it answers, so a token
+                    // handed out is never handed out again, even to a retry
+                    // after a failed fdatasync.
+                    sync: true,
+                    sync_dir: record.is_none(),
+                    reply: Ok(Reply::Granted(Lease::new(
+                        session.clone(),
+                        owner.clone(),
+                        FencingToken::new(token),
+                        from_nanos(expiry_nanos),
+                    ))),
+                }
+            }
+            Op::Renew(lease) => match record {
+                // Ours, live or expired: nobody wrote since (the lock proves
+                // it), so extending is safe.
+                Some(Record {
+                    owner: Some(holder),
+                    token,
+                    session,
+                    ..
+                }) if holder == *lease.owner() && token == lease.token().get() => {
+                    let expiry_nanos = expiry()?;
+                    Plan {
+                        write: Some(Record {
+                            session,
+                            owner: Some(holder),
+                            token,
+                            expiry_nanos,
+                        }),
+                        sync: false,
+                        sync_dir: false,
+                        reply: Ok(Reply::Granted(lease.with_expiry(from_nanos(expiry_nanos)))),
+                    }
+                }
+                Some(Record {
+                    owner: Some(holder),
+                    expiry_nanos,
+                    ..
+                }) if now < expiry_nanos => nothing(Err(LeaseError::held(Some(holder)))),
+                _ => nothing(Err(LeaseError::held(None))),
+            },
+            Op::Release(lease) => match record {
+                Some(Record {
+                    owner: Some(holder),
+                    token,
+                    session,
+                    ..
+                }) if holder == *lease.owner() && token == lease.token().get() => Plan {
+                    // The token stays: the next grant must exceed it.
+                    write: Some(Record {
+                        session,
+                        owner: None,
+                        token,
+                        expiry_nanos: 0,
+                    }),
+                    sync: false,
+                    sync_dir: false,
+                    reply: Ok(Reply::Released),
+                },
+                _ => nothing(Ok(Reply::Released)),
+            },
+        })
+    }
+
+    /// Writes the planned record in place (fdatasync when planned) and
+    /// returns the planned answer. The lock is released when `file` drops.
+    pub(crate) fn apply(&self, file: &File, name: &str, plan: Plan) -> Result<Reply, LeaseError> {
+        if let Some(record) = &plan.write {
+            file.write_all_at(&record.encode(), 0)
+                .map_err(|e| StoreError::io("writing", self.path(name), e))?;
+            if plan.sync {
+                file.sync_data()
+                    .map_err(|e| StoreError::io("syncing", self.path(name), e))?;
+            }
+            if plan.sync_dir {
+                // A new file's name must survive a crash too, or its tokens
+                // would start again from 1.
+                nix::unistd::fsync(&self.dir_fd)
+                    .map_err(|e| StoreError::io("syncing", self.dir.clone(), e))?;
+            }
+        }
+        plan.reply
+    }
+
+    fn read(&self, file: &File, name: &str) -> Result<Option<Record>, StoreError> {
+        let mut buf = [0u8; RECORD_LEN + 1];
+        let mut len = 0;
+        while len < buf.len() {
+            match file.read_at(&mut buf[len..], len as u64) {
+                Ok(0) => break,
+                Ok(n) => len += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(StoreError::io("reading", self.path(name), e)),
+            }
+        }
+        Record::decode(&self.path(name), &buf[..len])
+    }
+
+    /// The directory path must still name the directory opened at start-up:
+    /// processes resolving the path now must meet the same lock files.
+    fn check_dir(&self) -> Result<(), StoreError> {
+        match nix::sys::stat::lstat(&self.dir) {
+            Ok(st) if (st.st_dev, st.st_ino) == self.dir_id => Ok(()),
+            Ok(st) => Err(StoreError::DirReplaced {
+                path: self.dir.clone(),
+                detail: format!("it is now {}", kind_name(&st)),
+            }),
+            Err(e) => Err(StoreError::DirReplaced {
+                path: self.dir.clone(),
+                detail: e.desc().to_owned(),
+            }),
+        }
+    }
+
+    /// The whole operation on the calling thread, waiting for the lock as
+    /// long as the lock timeout allows.
+    pub(crate) fn run_blocking(&self, op: &Op) -> Result<Reply, LeaseError> {
+        let name = file_name(op.session());
+        let file = match self.open_file(&name, op.creates_file())? {
+            Opened::File(f) => f,
+            Opened::Absent => return op.reply_without_file(),
+        };
+        let locked = self.wait_lock(file, &name)?;
+        let plan = self.plan(&locked, &name, op)?;
+        self.apply(&locked, &name, plan)
+    }
+
+    /// The fast path: everything up to the point where the thread would have
+    /// to wait (for the lock, or for fdatasync). Returns what is left.
+    pub(crate) fn run_until_wait(&self, op: &Op) -> Result<Step, LeaseError> {
+        let name = file_name(op.session());
+        let file = match self.open_file(&name, op.creates_file())? {
+            Opened::File(f) => f,
+            Opened::Absent => return op.reply_without_file().map(Step::Done),
+        };
+        let locked = match self.try_lock(file, &name)? {
+            Ok(locked) => locked,
+            Err(file) => return Ok(Step::WaitLock(file, name)),
+        };
+        let plan = self.plan(&locked, &name, op)?;
+        if plan.needs_sync() {
+            return Ok(Step::Sync(locked, name, plan));
+        }
+        self.apply(&locked, &name, plan).map(Step::Done)
+    }
+
+    /// Finishes what [`run_until_wait`](Self::run_until_wait) left; blocks.
+    pub(crate) fn finish(&self, step: Step, op: &Op) -> Result<Reply, LeaseError> {
+        match step {
+            Step::Done(reply) => Ok(reply),
+            Step::WaitLock(file, name) => {
+                let locked = self.wait_lock(file, &name)?;
+                let plan = self.plan(&locked, &name, op)?;
+                self.apply(&locked, &name, plan)
+            }
+            Step::Sync(locked, name, plan) => self.apply(&locked, &name, plan),
+        }
+    }
+}
+
+/// Where the fast path stopped.
+pub(crate) enum Step {
+    Done(Reply),
+    WaitLock(File, String),
+    Sync(Flock<File>, String, Plan),
+}
