@@ -64,7 +64,9 @@ pub enum StoreError {
         len: u64,
     },
     /// Longer than a record: not written by this backend.
-    #[error("lease file {path} is {len} bytes, longer than a {RECORD_LEN}-byte record: not a lease file")]
+    #[error(
+        "lease file {path} is {len} bytes, longer than a {RECORD_LEN}-byte record: not a lease file"
+    )]
     Oversized {
         /// The lease file.
         path: PathBuf,
@@ -72,13 +74,17 @@ pub enum StoreError {
         len: u64,
     },
     /// Does not start with the record magic: some other program's file.
-    #[error("lease file {path} does not start with the lease record magic: foreign or overwritten file")]
+    #[error(
+        "lease file {path} does not start with the lease record magic: foreign or overwritten file"
+    )]
     Foreign {
         /// The lease file.
         path: PathBuf,
     },
     /// Written by another version of the record layout.
-    #[error("lease file {path} has record format version {found}; this build reads version {FORMAT_VERSION}")]
+    #[error(
+        "lease file {path} has record format version {found}; this build reads version {FORMAT_VERSION}"
+    )]
     Version {
         /// The lease file.
         path: PathBuf,
@@ -86,7 +92,9 @@ pub enum StoreError {
         found: u16,
     },
     /// The checksum does not match: a torn or corrupted record.
-    #[error("lease file {path} fails its checksum (stored {stored:#010x}, computed {computed:#010x}): torn or corrupt record")]
+    #[error(
+        "lease file {path} fails its checksum (stored {stored:#010x}, computed {computed:#010x}): torn or corrupt record"
+    )]
     Checksum {
         /// The lease file.
         path: PathBuf,

@@ -138,7 +138,8 @@ fn inspect_one(
         },
         e => StoreError::io("opening", path.to_path_buf(), e),
     })?;
-    let st = nix::sys::stat::fstat(&fd).map_err(|e| StoreError::io("inspecting", path.to_path_buf(), e))?;
+    let st = nix::sys::stat::fstat(&fd)
+        .map_err(|e| StoreError::io("inspecting", path.to_path_buf(), e))?;
     if !is_kind(&st, nix::sys::stat::SFlag::S_IFREG) {
         return Err(StoreError::NotRegular {
             path: path.to_path_buf(),
@@ -191,7 +192,10 @@ fn inspect_one(
             expected: session_filename::decode(stem).unwrap_or_else(|| "?".to_owned()),
         });
     }
-    let expiry = record.owner.as_ref().map(|_| from_nanos(record.expiry_nanos));
+    let expiry = record
+        .owner
+        .as_ref()
+        .map(|_| from_nanos(record.expiry_nanos));
     let state = match expiry {
         None => LeaseState::Free,
         Some(e) if now < e => LeaseState::Live,

@@ -329,7 +329,10 @@ impl fmt::Debug for FlockLease {
 #[async_trait]
 impl SessionLease for FlockLease {
     async fn acquire(&self, session: &SessionId, owner: &OwnerId) -> Result<Lease, LeaseError> {
-        granted(self.run(Op::Acquire(session.clone(), owner.clone())).await?)
+        granted(
+            self.run(Op::Acquire(session.clone(), owner.clone()))
+                .await?,
+        )
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Lease, LeaseError> {

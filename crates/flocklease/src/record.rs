@@ -56,10 +56,14 @@ impl Record {
             STATE_FREE
         };
         let session = self.session.as_str().as_bytes();
-        let owner = self.owner.as_ref().map_or(&[][..], |o| o.as_str().as_bytes());
+        let owner = self
+            .owner
+            .as_ref()
+            .map_or(&[][..], |o| o.as_str().as_bytes());
         // Ids are validated to at most MAX_ID_LEN (256) bytes, so both the
         // u16 lengths and the fixed fields hold them.
-        b[OFF_SESSION_LEN..OFF_SESSION_LEN + 2].copy_from_slice(&(session.len() as u16).to_le_bytes());
+        b[OFF_SESSION_LEN..OFF_SESSION_LEN + 2]
+            .copy_from_slice(&(session.len() as u16).to_le_bytes());
         b[OFF_OWNER_LEN..OFF_OWNER_LEN + 2].copy_from_slice(&(owner.len() as u16).to_le_bytes());
         b[OFF_TOKEN..OFF_TOKEN + 8].copy_from_slice(&self.token.to_le_bytes());
         b[OFF_EXPIRY..OFF_EXPIRY + 8].copy_from_slice(&self.expiry_nanos.to_le_bytes());
@@ -120,8 +124,10 @@ impl Record {
         if bytes[OFF_RESERVED] != 0 {
             return Err(malformed("reserved byte is not zero".into()));
         }
-        let session_len = u16::from_le_bytes([bytes[OFF_SESSION_LEN], bytes[OFF_SESSION_LEN + 1]]) as usize;
-        let owner_len = u16::from_le_bytes([bytes[OFF_OWNER_LEN], bytes[OFF_OWNER_LEN + 1]]) as usize;
+        let session_len =
+            u16::from_le_bytes([bytes[OFF_SESSION_LEN], bytes[OFF_SESSION_LEN + 1]]) as usize;
+        let owner_len =
+            u16::from_le_bytes([bytes[OFF_OWNER_LEN], bytes[OFF_OWNER_LEN + 1]]) as usize;
         if session_len > MAX_ID_LEN || owner_len > MAX_ID_LEN {
             return Err(malformed(format!(
                 "id lengths {session_len}/{owner_len} exceed {MAX_ID_LEN}"
@@ -196,7 +202,10 @@ mod tests {
     #[test]
     fn round_trips_held_and_free() {
         let r = held();
-        assert_eq!(Record::decode(path(), &r.encode()).unwrap(), Some(r.clone()));
+        assert_eq!(
+            Record::decode(path(), &r.encode()).unwrap(),
+            Some(r.clone())
+        );
         let free = Record {
             owner: None,
             expiry_nanos: 0,
@@ -225,7 +234,10 @@ mod tests {
     fn damage_is_named() {
         let good = held().encode();
         let err = Record::decode(path(), &good[..100]).unwrap_err();
-        assert!(matches!(err, StoreError::Truncated { len: 100, .. }), "{err}");
+        assert!(
+            matches!(err, StoreError::Truncated { len: 100, .. }),
+            "{err}"
+        );
         let err = Record::decode(path(), &good[..3]).unwrap_err();
         assert!(matches!(err, StoreError::Truncated { len: 3, .. }), "{err}");
         let err = Record::decode(path(), &[0; 17]).unwrap_err();

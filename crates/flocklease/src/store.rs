@@ -153,7 +153,9 @@ fn to_nanos(t: SystemTime) -> Result<u64, LeaseError> {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .ok()
         .and_then(|d| u64::try_from(d.as_nanos()).ok())
-        .ok_or_else(|| LeaseError::invalid("clock reads outside 1970..2554, the range of a lease record"))
+        .ok_or_else(|| {
+            LeaseError::invalid("clock reads outside 1970..2554, the range of a lease record")
+        })
 }
 
 pub(crate) fn from_nanos(n: u64) -> SystemTime {
@@ -191,12 +193,8 @@ impl Store {
         if create {
             flags |= OFlag::O_CREAT;
         }
-        let fd = match nix::fcntl::openat(
-            &self.dir_fd,
-            name,
-            flags,
-            Mode::S_IRUSR | Mode::S_IWUSR,
-        ) {
+        let fd = match nix::fcntl::openat(&self.dir_fd, name, flags, Mode::S_IRUSR | Mode::S_IWUSR)
+        {
             Ok(fd) => fd,
             Err(Errno::ENOENT) if !create => return Ok(Opened::Absent),
             Err(Errno::ELOOP) => {
@@ -219,7 +217,8 @@ impl Store {
             }
             Err(e) => return Err(StoreError::io("opening", self.path(name), e)),
         };
-        let st = nix::sys::stat::fstat(&fd).map_err(|e| StoreError::io("inspecting", self.path(name), e))?;
+        let st = nix::sys::stat::fstat(&fd)
+            .map_err(|e| StoreError::io("inspecting", self.path(name), e))?;
         if !is_kind(&st, SFlag::S_IFREG) {
             return Err(StoreError::NotRegular {
                 path: self.path(name),
