@@ -1,0 +1,316 @@
+//! Real OS processes sharing one lease directory.
+//!
+//! This test binary has its own `main` (`harness = false`): run normally it
+//! is the parent and runs the scenarios below; re-executed with
+//! `FLOCKLEASE_TEST_ROLE` set it is one of the competing processes. Accepts
+//! name filters, `--exact` and `--list` like a libtest binary.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use flocklease::FlockLease;
+use lease_port::{LeaseErrorKind, OwnerId, SessionId, SessionLease};
+
+const ROLE: &str = "FLOCKLEASE_TEST_ROLE";
+
+type Scenario = fn();
+
+const SCENARIOS: &[(&str, Scenario)] = &[
+    (
+        "racing_processes_hold_one_at_a_time_with_rising_tokens",
+        race,
+    ),
+    (
+        "sigkilled_holder_is_taken_over_after_expiry",
+        sigkill_takeover,
+    ),
+];
+
+fn main() -> ExitCode {
+    if let Ok(role) = std::env::var(ROLE) {
+        return child(&role);
+    }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let exact = args.iter().any(|a| a == "--exact");
+    let filters: Vec<&str> = args
+        .iter()
+        .filter(|a| !a.starts_with('-'))
+        .map(String::as_str)
+        .collect();
+    let selected: Vec<_> = SCENARIOS
+        .iter()
+        .filter(|(name, _)| {
+            filters.is_empty()
+                || filters
+                    .iter()
+                    .any(|f| if exact { name == f } else { name.contains(f) })
+        })
+        .collect();
+    if args.iter().any(|a| a == "--list") {
+        if !args.iter().any(|a| a == "--ignored") {
+            for (name, _) in &selected {
+                println!("{name}: test");
+            }
+        }
+        return ExitCode::SUCCESS;
+    }
+    println!("\nrunning {} tests", selected.len());
+    let mut failed = Vec::new();
+    for (name, scenario) in &selected {
+        let ok = std::panic::catch_unwind(scenario).is_ok();
+        println!("test {name} ... {}", if ok { "ok" } else { "FAILED" });
+        if !ok {
+            failed.push(*name);
+        }
+    }
+    println!(
+        "\ntest result: {}. {} passed; {} failed\n",
+        if failed.is_empty() { "ok" } else { "FAILED" },
+        selected.len() - failed.len(),
+        failed.len()
+    );
+    if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// Nanoseconds on CLOCK_MONOTONIC, which every process on a Linux host
+/// shares, so the parent can order events from different children.
+fn mono_ns() -> u64 {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).expect("clock_gettime");
+    t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
+}
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("child needs {name}"))
+}
+
+fn spawn(role: &str, vars: &[(&str, String)], stdout: Stdio) -> Child {
+    let mut cmd = Command::new(std::env::current_exe().expect("own executable"));
+    cmd.env(ROLE, role).stdout(stdout).stderr(Stdio::inherit());
+    for (k, v) in vars {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("spawn child process")
+}
+
+fn child(role: &str) -> ExitCode {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let result = match role {
+        "race" => rt.block_on(child_race()),
+        "hold" => rt.block_on(child_hold()),
+        other => Err(format!("unknown role {other}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("child {role} ({}): {e}", std::process::id());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+// ---- racing processes -------------------------------------------------------
+
+const WORKERS: usize = 4;
+const SESSIONS: usize = 3;
+const ROUNDS: usize = 40;
+
+/// One racer: tries every session each round; while holding, records the
+/// monotonic interval it held it, then releases. Writes one line per hold:
+/// `session token t_start t_end worker`.
+async fn child_race() -> Result<(), String> {
+    let dir = env("DIR");
+    let worker: usize = env("WORKER").parse().map_err(|e| format!("{e}"))?;
+    let leases = FlockLease::builder(&dir)
+        .ttl(Duration::from_secs(60))
+        .lock_timeout(Duration::from_secs(10))
+        .open()
+        .map_err(|e| e.to_string())?;
+    let me = OwnerId::new(format!("worker-{worker}-pid-{}", std::process::id())).unwrap();
+    let sessions: Vec<SessionId> = (0..SESSIONS)
+        .map(|i| SessionId::new(format!("race/{i}")).unwrap())
+        .collect();
+    let mut out = String::new();
+    for round in 0..ROUNDS {
+        for k in 0..SESSIONS {
+            let idx = (round + worker + k) % SESSIONS;
+            match leases.acquire(&sessions[idx], &me).await {
+                Ok(lease) => {
+                    let start = mono_ns();
+                    std::thread::sleep(Duration::from_micros(200));
+                    let end = mono_ns();
+                    leases
+                        .release(&lease)
+                        .await
+                        .map_err(|e| format!("release: {e:?}"))?;
+                    out.push_str(&format!("{idx} {} {start} {end} {worker}\n", lease.token()));
+                }
+                Err(e) if e.kind() == LeaseErrorKind::Held => {}
+                Err(e) => return Err(format!("acquire: {e:?}")),
+            }
+        }
+    }
+    std::fs::write(env("OUT"), out).map_err(|e| e.to_string())
+}
+
+fn race() {
+    let dir = tempfile::tempdir().unwrap();
+    let lease_dir = dir.path().join("leases");
+    let children: Vec<_> = (0..WORKERS)
+        .map(|w| {
+            spawn(
+                "race",
+                &[
+                    ("DIR", lease_dir.display().to_string()),
+                    ("WORKER", w.to_string()),
+                    (
+                        "OUT",
+                        dir.path()
+                            .join(format!("history-{w}"))
+                            .display()
+                            .to_string(),
+                    ),
+                ],
+                Stdio::null(),
+            )
+        })
+        .collect();
+    for mut c in children {
+        assert!(c.wait().unwrap().success(), "a racer failed");
+    }
+    let mut holds: BTreeMap<usize, Vec<(u64, u64, u64, usize)>> = BTreeMap::new();
+    for w in 0..WORKERS {
+        let text = std::fs::read_to_string(dir.path().join(format!("history-{w}"))).unwrap();
+        for line in text.lines() {
+            let f: Vec<u64> = line.split(' ').map(|x| x.parse().unwrap()).collect();
+            holds
+                .entry(f[0] as usize)
+                .or_default()
+                .push((f[2], f[3], f[1], f[4] as usize));
+        }
+    }
+    assert_eq!(
+        holds.len(),
+        SESSIONS,
+        "every session was held at least once"
+    );
+    let mut winners = std::collections::BTreeSet::new();
+    for (session, mut hs) in holds {
+        hs.sort();
+        for pair in hs.windows(2) {
+            let ((_, e1, t1, w1), (s2, _, t2, w2)) = (pair[0], pair[1]);
+            assert!(
+                e1 < s2,
+                "session {session}: worker {w1} held until {e1} but worker {w2} held from {s2}"
+            );
+            assert!(t2 > t1, "session {session}: token {t2} after {t1}");
+        }
+        // Every grant is a takeover after a release, so the tokens are
+        // exactly 1..=n: none lost, none issued twice.
+        let tokens: Vec<u64> = hs.iter().map(|h| h.2).collect();
+        let expected: Vec<u64> = (1..=hs.len() as u64).collect();
+        assert_eq!(tokens, expected, "session {session}");
+        winners.extend(hs.iter().map(|h| h.3));
+    }
+    println!("  {} distinct processes won holds", winners.len());
+}
+
+// ---- a holder killed with SIGKILL ------------------------------------------
+
+/// Acquires, reports the token, then renews back to back until killed.
+async fn child_hold() -> Result<(), String> {
+    let leases = FlockLease::builder(env("DIR"))
+        .ttl(Duration::from_millis(env("TTL_MS").parse().unwrap()))
+        .open()
+        .map_err(|e| e.to_string())?;
+    let session = SessionId::new(env("SESSION")).unwrap();
+    let me = OwnerId::new(env("OWNER")).unwrap();
+    let mut lease = leases
+        .acquire(&session, &me)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut stdout = std::io::stdout();
+    writeln!(stdout, "acquired {}", lease.token()).unwrap();
+    stdout.flush().unwrap();
+    let mut renewals = 0u64;
+    loop {
+        lease = leases
+            .renew(&lease)
+            .await
+            .map_err(|e| format!("renew: {e:?}"))?;
+        renewals += 1;
+        if renewals == 100 {
+            writeln!(stdout, "renewing").unwrap();
+            stdout.flush().unwrap();
+        }
+    }
+}
+
+fn sigkill_takeover() {
+    let dir = tempfile::tempdir().unwrap();
+    let ttl = Duration::from_secs(1);
+    let session = SessionId::new("killed/holder").unwrap();
+    let victim = OwnerId::new("victim").unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // An earlier holder, so the victim's token is not the first.
+    let parent = FlockLease::builder(dir.path()).ttl(ttl).open().unwrap();
+    let me = OwnerId::new("survivor").unwrap();
+    let first = rt.block_on(parent.acquire(&session, &me)).unwrap();
+    rt.block_on(parent.release(&first)).unwrap();
+
+    let mut child = spawn(
+        "hold",
+        &[
+            ("DIR", dir.path().display().to_string()),
+            ("SESSION", session.to_string()),
+            ("OWNER", victim.to_string()),
+            ("TTL_MS", ttl.as_millis().to_string()),
+        ],
+        Stdio::piped(),
+    );
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let acquired = lines.next().unwrap().unwrap();
+    let victim_token: u64 = acquired.strip_prefix("acquired ").unwrap().parse().unwrap();
+    assert!(victim_token > first.token().get());
+    // Kill it mid-run: it is renewing back to back, often inside its
+    // critical section with the file lock held.
+    assert_eq!(lines.next().unwrap().unwrap(), "renewing");
+    child.kill().unwrap(); // SIGKILL
+    let status = child.wait().unwrap();
+    assert!(!status.success());
+
+    // Held by the dead process until its expiry, then taken over with a
+    // higher token; the kernel dropped its file lock with the process.
+    let give_up = Instant::now() + Duration::from_secs(120);
+    let mut held_answers = 0;
+    let taken = loop {
+        match rt.block_on(parent.acquire(&session, &me)) {
+            Ok(lease) => break lease,
+            Err(e) if e.kind() == LeaseErrorKind::Held => {
+                assert_eq!(e.holder(), Some(&victim), "{e:?}");
+                held_answers += 1;
+            }
+            Err(e) => panic!("takeover attempt failed: {e:?}"),
+        }
+        assert!(Instant::now() < give_up, "never taken over");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        taken.token().get() > victim_token,
+        "takeover token {} not above the killed holder's {victim_token}",
+        taken.token()
+    );
+    assert!(taken.expiry() > SystemTime::now() - ttl);
+    let listed = flocklease::list_leases(dir.path(), SystemTime::now()).unwrap();
+    let info = listed[0].lease.as_ref().unwrap();
+    assert_eq!(info.owner.as_ref(), Some(&me));
+    println!("  {held_answers} Held answers before the takeover");
+}
