@@ -1,0 +1,117 @@
+//! What a keeper call can fail with.
+
+use std::time::Duration;
+
+use lease_port::{LeaseError, OwnerId, SessionId};
+
+/// The coarse kind of a [`KeeperError`], for deciding what to answer.
+///
+/// | kind | server answer |
+/// |---|---|
+/// | `LeasedElsewhere` | 409 *session leased elsewhere* |
+/// | `Unavailable` | 503, retry later |
+/// | `Busy` | 409/429: a run of this session is in progress in this process |
+/// | `ShuttingDown` | 503 without retry on this process |
+/// | `Invalid` | 400 / configuration error |
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum KeeperErrorKind {
+    /// Another owner holds the session's lease.
+    LeasedElsewhere,
+    /// The lease backend failed transiently or did not answer in time; nothing is held.
+    Unavailable,
+    /// The in-process lock of the session was not free within the wait bound.
+    Busy,
+    /// [`LeaseKeeper::shutdown`](crate::LeaseKeeper::shutdown) has begun.
+    ShuttingDown,
+    /// Bad input or configuration, or a backend answer that breaks the contract.
+    Invalid,
+}
+
+/// The error of [`LeaseKeeper`](crate::LeaseKeeper) and
+/// [`LeaseGuard`](crate::LeaseGuard) operations.
+///
+/// Match on [`kind()`](Self::kind); the backend's error, when there is one,
+/// is the [`source()`](std::error::Error::source).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeeperError {
+    /// Acquire answered `Held`: another owner holds the session. Nothing was started.
+    #[error("session {session} is leased elsewhere{}", holder.as_ref().map(|h| format!(" (by {h})")).unwrap_or_default())]
+    LeasedElsewhere {
+        /// The session asked for.
+        session: SessionId,
+        /// The live holder, when the backend named it.
+        holder: Option<OwnerId>,
+        /// The backend's `Held` error.
+        #[source]
+        source: LeaseError,
+    },
+    /// The backend failed transiently or timed out. Retryable; nothing is held.
+    #[error("lease backend unavailable for session {session}")]
+    Unavailable {
+        /// The session concerned.
+        session: SessionId,
+        /// The backend's error (a `Transient` one, or a timeout made into one).
+        #[source]
+        source: LeaseError,
+    },
+    /// The per-session in-process lock was not free within the wait bound:
+    /// another run of the same session is in progress in this process.
+    #[error("session {session} is busy in this process (waited {waited:?})")]
+    Busy {
+        /// The session asked for.
+        session: SessionId,
+        /// How long the call waited for the lock.
+        waited: Duration,
+    },
+    /// The keeper is shutting down and takes no new runs.
+    #[error("the lease keeper is shutting down")]
+    ShuttingDown,
+    /// Bad input or configuration, or a backend answer that breaks the contract.
+    #[error("invalid: {message}")]
+    Invalid {
+        /// What was wrong.
+        message: String,
+        /// The backend's error, when it reported `Invalid`.
+        #[source]
+        source: Option<LeaseError>,
+    },
+}
+
+impl KeeperError {
+    /// The kind of this error.
+    pub fn kind(&self) -> KeeperErrorKind {
+        match self {
+            KeeperError::LeasedElsewhere { .. } => KeeperErrorKind::LeasedElsewhere,
+            KeeperError::Unavailable { .. } => KeeperErrorKind::Unavailable,
+            KeeperError::Busy { .. } => KeeperErrorKind::Busy,
+            KeeperError::ShuttingDown => KeeperErrorKind::ShuttingDown,
+            KeeperError::Invalid { .. } => KeeperErrorKind::Invalid,
+        }
+    }
+
+    /// True when the same call may succeed later on this process
+    /// (`Unavailable`, `Busy`).
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self.kind(),
+            KeeperErrorKind::Unavailable | KeeperErrorKind::Busy
+        )
+    }
+
+    /// The live holder for `LeasedElsewhere`, when known.
+    pub fn holder(&self) -> Option<&OwnerId> {
+        match self {
+            KeeperError::LeasedElsewhere { holder, .. } => holder.as_ref(),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn invalid(message: impl Into<String>) -> Self {
+        KeeperError::Invalid {
+            message: message.into(),
+            source: None,
+        }
+    }
+}

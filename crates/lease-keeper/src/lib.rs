@@ -1,0 +1,138 @@
+//! The session lease lifecycle: what a server runs around every run of a
+//! session.
+//!
+//! # What it is for
+//!
+//! A [`SessionLease`](lease_port::SessionLease) backend answers single
+//! calls; a server needs the whole life of a lease around each session run.
+//! [`LeaseKeeper`] does that: it takes the per-session in-process lock,
+//! acquires the lease with the process's owner identity, renews it in the
+//! background, tells the run when ownership is lost, and releases the lease
+//! when the run ends or the process shuts down — in a way a client
+//! disconnect cannot cut short.
+//!
+//! # When to choose it
+//!
+//! Whenever the same session can be driven by more than one process (or you
+//! want the lifecycle and fencing tokens even with one): build one keeper
+//! per process over the backend of the deployment (`memlease`, `flocklease`,
+//! `k8slease`, `grpcdriver`, …), call [`LeaseKeeper::acquire`] before every
+//! run, and pass [`LeaseGuard::token`] with every write to a fenced store
+//! such as `session-store`. Code that only needs one call (a maintenance tool
+//! taking a lease once) can use the backend directly.
+//!
+//! # Example
+//!
+//! ```
+//! use std::{sync::Arc, time::Duration};
+//! use lease_keeper::{KeeperErrorKind, LeaseKeeper};
+//! use lease_port::{OwnerId, SessionId};
+//! use memlease::MemLease;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let ttl = Duration::from_secs(30);
+//! let backend = MemLease::new(ttl); // clones share one table: two "processes"
+//! let a = LeaseKeeper::new(Arc::new(backend.clone()), OwnerId::new("host-a/1")?, ttl)?;
+//! let b = LeaseKeeper::new(Arc::new(backend), OwnerId::new("host-b/1")?, ttl)?;
+//! let chat = SessionId::new("chat-7")?;
+//!
+//! let run = a.acquire(&chat).await?;
+//! let token = run.token().expect("memlease grants leases");
+//! // ... drive the session; tag every write with `token`; stop when
+//! // `run.lost()` completes ...
+//!
+//! let err = b.acquire(&chat).await.unwrap_err();
+//! assert_eq!(err.kind(), KeeperErrorKind::LeasedElsewhere);
+//!
+//! run.finish().await?; // released on a detached task
+//! let taken = b.acquire(&chat).await?;
+//! assert!(taken.token() > Some(token));
+//! b.shutdown().await; // releases everything b still holds
+//! # Ok(()) }
+//! ```
+//!
+//! # The rules
+//!
+//! 1. **In-process lock first.** Each session has an async mutex per keeper;
+//!    a second run of the same session in the same process waits for the
+//!    first (and for its release) at most the *lock wait* bound
+//!    ([`KeeperBuilder::lock_wait`], or [`LeaseKeeper::acquire_within`]),
+//!    then fails with `Busy`. The wait is cancellable: drop the future.
+//!    Never two runs of one session in one process.
+//! 2. **Acquire outcomes.** `Held` → [`KeeperError::LeasedElsewhere`]
+//!    carrying the holder when known; nothing started. `Transient` (or no
+//!    answer within the acquire timeout) → [`KeeperError::Unavailable`],
+//!    retryable; nothing held. `Invalid` → [`KeeperError::Invalid`].
+//! 3. **`Unsupported` means unleased, for good.** The first `Unsupported`
+//!    is logged once; the keeper never consults that backend again
+//!    ([`LeaseKeeper::is_unleased`]) and every run gets an *unleased* guard:
+//!    [`LeaseGuard::is_leased`] is false and [`LeaseGuard::token`] is
+//!    `None`. A fenced store must then be told the write is *unfenced*,
+//!    which `session-store` accepts only when configured to (the deployment
+//!    proves single-process ownership) and only while no fenced write was
+//!    ever accepted for the session.
+//! 4. **Renew about every TTL/3, with jitter, keeping the newest value.**
+//!    The interval is `ttl × renew_fraction` scaled by a random factor in
+//!    `1 ± jitter` ([`KeeperBuilder::renew_fraction`],
+//!    [`KeeperBuilder::jitter`]), counted from when the previous successful
+//!    renewal was sent. Each renewal passes the newest value and stores the
+//!    answer ([`LeaseGuard::lease`], [`LeaseGuard::watch`]).
+//! 5. **`Held` on renew is loss, at once.** The loss signal fires
+//!    ([`LeaseGuard::lost`], [`LeaseGuard::loss_token`]) with
+//!    [`LossReason::Held`], and the stale value is never released.
+//! 6. **Transient renew failures retry until the lease's own expiry**, every
+//!    quarter interval. The expiry is measured on the monotonic clock as
+//!    *ttl after the last successful renewal (or the acquisition) was sent*;
+//!    reaching it — or a renew call still unanswered then — is loss
+//!    ([`LossReason::Expired`]). Any other renew error is loss too
+//!    ([`LossReason::Rejected`]).
+//! 7. **Detached release.** [`LeaseGuard::finish`] and dropping the guard
+//!    both release on a task spawned on the runtime (tracked by the keeper),
+//!    bounded by the release timeout. Dropping the caller's future — a
+//!    client disconnect — cannot cancel it. The in-process lock is held
+//!    until the release has finished, so the next run of the session in this
+//!    process can never see its fresh lease released by the previous run.
+//! 8. **Bounded shutdown.** [`LeaseKeeper::shutdown`] stops new
+//!    acquisitions (waiters fail with `ShuttingDown`), fires every open
+//!    run's loss signal with [`LossReason::Shutdown`], releases every lease
+//!    still held, and waits for all releases at most the shutdown bound.
+//! 9. **Observability.** [`KeeperMetrics`] hooks (default [`NoMetrics`]):
+//!    held-leases gauge, acquisitions and failures, losses with reason, renew
+//!    latency with outcome, releases. `tracing` spans
+//!    `lease_keeper.acquire`, `lease_keeper.renew`, `lease_keeper.release`,
+//!    `lease_keeper.shutdown` carry the session (and token).
+//!
+//! # Time
+//!
+//! Two clocks, each for what it is good at:
+//!
+//! - The **backend's wall clock** (the [`Clock`](lease_port::Clock) given to
+//!   the backend) decides [`Lease::expiry`](lease_port::Lease::expiry). The
+//!   keeper never compares expiries with its own wall clock: another host's
+//!   clock may differ.
+//! - The keeper's own deadlines (when to renew, when a lease must be taken
+//!   as lost, every timeout) use **tokio's monotonic clock**
+//!   ([`tokio::time::Instant`]). A wall-clock jump cannot stretch them, and
+//!   tests can run them in virtual time with `#[tokio::test(start_paused =
+//!   true)]` while moving the backend's wall time with a `ManualClock`.
+//!
+//! The TTL given to [`LeaseKeeper::builder`] must therefore be the TTL the
+//! backend grants (or less): that, not the expiry field, is what the keeper
+//! reckons with.
+//!
+//! # Runtime
+//!
+//! Needs a tokio runtime with the time driver enabled: renew and release
+//! tasks are spawned on the runtime the guard was acquired on.
+
+mod error;
+mod keeper;
+mod metrics;
+
+pub use error::{KeeperError, KeeperErrorKind};
+pub use keeper::{
+    DEFAULT_JITTER, DEFAULT_LOCK_WAIT, DEFAULT_RELEASE_TIMEOUT, DEFAULT_RENEW_FRACTION,
+    DEFAULT_SHUTDOWN_TIMEOUT, KeeperBuilder, LeaseGuard, LeaseKeeper, LossReason, ShutdownReport,
+};
+pub use metrics::{KeeperMetrics, NoMetrics, RenewOutcome};

@@ -1,0 +1,132 @@
+//! The store's error type.
+
+use std::io;
+use std::path::PathBuf;
+
+use lease_port::{FencingToken, SessionId};
+
+/// The coarse kind of a [`StoreError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// The session does not exist (never created, or deleted).
+    NotFound,
+    /// `create` of a session that exists.
+    AlreadyExists,
+    /// The write carried a token below the session's high-water mark: the
+    /// writer lost ownership to a later owner. Stop acting for the session.
+    Fenced,
+    /// An unfenced write (no token) the store does not accept.
+    Unfenced,
+    /// Bad input: nothing was written.
+    Invalid,
+    /// Stored data that cannot be read as the store wrote it.
+    Corrupt,
+    /// An operating-system I/O failure.
+    Io,
+}
+
+/// The error of every [`SessionStore`](crate::SessionStore) operation.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The session does not exist.
+    #[error("session {session} not found")]
+    NotFound {
+        /// The session asked for.
+        session: SessionId,
+    },
+    /// The session exists already.
+    #[error("session {session} already exists")]
+    AlreadyExists {
+        /// The session asked for.
+        session: SessionId,
+    },
+    /// Refused: the presented token is below the session's high-water mark.
+    #[error("write to session {session} fenced: token {presented} is below the high-water mark {high_water}")]
+    Fenced {
+        /// The session written to.
+        session: SessionId,
+        /// The token the writer presented.
+        presented: FencingToken,
+        /// The highest token the store has accepted for the session.
+        high_water: FencingToken,
+    },
+    /// Refused: the write carried no token, and the store does not allow
+    /// unfenced writes, or a fenced write was already accepted.
+    #[error("unfenced write to session {session} refused{}", high_water.map(|h| format!(" (high-water mark {h})")).unwrap_or_else(|| " (unfenced writes are not enabled)".to_owned()))]
+    Unfenced {
+        /// The session written to.
+        session: SessionId,
+        /// The session's high-water mark, when a fenced write was accepted.
+        high_water: Option<FencingToken>,
+    },
+    /// Bad input; nothing was written.
+    #[error("invalid input: {message}")]
+    Invalid {
+        /// What was wrong.
+        message: String,
+    },
+    /// Stored data that cannot be read as the store wrote it.
+    #[error("corrupt session file {}{}: {message}", path.display(), line.map(|l| format!(" line {l}")).unwrap_or_default())]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// The 1-based line, when the problem is in one line.
+        line: Option<u64>,
+        /// What was wrong.
+        message: String,
+        /// The parse error, when there is one.
+        #[source]
+        source: Option<serde_json::Error>,
+    },
+    /// An I/O failure.
+    #[error("{op} {}: {source}", path.display())]
+    Io {
+        /// What the store was doing.
+        op: &'static str,
+        /// The file or directory concerned.
+        path: PathBuf,
+        /// The operating system's error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl StoreError {
+    /// The kind of this error.
+    pub fn kind(&self) -> StoreErrorKind {
+        match self {
+            StoreError::NotFound { .. } => StoreErrorKind::NotFound,
+            StoreError::AlreadyExists { .. } => StoreErrorKind::AlreadyExists,
+            StoreError::Fenced { .. } => StoreErrorKind::Fenced,
+            StoreError::Unfenced { .. } => StoreErrorKind::Unfenced,
+            StoreError::Invalid { .. } => StoreErrorKind::Invalid,
+            StoreError::Corrupt { .. } => StoreErrorKind::Corrupt,
+            StoreError::Io { .. } => StoreErrorKind::Io,
+        }
+    }
+
+    pub(crate) fn invalid(message: impl Into<String>) -> Self {
+        StoreError::Invalid {
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
+        StoreError::Io {
+            op,
+            path: path.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn corrupt(path: impl Into<PathBuf>, line: Option<u64>, message: impl Into<String>) -> Self {
+        StoreError::Corrupt {
+            path: path.into(),
+            line,
+            message: message.into(),
+            source: None,
+        }
+    }
+}

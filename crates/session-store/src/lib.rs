@@ -1,0 +1,137 @@
+//! Session event storage whose every write is fenced by the writer's lease
+//! token, and a JSONL directory implementation.
+//!
+//! # What it is for
+//!
+//! A lease alone cannot stop a holder that paused past its TTL from writing
+//! when it resumes. The store can: every write carries the writer's
+//! [`FencingToken`](lease_port::FencingToken), and the store refuses, in the
+//! same atomic step as the write, a token below the highest it has accepted
+//! for that session. After a takeover, nothing the old owner does can change
+//! the session.
+//!
+//! # When to choose it
+//!
+//! [`SessionStore`] is the port a server writes session events through;
+//! implement it over your database (a conditional write does the fencing).
+//! [`JsonlStore`] is the implementation for one host: a directory with one
+//! append-only JSON-lines file per session, usable by several processes at
+//! once. Pair it with `lease-keeper` and `flocklease` leases kept in
+//! `<dir>/.session-leases` ([`LEASE_DIR_NAME`]).
+//!
+//! # Example
+//!
+//! ```
+//! use lease_port::{FencingToken, SessionId};
+//! use serde_json::json;
+//! use session_store::{FsyncPolicy, JsonlOptions, JsonlStore, SessionStore, StoreErrorKind};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = tempfile::tempdir()?;
+//! let store = JsonlStore::open(dir.path(), JsonlOptions::default().fsync(FsyncPolicy::Never))?;
+//! let chat = SessionId::new("chat-7")?;
+//! store.create(&chat).await?;
+//!
+//! // Owner A holds token 3 and writes; B takes over with token 4 and writes.
+//! store.append(&chat, FencingToken::new(3).into(), &[json!({"text": "hi from A"})]).await?;
+//! store.append(&chat, FencingToken::new(4).into(), &[json!({"text": "hi from B"})]).await?;
+//!
+//! // A resumes after a pause: refused, atomically with the write.
+//! let err = store
+//!     .append(&chat, FencingToken::new(3).into(), &[json!({"text": "late"})])
+//!     .await
+//!     .unwrap_err();
+//! assert_eq!(err.kind(), StoreErrorKind::Fenced);
+//!
+//! let page = store.read(&chat, 1, 100).await?;
+//! assert_eq!(page.events.len(), 2);
+//! assert_eq!(page.events[1].payload, json!({"text": "hi from B"}));
+//! # Ok(()) }
+//! ```
+//!
+//! # The rules
+//!
+//! 1. **Every write is fenced.** [`append`](SessionStore::append) and
+//!    [`delete`](SessionStore::delete) take a [`WriteFence`]. The store
+//!    keeps a per-session *high-water mark* — the highest token it ever
+//!    accepted — and refuses a lower token with [`StoreError::Fenced`]
+//!    (`presented`, `high_water`), atomically with the write: the check and
+//!    the write happen under one per-session lock, across processes too.
+//!    Equal and higher tokens are accepted; a higher one raises the mark.
+//! 2. **Unfenced writes** ([`WriteFence::Unfenced`], for a deployment whose
+//!    lease backend answered `Unsupported`) are refused with
+//!    [`StoreError::Unfenced`] unless the store is configured to allow them
+//!    ([`JsonlOptions::allow_unfenced`], which a server sets only when it
+//!    proves single-process ownership of the directory), and are refused
+//!    anyway once the session accepted any fenced write.
+//! 3. **Batches are all or nothing.** Invalid input (an empty batch, an
+//!    event over the size limit, a page limit of 0) is a typed
+//!    [`StoreError::Invalid`] with nothing written; a failed write is cut
+//!    back so no partial line remains.
+//! 4. **The mark lives in the data.** In the JSONL store the mark is the
+//!    largest token on any accepted line, rebuilt from the file when it is
+//!    opened; it survives restarts and deletions (a deletion is itself a
+//!    fenced record), so a stale owner cannot write into a re-created
+//!    session.
+//! 5. **Errors keep their kind and cause**: [`StoreError::kind`] is one of
+//!    [`StoreErrorKind`] `NotFound`, `AlreadyExists`, `Fenced`, `Unfenced`,
+//!    `Invalid`, `Corrupt` (with file, line and parse error), `Io` (with the
+//!    operation, path and OS error).
+//! 6. **A store may bring its own leases**: [`SessionStore::session_lease`]
+//!    (default `None`; the JSONL store has none — the server puts
+//!    `flocklease` files in [`JsonlStore::lease_dir`]).
+//!
+//! # The JSONL directory store
+//!
+//! - **File names** come from [`session_filename::stem`] plus `.jsonl`
+//!   (safe, injective, case-fold-proof, bounded; long ids hashed). The first
+//!   line of every file is a header holding the full session id, compared on
+//!   every open, so a hashed name can never mix two sessions.
+//! - **Record lines**: header `{"t":"h","v":1,"id":…,"ts":…}`, event
+//!   `{"t":"e","seq":…,"token":…|null,"ts":…,"payload":…}`, deletion
+//!   `{"t":"d","token":…,"ts":…}`; `ts` is milliseconds since the Unix
+//!   epoch. Files only ever grow, except when a torn tail is cut.
+//! - **Deletion** appends a deletion record: the session disappears from
+//!   reads and [`list`](SessionStore::list) but its file (and mark) stays;
+//!   files are never unlinked or renamed over, because other processes may
+//!   hold them locked.
+//! - **Creation** writes the header to a private temporary file and
+//!   hard-links it into place, so no process ever sees a file without its
+//!   header and an existing file is never replaced.
+//! - **Cross-process fencing**: with [`JsonlOptions::cross_process`] (the
+//!   default) every check-and-append holds an exclusive `flock` on the
+//!   session file and first reads whatever other processes appended since
+//!   (the file size tells), so two processes can never both pass the mark
+//!   check. Reads hold a shared `flock`.
+//! - **Fsync policy** ([`FsyncPolicy`]): `Always` (default; `fdatasync`
+//!   before acknowledging, directory synced after creation, calls run on
+//!   tokio's blocking pool), `Interval(d)` or `Never` (calls run inline: a
+//!   few system calls on page-cached files). Fencing across a machine crash
+//!   holds for acknowledged writes under `Always` only: a write lost by the
+//!   crash also loses its token from the mark.
+//! - **Crash safety**: a final line without its line end is a *torn tail*:
+//!   readers ignore it and report it ([`Page::torn_tail`]); the next write
+//!   to the session cuts it off before appending (`O_APPEND` would
+//!   otherwise glue the new line to it). Earlier events are never affected.
+//!   A damaged line *before* the last one is [`StoreError::Corrupt`] naming
+//!   the file and line. A file truncated at a line end simply ends earlier.
+//! - **File safety**: the directory is created mode 0700, files 0600; files
+//!   are opened with `O_NOFOLLOW` (a symbolic link is `Corrupt`, never
+//!   followed) and must be regular files; [`list`](SessionStore::list)
+//!   skips every name starting with `.` — [`LEASE_DIR_NAME`], temporary
+//!   files — and anything that is not a `*.jsonl` regular file.
+//! - **Memory**: each open session keeps its file and an index of its
+//!   events' offsets (24 bytes an event), at most
+//!   [`JsonlOptions::max_open`] idle ones.
+
+mod error;
+mod jsonl;
+mod model;
+
+pub use error::{StoreError, StoreErrorKind};
+pub use jsonl::{
+    DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_OPEN, FILE_SUFFIX, FsyncPolicy, JsonlOptions, JsonlStore,
+    LEASE_DIR_NAME,
+};
+pub use model::{AppendReceipt, Page, SessionStore, StoredEvent, WriteFence};

@@ -1,0 +1,118 @@
+//! The store trait and the values it speaks in.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+use lease_port::{FencingToken, SessionId, SessionLease};
+use serde_json::Value;
+
+use crate::StoreError;
+
+/// How a write proves its right to change a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WriteFence {
+    /// The writer's lease token. Refused when below the session's
+    /// high-water mark; otherwise accepted and raises the mark.
+    Token(FencingToken),
+    /// No token: the deployment runs unleased. Accepted only by a store
+    /// configured to allow it, and only while the session has never
+    /// accepted a fenced write.
+    Unfenced,
+}
+
+impl From<FencingToken> for WriteFence {
+    fn from(token: FencingToken) -> Self {
+        WriteFence::Token(token)
+    }
+}
+
+/// `Some(token)` → [`WriteFence::Token`], `None` → [`WriteFence::Unfenced`]:
+/// what a lease guard's `token()` maps to.
+impl From<Option<FencingToken>> for WriteFence {
+    fn from(token: Option<FencingToken>) -> Self {
+        token.map_or(WriteFence::Unfenced, WriteFence::Token)
+    }
+}
+
+/// One stored event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredEvent {
+    /// Position in the session, from 1, strictly increasing, never reused.
+    pub seq: u64,
+    /// The token the write carried; `None` for an unfenced write.
+    pub token: Option<FencingToken>,
+    /// When the store accepted it (the store's clock, millisecond precision).
+    pub at: SystemTime,
+    /// The event itself.
+    pub payload: Value,
+}
+
+/// What an accepted append was given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppendReceipt {
+    /// Sequence number of the first event of the batch.
+    pub first_seq: u64,
+    /// Sequence number of the last event of the batch.
+    pub last_seq: u64,
+}
+
+/// One page of a session's events.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Page {
+    /// Events with `seq >= from_seq`, in order, at most `limit` of them.
+    pub events: Vec<StoredEvent>,
+    /// Where the next page starts, when there are more events.
+    pub next_seq: Option<u64>,
+    /// True when the file ends in a torn (incomplete) line left by a
+    /// crash: it was ignored, and the next write to the session removes it.
+    pub torn_tail: bool,
+}
+
+/// Storage of session events, every write fenced by the writer's lease
+/// token.
+///
+/// Object-safe: servers hold an `Arc<dyn SessionStore>`. See the [crate
+/// documentation](crate) for the rules an implementation keeps.
+#[async_trait]
+pub trait SessionStore: Send + Sync {
+    /// Creates an empty session. `AlreadyExists` when it exists. Creating
+    /// a deleted session again starts it empty but keeps its high-water
+    /// mark and never reuses a sequence number.
+    async fn create(&self, session: &SessionId) -> Result<(), StoreError>;
+
+    /// Appends `events` (at least one) as one batch: all or nothing.
+    ///
+    /// Checks `fence` against the session's high-water mark atomically with
+    /// the write: a token below it is refused with
+    /// [`StoreError::Fenced`] and nothing is written; an accepted token
+    /// becomes the new mark when higher.
+    async fn append(
+        &self,
+        session: &SessionId,
+        fence: WriteFence,
+        events: &[Value],
+    ) -> Result<AppendReceipt, StoreError>;
+
+    /// Reads at most `limit` (≥ 1) events with `seq >= from_seq`.
+    async fn read(&self, session: &SessionId, from_seq: u64, limit: usize)
+    -> Result<Page, StoreError>;
+
+    /// Every existing session, sorted.
+    async fn list(&self) -> Result<Vec<SessionId>, StoreError>;
+
+    /// Deletes a session, fenced like an append. The high-water mark
+    /// survives, so a stale owner cannot write to a re-created session.
+    async fn delete(&self, session: &SessionId, fence: WriteFence) -> Result<(), StoreError>;
+
+    /// The session's high-water mark: the highest token accepted, `None`
+    /// when no fenced write ever was.
+    async fn high_water(&self, session: &SessionId) -> Result<Option<FencingToken>, StoreError>;
+
+    /// The store's own lease backend, when it offers one (a database with
+    /// conditional writes can). `None` by default: the server then picks a
+    /// lease backend itself.
+    fn session_lease(&self) -> Option<Arc<dyn SessionLease>> {
+        None
+    }
+}
