@@ -162,6 +162,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lease_port::{Clock, Lease, LeaseError, OwnerId, SessionId, SessionLease, SystemClock};
+use tokio::runtime::RuntimeFlavor;
 
 pub use error::StoreError;
 pub use inspect::{LeaseEntry, LeaseInfo, LeaseState, list_leases};
@@ -177,6 +178,10 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 /// `fdatasync` of an acquire), so waiting this long means the holder of the
 /// file lock is stopped or stuck.
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How often, at most, the directory's identity is re-checked when no
+/// interval is configured.
+pub const DEFAULT_DIR_CHECK_INTERVAL: Duration = Duration::from_millis(250);
 
 /// Leases stored as lock-guarded files in one directory. Cheap to clone;
 /// clones share the directory handle.
@@ -196,6 +201,7 @@ pub struct FlockLeaseBuilder {
     clock: Arc<dyn Clock>,
     lock_timeout: Duration,
     inline_fast_path: bool,
+    dir_check_interval: Duration,
 }
 
 impl FlockLeaseBuilder {
@@ -229,6 +235,15 @@ impl FlockLeaseBuilder {
         self
     }
 
+    /// How often, at most, an operation re-checks that the directory path
+    /// still names the directory opened at start-up (one `lstat`, a third of
+    /// the cost of a renewal). Default [`DEFAULT_DIR_CHECK_INTERVAL`];
+    /// `Duration::ZERO` checks on every operation.
+    pub fn dir_check_interval(mut self, interval: Duration) -> Self {
+        self.dir_check_interval = interval;
+        self
+    }
+
     /// Opens the directory — creating it with mode 0700 when absent — and
     /// checks it: a symlink or a non-directory is refused with
     /// [`StoreError::DirSymlink`] / [`StoreError::NotADirectory`]
@@ -240,6 +255,7 @@ impl FlockLeaseBuilder {
             self.clock,
             self.lock_timeout,
             self.inline_fast_path,
+            self.dir_check_interval,
         )?;
         Ok(FlockLease {
             store: Arc::new(store),
@@ -256,6 +272,7 @@ impl FlockLease {
             clock: Arc::new(SystemClock),
             lock_timeout: DEFAULT_LOCK_TIMEOUT,
             inline_fast_path: true,
+            dir_check_interval: DEFAULT_DIR_CHECK_INTERVAL,
         }
     }
 
@@ -293,13 +310,19 @@ impl FlockLease {
     }
 }
 
-/// Runs `f` on Tokio's blocking pool, or right here outside a runtime.
+/// Runs blocking `f` without stalling the runtime: on a multi-thread
+/// runtime in place, after handing this worker's other tasks to another
+/// worker (`block_in_place`, no thread switch); on a current-thread runtime
+/// on the blocking pool (`spawn_blocking`); outside a runtime right here.
 async fn offload<T, F>(f: F) -> Result<T, LeaseError>
 where
     F: FnOnce() -> Result<T, LeaseError> + Send + 'static,
     T: Send + 'static,
 {
     match tokio::runtime::Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
         Ok(handle) => handle.spawn_blocking(f).await.map_err(|e| {
             LeaseError::transient("lease file operation did not complete").with_source(e)
         })?,

@@ -6,6 +6,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use lease_port::{Clock, FencingToken, Lease, LeaseError, OwnerId, SessionId};
@@ -31,6 +32,11 @@ pub(crate) struct Store {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) lock_timeout: Duration,
     pub(crate) inline_fast_path: bool,
+    pub(crate) dir_check_interval: Duration,
+    /// When the directory was last verified, in nanoseconds after `epoch`
+    /// plus one; 0 before the first check.
+    dir_checked: AtomicU64,
+    epoch: Instant,
 }
 
 pub(crate) enum Op {
@@ -169,6 +175,7 @@ impl Store {
         clock: Arc<dyn Clock>,
         lock_timeout: Duration,
         inline_fast_path: bool,
+        dir_check_interval: Duration,
     ) -> Result<Self, StoreError> {
         let (dir_fd, dir_id) = open_dir(&dir, true)?;
         Ok(Store {
@@ -179,6 +186,9 @@ impl Store {
             clock,
             lock_timeout,
             inline_fast_path,
+            dir_check_interval,
+            dir_checked: AtomicU64::new(0),
+            epoch: Instant::now(),
         })
     }
 
@@ -217,14 +227,8 @@ impl Store {
             }
             Err(e) => return Err(StoreError::io("opening", self.path(name), e)),
         };
-        let st = nix::sys::stat::fstat(&fd)
-            .map_err(|e| StoreError::io("inspecting", self.path(name), e))?;
-        if !is_kind(&st, SFlag::S_IFREG) {
-            return Err(StoreError::NotRegular {
-                path: self.path(name),
-                what: kind_name(&st),
-            });
-        }
+        // The file type is checked lazily, in `read`: only a regular file
+        // yields a valid record, so the common case needs no fstat.
         Ok(Opened::File(File::from(fd)))
     }
 
@@ -278,7 +282,7 @@ impl Store {
     /// Under the lock: checks the directory still is the one opened, reads
     /// the record, and decides what to write and answer.
     pub(crate) fn plan(&self, file: &File, name: &str, op: &Op) -> Result<Plan, LeaseError> {
-        self.check_dir()?;
+        self.check_dir_if_due()?;
         let record = self.read(file, name)?;
         if let Some(r) = &record {
             if r.session != *op.session() {
@@ -420,15 +424,57 @@ impl Store {
     fn read(&self, file: &File, name: &str) -> Result<Option<Record>, StoreError> {
         let mut buf = [0u8; RECORD_LEN + 1];
         let mut len = 0;
-        while len < buf.len() {
+        let read = loop {
             match file.read_at(&mut buf[len..], len as u64) {
-                Ok(0) => break,
-                Ok(n) => len += n,
+                // A short read of a regular file is its end: a whole record
+                // needs no second call to see EOF.
+                Ok(n) if len + n == RECORD_LEN => break Ok(len + n),
+                Ok(0) => break Ok(len),
+                Ok(n) => {
+                    len += n;
+                    if len == buf.len() {
+                        break Ok(len);
+                    }
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(StoreError::io("reading", self.path(name), e)),
+                Err(e) => break Err(e),
+            }
+        };
+        let decoded = match read {
+            Ok(len) => Record::decode(&self.path(name), &buf[..len]),
+            Err(e) => Err(StoreError::io("reading", self.path(name), e)),
+        };
+        match decoded {
+            Ok(Some(record)) => Ok(Some(record)),
+            // Empty, unreadable or undecodable: make sure it is a regular
+            // file before trusting (or blaming) its contents.
+            other => {
+                let st = nix::sys::stat::fstat(file)
+                    .map_err(|e| StoreError::io("inspecting", self.path(name), e))?;
+                if !is_kind(&st, SFlag::S_IFREG) {
+                    return Err(StoreError::NotRegular {
+                        path: self.path(name),
+                        what: kind_name(&st),
+                    });
+                }
+                other
             }
         }
-        Record::decode(&self.path(name), &buf[..len])
+    }
+
+    /// [`check_dir`](Self::check_dir), at most once per check interval.
+    fn check_dir_if_due(&self) -> Result<(), StoreError> {
+        let now = u64::try_from(self.epoch.elapsed().as_nanos())
+            .unwrap_or(u64::MAX - 1)
+            .saturating_add(1);
+        let last = self.dir_checked.load(Ordering::Relaxed);
+        let interval = u64::try_from(self.dir_check_interval.as_nanos()).unwrap_or(u64::MAX);
+        if last != 0 && now.saturating_sub(last) < interval {
+            return Ok(());
+        }
+        self.check_dir()?;
+        self.dir_checked.store(now, Ordering::Relaxed);
+        Ok(())
     }
 
     /// The directory path must still name the directory opened at start-up:

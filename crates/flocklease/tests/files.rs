@@ -226,7 +226,11 @@ async fn a_symlinked_or_non_directory_path_is_refused() {
 async fn a_directory_replaced_after_opening_is_refused() {
     let base = tempfile::tempdir().unwrap();
     let dir = base.path().join("leases");
-    let leases = open(&dir);
+    let leases = FlockLease::builder(&dir)
+        .ttl(TTL)
+        .dir_check_interval(Duration::ZERO)
+        .open()
+        .unwrap();
     let s = sid("s");
     let a = oid("a");
     let lease = leases.acquire(&s, &a).await.unwrap();
@@ -322,11 +326,25 @@ async fn a_wedged_lock_gives_transient_and_a_second_descriptor_does_not_unlock()
 }
 
 #[test]
-fn waiting_for_a_lock_never_blocks_the_runtime() {
+fn waiting_for_a_lock_never_blocks_a_current_thread_runtime() {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
+    wait_beside_other_work(&rt);
+}
+
+#[test]
+fn waiting_for_a_lock_never_blocks_a_one_worker_multi_thread_runtime() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    wait_beside_other_work(&rt);
+}
+
+fn wait_beside_other_work(rt: &tokio::runtime::Runtime) {
     rt.block_on(async {
         let dir = tempfile::tempdir().unwrap();
         let leases = FlockLease::builder(dir.path())
@@ -343,12 +361,18 @@ fn waiting_for_a_lock_never_blocks_the_runtime() {
             async move { leases.renew(&lease).await }
         });
         tokio::task::yield_now().await;
-        // The only runtime thread is free while the renew waits.
-        for i in 0..20 {
-            let t = sid(&format!("other-{i}"));
-            let l = leases.acquire(&t, &a).await.unwrap();
-            leases.release(&l).await.unwrap();
-        }
+        // Other tasks, spawned onto the runtime, run while the renew waits.
+        let others = tokio::spawn({
+            let leases = leases.clone();
+            async move {
+                for i in 0..20 {
+                    let t = sid(&format!("other-{i}"));
+                    let l = leases.acquire(&t, &a).await.unwrap();
+                    leases.release(&l).await.unwrap();
+                }
+            }
+        });
+        others.await.unwrap();
         assert!(
             !waiting.is_finished(),
             "the renew cannot finish while locked"
