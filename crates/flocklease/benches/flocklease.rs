@@ -12,6 +12,9 @@
 //! - `flocklease/renew-offloaded`: renew with every operation on the
 //!   blocking pool (`inline_fast_path(false)`), against the raw sequence.
 
+// `criterion_group!` generates an undocumented `pub fn`.
+#![allow(missing_docs)]
+
 use std::fs::File;
 use std::hint::black_box;
 use std::os::unix::fs::FileExt;

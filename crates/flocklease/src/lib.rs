@@ -129,17 +129,29 @@
 //!
 //! # Blocking and time bounds
 //!
-//! Waiting for a file lock happens on Tokio's blocking pool
-//! (`spawn_blocking`), polling a non-blocking `flock` with back-off until
-//! the [lock timeout](FlockLeaseBuilder::lock_timeout); past it the operation
-//! fails with `Transient` ("lock file wedged") instead of hanging. The
-//! `fdatasync` of an acquire also runs on the blocking pool. The rest — open,
-//! an uncontended non-blocking `flock`, `pread`, `pwrite` into the page cache
-//! and close, a few microseconds on a local file system — runs inline by
-//! default, because handing it to another thread would cost several times
-//! the work itself. [`FlockLeaseBuilder::inline_fast_path`]`(false)` moves
-//! every operation to the blocking pool. Outside a Tokio runtime everything
-//! runs on the calling thread.
+//! Anything that can wait — polling a non-blocking `flock` with back-off
+//! until the [lock timeout](FlockLeaseBuilder::lock_timeout), and the
+//! `fdatasync` of an acquire — runs off the async workers: through
+//! `block_in_place` on a multi-thread Tokio runtime (this worker's other
+//! tasks move to another worker; no thread switch), through `spawn_blocking`
+//! on a current-thread runtime, and on the calling thread outside a
+//! runtime. Past the lock timeout the operation fails with `Transient`
+//! ("lock file wedged") instead of hanging: a process stopped or stuck
+//! inside its critical section delays only that one session's file.
+//!
+//! The rest — open, an uncontended non-blocking `flock`, `pread`, `pwrite`
+//! into the page cache and close, a few microseconds on a local file system
+//! — runs inline by default, because handing it to another thread would
+//! cost several times the work itself.
+//! [`FlockLeaseBuilder::inline_fast_path`]`(false)` sends every operation
+//! the blocking way.
+//!
+//! The directory's identity (the path still names the directory opened at
+//! start-up) is re-checked under the file lock at most every
+//! [`dir_check_interval`](FlockLeaseBuilder::dir_check_interval) (default
+//! 250 ms; `ZERO` for every operation), so a directory replaced while
+//! processes run is refused within that interval rather than splitting the
+//! processes between two directories.
 //!
 //! Expiry is judged with the injected [`Clock`]'s wall-clock reading, so
 //! every process on the host must use the same (system) clock in production;

@@ -68,7 +68,8 @@ async fn damaged_and_foreign_files_are_errors_never_free() {
     newer[8] = 9;
     let mut longer = good.clone();
     longer.extend_from_slice(b"\n");
-    let cases: Vec<(&str, Vec<u8>, fn(&StoreError) -> bool)> = vec![
+    type Case = (&'static str, Vec<u8>, fn(&StoreError) -> bool);
+    let cases: Vec<Case> = vec![
         ("foreign text", b"{\"owner\": \"x\"}\n".to_vec(), |e| {
             matches!(e, StoreError::Foreign { .. })
         }),
