@@ -1,0 +1,563 @@
+//! The JSONL store on a temporary directory: fencing, crash safety, bad
+//! input, several "processes" (store instances with their own caches and
+//! open file descriptions) on one directory.
+
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_port::{FencingToken, LeaseErrorKind, ManualClock, OwnerId, SessionId, SessionLease};
+use memlease::MemLease;
+use serde_json::{Value, json};
+use session_store::{
+    FsyncPolicy, JsonlOptions, JsonlStore, LEASE_DIR_NAME, SessionStore, StoreError,
+    StoreErrorKind, WriteFence,
+};
+
+fn sid(s: &str) -> SessionId {
+    SessionId::new(s).unwrap()
+}
+
+fn tok(t: u64) -> WriteFence {
+    WriteFence::Token(FencingToken::new(t))
+}
+
+fn opts() -> JsonlOptions {
+    JsonlOptions::default().fsync(FsyncPolicy::Never)
+}
+
+fn open(dir: &Path) -> JsonlStore {
+    JsonlStore::open(dir, opts()).unwrap()
+}
+
+async fn all(store: &JsonlStore, s: &SessionId) -> Vec<(u64, Option<u64>, Value)> {
+    let mut out = Vec::new();
+    let mut from = 1;
+    loop {
+        let page = store.read(s, from, 2).await.unwrap();
+        out.extend(
+            page.events
+                .into_iter()
+                .map(|e| (e.seq, e.token.map(FencingToken::get), e.payload)),
+        );
+        match page.next_seq {
+            Some(n) => from = n,
+            None => return out,
+        }
+    }
+}
+
+#[tokio::test]
+async fn create_append_read_list_delete() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let a = sid("a/../b");
+    let long = sid(&"é".repeat(100));
+    store.create(&a).await.unwrap();
+    store.create(&long).await.unwrap();
+    fs::create_dir(dir.path().join(LEASE_DIR_NAME)).unwrap();
+    fs::write(dir.path().join(LEASE_DIR_NAME).join("x.jsonl"), "junk").unwrap();
+    fs::write(dir.path().join("notes.txt"), "junk").unwrap();
+
+    let r = store
+        .append(&a, tok(1), &[json!(1), json!({"k": "v"}), json!("three")])
+        .await
+        .unwrap();
+    assert_eq!((r.first_seq, r.last_seq), (1, 3));
+    let r = store.append(&a, tok(1), &[json!(4)]).await.unwrap();
+    assert_eq!((r.first_seq, r.last_seq), (4, 4));
+    store.append(&long, tok(9), &[json!("x")]).await.unwrap();
+
+    let events = all(&store, &a).await;
+    assert_eq!(
+        events,
+        vec![
+            (1, Some(1), json!(1)),
+            (2, Some(1), json!({"k": "v"})),
+            (3, Some(1), json!("three")),
+            (4, Some(1), json!(4)),
+        ]
+    );
+    let page = store.read(&a, 3, 10).await.unwrap();
+    assert_eq!(page.events.len(), 2);
+    assert_eq!(page.next_seq, None);
+    assert!(!page.torn_tail);
+    assert!(store.read(&a, 99, 10).await.unwrap().events.is_empty());
+
+    let mut expected = vec![a.clone(), long.clone()];
+    expected.sort();
+    assert_eq!(store.list().await.unwrap(), expected);
+
+    // Delete is fenced, keeps the mark, and re-creation never reuses seqs.
+    let err = store.delete(&a, tok(0)).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Fenced);
+    store.delete(&a, tok(2)).await.unwrap();
+    assert_eq!(
+        store.read(&a, 1, 10).await.unwrap_err().kind(),
+        StoreErrorKind::NotFound
+    );
+    assert_eq!(store.list().await.unwrap(), vec![long.clone()]);
+    store.create(&a).await.unwrap();
+    assert!(all(&store, &a).await.is_empty());
+    let err = store.append(&a, tok(1), &[json!("late")]).await.unwrap_err();
+    assert!(matches!(
+        err,
+        StoreError::Fenced { presented, high_water, .. }
+            if presented.get() == 1 && high_water.get() == 2
+    ));
+    let r = store.append(&a, tok(2), &[json!("new")]).await.unwrap();
+    assert_eq!(r.first_seq, 5);
+
+    // A restarted store rebuilds the same state from the files.
+    let again = open(dir.path());
+    assert_eq!(again.high_water(&a).await.unwrap(), Some(FencingToken::new(2)));
+    assert_eq!(all(&again, &a).await, vec![(5, Some(2), json!("new"))]);
+    assert_eq!(again.list().await.unwrap(), expected);
+    assert!(again.session_lease().is_none());
+}
+
+#[tokio::test]
+async fn files_are_private_and_links_are_not_followed() {
+    let base = tempfile::tempdir().unwrap();
+    let dir = base.path().join("store");
+    let store = open(&dir);
+    assert_eq!(
+        fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+    let s = sid("s");
+    store.create(&s).await.unwrap();
+    let path = store.path_of(&s);
+    assert_eq!(
+        fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+
+    // A symbolic link where a session file should be: refused, not followed.
+    let target = base.path().join("elsewhere");
+    fs::write(&target, "").unwrap();
+    let linked = sid("linked");
+    std::os::unix::fs::symlink(&target, store.path_of(&linked)).unwrap();
+    let err = store.append(&linked, tok(1), &[json!(1)]).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt);
+    assert_eq!(fs::read(&target).unwrap(), b"");
+    assert_eq!(store.list().await.unwrap(), vec![s]);
+
+    // A store directory that is a link or a file is refused.
+    let link_dir = base.path().join("link");
+    std::os::unix::fs::symlink(&dir, &link_dir).unwrap();
+    let err = JsonlStore::open(&link_dir, opts()).unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Invalid);
+    let err = JsonlStore::open(&target, opts()).unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Invalid);
+}
+
+#[tokio::test]
+async fn bad_input_is_a_typed_error_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = JsonlStore::open(dir.path(), opts().max_event_bytes(64)).unwrap();
+    let s = sid("s");
+    store.create(&s).await.unwrap();
+    store.append(&s, tok(1), &[json!(1)]).await.unwrap();
+    let size = fs::metadata(store.path_of(&s)).unwrap().len();
+
+    let cases: Vec<(StoreErrorKind, Result<_, StoreError>)> = vec![
+        (StoreErrorKind::Invalid, store.append(&s, tok(1), &[]).await),
+        (
+            StoreErrorKind::Invalid,
+            store
+                .append(&s, tok(1), &[json!(2), json!("x".repeat(100))])
+                .await,
+        ),
+        (StoreErrorKind::Fenced, store.append(&s, tok(0), &[json!(2)]).await),
+        (
+            StoreErrorKind::Unfenced,
+            store.append(&s, WriteFence::Unfenced, &[json!(2)]).await,
+        ),
+        (
+            StoreErrorKind::NotFound,
+            store.append(&sid("missing"), tok(1), &[json!(2)]).await,
+        ),
+    ];
+    for (kind, result) in cases {
+        assert_eq!(result.unwrap_err().kind(), kind);
+    }
+    assert_eq!(
+        store.read(&s, 1, 0).await.unwrap_err().kind(),
+        StoreErrorKind::Invalid
+    );
+    assert_eq!(
+        store.create(&s).await.unwrap_err().kind(),
+        StoreErrorKind::AlreadyExists
+    );
+    assert_eq!(
+        store.delete(&sid("missing"), tok(1)).await.unwrap_err().kind(),
+        StoreErrorKind::NotFound
+    );
+    assert_eq!(fs::metadata(store.path_of(&s)).unwrap().len(), size);
+    assert_eq!(all(&store, &s).await.len(), 1);
+}
+
+#[tokio::test]
+async fn unfenced_writes_only_when_allowed_and_never_after_a_fenced_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = sid("s");
+    let strict = open(dir.path());
+    strict.create(&s).await.unwrap();
+    let err = strict
+        .append(&s, WriteFence::Unfenced, &[json!(1)])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Unfenced { high_water: None, .. }));
+
+    let lax = JsonlStore::open(dir.path(), opts().allow_unfenced(true)).unwrap();
+    lax.append(&s, None::<FencingToken>.into(), &[json!(1)])
+        .await
+        .unwrap();
+    lax.append(&s, tok(3), &[json!(2)]).await.unwrap();
+    let err = lax
+        .append(&s, WriteFence::Unfenced, &[json!(3)])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Unfenced { high_water: Some(h), .. } if h.get() == 3));
+    assert_eq!(
+        all(&lax, &s).await,
+        vec![(1, None, json!(1)), (2, Some(3), json!(2))]
+    );
+}
+
+/// The issue's scenario with real leases: A pauses past its TTL, B takes
+/// over and writes, A resumes and tries to append.
+#[tokio::test]
+async fn a_resumed_owner_is_fenced_after_a_takeover() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new();
+    let ttl = Duration::from_secs(10);
+    let leases = MemLease::builder()
+        .ttl(ttl)
+        .clock(Arc::new(clock.clone()))
+        .build();
+    // Two processes: their own store instances on one directory.
+    let (store_a, store_b) = (open(dir.path()), open(dir.path()));
+    let s = sid("chat");
+    store_a.create(&s).await.unwrap();
+
+    let a = leases.acquire(&s, &OwnerId::new("a").unwrap()).await.unwrap();
+    store_a
+        .append(&s, a.token().into(), &[json!({"by": "a", "n": 1})])
+        .await
+        .unwrap();
+
+    clock.advance(ttl + Duration::from_secs(1)); // A is paused
+    let b = leases.acquire(&s, &OwnerId::new("b").unwrap()).await.unwrap();
+    assert!(b.token() > a.token());
+    store_b
+        .append(&s, b.token().into(), &[json!({"by": "b", "n": 1})])
+        .await
+        .unwrap();
+
+    // A resumes, unaware; its renewal would fail, but its write comes first.
+    let err = store_a
+        .append(&s, a.token().into(), &[json!({"by": "a", "n": 2})])
+        .await
+        .unwrap_err();
+    match err {
+        StoreError::Fenced {
+            presented,
+            high_water,
+            ..
+        } => assert_eq!((presented, high_water), (a.token(), b.token())),
+        other => panic!("expected Fenced, got {other:?}"),
+    }
+    assert_eq!(
+        store_a
+            .delete(&s, a.token().into())
+            .await
+            .unwrap_err()
+            .kind(),
+        StoreErrorKind::Fenced
+    );
+    assert_eq!(
+        leases.renew(&a).await.unwrap_err().kind(),
+        LeaseErrorKind::Held
+    );
+    store_b
+        .append(&s, b.token().into(), &[json!({"by": "b", "n": 2})])
+        .await
+        .unwrap();
+
+    let events = all(&store_a, &s).await;
+    let first_b = events
+        .iter()
+        .position(|e| e.1 == Some(b.token().get()))
+        .unwrap();
+    assert!(
+        events[first_b..]
+            .iter()
+            .all(|e| e.1 == Some(b.token().get()) && e.2["by"] == "b"),
+        "{events:?}"
+    );
+    assert_eq!(events.len(), 3);
+}
+
+/// Two store instances racing on one file from two threads never both pass
+/// the mark check, and the file stays well-formed.
+#[test]
+fn racing_writers_in_two_stores_never_interleave_badly() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = sid("race");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(open(dir.path()).create(&s)).unwrap();
+    let threads: Vec<_> = (0..2u64)
+        .map(|w| {
+            let dir = dir.path().to_owned();
+            let s = s.clone();
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .unwrap();
+                let store = open(&dir);
+                let mut accepted = Vec::new();
+                for i in 0..200u64 {
+                    // Writer 0 uses even tokens, writer 1 odd ones, rising.
+                    let t = i * 2 + w;
+                    if rt
+                        .block_on(store.append(&s, tok(t), &[json!({"w": w, "t": t})]))
+                        .is_ok()
+                    {
+                        accepted.push(t);
+                    }
+                }
+                accepted
+            })
+        })
+        .collect();
+    let accepted: usize = threads.into_iter().map(|t| t.join().unwrap().len()).sum();
+    let events = rt.block_on(all(&open(dir.path()), &s));
+    assert_eq!(events.len(), accepted);
+    let tokens: Vec<u64> = events.iter().map(|e| e.1.unwrap()).collect();
+    assert!(tokens.windows(2).all(|w| w[0] <= w[1]), "{tokens:?}");
+    assert!(
+        events
+            .iter()
+            .enumerate()
+            .all(|(i, e)| e.0 == i as u64 + 1)
+    );
+}
+
+#[tokio::test]
+async fn a_torn_final_line_is_reported_ignored_and_cut_by_the_next_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let s = sid("s");
+    store.create(&s).await.unwrap();
+    store
+        .append(&s, tok(1), &[json!(1), json!(2), json!(3)])
+        .await
+        .unwrap();
+    let path = store.path_of(&s);
+    let good = fs::read(&path).unwrap();
+    // A crash in the middle of the next write.
+    OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap()
+        .write_all(br#"{"t":"e","seq":4,"token":7,"ts":1,"payl"#)
+        .unwrap();
+
+    // Both the store that wrote (cached) and a restarted one see it.
+    for reader in [&store, &open(dir.path())] {
+        let page = reader.read(&s, 1, 10).await.unwrap();
+        assert_eq!(page.events.len(), 3);
+        assert!(page.torn_tail);
+        // The torn line's token does not count.
+        assert_eq!(reader.high_water(&s).await.unwrap(), Some(FencingToken::new(1)));
+    }
+
+    let fresh = open(dir.path());
+    let r = fresh.append(&s, tok(1), &[json!(4)]).await.unwrap();
+    assert_eq!(r.first_seq, 4);
+    let bytes = fs::read(&path).unwrap();
+    assert!(bytes.starts_with(&good));
+    assert!(bytes.ends_with(b"\n"));
+    for reader in [&store, &fresh] {
+        let page = reader.read(&s, 1, 10).await.unwrap();
+        assert!(!page.torn_tail);
+        assert_eq!(
+            page.events.iter().map(|e| e.payload.clone()).collect::<Vec<_>>(),
+            vec![json!(1), json!(2), json!(3), json!(4)]
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_truncated_file_ends_earlier_and_a_headless_one_can_be_recreated() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let s = sid("s");
+    store.create(&s).await.unwrap();
+    store.append(&s, tok(1), &[json!(1), json!(2)]).await.unwrap();
+    store.append(&s, tok(2), &[json!(3)]).await.unwrap();
+    let path = store.path_of(&s);
+    let len = fs::metadata(&path).unwrap().len();
+
+    // Cut inside the last line: the file shrank under the cached store.
+    OpenOptions::new().write(true).open(&path).unwrap().set_len(len - 5).unwrap();
+    let page = store.read(&s, 1, 10).await.unwrap();
+    assert_eq!(page.events.len(), 2);
+    assert!(page.torn_tail);
+    assert_eq!(store.high_water(&s).await.unwrap(), Some(FencingToken::new(1)));
+    let r = store.append(&s, tok(1), &[json!("3b")]).await.unwrap();
+    assert_eq!(r.first_seq, 3);
+
+    // Cut inside the header: the session is gone; create starts it again.
+    OpenOptions::new().write(true).open(&path).unwrap().set_len(7).unwrap();
+    for reader in [&store, &open(dir.path())] {
+        assert_eq!(
+            reader.read(&s, 1, 10).await.unwrap_err().kind(),
+            StoreErrorKind::NotFound
+        );
+        assert!(reader.list().await.unwrap().is_empty());
+    }
+    store.create(&s).await.unwrap();
+    store.append(&s, tok(1), &[json!("again")]).await.unwrap();
+    assert_eq!(all(&open(dir.path()), &s).await, vec![(1, Some(1), json!("again"))]);
+}
+
+#[tokio::test]
+async fn a_damaged_line_before_the_last_is_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let s = sid("s");
+    store.create(&s).await.unwrap();
+    store
+        .append(&s, tok(1), &[json!("one"), json!("two"), json!("three")])
+        .await
+        .unwrap();
+    let path = store.path_of(&s);
+    let text = fs::read_to_string(&path).unwrap();
+    let damaged = text.replacen("\"two\"", "\"tw\u{0}\"", 1).replacen("\"t\":\"e\",\"seq\":2", "\"t\":\"e\",\"seq\":9", 1);
+    fs::write(&path, damaged).unwrap();
+    let err = open(dir.path()).read(&s, 1, 10).await.unwrap_err();
+    match err {
+        StoreError::Corrupt { line, .. } => assert_eq!(line, Some(3)),
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+
+    // A file whose header names another session (a hashed-name collision,
+    // or a file copied under the wrong name) is refused too.
+    let other = sid("other");
+    fs::copy(store.path_of(&sid("s")), store.path_of(&other)).unwrap();
+    fs::write(
+        store.path_of(&sid("s")),
+        "{\"t\":\"h\",\"v\":1,\"id\":\"s\",\"ts\":1}\n",
+    )
+    .unwrap();
+    let err = open(dir.path()).append(&other, tok(1), &[json!(1)]).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fsync_always_runs_off_the_executor_and_persists() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = JsonlStore::open(dir.path(), JsonlOptions::default()).unwrap();
+    let s = sid("durable");
+    store.create(&s).await.unwrap();
+    store.append(&s, tok(4), &[json!(1)]).await.unwrap();
+    let store: Arc<dyn SessionStore> = Arc::new(store);
+    assert_eq!(store.high_water(&s).await.unwrap(), Some(FencingToken::new(4)));
+    assert_eq!(store.read(&s, 1, 1).await.unwrap().events[0].payload, json!(1));
+}
+
+mod model {
+    //! Random interleavings of two owners acquiring, appending, pausing
+    //! (time passing without renewals) and resuming (writing with whatever
+    //! lease value they last had), each through its own store instance.
+
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Acquire(usize),
+        Renew(usize),
+        Append(usize),
+        Pause(u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            1 => (0..2usize).prop_map(Op::Acquire),
+            1 => (0..2usize).prop_map(Op::Renew),
+            3 => (0..2usize).prop_map(Op::Append),
+            1 => (1..25u64).prop_map(Op::Pause),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+        #[test]
+        fn the_store_never_accepts_a_token_below_one_it_accepted(ops in proptest::collection::vec(op(), 1..60)) {
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            rt.block_on(async {
+                let dir = tempfile::tempdir().unwrap();
+                let clock = ManualClock::new();
+                let leases = MemLease::builder()
+                    .ttl(Duration::from_secs(10))
+                    .clock(Arc::new(clock.clone()))
+                    .build();
+                let owners = [OwnerId::new("a").unwrap(), OwnerId::new("b").unwrap()];
+                let stores = [open(dir.path()), open(dir.path())];
+                let s = sid("s");
+                stores[0].create(&s).await.unwrap();
+                let mut held = [None, None];
+                let mut max_accepted: Option<u64> = None;
+                let mut accepted = Vec::new();
+                for op in ops {
+                    match op {
+                        Op::Acquire(i) => {
+                            if let Ok(l) = leases.acquire(&s, &owners[i]).await {
+                                held[i] = Some(l);
+                            }
+                        }
+                        Op::Renew(i) => {
+                            if let Some(l) = &held[i] {
+                                if let Ok(l) = leases.renew(l).await {
+                                    held[i] = Some(l);
+                                }
+                            }
+                        }
+                        Op::Pause(secs) => clock.advance(Duration::from_secs(secs)),
+                        Op::Append(i) => {
+                            let Some(l) = &held[i] else { continue };
+                            let t = l.token().get();
+                            match stores[i].append(&s, l.token().into(), &[json!({"owner": i, "t": t})]).await {
+                                Ok(_) => {
+                                    prop_assert!(max_accepted.is_none_or(|m| t >= m),
+                                        "accepted {t} after {max_accepted:?}");
+                                    max_accepted = Some(max_accepted.map_or(t, |m| m.max(t)));
+                                    accepted.push(t);
+                                }
+                                Err(StoreError::Fenced { presented, high_water, .. }) => {
+                                    prop_assert_eq!(presented.get(), t);
+                                    prop_assert!(t < high_water.get());
+                                    prop_assert_eq!(Some(high_water.get()), max_accepted);
+                                }
+                                Err(e) => prop_assert!(false, "unexpected {e}"),
+                            }
+                        }
+                    }
+                }
+                let events = all(&open(dir.path()), &s).await;
+                let tokens: Vec<u64> = events.iter().map(|e| e.1.unwrap()).collect();
+                prop_assert_eq!(tokens, accepted);
+                Ok(())
+            })?;
+        }
+    }
+}
