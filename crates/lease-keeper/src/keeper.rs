@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use lease_port::{FencingToken, Lease, LeaseError, LeaseErrorKind, OwnerId, SessionId, SessionLease};
+use lease_port::{
+    FencingToken, Lease, LeaseError, LeaseErrorKind, OwnerId, SessionId, SessionLease,
+};
 use tokio::runtime::Handle;
 use tokio::sync::{OwnedMutexGuard, watch};
 use tokio::task::JoinHandle;
@@ -316,7 +318,9 @@ impl Shared {
         }
         match &reason {
             LossReason::Shutdown => debug!(session = %self.session, "run ended by shutdown"),
-            other => warn!(session = %self.session, reason = ?other, "lease lost; cancelling the run"),
+            other => {
+                warn!(session = %self.session, reason = ?other, "lease lost; cancelling the run")
+            }
         }
         self.uncount(inner);
         inner.metrics.lost(&self.session, &reason);
@@ -350,11 +354,7 @@ impl LeaseKeeper {
     /// `owner`. `ttl` must be the TTL the backend grants (or less): the
     /// keeper never assumes a lease lives longer than `ttl` after the call
     /// that granted or renewed it was sent.
-    pub fn builder(
-        backend: Arc<dyn SessionLease>,
-        owner: OwnerId,
-        ttl: Duration,
-    ) -> KeeperBuilder {
+    pub fn builder(backend: Arc<dyn SessionLease>, owner: OwnerId, ttl: Duration) -> KeeperBuilder {
         KeeperBuilder {
             backend,
             owner,
@@ -422,7 +422,8 @@ impl LeaseKeeper {
         session: &SessionId,
         wait: Duration,
     ) -> Result<LeaseGuard, KeeperError> {
-        let span = info_span!("lease_keeper.acquire", session = %session, owner = %self.inner.owner);
+        let span =
+            info_span!("lease_keeper.acquire", session = %session, owner = %self.inner.owner);
         let result = self.acquire_inner(session, wait).instrument(span).await;
         if let Err(e) = &result {
             self.inner.metrics.acquire_failed(session, e.kind());
@@ -573,9 +574,8 @@ impl LeaseKeeper {
             inner.metrics.acquired(session);
             debug!(session = %session, token = %lease.token(), "lease acquired");
             let span = info_span!("lease_keeper.renew", session = %session, token = %lease.token());
-            let task = handle.spawn(
-                renew_loop(Arc::clone(inner), Arc::clone(&shared), sent).instrument(span),
-            );
+            let task = handle
+                .spawn(renew_loop(Arc::clone(inner), Arc::clone(&shared), sent).instrument(span));
             *lock(&shared.renew_task) = Some(task);
         } else {
             debug_assert!(!leased);
@@ -677,7 +677,10 @@ async fn renew_loop(inner: Arc<Inner>, shared: Arc<Shared>, sent: Instant) {
             Ok(Ok(renewed)) => {
                 inner.metrics.renew_latency(latency, RenewOutcome::Renewed);
                 if renewed.token() != current.token() || renewed.owner() != current.owner() {
-                    warn!(?renewed, "renew changed the token or owner; treating as loss");
+                    warn!(
+                        ?renewed,
+                        "renew changed the token or owner; treating as loss"
+                    );
                     shared.lose(
                         &inner,
                         LossReason::Rejected {
@@ -878,7 +881,9 @@ impl LeaseGuard {
         let task = self.spawn_release();
         match task {
             Some(task) => task.await.unwrap_or_else(|e| {
-                Err(KeeperError::invalid(format!("the release task failed: {e}")))
+                Err(KeeperError::invalid(format!(
+                    "the release task failed: {e}"
+                )))
             }),
             None => Ok(()),
         }

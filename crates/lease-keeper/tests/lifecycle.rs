@@ -8,9 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lease_keeper::{
-    KeeperErrorKind, KeeperMetrics, LeaseKeeper, LossReason, RenewOutcome,
-};
+use lease_keeper::{KeeperErrorKind, KeeperMetrics, LeaseKeeper, LossReason, RenewOutcome};
 use lease_port::{
     Lease, LeaseError, LeaseErrorKind, ManualClock, OwnerId, SessionId, SessionLease,
 };
@@ -22,8 +20,15 @@ const TTL: Duration = Duration::from_secs(30);
 #[derive(Debug, Clone, PartialEq)]
 enum Call {
     Acquire,
-    Renew { at: Instant, sent: Lease, got: Option<Lease> },
-    Release { lease: Lease, done: bool },
+    Renew {
+        at: Instant,
+        sent: Lease,
+        got: Option<Lease>,
+    },
+    Release {
+        lease: Lease,
+        done: bool,
+    },
 }
 
 #[derive(Debug, Default)]
@@ -215,7 +220,10 @@ async fn jitter_spreads_the_interval_within_its_bounds() {
     assert!(gaps.len() >= 20, "{gaps:?}");
     let (lo, hi) = (TTL / 3 * 8 / 10, TTL / 3 * 12 / 10);
     assert!(gaps.iter().all(|g| *g >= lo && *g <= hi), "{gaps:?}");
-    assert!(gaps.iter().any(|g| *g != gaps[0]), "jitter applied: {gaps:?}");
+    assert!(
+        gaps.iter().any(|g| *g != gaps[0]),
+        "jitter applied: {gaps:?}"
+    );
     assert!(!guard.is_lost());
 }
 
@@ -272,7 +280,7 @@ async fn transient_renew_failures_until_the_expiry_are_loss() {
     assert_eq!(guard.loss(), Some(LossReason::Expired));
 
     let renews = w.probe.renews();
-    let last_ok = renews.iter().filter(|r| r.2.is_some()).last().unwrap().0;
+    let last_ok = renews.iter().rfind(|r| r.2.is_some()).unwrap().0;
     assert_eq!(last_ok - start, TTL / 3);
     let failures = renews.iter().filter(|r| r.2.is_none()).count();
     assert!(failures >= 2, "transient failures are retried: {failures}");

@@ -43,7 +43,9 @@ pub enum StoreError {
         session: SessionId,
     },
     /// Refused: the presented token is below the session's high-water mark.
-    #[error("write to session {session} fenced: token {presented} is below the high-water mark {high_water}")]
+    #[error(
+        "write to session {session} fenced: token {presented} is below the high-water mark {high_water}"
+    )]
     Fenced {
         /// The session written to.
         session: SessionId,
@@ -121,7 +123,11 @@ impl StoreError {
         }
     }
 
-    pub(crate) fn corrupt(path: impl Into<PathBuf>, line: Option<u64>, message: impl Into<String>) -> Self {
+    pub(crate) fn corrupt(
+        path: impl Into<PathBuf>,
+        line: Option<u64>,
+        message: impl Into<String>,
+    ) -> Self {
         StoreError::Corrupt {
             path: path.into(),
             line,

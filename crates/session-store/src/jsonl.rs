@@ -433,7 +433,12 @@ impl Inner {
         r
     }
 
-    fn sync_after_write(&self, file: &File, path: &Path, view: &mut View) -> Result<(), StoreError> {
+    fn sync_after_write(
+        &self,
+        file: &File,
+        path: &Path,
+        view: &mut View,
+    ) -> Result<(), StoreError> {
         let due = match self.opts.fsync {
             FsyncPolicy::Always => true,
             FsyncPolicy::Never => false,
@@ -461,7 +466,13 @@ impl Inner {
 
     /// Writes `bytes` at the end; on failure removes whatever part was
     /// written, so nothing partial remains.
-    fn write_end(&self, mut file: &File, path: &Path, view: &View, bytes: &[u8]) -> Result<(), StoreError> {
+    fn write_end(
+        &self,
+        mut file: &File,
+        path: &Path,
+        view: &View,
+        bytes: &[u8],
+    ) -> Result<(), StoreError> {
         if let Err(e) = file.write_all(bytes) {
             let _ = file.set_len(view.pos);
             return Err(StoreError::io("appending to session file", path, e));
@@ -511,24 +522,30 @@ impl Inner {
         };
         for _ in 0..2 {
             if self.ensure_open(&mut slot, &path)? {
-                return self.locked(&mut slot, &path, Some(session), LockMode::Exclusive, |file, view| {
-                    if view.live {
-                        return Err(StoreError::AlreadyExists {
-                            session: session.clone(),
-                        });
-                    }
-                    // Deleted (or never completed): start a new incarnation.
-                    self.repair(file, &path, view)?;
-                    let line = header(self.now_ms());
-                    self.write_end(file, &path, view, line.as_bytes())?;
-                    self.sync_after_write(file, &path, view)?;
-                    view.pos += line.len() as u64;
-                    view.lines += 1;
-                    view.id = Some(session.as_str().to_owned());
-                    view.live = true;
-                    view.events.clear();
-                    Ok(())
-                });
+                return self.locked(
+                    &mut slot,
+                    &path,
+                    Some(session),
+                    LockMode::Exclusive,
+                    |file, view| {
+                        if view.live {
+                            return Err(StoreError::AlreadyExists {
+                                session: session.clone(),
+                            });
+                        }
+                        // Deleted (or never completed): start a new incarnation.
+                        self.repair(file, &path, view)?;
+                        let line = header(self.now_ms());
+                        self.write_end(file, &path, view, line.as_bytes())?;
+                        self.sync_after_write(file, &path, view)?;
+                        view.pos += line.len() as u64;
+                        view.lines += 1;
+                        view.id = Some(session.as_str().to_owned());
+                        view.live = true;
+                        view.events.clear();
+                        Ok(())
+                    },
+                );
             }
             // A new file: write the header to a private temporary file and
             // link it into place, so no other process ever sees a file
@@ -643,27 +660,36 @@ impl Inner {
                 session: session.clone(),
             });
         }
-        self.locked(&mut slot, &path, Some(session), LockMode::Exclusive, |file, view| {
-            if !view.live {
-                return Err(StoreError::NotFound {
-                    session: session.clone(),
-                });
-            }
-            let token = self.check_fence(session, fence, view)?;
-            self.repair(file, &path, view)?;
-            let token_text = token.map_or_else(|| "null".to_owned(), |t| t.to_string());
-            let line = format!("{{\"t\":\"d\",\"token\":{token_text},\"ts\":{}}}\n", self.now_ms());
-            self.write_end(file, &path, view, line.as_bytes())?;
-            self.sync_after_write(file, &path, view)?;
-            view.pos += line.len() as u64;
-            view.lines += 1;
-            view.live = false;
-            view.events.clear();
-            if let Some(t) = token {
-                view.mark = Some(view.mark.map_or(t, |m| m.max(t)));
-            }
-            Ok(())
-        })
+        self.locked(
+            &mut slot,
+            &path,
+            Some(session),
+            LockMode::Exclusive,
+            |file, view| {
+                if !view.live {
+                    return Err(StoreError::NotFound {
+                        session: session.clone(),
+                    });
+                }
+                let token = self.check_fence(session, fence, view)?;
+                self.repair(file, &path, view)?;
+                let token_text = token.map_or_else(|| "null".to_owned(), |t| t.to_string());
+                let line = format!(
+                    "{{\"t\":\"d\",\"token\":{token_text},\"ts\":{}}}\n",
+                    self.now_ms()
+                );
+                self.write_end(file, &path, view, line.as_bytes())?;
+                self.sync_after_write(file, &path, view)?;
+                view.pos += line.len() as u64;
+                view.lines += 1;
+                view.live = false;
+                view.events.clear();
+                if let Some(t) = token {
+                    view.mark = Some(view.mark.map_or(t, |m| m.max(t)));
+                }
+                Ok(())
+            },
+        )
     }
 
     fn read(&self, session: &SessionId, from_seq: u64, limit: usize) -> Result<Page, StoreError> {
@@ -676,47 +702,58 @@ impl Inner {
                 session: session.clone(),
             });
         }
-        self.locked(&mut slot, &path, Some(session), LockMode::Shared, |file, view| {
-            if !view.live {
-                return Err(StoreError::NotFound {
-                    session: session.clone(),
-                });
-            }
-            let start = view.events.partition_point(|e| e.seq < from_seq);
-            let end = view.events.len().min(start.saturating_add(limit));
-            let picked = &view.events[start..end];
-            let mut events = Vec::with_capacity(picked.len());
-            if let (Some(first), Some(last)) = (picked.first(), picked.last()) {
-                let span = (last.off + last.len - first.off) as usize;
-                let mut buf = vec![0u8; span];
-                file.read_exact_at(&mut buf, first.off)
-                    .map_err(|e| StoreError::io("reading session file", &path, e))?;
-                for ev in picked {
-                    let at = (ev.off - first.off) as usize;
-                    let line = &buf[at..at + ev.len as usize - 1];
-                    let parsed: EventLine = serde_json::from_slice(line).map_err(|e| StoreError::Corrupt {
-                        path: path.clone(),
-                        line: None,
-                        message: format!("event {} cannot be parsed", ev.seq),
-                        source: Some(e),
-                    })?;
-                    if parsed.seq != ev.seq {
-                        return Err(StoreError::corrupt(&path, None, format!("event {} changed under the store", ev.seq)));
-                    }
-                    events.push(StoredEvent {
-                        seq: parsed.seq,
-                        token: parsed.token.map(FencingToken::new),
-                        at: UNIX_EPOCH + Duration::from_millis(parsed.ts),
-                        payload: parsed.payload,
+        self.locked(
+            &mut slot,
+            &path,
+            Some(session),
+            LockMode::Shared,
+            |file, view| {
+                if !view.live {
+                    return Err(StoreError::NotFound {
+                        session: session.clone(),
                     });
                 }
-            }
-            Ok(Page {
-                events,
-                next_seq: view.events.get(end).map(|e| e.seq),
-                torn_tail: view.torn > 0,
-            })
-        })
+                let start = view.events.partition_point(|e| e.seq < from_seq);
+                let end = view.events.len().min(start.saturating_add(limit));
+                let picked = &view.events[start..end];
+                let mut events = Vec::with_capacity(picked.len());
+                if let (Some(first), Some(last)) = (picked.first(), picked.last()) {
+                    let span = (last.off + last.len - first.off) as usize;
+                    let mut buf = vec![0u8; span];
+                    file.read_exact_at(&mut buf, first.off)
+                        .map_err(|e| StoreError::io("reading session file", &path, e))?;
+                    for ev in picked {
+                        let at = (ev.off - first.off) as usize;
+                        let line = &buf[at..at + ev.len as usize - 1];
+                        let parsed: EventLine =
+                            serde_json::from_slice(line).map_err(|e| StoreError::Corrupt {
+                                path: path.clone(),
+                                line: None,
+                                message: format!("event {} cannot be parsed", ev.seq),
+                                source: Some(e),
+                            })?;
+                        if parsed.seq != ev.seq {
+                            return Err(StoreError::corrupt(
+                                &path,
+                                None,
+                                format!("event {} changed under the store", ev.seq),
+                            ));
+                        }
+                        events.push(StoredEvent {
+                            seq: parsed.seq,
+                            token: parsed.token.map(FencingToken::new),
+                            at: UNIX_EPOCH + Duration::from_millis(parsed.ts),
+                            payload: parsed.payload,
+                        });
+                    }
+                }
+                Ok(Page {
+                    events,
+                    next_seq: view.events.get(end).map(|e| e.seq),
+                    torn_tail: view.torn > 0,
+                })
+            },
+        )
     }
 
     fn high_water(&self, session: &SessionId) -> Result<Option<FencingToken>, StoreError> {
@@ -727,9 +764,13 @@ impl Inner {
         if !self.ensure_open(&mut slot, &path)? {
             return Ok(None);
         }
-        self.locked(&mut slot, &path, Some(session), LockMode::Shared, |_, view| {
-            Ok(view.mark.map(FencingToken::new))
-        })
+        self.locked(
+            &mut slot,
+            &path,
+            Some(session),
+            LockMode::Shared,
+            |_, view| Ok(view.mark.map(FencingToken::new)),
+        )
     }
 
     fn list(&self) -> Result<Vec<SessionId>, StoreError> {
@@ -737,7 +778,8 @@ impl Inner {
             .map_err(|e| StoreError::io("listing store directory", &self.dir, e))?;
         let mut out = Vec::new();
         for entry in entries {
-            let entry = entry.map_err(|e| StoreError::io("listing store directory", &self.dir, e))?;
+            let entry =
+                entry.map_err(|e| StoreError::io("listing store directory", &self.dir, e))?;
             let name = entry.file_name();
             let Some(name) = name.to_str() else { continue };
             // `.session-leases`, temporary files and anything hidden.
@@ -822,7 +864,10 @@ fn refresh(
             return Err(StoreError::corrupt(
                 path,
                 Some(1),
-                format!("the file belongs to session {id:?}, not {:?}", expect.as_str()),
+                format!(
+                    "the file belongs to session {id:?}, not {:?}",
+                    expect.as_str()
+                ),
             ));
         }
     }
@@ -927,7 +972,12 @@ impl SessionStore for JsonlStore {
             .await
     }
 
-    async fn read(&self, session: &SessionId, from_seq: u64, limit: usize) -> Result<Page, StoreError> {
+    async fn read(
+        &self,
+        session: &SessionId,
+        from_seq: u64,
+        limit: usize,
+    ) -> Result<Page, StoreError> {
         if limit == 0 {
             return Err(StoreError::invalid("a page needs a limit of at least 1"));
         }

@@ -95,8 +95,12 @@ pub trait SessionStore: Send + Sync {
     ) -> Result<AppendReceipt, StoreError>;
 
     /// Reads at most `limit` (≥ 1) events with `seq >= from_seq`.
-    async fn read(&self, session: &SessionId, from_seq: u64, limit: usize)
-    -> Result<Page, StoreError>;
+    async fn read(
+        &self,
+        session: &SessionId,
+        from_seq: u64,
+        limit: usize,
+    ) -> Result<Page, StoreError>;
 
     /// Every existing session, sorted.
     async fn list(&self) -> Result<Vec<SessionId>, StoreError>;

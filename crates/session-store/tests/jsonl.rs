@@ -102,7 +102,10 @@ async fn create_append_read_list_delete() {
     assert_eq!(store.list().await.unwrap(), vec![long.clone()]);
     store.create(&a).await.unwrap();
     assert!(all(&store, &a).await.is_empty());
-    let err = store.append(&a, tok(1), &[json!("late")]).await.unwrap_err();
+    let err = store
+        .append(&a, tok(1), &[json!("late")])
+        .await
+        .unwrap_err();
     assert!(matches!(
         err,
         StoreError::Fenced { presented, high_water, .. }
@@ -113,7 +116,10 @@ async fn create_append_read_list_delete() {
 
     // A restarted store rebuilds the same state from the files.
     let again = open(dir.path());
-    assert_eq!(again.high_water(&a).await.unwrap(), Some(FencingToken::new(2)));
+    assert_eq!(
+        again.high_water(&a).await.unwrap(),
+        Some(FencingToken::new(2))
+    );
     assert_eq!(all(&again, &a).await, vec![(5, Some(2), json!("new"))]);
     assert_eq!(again.list().await.unwrap(), expected);
     assert!(again.session_lease().is_none());
@@ -141,7 +147,10 @@ async fn files_are_private_and_links_are_not_followed() {
     fs::write(&target, "").unwrap();
     let linked = sid("linked");
     std::os::unix::fs::symlink(&target, store.path_of(&linked)).unwrap();
-    let err = store.append(&linked, tok(1), &[json!(1)]).await.unwrap_err();
+    let err = store
+        .append(&linked, tok(1), &[json!(1)])
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Corrupt);
     assert_eq!(fs::read(&target).unwrap(), b"");
     assert_eq!(store.list().await.unwrap(), vec![s]);
@@ -172,7 +181,10 @@ async fn bad_input_is_a_typed_error_and_writes_nothing() {
                 .append(&s, tok(1), &[json!(2), json!("x".repeat(100))])
                 .await,
         ),
-        (StoreErrorKind::Fenced, store.append(&s, tok(0), &[json!(2)]).await),
+        (
+            StoreErrorKind::Fenced,
+            store.append(&s, tok(0), &[json!(2)]).await,
+        ),
         (
             StoreErrorKind::Unfenced,
             store.append(&s, WriteFence::Unfenced, &[json!(2)]).await,
@@ -194,7 +206,11 @@ async fn bad_input_is_a_typed_error_and_writes_nothing() {
         StoreErrorKind::AlreadyExists
     );
     assert_eq!(
-        store.delete(&sid("missing"), tok(1)).await.unwrap_err().kind(),
+        store
+            .delete(&sid("missing"), tok(1))
+            .await
+            .unwrap_err()
+            .kind(),
         StoreErrorKind::NotFound
     );
     assert_eq!(fs::metadata(store.path_of(&s)).unwrap().len(), size);
@@ -211,7 +227,13 @@ async fn unfenced_writes_only_when_allowed_and_never_after_a_fenced_one() {
         .append(&s, WriteFence::Unfenced, &[json!(1)])
         .await
         .unwrap_err();
-    assert!(matches!(err, StoreError::Unfenced { high_water: None, .. }));
+    assert!(matches!(
+        err,
+        StoreError::Unfenced {
+            high_water: None,
+            ..
+        }
+    ));
 
     let lax = JsonlStore::open(dir.path(), opts().allow_unfenced(true)).unwrap();
     lax.append(&s, None::<FencingToken>.into(), &[json!(1)])
@@ -245,14 +267,20 @@ async fn a_resumed_owner_is_fenced_after_a_takeover() {
     let s = sid("chat");
     store_a.create(&s).await.unwrap();
 
-    let a = leases.acquire(&s, &OwnerId::new("a").unwrap()).await.unwrap();
+    let a = leases
+        .acquire(&s, &OwnerId::new("a").unwrap())
+        .await
+        .unwrap();
     store_a
         .append(&s, a.token().into(), &[json!({"by": "a", "n": 1})])
         .await
         .unwrap();
 
     clock.advance(ttl + Duration::from_secs(1)); // A is paused
-    let b = leases.acquire(&s, &OwnerId::new("b").unwrap()).await.unwrap();
+    let b = leases
+        .acquire(&s, &OwnerId::new("b").unwrap())
+        .await
+        .unwrap();
     assert!(b.token() > a.token());
     store_b
         .append(&s, b.token().into(), &[json!({"by": "b", "n": 1})])
@@ -342,12 +370,7 @@ fn racing_writers_in_two_stores_never_interleave_badly() {
     assert_eq!(events.len(), accepted);
     let tokens: Vec<u64> = events.iter().map(|e| e.1.unwrap()).collect();
     assert!(tokens.windows(2).all(|w| w[0] <= w[1]), "{tokens:?}");
-    assert!(
-        events
-            .iter()
-            .enumerate()
-            .all(|(i, e)| e.0 == i as u64 + 1)
-    );
+    assert!(events.iter().enumerate().all(|(i, e)| e.0 == i as u64 + 1));
 }
 
 #[tokio::test]
@@ -376,7 +399,10 @@ async fn a_torn_final_line_is_reported_ignored_and_cut_by_the_next_write() {
         assert_eq!(page.events.len(), 3);
         assert!(page.torn_tail);
         // The torn line's token does not count.
-        assert_eq!(reader.high_water(&s).await.unwrap(), Some(FencingToken::new(1)));
+        assert_eq!(
+            reader.high_water(&s).await.unwrap(),
+            Some(FencingToken::new(1))
+        );
     }
 
     let fresh = open(dir.path());
@@ -389,7 +415,10 @@ async fn a_torn_final_line_is_reported_ignored_and_cut_by_the_next_write() {
         let page = reader.read(&s, 1, 10).await.unwrap();
         assert!(!page.torn_tail);
         assert_eq!(
-            page.events.iter().map(|e| e.payload.clone()).collect::<Vec<_>>(),
+            page.events
+                .iter()
+                .map(|e| e.payload.clone())
+                .collect::<Vec<_>>(),
             vec![json!(1), json!(2), json!(3), json!(4)]
         );
     }
@@ -401,22 +430,38 @@ async fn a_truncated_file_ends_earlier_and_a_headless_one_can_be_recreated() {
     let store = open(dir.path());
     let s = sid("s");
     store.create(&s).await.unwrap();
-    store.append(&s, tok(1), &[json!(1), json!(2)]).await.unwrap();
+    store
+        .append(&s, tok(1), &[json!(1), json!(2)])
+        .await
+        .unwrap();
     store.append(&s, tok(2), &[json!(3)]).await.unwrap();
     let path = store.path_of(&s);
     let len = fs::metadata(&path).unwrap().len();
 
     // Cut inside the last line: the file shrank under the cached store.
-    OpenOptions::new().write(true).open(&path).unwrap().set_len(len - 5).unwrap();
+    OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(len - 5)
+        .unwrap();
     let page = store.read(&s, 1, 10).await.unwrap();
     assert_eq!(page.events.len(), 2);
     assert!(page.torn_tail);
-    assert_eq!(store.high_water(&s).await.unwrap(), Some(FencingToken::new(1)));
+    assert_eq!(
+        store.high_water(&s).await.unwrap(),
+        Some(FencingToken::new(1))
+    );
     let r = store.append(&s, tok(1), &[json!("3b")]).await.unwrap();
     assert_eq!(r.first_seq, 3);
 
     // Cut inside the header: the session is gone; create starts it again.
-    OpenOptions::new().write(true).open(&path).unwrap().set_len(7).unwrap();
+    OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(7)
+        .unwrap();
     for reader in [&store, &open(dir.path())] {
         assert_eq!(
             reader.read(&s, 1, 10).await.unwrap_err().kind(),
@@ -426,7 +471,10 @@ async fn a_truncated_file_ends_earlier_and_a_headless_one_can_be_recreated() {
     }
     store.create(&s).await.unwrap();
     store.append(&s, tok(1), &[json!("again")]).await.unwrap();
-    assert_eq!(all(&open(dir.path()), &s).await, vec![(1, Some(1), json!("again"))]);
+    assert_eq!(
+        all(&open(dir.path()), &s).await,
+        vec![(1, Some(1), json!("again"))]
+    );
 }
 
 #[tokio::test]
@@ -441,7 +489,11 @@ async fn a_damaged_line_before_the_last_is_corrupt() {
         .unwrap();
     let path = store.path_of(&s);
     let text = fs::read_to_string(&path).unwrap();
-    let damaged = text.replacen("\"two\"", "\"tw\u{0}\"", 1).replacen("\"t\":\"e\",\"seq\":2", "\"t\":\"e\",\"seq\":9", 1);
+    let damaged = text.replacen("\"two\"", "\"tw\u{0}\"", 1).replacen(
+        "\"t\":\"e\",\"seq\":2",
+        "\"t\":\"e\",\"seq\":9",
+        1,
+    );
     fs::write(&path, damaged).unwrap();
     let err = open(dir.path()).read(&s, 1, 10).await.unwrap_err();
     match err {
@@ -458,7 +510,10 @@ async fn a_damaged_line_before_the_last_is_corrupt() {
         "{\"t\":\"h\",\"v\":1,\"id\":\"s\",\"ts\":1}\n",
     )
     .unwrap();
-    let err = open(dir.path()).append(&other, tok(1), &[json!(1)]).await.unwrap_err();
+    let err = open(dir.path())
+        .append(&other, tok(1), &[json!(1)])
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Corrupt);
 }
 
@@ -470,8 +525,14 @@ async fn fsync_always_runs_off_the_executor_and_persists() {
     store.create(&s).await.unwrap();
     store.append(&s, tok(4), &[json!(1)]).await.unwrap();
     let store: Arc<dyn SessionStore> = Arc::new(store);
-    assert_eq!(store.high_water(&s).await.unwrap(), Some(FencingToken::new(4)));
-    assert_eq!(store.read(&s, 1, 1).await.unwrap().events[0].payload, json!(1));
+    assert_eq!(
+        store.high_water(&s).await.unwrap(),
+        Some(FencingToken::new(4))
+    );
+    assert_eq!(
+        store.read(&s, 1, 1).await.unwrap().events[0].payload,
+        json!(1)
+    );
 }
 
 mod model {
