@@ -742,10 +742,12 @@ async fn release_run(inner: &Arc<Inner>, shared: &Arc<Shared>) -> Result<(), Kee
     }
     let span = info_span!("lease_keeper.release", session = %shared.session);
     let result = async {
+        // Stop renewing. A renewal still in flight is dropped; its outcome
+        // cannot matter: the release below names the same token, and a
+        // backend that already saw the renewal releases the renewed hold.
         shared.stop.cancel();
-        let task = lock(&shared.renew_task).take();
-        if let Some(task) = task {
-            let _ = task.await;
+        if let Some(task) = lock(&shared.renew_task).take() {
+            task.abort();
         }
         let (lease, loss) = {
             let st = lock(&shared.state);
@@ -878,34 +880,88 @@ impl LeaseGuard {
     /// Errors with `Unavailable` when the backend failed or timed out; the
     /// lease then lapses at its expiry.
     pub async fn finish(mut self) -> Result<(), KeeperError> {
-        let task = self.spawn_release();
-        match task {
-            Some(task) => task.await.unwrap_or_else(|e| {
-                Err(KeeperError::invalid(format!(
-                    "the release task failed: {e}"
-                )))
-            }),
+        match self.permit.take() {
+            // Driven inline by the caller (no task hop on the common path);
+            // if the caller's future is dropped first, the rest of the
+            // release continues on a spawned task.
+            Some(permit) => {
+                Detached {
+                    fut: Some(Box::pin(self.inner.tracker.track_future(
+                        Box::pin(release_holding(
+                            Arc::clone(&self.inner),
+                            Arc::clone(&self.shared),
+                            permit,
+                        )) as ReleaseFuture,
+                    ))),
+                    handle: self.handle.clone(),
+                }
+                .await
+            }
             None => Ok(()),
         }
     }
 
-    fn spawn_release(&mut self) -> Option<JoinHandle<Result<(), KeeperError>>> {
-        let permit = self.permit.take()?;
-        let inner = Arc::clone(&self.inner);
-        let shared = Arc::clone(&self.shared);
-        Some(self.inner.tracker.spawn_on(
-            async move {
-                let result = release_run(&inner, &shared).await;
-                drop(permit);
-                result
-            },
-            &self.handle,
-        ))
+    fn spawn_release(&mut self) {
+        if let Some(permit) = self.permit.take() {
+            self.inner.tracker.spawn_on(
+                release_holding(Arc::clone(&self.inner), Arc::clone(&self.shared), permit),
+                &self.handle,
+            );
+        }
+    }
+}
+
+/// Releases a run's lease, then gives up its in-process lock.
+async fn release_holding(
+    inner: Arc<Inner>,
+    shared: Arc<Shared>,
+    permit: Permit,
+) -> Result<(), KeeperError> {
+    let result = release_run(&inner, &shared).await;
+    drop(permit);
+    result
+}
+
+type BoxedRelease =
+    std::pin::Pin<Box<tokio_util::task::task_tracker::TrackedFuture<ReleaseFuture>>>;
+type ReleaseFuture = std::pin::Pin<Box<dyn Future<Output = Result<(), KeeperError>> + Send>>;
+
+/// A future its caller drives; dropped before completion, it hands the
+/// rest of itself to a spawned task instead of being cancelled.
+struct Detached {
+    fut: Option<BoxedRelease>,
+    handle: Handle,
+}
+
+impl Future for Detached {
+    type Output = Result<(), KeeperError>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let this = self.get_mut();
+        let Some(fut) = this.fut.as_mut() else {
+            return std::task::Poll::Ready(Ok(()));
+        };
+        let out = fut.as_mut().poll(cx);
+        if out.is_ready() {
+            this.fut = None;
+        }
+        out
+    }
+}
+
+impl Drop for Detached {
+    fn drop(&mut self) {
+        if let Some(fut) = self.fut.take() {
+            self.handle.spawn(fut);
+        }
     }
 }
 
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
-        drop(self.spawn_release());
+        self.spawn_release();
     }
 }

@@ -1,7 +1,7 @@
 //! The store's error type.
 
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use lease_port::{FencingToken, SessionId};
 
@@ -115,21 +115,21 @@ impl StoreError {
         }
     }
 
-    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
+    pub(crate) fn io(op: &'static str, path: impl AsRef<Path>, source: io::Error) -> Self {
         StoreError::Io {
             op,
-            path: path.into(),
+            path: path.as_ref().to_owned(),
             source,
         }
     }
 
     pub(crate) fn corrupt(
-        path: impl Into<PathBuf>,
+        path: impl AsRef<Path>,
         line: Option<u64>,
         message: impl Into<String>,
     ) -> Self {
         StoreError::Corrupt {
-            path: path.into(),
+            path: path.as_ref().to_owned(),
             line,
             message: message.into(),
             source: None,

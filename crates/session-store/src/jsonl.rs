@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::fs::{DirBuilder, File, OpenOptions};
-use std::io::{self, Write as _};
+use std::io::{self, Seek, SeekFrom, Write as _};
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -135,12 +135,13 @@ struct Inner {
     dir: PathBuf,
     dir_file: File,
     opts: JsonlOptions,
-    slots: Mutex<HashMap<String, Arc<Mutex<Slot>>>>,
+    slots: Mutex<HashMap<SessionId, Arc<Mutex<Slot>>>>,
     tmp_counter: AtomicU64,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Slot {
+    path: Arc<Path>,
     file: Option<File>,
     view: View,
 }
@@ -316,19 +317,27 @@ impl Inner {
         self.dir.join(format!("{stem}{FILE_SUFFIX}"))
     }
 
-    fn slot(&self, stem: &str) -> Arc<Mutex<Slot>> {
+    fn slot(&self, session: &SessionId) -> (Arc<Mutex<Slot>>, Arc<Path>) {
         let mut slots = lock(&self.slots);
-        if let Some(s) = slots.get(stem) {
-            return Arc::clone(s);
+        if let Some(s) = slots.get(session) {
+            let s = Arc::clone(s);
+            drop(slots);
+            let path = Arc::clone(&lock(&s).path);
+            return (s, path);
         }
         if slots.len() >= self.opts.max_open {
             // Forget idle entries (nobody else holds them). Their files are
             // re-read when next used.
             slots.retain(|_, s| Arc::strong_count(s) > 1);
         }
-        let s = Arc::new(Mutex::new(Slot::default()));
-        slots.insert(stem.to_owned(), Arc::clone(&s));
-        s
+        let path: Arc<Path> = self.path(&session_filename::stem(session)).into();
+        let s = Arc::new(Mutex::new(Slot {
+            path: Arc::clone(&path),
+            file: None,
+            view: View::default(),
+        }));
+        slots.insert(session.clone(), Arc::clone(&s));
+        (s, path)
     }
 
     fn now_ms(&self) -> u64 {
@@ -393,12 +402,16 @@ impl Inner {
             ));
         };
         let view = &mut slot.view;
+        let cross_process = self.opts.cross_process;
         let run = |file: &File, view: &mut View| -> Result<R, StoreError> {
-            let size = file
-                .metadata()
-                .map_err(|e| StoreError::io("inspecting session file", path, e))?
-                .len();
-            refresh(file, path, size, view, expect)?;
+            // Other processes may have appended (or cut a torn line) since
+            // we last looked; alone, the view is current once built.
+            if cross_process || !view.valid {
+                let size = (&mut &*file)
+                    .seek(SeekFrom::End(0))
+                    .map_err(|e| StoreError::io("inspecting session file", path, e))?;
+                refresh(file, path, size, view, expect)?;
+            }
             f(file, view)
         };
         if !self.opts.cross_process {
@@ -510,9 +523,7 @@ impl Inner {
     }
 
     fn create(&self, session: &SessionId) -> Result<(), StoreError> {
-        let stem = session_filename::stem(session);
-        let path = self.path(&stem);
-        let slot = self.slot(&stem);
+        let (slot, path) = self.slot(session);
         let mut slot = lock(&slot);
         let header = |ts: u64| {
             format!(
@@ -551,6 +562,7 @@ impl Inner {
             // link it into place, so no other process ever sees a file
             // without its header, and an existing file is never replaced.
             let n = self.tmp_counter.fetch_add(1, Ordering::Relaxed);
+            let stem = session_filename::stem(session);
             let tmp = self
                 .dir
                 .join(format!(".tmp-{stem}-{}-{n}", std::process::id()));
@@ -596,9 +608,7 @@ impl Inner {
         fence: WriteFence,
         payloads: Vec<String>,
     ) -> Result<AppendReceipt, StoreError> {
-        let stem = session_filename::stem(session);
-        let path = self.path(&stem);
-        let slot = self.slot(&stem);
+        let (slot, path) = self.slot(session);
         let mut slot = lock(&slot);
         if !self.ensure_open(&mut slot, &path)? {
             return Err(StoreError::NotFound {
@@ -651,9 +661,7 @@ impl Inner {
     }
 
     fn delete(&self, session: &SessionId, fence: WriteFence) -> Result<(), StoreError> {
-        let stem = session_filename::stem(session);
-        let path = self.path(&stem);
-        let slot = self.slot(&stem);
+        let (slot, path) = self.slot(session);
         let mut slot = lock(&slot);
         if !self.ensure_open(&mut slot, &path)? {
             return Err(StoreError::NotFound {
@@ -693,9 +701,7 @@ impl Inner {
     }
 
     fn read(&self, session: &SessionId, from_seq: u64, limit: usize) -> Result<Page, StoreError> {
-        let stem = session_filename::stem(session);
-        let path = self.path(&stem);
-        let slot = self.slot(&stem);
+        let (slot, path) = self.slot(session);
         let mut slot = lock(&slot);
         if !self.ensure_open(&mut slot, &path)? {
             return Err(StoreError::NotFound {
@@ -727,7 +733,7 @@ impl Inner {
                         let line = &buf[at..at + ev.len as usize - 1];
                         let parsed: EventLine =
                             serde_json::from_slice(line).map_err(|e| StoreError::Corrupt {
-                                path: path.clone(),
+                                path: path.to_path_buf(),
                                 line: None,
                                 message: format!("event {} cannot be parsed", ev.seq),
                                 source: Some(e),
@@ -757,9 +763,7 @@ impl Inner {
     }
 
     fn high_water(&self, session: &SessionId) -> Result<Option<FencingToken>, StoreError> {
-        let stem = session_filename::stem(session);
-        let path = self.path(&stem);
-        let slot = self.slot(&stem);
+        let (slot, path) = self.slot(session);
         let mut slot = lock(&slot);
         if !self.ensure_open(&mut slot, &path)? {
             return Ok(None);
@@ -794,15 +798,9 @@ impl Inner {
                 continue;
             }
             let path = entry.path();
-            let slot = self.slot(stem);
-            let mut slot = lock(&slot);
-            if !self.ensure_open(&mut slot, &path)? {
-                continue; // removed meanwhile
-            }
-            let id = self.locked(&mut slot, &path, None, LockMode::Shared, |_, view| {
-                Ok(if view.live { view.id.clone() } else { None })
-            })?;
-            let Some(id) = id else { continue };
+            let Some(id) = read_header_id(&path)? else {
+                continue; // removed meanwhile, or its header is torn
+            };
             let session = SessionId::new(&id).map_err(|e| {
                 StoreError::corrupt(&path, Some(1), format!("stored session id is invalid: {e}"))
             })?;
@@ -813,10 +811,67 @@ impl Inner {
                     "the stored session id does not belong to this file name",
                 ));
             }
+            let (slot, path) = self.slot(&session);
+            let mut slot = lock(&slot);
+            if !self.ensure_open(&mut slot, &path)? {
+                continue;
+            }
+            let live = self.locked(
+                &mut slot,
+                &path,
+                Some(&session),
+                LockMode::Shared,
+                |_, view| Ok(view.live),
+            )?;
+            if !live {
+                continue;
+            }
             out.push(session);
         }
         out.sort();
         Ok(out)
+    }
+}
+
+/// The session id in the header of the file at `path`; `None` when the
+/// file is gone or its header is incomplete.
+fn read_header_id(path: &Path) -> Result<Option<String>, StoreError> {
+    let file = match OpenOptions::new()
+        .read(true)
+        .custom_flags(open_flags())
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(StoreError::io("opening session file", path, e)),
+    };
+    // A header is at most a few kilobytes: a 256-byte id escaped, plus fields.
+    let mut buf = vec![0u8; 4096];
+    let mut n = 0;
+    while n < buf.len() {
+        match file.read_at(&mut buf[n..], n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(StoreError::io("reading session header", path, e)),
+        }
+    }
+    let Some(end) = buf[..n].iter().position(|&b| b == b'\n') else {
+        return Ok(None);
+    };
+    let rec: Rec = serde_json::from_slice(&buf[..end]).map_err(|e| StoreError::Corrupt {
+        path: path.to_owned(),
+        line: Some(1),
+        message: "not a store record".to_owned(),
+        source: Some(e),
+    })?;
+    match (rec.t.as_str(), rec.id) {
+        ("h", Some(id)) => Ok(Some(id)),
+        _ => Err(StoreError::corrupt(
+            path,
+            Some(1),
+            "the first line is not a header",
+        )),
     }
 }
 
