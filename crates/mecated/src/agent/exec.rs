@@ -1,0 +1,243 @@
+//! `exec`: runs a user's command for every turn.
+//!
+//! Protocol: the command gets the turn as one JSON object on stdin
+//! (`{"session_id", "transcript", "input"}`, then EOF) and writes its events
+//! as JSON objects, one per line, on stdout. A zero exit ends the run; a
+//! non-zero exit, or a line that is not a JSON object, fails it with the
+//! tail of stderr. The child is killed when the run is cancelled.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::process::Command;
+
+use super::{Agent, AgentError, EventSink, Turn};
+
+/// Longest stdout line accepted from the child, so a runaway command cannot
+/// exhaust the server's memory.
+const MAX_LINE: usize = 1 << 20;
+
+/// Runs `program args…` per turn.
+#[derive(Debug, Clone)]
+pub struct ExecAgent {
+    program: PathBuf,
+    args: Vec<String>,
+}
+
+impl ExecAgent {
+    /// The command to run for every turn.
+    pub fn new(program: impl Into<PathBuf>, args: Vec<String>) -> Self {
+        Self {
+            program: program.into(),
+            args,
+        }
+    }
+}
+
+fn failed(msg: impl Into<String>) -> AgentError {
+    AgentError::Failed(msg.into())
+}
+
+#[async_trait]
+impl Agent for ExecAgent {
+    async fn run(&self, turn: Turn, sink: &mut dyn EventSink) -> Result<(), AgentError> {
+        let mut child = Command::new(&self.program)
+            .args(&self.args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| failed(format!("cannot start {}: {e}", self.program.display())))?;
+        let request = json!({
+            "session_id": turn.session_id,
+            "transcript": turn.transcript,
+            "input": turn.input,
+        });
+        let mut stdin = child.stdin.take().ok_or_else(|| failed("no stdin pipe"))?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| failed("no stdout pipe"))?;
+        let mut stderr = child
+            .stderr
+            .take()
+            .ok_or_else(|| failed("no stderr pipe"))?;
+        // Feed stdin concurrently: a child that writes before reading must
+        // not deadlock against a full pipe.
+        let body = serde_json::to_vec(&request).map_err(|e| failed(e.to_string()))?;
+        let feed = tokio::spawn(async move {
+            let _ = stdin.write_all(&body).await;
+            // Dropping stdin closes it: the child sees EOF.
+        });
+        let drain = tokio::spawn(async move {
+            let mut buf = Vec::new();
+            let _ = (&mut stderr).take(64 * 1024).read_to_end(&mut buf).await;
+            String::from_utf8_lossy(&buf).into_owned()
+        });
+
+        let mut lines = BufReader::new(stdout);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            let n = (&mut lines)
+                .take(MAX_LINE as u64 + 1)
+                .read_until(b'\n', &mut line)
+                .await
+                .map_err(|e| failed(format!("reading stdout: {e}")))?;
+            if n == 0 {
+                break;
+            }
+            if line.len() > MAX_LINE {
+                return Err(failed(format!("output line longer than {MAX_LINE} bytes")));
+            }
+            let text = String::from_utf8_lossy(&line);
+            let text = text.trim();
+            if text.is_empty() {
+                continue;
+            }
+            match serde_json::from_str::<Value>(text) {
+                Ok(event @ Value::Object(_)) => sink.emit(event).await?,
+                _ => {
+                    return Err(failed(format!(
+                        "output line is not a JSON object: {text:.200}"
+                    )));
+                }
+            }
+        }
+        let status = child
+            .wait()
+            .await
+            .map_err(|e| failed(format!("waiting for the command: {e}")))?;
+        let _ = feed.await;
+        let stderr = drain.await.unwrap_or_default();
+        if status.success() {
+            Ok(())
+        } else {
+            let tail: String = stderr
+                .chars()
+                .rev()
+                .take(2000)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            Err(failed(format!(
+                "command exited with {status}: {}",
+                tail.trim()
+            )))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::testing::VecSink;
+
+    fn sh(script: &str) -> ExecAgent {
+        ExecAgent::new("/bin/sh", vec!["-c".into(), script.into()])
+    }
+
+    fn turn() -> Turn {
+        Turn {
+            session_id: "s-1".into(),
+            transcript: vec![json!({"type": "message", "content": "earlier"})],
+            input: json!("hello"),
+        }
+    }
+
+    #[tokio::test]
+    async fn child_reads_the_turn_and_its_lines_become_events() {
+        let mut sink = VecSink::default();
+        // The child echoes its stdin back as one event, then a second one.
+        sh(r#"read -r req; printf '{"type":"got","req":%s}\n{"type":"done"}\n' "$req""#)
+            .run(turn(), &mut sink)
+            .await
+            .unwrap();
+        assert_eq!(sink.events.len(), 2);
+        assert_eq!(sink.events[0]["req"]["input"], "hello");
+        assert_eq!(sink.events[0]["req"]["session_id"], "s-1");
+        assert_eq!(sink.events[0]["req"]["transcript"][0]["content"], "earlier");
+        assert_eq!(sink.events[1]["type"], "done");
+    }
+
+    #[tokio::test]
+    async fn non_zero_exit_fails_with_stderr() {
+        let mut sink = VecSink::default();
+        let err = sh("echo boom >&2; exit 3")
+            .run(turn(), &mut sink)
+            .await
+            .unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("boom") && msg.contains('3'), "{msg}");
+    }
+
+    #[tokio::test]
+    async fn malformed_output_fails_the_run() {
+        let mut sink = VecSink::default();
+        let err = sh("echo '{\"ok\":1}'; echo 'not json'")
+            .run(turn(), &mut sink)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("not a JSON object"));
+        assert_eq!(sink.events.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn missing_program_is_an_error_not_a_panic() {
+        let mut sink = VecSink::default();
+        let err = ExecAgent::new("/nonexistent/agent", vec![])
+            .run(turn(), &mut sink)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("cannot start"));
+    }
+
+    #[tokio::test]
+    async fn dropping_the_run_kills_the_child() {
+        let dir = std::env::temp_dir().join(format!("mecated-exec-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pidfile = dir.join("pid");
+        let agent = sh(&format!("echo $$ > {}; exec sleep 30", pidfile.display()));
+        let mut sink = VecSink::default();
+        let run = agent.run(turn(), &mut sink);
+        let started = async {
+            while std::fs::read_to_string(&pidfile).map_or(true, |s| !s.ends_with('\n')) {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        };
+        // Once the child is running, cancel the run by dropping its future.
+        tokio::select! {
+            r = run => panic!("the run ended on its own: {r:?}"),
+            () = started => {}
+        }
+        let pid: i32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // kill_on_drop sends SIGKILL; reap-free check: the process must be
+        // gone or a zombie shortly after.
+        let mut gone = false;
+        for _ in 0..500 {
+            let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let field = state
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .split_whitespace()
+                .next();
+            if state.is_empty() || field == Some("Z") {
+                gone = true;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        std::fs::remove_dir_all(&dir).ok();
+        assert!(gone, "child {pid} survived the cancelled run");
+    }
+}

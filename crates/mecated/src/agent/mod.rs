@@ -1,0 +1,86 @@
+//! The agent loop: what drives one run of a session, independent of leases.
+//!
+//! The server hands an [`Agent`] the session's transcript and the run's
+//! input, and an [`EventSink`] that appends each event to the session's log
+//! (fenced by the run's lease token) and streams it to the client. A run is
+//! cancelled by dropping its future — on client cancel, on shutdown, or the
+//! moment the lease is lost — so agents hold no state that must be cleaned
+//! up by hand (the `exec` agent's child is killed when its future drops).
+
+mod echo;
+mod exec;
+
+use std::fmt;
+
+use async_trait::async_trait;
+use serde_json::Value;
+
+pub use echo::EchoAgent;
+pub use exec::ExecAgent;
+
+/// Where a run's events go. Each `emit` returns once the event is durable
+/// in the session's log; an error means the run must stop (for example its
+/// lease token was fenced off).
+#[async_trait]
+pub trait EventSink: Send {
+    /// Records one event of the run.
+    async fn emit(&mut self, event: Value) -> Result<(), SinkError>;
+}
+
+/// Why an event could not be recorded; the run stops.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct SinkError(pub String);
+
+/// One turn: what the agent is asked to do.
+#[derive(Debug, Clone)]
+pub struct Turn {
+    /// The session's id, as text.
+    pub session_id: String,
+    /// Every event of the session before this run, oldest first.
+    pub transcript: Vec<Value>,
+    /// The run's input as the client sent it.
+    pub input: Value,
+}
+
+/// Why a run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The sink refused an event; nothing more may be written.
+    #[error("event not recorded: {0}")]
+    Sink(#[from] SinkError),
+    /// The agent itself failed (a crashed child, malformed output).
+    #[error("agent failed: {0}")]
+    Failed(String),
+}
+
+/// Drives runs. Implementations must be cancel-safe: dropping the future of
+/// [`run`](Agent::run) at any await point must leave nothing running.
+#[async_trait]
+pub trait Agent: Send + Sync + fmt::Debug {
+    /// Runs one turn, emitting its events in order.
+    async fn run(&self, turn: Turn, sink: &mut dyn EventSink) -> Result<(), AgentError>;
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    /// Collects events in memory; fails after `fail_after` events when set.
+    #[derive(Default)]
+    pub(crate) struct VecSink {
+        pub(crate) events: Vec<Value>,
+        pub(crate) fail_after: Option<usize>,
+    }
+
+    #[async_trait]
+    impl EventSink for VecSink {
+        async fn emit(&mut self, event: Value) -> Result<(), SinkError> {
+            if self.fail_after.is_some_and(|n| self.events.len() >= n) {
+                return Err(SinkError("fenced".into()));
+            }
+            self.events.push(event);
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,424 @@
+//! The server's state and the run engine: lease, drive, fence, release.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use lease_keeper::{LeaseGuard, LeaseKeeper};
+use lease_port::SessionId;
+use serde_json::{Value, json};
+use session_store::{SessionStore, StoreErrorKind, StoredEvent, WriteFence};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, info_span, warn};
+
+use crate::agent::{Agent, AgentError, EventSink, SinkError, Turn};
+use crate::error::{ApiError, error_chain};
+use crate::metrics::{Metrics, RunOutcome};
+
+/// Events read per page when loading a transcript.
+const TRANSCRIPT_PAGE: usize = 1000;
+
+/// Everything a request handler needs; cheap to clone.
+#[derive(Clone)]
+pub struct App {
+    inner: Arc<AppInner>,
+}
+
+struct AppInner {
+    store: Arc<dyn SessionStore>,
+    keeper: LeaseKeeper,
+    agent: Arc<dyn Agent>,
+    metrics: Arc<Metrics>,
+    runs: Mutex<HashMap<SessionId, CancellationToken>>,
+    tasks: TaskTracker,
+    shutting_down: CancellationToken,
+    leased: bool,
+    single_process: bool,
+}
+
+/// How the process proved, or failed to prove, that it alone serves its
+/// store — needed for destructive maintenance when running unleased.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exclusivity {
+    /// Runs are leased; maintenance takes the lease like a run.
+    Leased,
+    /// Unleased, and this process holds the store's exclusive lock.
+    ProvenSingleProcess,
+    /// Unleased, and another process holds the store's lock.
+    Unproven,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunStatus {
+    /// The agent finished and every event was recorded.
+    Completed,
+    /// The agent failed or an event could not be recorded.
+    Failed(String),
+    /// Cancelled by a client or by shutdown.
+    Cancelled,
+    /// The lease was lost (or a write was fenced off): the run stopped.
+    LeaseLost(String),
+}
+
+impl RunStatus {
+    /// The wire name of the status.
+    pub fn name(&self) -> &'static str {
+        match self {
+            RunStatus::Completed => "completed",
+            RunStatus::Failed(_) => "failed",
+            RunStatus::Cancelled => "cancelled",
+            RunStatus::LeaseLost(_) => "lease_lost",
+        }
+    }
+
+    /// The end-of-run message sent to clients.
+    pub fn to_json(&self, token: Option<u64>) -> Value {
+        let mut v = json!({"status": self.name(), "token": token});
+        if let RunStatus::Failed(e) | RunStatus::LeaseLost(e) = self {
+            v["error"] = json!(e);
+        }
+        v
+    }
+}
+
+/// What a running run sends to the client that started it.
+#[derive(Debug)]
+pub enum RunMessage {
+    /// An event, as stored.
+    Event(Value),
+    /// The run ended.
+    End(Value),
+}
+
+/// A started run: its token and its message stream.
+#[derive(Debug)]
+pub struct StartedRun {
+    /// The lease token every event is written under; `None` when unleased.
+    pub token: Option<u64>,
+    /// Events then the end message.
+    pub messages: mpsc::Receiver<RunMessage>,
+}
+
+/// A stored event as the API shows it.
+pub fn event_json(e: &StoredEvent) -> Value {
+    let time_ms =
+        e.at.duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+    json!({
+        "seq": e.seq,
+        "token": e.token.map_or(0, |t| t.get()),
+        "time_ms": time_ms,
+        "payload": e.payload,
+    })
+}
+
+impl App {
+    /// Assembles the server state.
+    pub fn new(
+        store: Arc<dyn SessionStore>,
+        keeper: LeaseKeeper,
+        agent: Arc<dyn Agent>,
+        metrics: Arc<Metrics>,
+        exclusivity: Exclusivity,
+    ) -> Self {
+        Self {
+            inner: Arc::new(AppInner {
+                store,
+                keeper,
+                agent,
+                metrics,
+                runs: Mutex::default(),
+                tasks: TaskTracker::new(),
+                shutting_down: CancellationToken::new(),
+                leased: exclusivity == Exclusivity::Leased,
+                single_process: exclusivity == Exclusivity::ProvenSingleProcess,
+            }),
+        }
+    }
+
+    /// The session store.
+    pub fn store(&self) -> &dyn SessionStore {
+        &*self.inner.store
+    }
+
+    /// The process metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    /// True once shutdown began.
+    pub fn is_shutting_down(&self) -> bool {
+        self.inner.shutting_down.is_cancelled()
+    }
+
+    /// Fires when shutdown begins.
+    pub fn shutdown_signal(&self) -> CancellationToken {
+        self.inner.shutting_down.clone()
+    }
+
+    fn runs(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, CancellationToken>> {
+        self.inner
+            .runs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    async fn transcript(&self, session: &SessionId) -> Result<Vec<Value>, ApiError> {
+        let mut events = Vec::new();
+        let mut from = 1;
+        loop {
+            let page = self
+                .inner
+                .store
+                .read(session, from, TRANSCRIPT_PAGE)
+                .await?;
+            events.extend(page.events.into_iter().map(|e| e.payload));
+            match page.next_seq {
+                Some(next) => from = next,
+                None => return Ok(events),
+            }
+        }
+    }
+
+    /// Leases `session` and starts a run of the agent on `input` in the
+    /// background. The run belongs to the server: dropping the returned
+    /// receiver (a client disconnect) does not stop it.
+    pub async fn start_run(
+        &self,
+        session: SessionId,
+        input: Value,
+    ) -> Result<StartedRun, ApiError> {
+        if self.is_shutting_down() {
+            return Err(ApiError::new(
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                "shutting_down",
+                "the server is shutting down",
+            ));
+        }
+        // Fail fast on unknown sessions before touching the lease backend.
+        self.inner.store.read(&session, 1, 1).await?;
+        // A run of this session already in this process: answer at once
+        // rather than queue behind it.
+        let guard = self
+            .inner
+            .keeper
+            .acquire_within(&session, Duration::ZERO)
+            .await?;
+        let token = guard.token();
+        let fence = WriteFence::from(token);
+        // Claim the session in the store before anything else: the first
+        // write raises the high-water mark to our token, so from here on no
+        // earlier owner can write, whether or not our agent ever emits.
+        let started = json!({
+            "type": "run_started",
+            "owner": self.inner.keeper.owner().as_str(),
+            "token": token.map(|t| t.get()),
+        });
+        let claim = self
+            .inner
+            .store
+            .append(&session, fence, std::slice::from_ref(&started))
+            .await;
+        let first_seq = match claim {
+            Ok(receipt) => receipt.first_seq,
+            Err(e) => {
+                // Not ours to write: lost between acquire and write. Release
+                // (the keeper never releases a value it knows is lost).
+                drop(guard);
+                return Err(e.into());
+            }
+        };
+        let transcript = match self.transcript(&session).await {
+            Ok(t) => t,
+            Err(e) => {
+                drop(guard);
+                return Err(e);
+            }
+        };
+        let cancel = CancellationToken::new();
+        self.runs().insert(session.clone(), cancel.clone());
+        let (tx, rx) = mpsc::channel(256);
+        let _ = tx.try_send(RunMessage::Event(json!({
+            "seq": first_seq,
+            "token": token.map_or(0, |t| t.get()),
+            "payload": started,
+        })));
+        let app = self.clone();
+        let span = info_span!("run", session = %session, token = token.map(|t| t.get()));
+        self.inner.tasks.spawn(
+            async move {
+                app.drive(session, guard, transcript, input, cancel, tx)
+                    .await;
+            }
+            .instrument(span),
+        );
+        Ok(StartedRun {
+            token: token.map(|t| t.get()),
+            messages: rx,
+        })
+    }
+
+    async fn drive(
+        &self,
+        session: SessionId,
+        guard: LeaseGuard,
+        transcript: Vec<Value>,
+        input: Value,
+        cancel: CancellationToken,
+        tx: mpsc::Sender<RunMessage>,
+    ) {
+        let metrics = &self.inner.metrics;
+        metrics.run_started();
+        let token = guard.token();
+        let mut sink = StoreSink {
+            store: Arc::clone(&self.inner.store),
+            session: session.clone(),
+            fence: WriteFence::from(token),
+            lost: guard.loss_token(),
+            tx: tx.clone(),
+            fenced: false,
+        };
+        let turn = Turn {
+            session_id: session.to_string(),
+            transcript,
+            input,
+        };
+        let status = tokio::select! {
+            // Loss and cancellation win over an agent that is also ready:
+            // once the lease is gone nothing more may run.
+            biased;
+            () = guard.lost() => RunStatus::LeaseLost(
+                guard.loss().map(|r| format!("{r:?}")).unwrap_or_else(|| "lease lost".into()),
+            ),
+            () = cancel.cancelled() => RunStatus::Cancelled,
+            result = self.inner.agent.run(turn, &mut sink) => match result {
+                Ok(()) => RunStatus::Completed,
+                Err(AgentError::Sink(e)) if sink.fenced => RunStatus::LeaseLost(e.0),
+                Err(e) => RunStatus::Failed(error_chain(&e)),
+            },
+        };
+        metrics.run_ended(match status {
+            RunStatus::Completed => RunOutcome::Completed,
+            RunStatus::Failed(_) => RunOutcome::Failed,
+            RunStatus::Cancelled => RunOutcome::Cancelled,
+            RunStatus::LeaseLost(_) => RunOutcome::LeaseLost,
+        });
+        if let RunStatus::Failed(e) | RunStatus::LeaseLost(e) = &status {
+            warn!(status = status.name(), error = %e, "run ended early");
+        }
+        // The keeper's per-session lock is still ours (the guard lives), so
+        // the entry cannot belong to another run yet.
+        self.runs().remove(&session);
+        let _ = tx
+            .send(RunMessage::End(status.to_json(token.map(|t| t.get()))))
+            .await;
+        // Release on the keeper's detached task: nothing the client does can
+        // cancel it, and a lost lease is never released.
+        drop(guard);
+    }
+
+    /// Cancels the run of `session` in this process, if any.
+    pub fn cancel_run(&self, session: &SessionId) -> bool {
+        match self.runs().get(session) {
+            Some(cancel) => {
+                cancel.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Deletes a session: under its lease when leased; unleased only with
+    /// the single-process proof.
+    pub async fn delete_session(&self, session: &SessionId) -> Result<(), ApiError> {
+        if !self.inner.leased && !self.inner.single_process {
+            return Err(ApiError::new(
+                axum::http::StatusCode::CONFLICT,
+                "unleased_maintenance_refused",
+                "this deployment runs unleased and this process could not prove it is the only \
+                 one serving the store (another process holds <STORE_DIR>/.mecated.lock)",
+            ));
+        }
+        self.inner.store.read(session, 1, 1).await?;
+        let guard = self
+            .inner
+            .keeper
+            .acquire_within(session, Duration::ZERO)
+            .await?;
+        let result = self
+            .inner
+            .store
+            .delete(session, WriteFence::from(guard.token()))
+            .await;
+        drop(guard);
+        result.map_err(Into::into)
+    }
+
+    /// Stops taking runs, cancels the ones in progress, waits for them (at
+    /// most `bound`), then releases every lease still held.
+    pub async fn shutdown(&self, bound: Duration) -> bool {
+        self.inner.shutting_down.cancel();
+        for cancel in self.runs().values() {
+            cancel.cancel();
+        }
+        self.inner.tasks.close();
+        let runs_done = tokio::time::timeout(bound, self.inner.tasks.wait())
+            .await
+            .is_ok();
+        let report = self.inner.keeper.shutdown().await;
+        runs_done && report.complete
+    }
+}
+
+/// Appends each event to the store under the run's fence, then forwards it
+/// to the client.
+struct StoreSink {
+    store: Arc<dyn SessionStore>,
+    session: SessionId,
+    fence: WriteFence,
+    lost: CancellationToken,
+    tx: mpsc::Sender<RunMessage>,
+    fenced: bool,
+}
+
+#[async_trait]
+impl EventSink for StoreSink {
+    async fn emit(&mut self, event: Value) -> Result<(), SinkError> {
+        // The store's fence is what makes a stale write impossible; this
+        // check only stops a run that already knows it lost sooner.
+        if self.lost.is_cancelled() {
+            self.fenced = true;
+            return Err(SinkError("the session lease was lost".into()));
+        }
+        let receipt = match self
+            .store
+            .append(&self.session, self.fence, std::slice::from_ref(&event))
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                self.fenced = e.kind() == StoreErrorKind::Fenced;
+                return Err(SinkError(error_chain(&e)));
+            }
+        };
+        let token = match self.fence {
+            WriteFence::Token(t) => t.get(),
+            WriteFence::Unfenced => 0,
+        };
+        // The client may be gone; the run goes on regardless.
+        let _ = self
+            .tx
+            .send(RunMessage::Event(json!({
+                "seq": receipt.first_seq,
+                "token": token,
+                "payload": event,
+            })))
+            .await;
+        Ok(())
+    }
+}

@@ -1,0 +1,253 @@
+//! Command-line flags (each also an environment variable) and the checked
+//! configuration they produce.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Subdirectory of the store directory where file leases live when no lease
+/// flag is given.
+pub const STORE_LEASE_SUBDIR: &str = ".session-leases";
+
+/// mecated: a session server whose every run is owned by one process at a
+/// time, through a lease, and whose every write is fenced by that lease.
+#[derive(Debug, Parser)]
+#[command(name = "mecated", version, about, long_about = None)]
+pub struct Cli {
+    /// Operator commands; with none, the server runs.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    /// Server flags.
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+/// Operator commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List the file leases in a directory: session, holder, token, expiry.
+    Leases(LeasesArgs),
+}
+
+/// Where `mecated leases` looks.
+#[derive(Debug, Args)]
+pub struct LeasesArgs {
+    /// The lease directory to inspect.
+    #[arg(long, env = "MECATED_SESSION_LEASE_DIR", conflicts_with = "store_dir")]
+    pub session_lease_dir: Option<PathBuf>,
+    /// A store directory; its leases are in `<STORE_DIR>/.session-leases`.
+    #[arg(long, env = "MECATED_STORE_DIR")]
+    pub store_dir: Option<PathBuf>,
+    /// Print JSON lines instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Which agent drives runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AgentKind {
+    /// Replies with the input (optionally after a delay).
+    Echo,
+    /// Runs `--agent-command` per turn (JSON on stdin, JSON lines on stdout).
+    Exec,
+}
+
+/// When appends reach the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FsyncChoice {
+    /// fdatasync before acknowledging each write.
+    Always,
+    /// Leave it to the kernel.
+    Never,
+}
+
+/// Flags of the server.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to serve HTTP on.
+    #[arg(long, env = "MECATED_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+
+    /// Directory of the JSONL session store (one append-only file per
+    /// session). With no lease flag, file leases are used automatically under
+    /// `<STORE_DIR>/.session-leases`.
+    #[arg(long, env = "MECATED_STORE_DIR", default_value = "mecated-data")]
+    pub store_dir: PathBuf,
+
+    /// Single-host file leases in this directory (shared by every process
+    /// serving the same sessions). Overrides the automatic
+    /// `<STORE_DIR>/.session-leases`.
+    #[arg(long, env = "MECATED_SESSION_LEASE_DIR")]
+    pub session_lease_dir: Option<PathBuf>,
+
+    /// Run without leases. Only safe when this is the one process serving
+    /// the store; destructive maintenance then needs the single-process
+    /// proof (an exclusive lock on `<STORE_DIR>/.mecated.lock`).
+    #[arg(
+        long,
+        env = "MECATED_NO_SESSION_LEASE",
+        conflicts_with = "session_lease_dir"
+    )]
+    pub no_session_lease: bool,
+
+    /// How long a lease lasts unless renewed (renewed every third of it),
+    /// e.g. `15s`, `1500ms`, `2m`.
+    #[arg(long, env = "MECATED_SESSION_LEASE_TTL", default_value = "15s", value_parser = parse_duration)]
+    pub session_lease_ttl: Duration,
+
+    /// This process's owner identity in leases. Default: host name, pid and a
+    /// random suffix. Two processes must never share one.
+    #[arg(long, env = "MECATED_OWNER")]
+    pub owner: Option<String>,
+
+    /// The agent driving runs.
+    #[arg(long, env = "MECATED_AGENT", value_enum, default_value_t = AgentKind::Echo)]
+    pub agent: AgentKind,
+
+    /// `echo` agent: how long a run takes.
+    #[arg(long, env = "MECATED_ECHO_DELAY", default_value = "0s", value_parser = parse_duration)]
+    pub echo_delay: Duration,
+
+    /// `echo` agent: progress events emitted over the delay.
+    #[arg(long, env = "MECATED_ECHO_STEPS", default_value_t = 4)]
+    pub echo_steps: u32,
+
+    /// `exec` agent: the program to run per turn.
+    #[arg(long, env = "MECATED_AGENT_COMMAND")]
+    pub agent_command: Option<PathBuf>,
+
+    /// `exec` agent: an argument for the program (repeatable).
+    #[arg(long = "agent-arg", env = "MECATED_AGENT_ARGS", value_delimiter = ' ')]
+    pub agent_args: Vec<String>,
+
+    /// When the store syncs appends to disk: `always` (before a write is
+    /// acknowledged) or `never` (left to the kernel; a machine crash may lose
+    /// recent events, a process crash does not).
+    #[arg(long, env = "MECATED_STORE_FSYNC", value_enum, default_value_t = FsyncChoice::Always)]
+    pub store_fsync: FsyncChoice,
+
+    /// Largest request body accepted, in bytes.
+    #[arg(long, env = "MECATED_MAX_BODY_BYTES", default_value_t = 1 << 20)]
+    pub max_body_bytes: usize,
+
+    /// How long shutdown waits for runs to finish and leases to be released.
+    #[arg(long, env = "MECATED_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub shutdown_timeout: Duration,
+}
+
+/// Parses `250ms`, `15s`, `2m`, `1h`, or a bare number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration (try 15s, 500ms, 2m)"))?;
+    let seconds = match unit.trim() {
+        "ms" => value / 1000.0,
+        "" | "s" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        other => return Err(format!("unknown unit {other:?} in {text:?} (ms, s, m, h)")),
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
+}
+
+/// Where leases come from, decided once at start-up. Each lease backend is
+/// one variant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseChoice {
+    /// File leases in this directory.
+    Dir(PathBuf),
+    /// No lease backend: runs are unleased.
+    Unleased,
+}
+
+impl ServeArgs {
+    /// The lease backend these flags select, or why they contradict each
+    /// other.
+    pub fn lease_choice(&self) -> Result<LeaseChoice, String> {
+        if self.session_lease_ttl < Duration::from_millis(300) {
+            return Err(format!(
+                "--session-lease-ttl {:?} is too short: renewals every third of it would race the network",
+                self.session_lease_ttl
+            ));
+        }
+        if self.agent == AgentKind::Exec && self.agent_command.is_none() {
+            return Err("--agent exec needs --agent-command".into());
+        }
+        if self.agent != AgentKind::Exec && self.agent_command.is_some() {
+            return Err("--agent-command is only used with --agent exec".into());
+        }
+        let lease = match (&self.session_lease_dir, self.no_session_lease) {
+            (Some(_), true) => {
+                return Err(
+                    "--session-lease-dir and --no-session-lease contradict each other".into(),
+                );
+            }
+            (Some(dir), false) => LeaseChoice::Dir(dir.clone()),
+            (None, true) => LeaseChoice::Unleased,
+            (None, false) => LeaseChoice::Dir(self.store_dir.join(STORE_LEASE_SUBDIR)),
+        };
+        Ok(lease)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<LeaseChoice, String> {
+        let cli = Cli::try_parse_from(std::iter::once("mecated").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        cli.serve.lease_choice()
+    }
+
+    #[test]
+    fn store_dir_alone_means_file_leases_inside_it() {
+        let lease = parse(&["--store-dir", "/srv/s"]).unwrap();
+        assert_eq!(lease, LeaseChoice::Dir("/srv/s/.session-leases".into()));
+    }
+
+    #[test]
+    fn explicit_lease_dir_wins() {
+        let lease = parse(&["--session-lease-dir", "/run/leases"]).unwrap();
+        assert_eq!(lease, LeaseChoice::Dir("/run/leases".into()));
+    }
+
+    #[test]
+    fn contradictions_fail_with_a_clear_error() {
+        for args in [
+            &["--session-lease-dir", "/x", "--no-session-lease"][..],
+            &["--agent", "exec"],
+            &["--agent-command", "/bin/true"],
+            &["--session-lease-ttl", "10ms"],
+            &["--session-lease-ttl", "soon"],
+        ] {
+            assert!(parse(args).is_err(), "{args:?} was accepted");
+        }
+    }
+
+    #[test]
+    fn no_session_lease_runs_unleased() {
+        assert_eq!(
+            parse(&["--no-session-lease"]).unwrap(),
+            LeaseChoice::Unleased
+        );
+    }
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("15s").unwrap(), Duration::from_secs(15));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
+        assert!(parse_duration("-1s").is_err());
+        assert!(parse_duration("1w").is_err());
+    }
+}

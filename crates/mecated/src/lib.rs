@@ -1,0 +1,50 @@
+//! mecated: a session server whose every run is owned by one process at a
+//! time, and whose every write is fenced by that ownership.
+//!
+//! # What it is for
+//!
+//! Run several `mecated` processes over one store directory — behind a load
+//! balancer, or simply started twice — and requests for one session may reach
+//! any of them. Each run first leases its session (file leases under
+//! `<STORE_DIR>/.session-leases` by default), renews the lease while the
+//! agent works, and appends every event with the lease's fencing token. A
+//! second process asked for the same session answers
+//! `409 session_leased_elsewhere`; a process that stalls past its lease and
+//! wakes after a takeover has its writes refused by the store and its run
+//! cancelled.
+//!
+//! # Example
+//!
+//! Serving on an ephemeral port in-process, the way the tests do:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use mecated::{Server, ServerConfig};
+//!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let dir = std::env::temp_dir().join(format!("mecated-doc-{}", std::process::id()));
+//! let server = Server::start(ServerConfig::for_store(&dir)).await?;
+//! println!("serving on {}", server.local_addr());
+//! assert!(server.shutdown().await);
+//! # std::fs::remove_dir_all(&dir).ok();
+//! # Ok::<(), mecated::StartError>(())
+//! # }).unwrap();
+//! ```
+//!
+//! # Modules
+//!
+//! - [`agent`]: the agent loop (`echo`, `exec`), independent of leases.
+//! - [`app`]: the run engine — lease, claim the store, drive, release.
+//! - [`http`]: the JSON API, Server-Sent Events, health, metrics, OpenAPI.
+//! - [`config`]: flags, environment variables, and how they combine.
+//! - [`server`]: start-up, the single-process proof, graceful shutdown.
+
+pub mod agent;
+pub mod app;
+pub mod config;
+pub mod error;
+pub mod http;
+pub mod metrics;
+pub mod server;
+
+pub use server::{Server, ServerConfig, StartError};

@@ -1,0 +1,151 @@
+//! The `mecated` binary: the session server and its operator commands.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use clap::Parser;
+use lease_port::OwnerId;
+use mecated::agent::{Agent, EchoAgent, ExecAgent};
+use mecated::config::{
+    AgentKind, Cli, Command, FsyncChoice, LeaseChoice, LeasesArgs, STORE_LEASE_SUBDIR, ServeArgs,
+};
+use mecated::server::default_owner;
+use mecated::{Server, ServerConfig};
+use tokio::signal::unix::{SignalKind, signal};
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("MECATED_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Some(Command::Leases(args)) => leases(&args),
+        None => tokio::runtime::Runtime::new()
+            .map_err(|e| format!("cannot start the runtime: {e}"))
+            .and_then(|rt| rt.block_on(serve(cli.serve))),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("mecated: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn leases(args: &LeasesArgs) -> Result<(), String> {
+    let dir = match (&args.session_lease_dir, &args.store_dir) {
+        (Some(dir), _) => dir.clone(),
+        (None, Some(store)) => store.join(STORE_LEASE_SUBDIR),
+        (None, None) => return Err("give --session-lease-dir or --store-dir".into()),
+    };
+    let entries = flocklease::list_leases(&dir, SystemTime::now()).map_err(|e| {
+        format!(
+            "cannot list {}: {}",
+            dir.display(),
+            mecated::error::error_chain(&e)
+        )
+    })?;
+    if !args.json {
+        println!(
+            "{:<32} {:<40} {:>8} {:<8} EXPIRES IN",
+            "SESSION", "HOLDER", "TOKEN", "STATE"
+        );
+    }
+    for entry in entries {
+        match entry.lease {
+            Ok(info) => {
+                let session = info.session.as_ref().map_or("?", |s| s.as_str());
+                let holder = info.owner.as_ref().map(|o| o.as_str());
+                let token = info.token.map(|t| t.get());
+                let state = format!("{:?}", info.state).to_lowercase();
+                let left = info
+                    .expiry
+                    .and_then(|e| e.duration_since(SystemTime::now()).ok());
+                if args.json {
+                    let line = serde_json::json!({
+                        "session": session,
+                        "holder": holder,
+                        "token": token,
+                        "state": state,
+                        "expires_in_ms": left.map(|d| d.as_millis() as u64),
+                    });
+                    println!("{line}");
+                } else {
+                    println!(
+                        "{session:<32} {:<40} {:>8} {state:<8} {}",
+                        holder.unwrap_or("-"),
+                        token.map_or("-".into(), |t| t.to_string()),
+                        left.map_or("-".into(), |d| format!("{:.1}s", d.as_secs_f64())),
+                    );
+                }
+            }
+            Err(e) => {
+                if args.json {
+                    println!(
+                        "{}",
+                        serde_json::json!({"file": entry.file_name, "error": e.to_string()})
+                    );
+                } else {
+                    println!("{:<32} error: {e}", entry.file_name);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn serve(args: ServeArgs) -> Result<(), String> {
+    let lease = args.lease_choice()?;
+    let owner = match &args.owner {
+        Some(o) => OwnerId::new(o).map_err(|e| format!("--owner: {e}"))?,
+        None => default_owner(),
+    };
+    let agent: Arc<dyn Agent> = match args.agent {
+        AgentKind::Echo => Arc::new(EchoAgent::new(args.echo_delay, args.echo_steps)),
+        AgentKind::Exec => Arc::new(ExecAgent::new(
+            args.agent_command
+                .clone()
+                .ok_or("--agent exec needs --agent-command")?,
+            args.agent_args.clone(),
+        )),
+    };
+    if lease == LeaseChoice::Unleased {
+        tracing::warn!(
+            "running without session leases: only safe as the one process serving this store"
+        );
+    }
+    let config = ServerConfig {
+        listen: args.listen,
+        store_dir: args.store_dir.clone(),
+        lease,
+        lease_ttl: args.session_lease_ttl,
+        owner,
+        agent,
+        fsync: args.store_fsync == FsyncChoice::Always,
+        max_body_bytes: args.max_body_bytes,
+        shutdown_timeout: args.shutdown_timeout,
+    };
+    let server = Server::start(config)
+        .await
+        .map_err(|e| mecated::error::error_chain(&e))?;
+    // Tests and scripts read the bound address from this line.
+    println!("listening on http://{}", server.local_addr());
+    let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
+    let mut int = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+    }
+    if server.shutdown().await {
+        tracing::info!("shut down cleanly; every lease released");
+        Ok(())
+    } else {
+        Err("shutdown did not finish within --shutdown-timeout".into())
+    }
+}

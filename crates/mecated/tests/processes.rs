@@ -1,0 +1,513 @@
+//! Real processes: the built `mecated` binary started twice on one store
+//! directory, driven over HTTP, stopped with real signals.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+/// Upper bound on waiting for anything in these tests; reaching it fails
+/// the test. Generous, because CI machines are shared and slow.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+struct Mecated {
+    child: Child,
+    base: String,
+    owner: String,
+}
+
+impl Mecated {
+    fn start(store: &Path, owner: &str, extra: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_mecated"))
+            .args(["--listen", "127.0.0.1:0", "--owner", owner, "--store-dir"])
+            .arg(store)
+            .args(extra)
+            .env("MECATED_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start mecated");
+        let stdout = child.stdout.take().expect("stdout piped");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read the listening line");
+        let base = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_owned();
+        Self {
+            child,
+            base,
+            owner: owner.to_owned(),
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    fn pid(&self) -> Pid {
+        Pid::from_raw(self.child.id() as i32)
+    }
+
+    fn signal(&self, sig: Signal) {
+        kill(self.pid(), sig).expect("signal mecated");
+    }
+
+    /// Waits for the process to exit; its exit status.
+    fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(start.elapsed() < PATIENCE, "mecated did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Mecated {
+    fn drop(&mut self) {
+        let _ = kill(self.pid(), Signal::SIGCONT);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("http client")
+}
+
+async fn create(m: &Mecated, id: &str) {
+    let r = client()
+        .post(m.url("/v1/sessions"))
+        .json(&json!({ "id": id }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED, "{:?}", r.text().await);
+}
+
+async fn run(m: &Mecated, id: &str, input: Value) -> (StatusCode, Value) {
+    let r = client()
+        .post(m.url(&format!("/v1/sessions/{id}/runs")))
+        .json(&json!({ "input": input }))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+async fn events(m: &Mecated, id: &str) -> Vec<Value> {
+    let mut all = Vec::new();
+    let mut after = 0;
+    loop {
+        let page: Value = client()
+            .get(m.url(&format!(
+                "/v1/sessions/{id}/events?after={after}&limit=1000"
+            )))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        all.extend(page["events"].as_array().unwrap().iter().cloned());
+        match page["next_after"].as_u64() {
+            Some(n) => after = n,
+            None => return all,
+        }
+    }
+}
+
+/// Waits until `id`'s log holds an event matching `pred`.
+async fn wait_for_event(m: &Mecated, id: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    let start = Instant::now();
+    loop {
+        if let Some(e) = events(m, id).await.into_iter().find(|e| pred(e)) {
+            return e;
+        }
+        assert!(start.elapsed() < PATIENCE, "event never appeared in {id}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn is_run_started_by(owner: &str) -> impl Fn(&Value) -> bool + '_ {
+    move |e| e["payload"]["type"] == "run_started" && e["payload"]["owner"] == owner
+}
+
+/// Retries a run on `m` until it is no longer refused as leased elsewhere.
+async fn run_when_free(m: &Mecated, id: &str, input: Value) -> Value {
+    let start = Instant::now();
+    loop {
+        let (status, body) = run(m, id, input.clone()).await;
+        if status == StatusCode::OK {
+            return body;
+        }
+        assert_eq!(status, StatusCode::CONFLICT, "{body}");
+        assert_eq!(body["error"]["code"], "session_leased_elsewhere", "{body}");
+        assert!(start.elapsed() < PATIENCE, "the session was never freed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn second_process_gets_409_while_other_sessions_run_in_parallel() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Mecated::start(
+        dir.path(),
+        "proc-a",
+        &["--echo-delay", "3s", "--echo-steps", "6"],
+    );
+    let b = Mecated::start(
+        dir.path(),
+        "proc-b",
+        &["--echo-delay", "1s", "--echo-steps", "2"],
+    );
+    create(&a, "chat-1").await;
+    create(&b, "chat-2").await;
+
+    let long = tokio::spawn({
+        let url = a.url("/v1/sessions/chat-1/runs");
+        async move {
+            client()
+                .post(url)
+                .json(&json!({"input": "slow"}))
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        }
+    });
+    wait_for_event(&a, "chat-1", is_run_started_by("proc-a")).await;
+
+    let (status, body) = run(&b, "chat-1", json!("me too")).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["error"]["code"], "session_leased_elsewhere");
+    assert_eq!(body["error"]["holder"], "proc-a");
+
+    // A different session runs on B while A's run is still going.
+    let (status, other) = run(&b, "chat-2", json!("parallel")).await;
+    assert_eq!(status, StatusCode::OK, "{other}");
+    assert_eq!(other["status"], "completed");
+    assert!(!long.is_finished(), "A's run should still be in progress");
+
+    let done = long.await.unwrap();
+    assert_eq!(done["status"], "completed", "{done}");
+    let log = events(&a, "chat-1").await;
+    assert_eq!(log.last().unwrap()["payload"]["content"], "slow");
+    assert!(
+        log.iter().all(|e| e["payload"]["content"] != "me too"),
+        "B wrote to A's session"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_stream_as_server_sent_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Mecated::start(
+        dir.path(),
+        "proc-a",
+        &["--echo-delay", "200ms", "--echo-steps", "2"],
+    );
+    create(&a, "sse").await;
+    let body = client()
+        .post(a.url("/v1/sessions/sse/runs"))
+        .header("accept", "text/event-stream")
+        .json(&json!({"input": {"text": "hi"}}))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let kinds: Vec<&str> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("event: "))
+        .collect();
+    assert_eq!(kinds, ["event", "event", "event", "event", "end"], "{body}");
+    assert!(body.contains(r#""status":"completed""#), "{body}");
+    assert!(body.contains(r#""content":{"text":"hi"}"#), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_mid_run_is_taken_over_after_the_ttl_with_a_higher_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let ttl = ["--session-lease-ttl", "1s"];
+    let a = Mecated::start(
+        dir.path(),
+        "proc-a",
+        &[&ttl[..], &["--echo-delay", "20s", "--echo-steps", "40"]].concat(),
+    );
+    let b = Mecated::start(dir.path(), "proc-b", &ttl);
+    create(&a, "k").await;
+    let _pending = tokio::spawn({
+        let url = a.url("/v1/sessions/k/runs");
+        async move { client().post(url).json(&json!({"input": "x"})).send().await }
+    });
+    let started = wait_for_event(&a, "k", is_run_started_by("proc-a")).await;
+    wait_for_event(&a, "k", |e| e["payload"]["type"] == "progress").await;
+    a.signal(Signal::SIGKILL);
+
+    let taken = run_when_free(&b, "k", json!("after the crash")).await;
+    assert_eq!(taken["status"], "completed", "{taken}");
+    assert!(
+        taken["token"].as_u64().unwrap() > started["token"].as_u64().unwrap(),
+        "takeover token {} not above {}",
+        taken["token"],
+        started["token"]
+    );
+    // The log is intact: every event A wrote, then B's run, in order.
+    let log = events(&b, "k").await;
+    let seqs: Vec<u64> = log.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert!(
+        seqs.windows(2).all(|w| w[1] == w[0] + 1),
+        "gaps in {seqs:?}"
+    );
+    assert_eq!(log.last().unwrap()["payload"]["content"], "after the crash");
+    assert!(log.iter().any(|e| e["payload"]["type"] == "progress"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigstopped_holder_is_fenced_off_after_a_takeover() {
+    let dir = tempfile::tempdir().unwrap();
+    let ttl = ["--session-lease-ttl", "1s"];
+    let a = Mecated::start(
+        dir.path(),
+        "proc-a",
+        &[&ttl[..], &["--echo-delay", "6s", "--echo-steps", "30"]].concat(),
+    );
+    let b = Mecated::start(dir.path(), "proc-b", &ttl);
+    create(&a, "p").await;
+    let a_run = tokio::spawn({
+        let url = a.url("/v1/sessions/p/runs");
+        async move {
+            client()
+                .post(url)
+                .json(&json!({"input": "from a"}))
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        }
+    });
+    let a_started = wait_for_event(&a, "p", is_run_started_by("proc-a")).await;
+    wait_for_event(&a, "p", |e| e["payload"]["type"] == "progress").await;
+    a.signal(Signal::SIGSTOP);
+
+    let b_run = run_when_free(&b, "p", json!("from b")).await;
+    assert_eq!(b_run["status"], "completed", "{b_run}");
+    let b_token = b_run["token"].as_u64().unwrap();
+    assert!(b_token > a_started["token"].as_u64().unwrap());
+
+    a.signal(Signal::SIGCONT);
+    let a_result = a_run.await.unwrap();
+    assert_eq!(a_result["status"], "lease_lost", "{a_result}");
+
+    // Give A every chance to write late, then check it never did.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let log = events(&b, "p").await;
+    let b_first = log
+        .iter()
+        .find(|e| is_run_started_by("proc-b")(e))
+        .expect("B's run is in the log")["seq"]
+        .as_u64()
+        .unwrap();
+    for e in &log {
+        if e["seq"].as_u64().unwrap() > b_first {
+            assert_eq!(
+                e["token"].as_u64().unwrap(),
+                b_token,
+                "a stale write reached the log: {e}"
+            );
+        }
+    }
+    assert!(
+        log.iter().all(|e| e["payload"]["content"] != "from a"),
+        "A's reply was written"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_releases_leases_so_the_next_process_acquires_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    // A long TTL: if A did not release, B would be refused for a minute.
+    let ttl = ["--session-lease-ttl", "60s"];
+    let mut a = Mecated::start(
+        dir.path(),
+        "proc-a",
+        &[&ttl[..], &["--echo-delay", "30s", "--echo-steps", "30"]].concat(),
+    );
+    let b = Mecated::start(dir.path(), "proc-b", &ttl);
+    create(&a, "t").await;
+    let a_run = tokio::spawn({
+        let url = a.url("/v1/sessions/t/runs");
+        async move {
+            client()
+                .post(url)
+                .json(&json!({"input": "long"}))
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        }
+    });
+    wait_for_event(&a, "t", is_run_started_by("proc-a")).await;
+    let (status, _) = run(&b, "t", json!("too early")).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+
+    a.signal(Signal::SIGTERM);
+    assert!(a.wait_exit().success(), "mecated did not exit 0 on SIGTERM");
+    let cancelled = a_run.await.unwrap();
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+
+    let (status, body) = run(&b, "t", json!("right after")).await;
+    assert_eq!(status, StatusCode::OK, "B had to wait: {body}");
+    assert_eq!(body["status"], "completed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_the_documented_error_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Mecated::start(dir.path(), "proc-a", &["--max-body-bytes", "1024"]);
+    create(&a, "ok").await;
+    let c = client();
+    let code = |v: &Value| v["error"]["code"].as_str().unwrap_or_default().to_owned();
+
+    let r = c
+        .post(a.url("/v1/sessions/ok/runs"))
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(code(&r.json().await.unwrap()), "invalid");
+
+    let r = c
+        .post(a.url("/v1/sessions/ok/runs"))
+        .json(&json!({"inputs": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        StatusCode::BAD_REQUEST,
+        "unknown field accepted"
+    );
+
+    let r = c
+        .post(a.url("/v1/sessions/ok/runs"))
+        .json(&json!({"input": "x".repeat(4096)}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(code(&r.json().await.unwrap()), "invalid");
+
+    let (status, body) = run(&a, "missing", json!("x")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(code(&body), "not_found");
+
+    let r = c
+        .get(a.url("/v1/sessions/ok/events?limit=0"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+
+    // A control character in the id is refused.
+    let r = c
+        .post(a.url("/v1/sessions"))
+        .json(&json!({"id": "a\nb"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(code(&r.json().await.unwrap()), "invalid");
+
+    // Path-like ids are just ids: stored under an encoded name inside the
+    // store, never outside it.
+    let r = c
+        .post(a.url("/v1/sessions"))
+        .json(&json!({"id": "../../escape"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    assert!(!dir.path().parent().unwrap().join("escape").exists());
+    let (status, body) = run(&a, "..%2F..%2Fescape", json!("inside")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+
+    // Nothing was written by the refused requests.
+    assert_eq!(events(&a, "ok").await.len(), 0);
+    let listed: Value = c
+        .get(a.url("/v1/sessions"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ids: Vec<&str> = listed["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["../../escape", "ok"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_listing_shows_the_holder_and_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Mecated::start(
+        dir.path(),
+        "proc-a",
+        &["--echo-delay", "5s", "--echo-steps", "5"],
+    );
+    create(&a, "listed").await;
+    let _run = tokio::spawn({
+        let url = a.url("/v1/sessions/listed/runs");
+        async move { client().post(url).json(&json!({"input": "x"})).send().await }
+    });
+    let started = wait_for_event(&a, "listed", is_run_started_by("proc-a")).await;
+    let out = Command::new(env!("CARGO_BIN_EXE_mecated"))
+        .args(["leases", "--json", "--store-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["session"], "listed");
+    assert_eq!(lines[0]["holder"], a.owner);
+    assert_eq!(lines[0]["state"], "live");
+    assert_eq!(lines[0]["token"], started["token"]);
+}
