@@ -185,6 +185,8 @@ impl KeeperBuilder {
                 next_id: AtomicU64::new(0),
                 held: AtomicUsize::new(0),
                 rng: RandomState::new(),
+                pending: Mutex::default(),
+                driver_started: AtomicBool::new(false),
             }),
         })
     }
@@ -217,6 +219,10 @@ struct Inner {
     next_id: AtomicU64,
     held: AtomicUsize,
     rng: RandomState,
+    /// Leased runs whose renew task is not started yet, with when their
+    /// acquisition was sent.
+    pending: Mutex<HashMap<u64, (Instant, Arc<Shared>)>>,
+    driver_started: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -236,6 +242,21 @@ impl Inner {
         let unit = (draw >> 11) as f64 / (1u64 << 53) as f64; // [0, 1)
         self.interval
             .mul_f64(1.0 - self.jitter + 2.0 * self.jitter * unit)
+    }
+
+    /// How often the driver looks for runs whose first renewal is near.
+    fn driver_tick(&self) -> Duration {
+        (self.interval.mul_f64(1.0 - self.jitter) / 4).max(Duration::from_millis(1))
+    }
+
+    fn ensure_driver(self: &Arc<Self>, handle: &Handle) {
+        if !self.driver_started.swap(true, Ordering::AcqRel) {
+            handle.spawn(drive(
+                Arc::downgrade(self),
+                self.driver_tick(),
+                self.shutdown.clone(),
+            ));
+        }
     }
 
     fn retry_interval(&self) -> Duration {
@@ -573,10 +594,11 @@ impl LeaseKeeper {
             inner.set_held_gauge(true);
             inner.metrics.acquired(session);
             debug!(session = %session, token = %lease.token(), "lease acquired");
-            let span = info_span!("lease_keeper.renew", session = %session, token = %lease.token());
-            let task = handle
-                .spawn(renew_loop(Arc::clone(inner), Arc::clone(&shared), sent).instrument(span));
-            *lock(&shared.renew_task) = Some(task);
+            // The run's renew task is started by the keeper's driver shortly
+            // before its first renewal is due: a run shorter than that
+            // never costs a task.
+            lock(&inner.pending).insert(shared.id, (sent, Arc::clone(&shared)));
+            inner.ensure_driver(&handle);
         } else {
             debug_assert!(!leased);
             debug!(session = %session, "running unleased");
@@ -644,6 +666,44 @@ impl Drop for Permit {
     fn drop(&mut self) {
         drop(self.guard.take());
         self.inner.forget_session_mutex(&self.session);
+    }
+}
+
+/// Starts each run's renew task at the last driver tick before its first
+/// renewal can be due; the task then sleeps until exactly that moment.
+async fn drive(inner: std::sync::Weak<Inner>, tick: Duration, shutdown: CancellationToken) {
+    let mut at = Instant::now();
+    loop {
+        at += tick;
+        tokio::select! {
+            biased;
+            () = shutdown.cancelled() => return,
+            () = sleep_until(at) => {}
+        }
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let earliest = inner.interval.mul_f64(1.0 - inner.jitter);
+        let horizon = Instant::now() + tick;
+        let due: Vec<(Instant, Arc<Shared>)> = {
+            let mut pending = lock(&inner.pending);
+            let ids: Vec<u64> = pending
+                .iter()
+                .filter(|(_, (sent, _))| *sent + earliest <= horizon)
+                .map(|(id, _)| *id)
+                .collect();
+            ids.iter().filter_map(|id| pending.remove(id)).collect()
+        };
+        for (sent, shared) in due {
+            if shared.stop.is_cancelled() {
+                continue;
+            }
+            let span = info_span!("lease_keeper.renew", session = %shared.session);
+            let task = tokio::spawn(
+                renew_loop(Arc::clone(&inner), Arc::clone(&shared), sent).instrument(span),
+            );
+            *lock(&shared.renew_task) = Some(task);
+        }
     }
 }
 
@@ -746,6 +806,7 @@ async fn release_run(inner: &Arc<Inner>, shared: &Arc<Shared>) -> Result<(), Kee
         // cannot matter: the release below names the same token, and a
         // backend that already saw the renewal releases the renewed hold.
         shared.stop.cancel();
+        lock(&inner.pending).remove(&shared.id);
         if let Some(task) = lock(&shared.renew_task).take() {
             task.abort();
         }
