@@ -73,7 +73,11 @@ impl IntoResponse for ApiError {
 
 impl From<KeeperError> for ApiError {
     fn from(e: KeeperError) -> Self {
-        let message = error_chain(&e);
+        // These say all there is to say; the backend's error only repeats it.
+        let message = match e.kind() {
+            KeeperErrorKind::LeasedElsewhere | KeeperErrorKind::Busy => e.to_string(),
+            _ => error_chain(&e),
+        };
         match e.kind() {
             KeeperErrorKind::LeasedElsewhere => Self {
                 holder: e.holder().map(|h| h.to_string()),
