@@ -77,7 +77,9 @@
 //!    `1 ± jitter` ([`KeeperBuilder::renew_fraction`],
 //!    [`KeeperBuilder::jitter`]), counted from when the previous successful
 //!    renewal was sent. Each renewal passes the newest value and stores the
-//!    answer ([`LeaseGuard::lease`], [`LeaseGuard::watch`]).
+//!    answer ([`LeaseGuard::lease`], [`LeaseGuard::watch`]). A run's renew
+//!    task is started by one keeper-wide driver task shortly before the
+//!    first renewal can be due, so runs shorter than that cost no task.
 //! 5. **`Held` on renew is loss, at once.** The loss signal fires
 //!    ([`LeaseGuard::lost`], [`LeaseGuard::loss_token`]) with
 //!    [`LossReason::Held`], and the stale value is never released.
