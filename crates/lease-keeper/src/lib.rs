@@ -125,8 +125,10 @@
 //!
 //! # Runtime
 //!
-//! Needs a tokio runtime with the time driver enabled: renew and release
-//! tasks are spawned on the runtime the guard was acquired on.
+//! Needs a tokio runtime with the time driver enabled. A keeper belongs to
+//! one runtime: its renewal driver is spawned on the runtime of the first
+//! leased acquisition, and each guard's release runs on the runtime it was
+//! acquired on.
 
 mod error;
 mod keeper;
