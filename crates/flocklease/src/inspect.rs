@@ -36,6 +36,11 @@ pub struct LeaseInfo {
     pub owner: Option<OwnerId>,
     /// The highest token issued for the session; `None` when none was.
     pub token: Option<FencingToken>,
+    /// The reservation ceiling: no token above it has been issued, and an
+    /// instance that has not reserved it itself issues its first token above
+    /// it. Equal to `token` for a version 1 record; `None` when no token was
+    /// issued.
+    pub reserved: Option<FencingToken>,
     /// When the hold lapses; `None` when free.
     pub expiry: Option<SystemTime>,
     /// Live, expired or free, judged at the listing time.
@@ -181,6 +186,7 @@ fn inspect_one(
             session,
             owner: None,
             token: None,
+            reserved: None,
             expiry: None,
             state: LeaseState::Free,
         });
@@ -205,6 +211,7 @@ fn inspect_one(
         session: Some(record.session),
         owner: record.owner,
         token: Some(FencingToken::new(record.token)),
+        reserved: Some(FencingToken::new(record.reserved)),
         expiry,
         state,
     })

@@ -9,28 +9,57 @@ use crate::StoreError;
 /// The first eight bytes of every lease record.
 pub const MAGIC: [u8; 8] = *b"MECLEASE";
 
-/// The record layout this build writes and reads.
-pub const FORMAT_VERSION: u16 = 1;
+/// The record layout this build writes. It also reads version 1 records
+/// (see the crate docs, "On-disk format").
+pub const FORMAT_VERSION: u16 = 2;
 
 /// Size of a lease record, which is also the size of a written lease file.
-pub const RECORD_LEN: usize = 548;
+pub const RECORD_LEN: usize = 556;
+
+/// Size of a version 1 record (no reservation ceiling).
+pub(crate) const V1_RECORD_LEN: usize = 548;
 
 const OFF_VERSION: usize = 8;
 const OFF_STATE: usize = 10;
-const OFF_RESERVED: usize = 11;
+const OFF_ZERO: usize = 11;
 const OFF_SESSION_LEN: usize = 12;
 const OFF_OWNER_LEN: usize = 14;
 const OFF_TOKEN: usize = 16;
 const OFF_EXPIRY: usize = 24;
-const OFF_SESSION: usize = 32;
-const OFF_OWNER: usize = OFF_SESSION + MAX_ID_LEN;
-const OFF_CRC: usize = OFF_OWNER + MAX_ID_LEN;
+const OFF_RESERVED: usize = 32;
 
 const STATE_FREE: u8 = 0;
 const STATE_HELD: u8 = 1;
 
-// The layout above must add up to the advertised length.
-const _: () = assert!(OFF_CRC + 4 == RECORD_LEN);
+/// Where the variable part of a record version lies.
+struct Layout {
+    len: usize,
+    session: usize,
+    owner: usize,
+    crc: usize,
+    /// Offset of the reservation ceiling; `None` in version 1.
+    reserved: Option<usize>,
+}
+
+const V2: Layout = Layout {
+    len: RECORD_LEN,
+    session: 40,
+    owner: 40 + MAX_ID_LEN,
+    crc: 40 + 2 * MAX_ID_LEN,
+    reserved: Some(OFF_RESERVED),
+};
+
+const V1: Layout = Layout {
+    len: V1_RECORD_LEN,
+    session: 32,
+    owner: 32 + MAX_ID_LEN,
+    crc: 32 + 2 * MAX_ID_LEN,
+    reserved: None,
+};
+
+// Each layout must add up to its advertised length.
+const _: () = assert!(V2.crc + 4 == V2.len && V1.crc + 4 == V1.len);
+const _: () = assert!(OFF_RESERVED + 8 == V2.session);
 
 /// One decoded record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,11 +70,17 @@ pub(crate) struct Record {
     pub(crate) owner: Option<OwnerId>,
     /// The highest token issued for the session.
     pub(crate) token: u64,
+    /// The reservation ceiling: every token ever returned for the session is
+    /// at most the value last made durable here. Never below `token`. A
+    /// version 1 record reads as `reserved == token` (version 1 synced every
+    /// token).
+    pub(crate) reserved: u64,
     /// Expiry in nanoseconds since the Unix epoch; 0 when free.
     pub(crate) expiry_nanos: u64,
 }
 
 impl Record {
+    /// The record in the current layout ([`FORMAT_VERSION`]).
     pub(crate) fn encode(&self) -> [u8; RECORD_LEN] {
         let mut b = [0u8; RECORD_LEN];
         b[..8].copy_from_slice(&MAGIC);
@@ -67,48 +102,59 @@ impl Record {
         b[OFF_OWNER_LEN..OFF_OWNER_LEN + 2].copy_from_slice(&(owner.len() as u16).to_le_bytes());
         b[OFF_TOKEN..OFF_TOKEN + 8].copy_from_slice(&self.token.to_le_bytes());
         b[OFF_EXPIRY..OFF_EXPIRY + 8].copy_from_slice(&self.expiry_nanos.to_le_bytes());
-        b[OFF_SESSION..OFF_SESSION + session.len()].copy_from_slice(session);
-        b[OFF_OWNER..OFF_OWNER + owner.len()].copy_from_slice(owner);
-        let crc = crc32fast::hash(&b[..OFF_CRC]);
-        b[OFF_CRC..].copy_from_slice(&crc.to_le_bytes());
+        b[OFF_RESERVED..OFF_RESERVED + 8].copy_from_slice(&self.reserved.to_le_bytes());
+        b[V2.session..V2.session + session.len()].copy_from_slice(session);
+        b[V2.owner..V2.owner + owner.len()].copy_from_slice(owner);
+        let crc = crc32fast::hash(&b[..V2.crc]);
+        b[V2.crc..].copy_from_slice(&crc.to_le_bytes());
         b
     }
 
     /// Decodes the bytes of a whole file (`bytes` may be longer or shorter
-    /// than a record). `Ok(None)`: empty or all-zero, a file created but never
-    /// written, so no token was ever issued from it.
+    /// than a record), in the current layout or in version 1. `Ok(None)`:
+    /// empty or all-zero, a file created but never written, so no token was
+    /// ever issued from it.
     pub(crate) fn decode(path: &Path, bytes: &[u8]) -> Result<Option<Record>, StoreError> {
         let path_buf = || path.to_path_buf();
-        if bytes.is_empty() || (bytes.len() == RECORD_LEN && bytes.iter().all(|&b| b == 0)) {
+        let zero_len = bytes.len() == RECORD_LEN || bytes.len() == V1_RECORD_LEN;
+        if bytes.is_empty() || (zero_len && bytes.iter().all(|&b| b == 0)) {
             return Ok(None);
         }
-        if bytes.len() >= MAGIC.len() && bytes[..MAGIC.len()] != MAGIC {
+        let prefix = bytes.len().min(MAGIC.len());
+        if bytes[..prefix] != MAGIC[..prefix] {
             return Err(StoreError::Foreign { path: path_buf() });
         }
-        if bytes.len() < RECORD_LEN {
-            if bytes[..bytes.len().min(MAGIC.len())] != MAGIC[..bytes.len().min(MAGIC.len())] {
-                return Err(StoreError::Foreign { path: path_buf() });
-            }
+        if bytes.len() < OFF_VERSION + 2 {
             return Err(StoreError::Truncated {
                 path: path_buf(),
                 len: bytes.len() as u64,
             });
         }
-        if bytes.len() > RECORD_LEN {
+        let version = u16::from_le_bytes([bytes[OFF_VERSION], bytes[OFF_VERSION + 1]]);
+        let layout = match version {
+            FORMAT_VERSION => &V2,
+            1 => &V1,
+            found => {
+                return Err(StoreError::Version {
+                    path: path_buf(),
+                    found,
+                });
+            }
+        };
+        if bytes.len() < layout.len {
+            return Err(StoreError::Truncated {
+                path: path_buf(),
+                len: bytes.len() as u64,
+            });
+        }
+        if bytes.len() > layout.len {
             return Err(StoreError::Oversized {
                 path: path_buf(),
                 len: bytes.len() as u64,
             });
         }
-        let version = u16::from_le_bytes([bytes[OFF_VERSION], bytes[OFF_VERSION + 1]]);
-        if version != FORMAT_VERSION {
-            return Err(StoreError::Version {
-                path: path_buf(),
-                found: version,
-            });
-        }
-        let stored = u32::from_le_bytes(le4(&bytes[OFF_CRC..]));
-        let computed = crc32fast::hash(&bytes[..OFF_CRC]);
+        let stored = u32::from_le_bytes(le4(&bytes[layout.crc..]));
+        let computed = crc32fast::hash(&bytes[..layout.crc]);
         if stored != computed {
             return Err(StoreError::Checksum {
                 path: path_buf(),
@@ -121,7 +167,7 @@ impl Record {
             detail,
         };
         let state = bytes[OFF_STATE];
-        if bytes[OFF_RESERVED] != 0 {
+        if bytes[OFF_ZERO] != 0 {
             return Err(malformed("reserved byte is not zero".into()));
         }
         let session_len =
@@ -135,14 +181,22 @@ impl Record {
         }
         let token = u64::from_le_bytes(le8(&bytes[OFF_TOKEN..]));
         let expiry_nanos = u64::from_le_bytes(le8(&bytes[OFF_EXPIRY..]));
-        let session = std::str::from_utf8(&bytes[OFF_SESSION..OFF_SESSION + session_len])
+        let reserved = layout
+            .reserved
+            .map_or(token, |off| u64::from_le_bytes(le8(&bytes[off..])));
+        if reserved < token {
+            return Err(malformed(format!(
+                "token {token} above its reservation ceiling {reserved}"
+            )));
+        }
+        let session = std::str::from_utf8(&bytes[layout.session..layout.session + session_len])
             .ok()
             .and_then(|s| SessionId::new(s).ok())
             .ok_or_else(|| malformed("stored session id is not a valid id".into()))?;
         let owner = match state {
             STATE_FREE if owner_len == 0 && expiry_nanos == 0 => None,
             STATE_HELD if owner_len > 0 && token > 0 => Some(
-                std::str::from_utf8(&bytes[OFF_OWNER..OFF_OWNER + owner_len])
+                std::str::from_utf8(&bytes[layout.owner..layout.owner + owner_len])
                     .ok()
                     .and_then(|s| OwnerId::new(s).ok())
                     .ok_or_else(|| malformed("stored owner id is not a valid id".into()))?,
@@ -153,9 +207,9 @@ impl Record {
                 )));
             }
         };
-        let padding_clean = bytes[OFF_SESSION + session_len..OFF_OWNER]
+        let padding_clean = bytes[layout.session + session_len..layout.owner]
             .iter()
-            .chain(&bytes[OFF_OWNER + owner_len..OFF_CRC])
+            .chain(&bytes[layout.owner + owner_len..layout.crc])
             .all(|&b| b == 0);
         if !padding_clean {
             return Err(malformed("padding after an id is not zero".into()));
@@ -164,6 +218,7 @@ impl Record {
             session,
             owner,
             token,
+            reserved,
             expiry_nanos,
         }))
     }
@@ -195,8 +250,26 @@ mod tests {
             session: SessionId::new("chat/7 ☕").unwrap(),
             owner: Some(OwnerId::new("host-a/4242").unwrap()),
             token: 42,
+            reserved: 1065,
             expiry_nanos: 1_767_225_600_123_456_789,
         }
+    }
+
+    /// `r` in the version 1 layout, as builds before the reservation wrote it.
+    fn encode_v1(r: &Record) -> Vec<u8> {
+        let v2 = r.encode();
+        let mut b = vec![0u8; V1_RECORD_LEN];
+        b[..OFF_RESERVED].copy_from_slice(&v2[..OFF_RESERVED]);
+        b[OFF_VERSION..OFF_VERSION + 2].copy_from_slice(&1u16.to_le_bytes());
+        b[V1.session..V1.crc].copy_from_slice(&v2[V2.session..V2.crc]);
+        let crc = crc32fast::hash(&b[..V1.crc]);
+        b[V1.crc..].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    fn reseal(b: &mut [u8]) {
+        let crc = crc32fast::hash(&b[..V2.crc]);
+        b[V2.crc..].copy_from_slice(&crc.to_le_bytes());
     }
 
     #[test]
@@ -228,6 +301,7 @@ mod tests {
     fn empty_and_all_zero_files_are_unwritten() {
         assert_eq!(Record::decode(path(), &[]).unwrap(), None);
         assert_eq!(Record::decode(path(), &[0; RECORD_LEN]).unwrap(), None);
+        assert_eq!(Record::decode(path(), &[0; V1_RECORD_LEN]).unwrap(), None);
     }
 
     #[test]
@@ -253,9 +327,9 @@ mod tests {
         let err = Record::decode(path(), &flipped).unwrap_err();
         assert!(matches!(err, StoreError::Checksum { .. }), "{err}");
         let mut newer = good;
-        newer[OFF_VERSION] = 2;
+        newer[OFF_VERSION] = 3;
         let err = Record::decode(path(), &newer).unwrap_err();
-        assert!(matches!(err, StoreError::Version { found: 2, .. }), "{err}");
+        assert!(matches!(err, StoreError::Version { found: 3, .. }), "{err}");
         // A torn write: the first half of a new record over the old one.
         let mut next = held();
         next.token = 43;
@@ -270,10 +344,55 @@ mod tests {
     fn inconsistent_fields_behind_a_valid_checksum_are_malformed() {
         let mut b = held().encode();
         b[OFF_STATE] = STATE_FREE; // free, but with an owner
-        let crc = crc32fast::hash(&b[..OFF_CRC]);
-        b[OFF_CRC..].copy_from_slice(&crc.to_le_bytes());
+        reseal(&mut b);
         let err = Record::decode(path(), &b).unwrap_err();
         assert!(matches!(err, StoreError::Malformed { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_token_above_its_reservation_is_malformed() {
+        let mut b = held().encode();
+        b[OFF_RESERVED..OFF_RESERVED + 8].copy_from_slice(&41u64.to_le_bytes());
+        reseal(&mut b);
+        let err = Record::decode(path(), &b).unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Malformed { detail, .. } if detail.contains("ceiling")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_checksum_covers_the_reservation() {
+        let mut b = held().encode();
+        b[OFF_RESERVED] ^= 0x01;
+        let err = Record::decode(path(), &b).unwrap_err();
+        assert!(matches!(err, StoreError::Checksum { .. }), "{err}");
+    }
+
+    #[test]
+    fn version_1_records_read_with_the_token_as_their_reservation() {
+        let r = held();
+        let v1 = encode_v1(&r);
+        let decoded = Record::decode(path(), &v1).unwrap().unwrap();
+        assert_eq!(
+            decoded,
+            Record {
+                reserved: r.token,
+                ..r.clone()
+            }
+        );
+        // Version 1 at the current length, or the current version at the
+        // old length, is damage, not a record.
+        let mut long = v1.clone();
+        long.resize(RECORD_LEN, 0);
+        let err = Record::decode(path(), &long).unwrap_err();
+        assert!(matches!(err, StoreError::Oversized { .. }), "{err}");
+        let err = Record::decode(path(), &r.encode()[..V1_RECORD_LEN]).unwrap_err();
+        assert!(matches!(err, StoreError::Truncated { .. }), "{err}");
+        let mut flipped = v1;
+        flipped[OFF_TOKEN] ^= 1;
+        let err = Record::decode(path(), &flipped).unwrap_err();
+        assert!(matches!(err, StoreError::Checksum { .. }), "{err}");
     }
 
     proptest! {
@@ -285,6 +404,13 @@ mod tests {
         #[test]
         fn any_single_bit_flip_is_detected(byte in 0..RECORD_LEN, bit in 0..8u8) {
             let mut b = held().encode();
+            b[byte] ^= 1 << bit;
+            prop_assert!(Record::decode(path(), &b).is_err());
+        }
+
+        #[test]
+        fn any_single_bit_flip_of_a_version_1_record_is_detected(byte in 0..V1_RECORD_LEN, bit in 0..8u8) {
+            let mut b = encode_v1(&held());
             b[byte] ^= 1 << bit;
             prop_assert!(Record::decode(path(), &b).is_err());
         }

@@ -4,8 +4,9 @@
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileExt;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -37,7 +38,17 @@ pub(crate) struct Store {
     /// plus one; 0 before the first check.
     dir_checked: AtomicU64,
     epoch: Instant,
+    /// How many tokens one synced reservation covers (≥ 1).
+    pub(crate) reservation: u64,
+    /// The sessions this instance may issue tokens for without a sync: lease
+    /// file name → the reservation ceiling this instance wrote there and saw
+    /// `fdatasync` confirm. See the crate docs, "Durability".
+    armed: Mutex<HashMap<String, u64>>,
 }
+
+/// The most sessions an instance keeps armed; past it the set is cleared,
+/// which costs each session one more synced reservation and nothing else.
+const MAX_ARMED: usize = 65_536;
 
 pub(crate) enum Op {
     Acquire(SessionId, OwnerId),
@@ -79,6 +90,9 @@ pub(crate) struct Plan {
     /// before replying.
     sync: bool,
     sync_dir: bool,
+    /// A new reservation ceiling: once synced, this instance is armed with
+    /// it for the file.
+    arm: Option<u64>,
     reply: Result<Reply, LeaseError>,
 }
 
@@ -176,7 +190,9 @@ impl Store {
         lock_timeout: Duration,
         inline_fast_path: bool,
         dir_check_interval: Duration,
+        reservation: u64,
     ) -> Result<Self, StoreError> {
+        debug_assert!(reservation >= 1);
         let (dir_fd, dir_id) = open_dir(&dir, true)?;
         Ok(Store {
             dir,
@@ -189,7 +205,23 @@ impl Store {
             dir_check_interval,
             dir_checked: AtomicU64::new(0),
             epoch: Instant::now(),
+            reservation,
+            armed: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The reservation ceiling this instance last synced on file `name`.
+    fn armed_ceiling(&self, name: &str) -> Option<u64> {
+        let armed = self.armed.lock().unwrap_or_else(PoisonError::into_inner);
+        armed.get(name).copied()
+    }
+
+    fn arm(&self, name: &str, ceiling: u64) {
+        let mut armed = self.armed.lock().unwrap_or_else(PoisonError::into_inner);
+        if armed.len() >= MAX_ARMED && !armed.contains_key(name) {
+            armed.clear();
+        }
+        armed.insert(name.to_owned(), ceiling);
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -306,27 +338,50 @@ impl Store {
             write: None,
             sync: false,
             sync_dir: false,
+            arm: None,
             reply,
         };
         Ok(match op {
             Op::Acquire(session, owner) => {
-                let token = match &record {
-                    Some(Record {
-                        owner: Some(holder),
-                        token,
-                        expiry_nanos,
-                        ..
-                    }) if now < *expiry_nanos => {
+                // Armed: this instance reserved the current ceiling itself,
+                // after any host crash that could have rolled the file back,
+                // and saw it synced; so the record's token is the latest
+                // issued and every token up to the ceiling is ours to hand
+                // out without a sync.
+                let armed = |r: &Record| self.armed_ceiling(name) == Some(r.reserved);
+                let (token, reserved, sync, arm) = match &record {
+                    Some(
+                        r @ Record {
+                            owner: Some(holder),
+                            expiry_nanos,
+                            ..
+                        },
+                    ) if now < *expiry_nanos => {
                         if holder != owner {
                             return Ok(nothing(Err(LeaseError::held(Some(holder.clone())))));
                         }
-                        // The live holder re-acquiring keeps its epoch.
-                        *token
+                        // The live holder re-acquiring keeps its epoch. Sync
+                        // unless the ceiling is known durable: the token may
+                        // come from a reservation whose fdatasync failed.
+                        (r.token, r.reserved, !armed(r), None)
                     }
-                    Some(r) => r.token.checked_add(1).ok_or_else(|| {
-                        LeaseError::invalid("fencing tokens exhausted for this session")
-                    })?,
-                    None => 1,
+                    Some(r) if r.token < r.reserved && armed(r) => {
+                        (r.token + 1, r.reserved, false, None)
+                    }
+                    // Not armed, or the reservation used up: jump past every
+                    // token a lost write could have issued, and make the new
+                    // ceiling durable before answering.
+                    _ => {
+                        let token = record
+                            .as_ref()
+                            .map_or(0, |r| r.token.max(r.reserved))
+                            .checked_add(1)
+                            .ok_or_else(|| {
+                                LeaseError::invalid("fencing tokens exhausted for this session")
+                            })?;
+                        let ceiling = token.saturating_add(self.reservation - 1);
+                        (token, ceiling, true, Some(ceiling))
+                    }
                 };
                 let expiry_nanos = expiry()?;
                 Plan {
@@ -334,13 +389,12 @@ impl Store {
                         session: session.clone(),
                         owner: Some(owner.clone()),
                         token,
+                        reserved,
                         expiry_nanos,
                     }),
-                    // Every acquire is durable before it answers, so a token
-                    // handed out is never handed out again, even to a retry
-                    // after a failed fdatasync.
-                    sync: true,
+                    sync,
                     sync_dir: record.is_none(),
+                    arm,
                     reply: Ok(Reply::Granted(Lease::new(
                         session.clone(),
                         owner.clone(),
@@ -352,22 +406,16 @@ impl Store {
             Op::Renew(lease) => match record {
                 // Ours, live or expired: nobody wrote since (the lock proves
                 // it), so extending is safe.
-                Some(Record {
-                    owner: Some(holder),
-                    token,
-                    session,
-                    ..
-                }) if holder == *lease.owner() && token == lease.token().get() => {
+                Some(r)
+                    if r.owner.as_ref() == Some(lease.owner())
+                        && r.token == lease.token().get() =>
+                {
                     let expiry_nanos = expiry()?;
                     Plan {
-                        write: Some(Record {
-                            session,
-                            owner: Some(holder),
-                            token,
-                            expiry_nanos,
-                        }),
+                        write: Some(Record { expiry_nanos, ..r }),
                         sync: false,
                         sync_dir: false,
+                        arm: None,
                         reply: Ok(Reply::Granted(lease.with_expiry(from_nanos(expiry_nanos)))),
                     }
                 }
@@ -379,23 +427,24 @@ impl Store {
                 _ => nothing(Err(LeaseError::held(None))),
             },
             Op::Release(lease) => match record {
-                Some(Record {
-                    owner: Some(holder),
-                    token,
-                    session,
-                    ..
-                }) if holder == *lease.owner() && token == lease.token().get() => Plan {
-                    // The token stays: the next grant must exceed it.
-                    write: Some(Record {
-                        session,
-                        owner: None,
-                        token,
-                        expiry_nanos: 0,
-                    }),
-                    sync: false,
-                    sync_dir: false,
-                    reply: Ok(Reply::Released),
-                },
+                Some(r)
+                    if r.owner.as_ref() == Some(lease.owner())
+                        && r.token == lease.token().get() =>
+                {
+                    Plan {
+                        // The token and the ceiling stay: the next grant must
+                        // exceed the token.
+                        write: Some(Record {
+                            owner: None,
+                            expiry_nanos: 0,
+                            ..r
+                        }),
+                        sync: false,
+                        sync_dir: false,
+                        arm: None,
+                        reply: Ok(Reply::Released),
+                    }
+                }
                 _ => nothing(Ok(Reply::Released)),
             },
         })
@@ -405,7 +454,8 @@ impl Store {
     /// returns the planned answer. The lock is released when `file` drops.
     pub(crate) fn apply(&self, file: &File, name: &str, plan: Plan) -> Result<Reply, LeaseError> {
         if let Some(record) = &plan.write {
-            file.write_all_at(&record.encode(), 0)
+            let bytes = record.encode();
+            file.write_all_at(&bytes, 0)
                 .map_err(|e| StoreError::io("writing", self.path(name), e))?;
             if plan.sync {
                 file.sync_data()
@@ -416,6 +466,12 @@ impl Store {
                 // would start again from 1.
                 nix::unistd::fsync(&self.dir_fd)
                     .map_err(|e| StoreError::io("syncing", self.dir.clone(), e))?;
+            }
+            #[cfg(test)]
+            crate::crash_sim::wrote(&self.path(name), &bytes, plan.sync, plan.sync_dir);
+            if let Some(ceiling) = plan.arm {
+                // Still under the lock: nobody can have written since.
+                self.arm(name, ceiling);
             }
         }
         plan.reply

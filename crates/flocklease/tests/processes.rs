@@ -122,6 +122,9 @@ fn child(role: &str) -> ExitCode {
 const WORKERS: usize = 4;
 const SESSIONS: usize = 3;
 const ROUNDS: usize = 40;
+/// Tokens per durable reservation in the race: small, so reservations run
+/// out and are renewed during the race.
+const RESERVATION: u64 = 4;
 
 /// One racer: tries every session each round; while holding, records the
 /// monotonic interval it held it, then releases. Writes one line per hold:
@@ -132,6 +135,7 @@ async fn child_race() -> Result<(), String> {
     let leases = FlockLease::builder(&dir)
         .ttl(Duration::from_secs(60))
         .lock_timeout(Duration::from_secs(10))
+        .token_reservation(RESERVATION)
         .open()
         .map_err(|e| e.to_string())?;
     let me = OwnerId::new(format!("worker-{worker}-pid-{}", std::process::id())).unwrap();
@@ -213,11 +217,32 @@ fn race() {
             );
             assert!(t2 > t1, "session {session}: token {t2} after {t1}");
         }
-        // Every grant is a takeover after a release, so the tokens are
-        // exactly 1..=n: none lost, none issued twice.
-        let tokens: Vec<u64> = hs.iter().map(|h| h.2).collect();
-        let expected: Vec<u64> = (1..=hs.len() as u64).collect();
-        assert_eq!(tokens, expected, "session {session}");
+        // Every grant is a takeover after a release, and its token follows
+        // the reservation rule exactly: the process that made the session's
+        // current reservation issues the next token while it lasts; any
+        // other process, or an exhausted reservation, jumps past the ceiling
+        // and reserves RESERVATION tokens from there.
+        let (mut token, mut ceiling, mut reserver) = (0, 0, usize::MAX);
+        for &(_, _, t, w) in &hs {
+            let expected = if w == reserver && token < ceiling {
+                token + 1
+            } else {
+                let next = token.max(ceiling) + 1;
+                reserver = w;
+                ceiling = next + RESERVATION - 1;
+                next
+            };
+            assert_eq!(t, expected, "session {session}: worker {w}");
+            token = t;
+        }
+        let listed = flocklease::list_leases(&lease_dir, SystemTime::now()).unwrap();
+        let info = listed
+            .iter()
+            .filter_map(|e| e.lease.as_ref().ok())
+            .find(|i| i.session.as_ref().map(|s| s.as_str()) == Some(&format!("race/{session}")))
+            .unwrap();
+        assert_eq!(info.token.unwrap().get(), hs.last().unwrap().2);
+        assert!(info.reserved.unwrap().get() >= hs.last().unwrap().2);
         winners.extend(hs.iter().map(|h| h.3));
     }
     println!("  {} distinct processes won holds", winners.len());
