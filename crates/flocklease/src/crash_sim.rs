@@ -233,10 +233,11 @@ mod tests {
             }
         }
 
-        /// An instance that wrote a new reservation and whose `fdatasync`
-        /// failed: the record is in the page cache, not on disk, and no
-        /// token was returned.
-        fn failed_reservation(&mut self) {
+        /// Instance `i` wrote a new reservation and its `fdatasync` failed:
+        /// the record is in the page cache, not on disk, and the acquire
+        /// returned an error, no token. (A retry by the same owner finds
+        /// itself the live holder.)
+        fn failed_reservation(&mut self, i: usize) {
             let Ok(bytes) = std::fs::read(&self.path) else {
                 return;
             };
@@ -251,7 +252,7 @@ mod tests {
             }
             let token = r.token.max(r.reserved) + 1;
             let failed = Record {
-                owner: Some(OwnerId::new(format!("boot-{}/failed", self.boot)).unwrap()),
+                owner: Some(self.owner(i)),
                 token,
                 reserved: token + self.reservation - 1,
                 expiry_nanos: (now + TTL).as_nanos() as u64,
@@ -260,6 +261,7 @@ mod tests {
             let bytes = failed.encode();
             std::fs::write(&self.path, bytes).unwrap();
             wrote(&self.path, &bytes, false, false);
+            self.held[i] = None;
         }
 
         fn crash(&mut self, rng: &mut Rng) {
@@ -288,7 +290,7 @@ mod tests {
                 55..=74 => host.release(i),
                 75..=84 => host.clock.advance(TTL / 2),
                 85..=89 => host.clock.advance(TTL * 2),
-                90..=93 => host.failed_reservation(),
+                90..=93 => host.failed_reservation(i),
                 _ => host.crash(&mut rng),
             }
         }
