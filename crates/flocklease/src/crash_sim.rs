@@ -38,9 +38,7 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use lease_port::{
-        Clock, Lease, LeaseErrorKind, ManualClock, OwnerId, SessionId, SessionLease,
-    };
+    use lease_port::{Clock, Lease, LeaseErrorKind, ManualClock, OwnerId, SessionId, SessionLease};
 
     use super::*;
     use crate::FlockLease;

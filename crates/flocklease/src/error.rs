@@ -83,7 +83,7 @@ pub enum StoreError {
     },
     /// Written by another version of the record layout.
     #[error(
-        "lease file {path} has record format version {found}; this build reads version {FORMAT_VERSION}"
+        "lease file {path} has record format version {found}; this build reads versions 1 to {FORMAT_VERSION}"
     )]
     Version {
         /// The lease file.

@@ -8,7 +8,8 @@
 //! must not drive the same session at once. Point every process at the same
 //! directory and each session has exactly one live owner, with a fencing
 //! token that rises on every takeover — across releases, expiries, process
-//! crashes and host restarts.
+//! crashes and host restarts. Tokens rise strictly but not consecutively
+//! (see "Durability").
 //!
 //! # When to choose it
 //!
@@ -75,43 +76,90 @@
 //! # On-disk format
 //!
 //! A lease file is empty (created, no token issued yet) or holds exactly one
-//! [`RECORD_LEN`]-byte record, little-endian:
+//! [`RECORD_LEN`]-byte record, little-endian (format version 2,
+//! [`FORMAT_VERSION`]):
 //!
 //! | offset | size | field |
 //! |---:|---:|---|
 //! | 0 | 8 | magic `MECLEASE` ([`MAGIC`]) |
-//! | 8 | 2 | format version, [`FORMAT_VERSION`] |
+//! | 8 | 2 | format version, 2 |
 //! | 10 | 1 | state: 0 free (released), 1 held |
-//! | 11 | 1 | reserved, 0 |
+//! | 11 | 1 | zero |
 //! | 12 | 2 | session id length in bytes |
 //! | 14 | 2 | owner id length in bytes (0 when free) |
 //! | 16 | 8 | token: the highest ever issued for the session (kept when free) |
 //! | 24 | 8 | expiry, nanoseconds since the Unix epoch (0 when free) |
-//! | 32 | 256 | full session id, UTF-8, zero-padded |
-//! | 288 | 256 | owner id, UTF-8, zero-padded |
-//! | 544 | 4 | CRC-32 (IEEE) of bytes 0..544 |
+//! | 32 | 8 | reservation ceiling, ≥ token (see "Durability") |
+//! | 40 | 256 | full session id, UTF-8, zero-padded |
+//! | 296 | 256 | owner id, UTF-8, zero-padded |
+//! | 552 | 4 | CRC-32 (IEEE) of bytes 0..552 |
 //!
-//! A file of exactly [`RECORD_LEN`] zero bytes is read as "created, never
-//! written" too (a crash can leave one after the first write's size change
-//! but before its data; no token was returned from it, because tokens are
-//! returned only after `fdatasync`). Anything else that does not decode —
-//! wrong length, wrong magic, another version, a failed checksum (a torn
-//! write), inconsistent fields, or the record of another session — is an
-//! error naming the file ([`StoreError`]). It is **never** treated as free
-//! and never resets the token: that session stops, with a clear message,
-//! until an operator repairs or removes the file.
+//! Version 1 records (548 bytes: the same fields without the ceiling, ids
+//! at 32 and 288, CRC at 544), written by builds before reservations, are
+//! still read: version 1 synced every token, so its token is taken as its
+//! ceiling. The next write of such a file replaces it with a version 2
+//! record in place. Builds that know only version 1 refuse version 2 files
+//! ([`StoreError::Version`] or [`StoreError::Oversized`], `Transient`), so
+//! do not run old and new builds on one directory at once: a session an old
+//! process meets in the new format stops there with an error, never with a
+//! second owner or a lower token.
+//!
+//! A file of exactly [`RECORD_LEN`] (or 548) zero bytes is read as "created,
+//! never written" too (a crash can leave one after the first write's size
+//! change but before its data; no token was returned from it, because a
+//! file's first record is always a reservation, synced before it returns).
+//! Anything else that does not decode — wrong length, wrong magic, an
+//! unknown version, a failed checksum (a torn write), inconsistent fields
+//! (a token above its ceiling, say), or the record of another session — is
+//! an error naming the file ([`StoreError`]). It is **never** treated as
+//! free and never resets the token: that session stops, with a clear
+//! message, until an operator repairs or removes the file.
 //!
 //! # Durability
 //!
-//! - Every `acquire` writes its record and calls `fdatasync` **before** it
-//!   returns; the first record of a new file also syncs the directory, so
-//!   the file's name survives a crash. A token handed out is therefore on
-//!   disk, and tokens stay strictly increasing across process crashes, power
-//!   loss and host restarts.
-//! - `renew` and `release` are not synced. After a host crash a renewal may
-//!   be lost (the lease then ends at an earlier expiry, which every process
-//!   restarted with the host has outlived anyway) and a release may be lost
-//!   (the session stays held until its expiry). Neither can lower a token.
+//! Tokens stay strictly increasing across releases, expiries, process
+//! crashes, power loss and host restarts, without an `fdatasync` per token:
+//!
+//! - **Reservations.** The record carries a ceiling. Every write carries it
+//!   forward, and it only rises, in a write that is `fdatasync`ed (with the
+//!   directory, for a file's first record) before the lock is released and
+//!   before the acquire that wrote it returns: a *reservation*. Invariant:
+//!   every token ever returned is at most the ceiling last made durable.
+//! - **Arming.** An instance issues a token without a sync only when it
+//!   finds in the record the very ceiling it reserved itself and saw synced
+//!   (it is then *armed* for that file), and only up to that ceiling: it
+//!   issues `token + 1` in a plain in-place write. Otherwise — its first new
+//!   token for the session, another instance reserved since, or the range
+//!   used up — it reserves: token `max(token, ceiling) + 1`, new ceiling
+//!   `token + n - 1` for a [reservation](FlockLeaseBuilder::token_reservation)
+//!   of `n` (default 1,024), synced before returning.
+//! - **Why that suffices.** A power loss can roll a record back to its last
+//!   synced state, but it ends every process at once, so no instance armed
+//!   before it survives; every instance after it reserves before issuing,
+//!   jumping past a durable ceiling that is ≥ every token issued before the
+//!   loss. A process crash loses nothing of the page cache, and only the
+//!   crashed instance's arming, so survivors and newcomers read the true
+//!   latest token. Between power losses, an armed instance's own
+//!   reservation was made after the last one, and every later write went
+//!   through the shared page cache under the file lock, so the record's
+//!   token is the latest issued. Its ceiling is durable because this
+//!   instance saw its `fdatasync` succeed: trusting a ceiling read from the
+//!   record alone would trust a reservation whose sync failed (an I/O
+//!   error leaves the record in the page cache but not on disk), which is
+//!   why arming is per ceiling, not per session. For the same reason a live
+//!   holder re-acquiring its own token syncs unless this instance is armed
+//!   with the record's ceiling.
+//! - **Cost.** One synced acquire per `n` new tokens of a session while one
+//!   instance keeps taking it; an acquire through another instance than the
+//!   last reserver syncs once and skips the rest of the old range (up to
+//!   `n - 1` tokens). `token_reservation(1)` syncs every new token, as
+//!   builds before reservations did. Tokens are 64-bit: skipping 1,024 per
+//!   reservation leaves room for 2⁵⁴ reservations per session.
+//! - `renew` and `release` are not synced and never move the ceiling. After
+//!   a power loss a renewal may be lost (the lease then ends at an earlier
+//!   expiry, which every process restarted with the host has outlived
+//!   anyway) and a release may be lost (the session stays held until its
+//!   expiry). Neither can lower a token below a durable ceiling.
 //! - **Deleting a lease file by hand resets that session's tokens to 1.** The
 //!   next owner's writes would then carry tokens a store may already have
 //!   seen higher and refuse. Do not delete lease files of sessions whose data
@@ -131,7 +179,7 @@
 //!
 //! Anything that can wait — polling a non-blocking `flock` with back-off
 //! until the [lock timeout](FlockLeaseBuilder::lock_timeout), and the
-//! `fdatasync` of an acquire — runs off the async workers: through
+//! `fdatasync` of a reservation — runs off the async workers: through
 //! `block_in_place` on a multi-thread Tokio runtime (this worker's other
 //! tasks move to another worker; no thread switch), through `spawn_blocking`
 //! on a current-thread runtime, and on the calling thread outside a
@@ -140,8 +188,8 @@
 //! inside its critical section delays only that one session's file.
 //!
 //! The rest — open, an uncontended non-blocking `flock`, `pread`, `pwrite`
-//! into the page cache and close, a few microseconds on a local file system
-//! — runs inline by default, because handing it to another thread would
+//! into the page cache and close, a few microseconds on a local file system;
+//! with reservations, that is most acquires too — runs inline by default, because handing it to another thread would
 //! cost several times the work itself.
 //! [`FlockLeaseBuilder::inline_fast_path`]`(false)` sends every operation
 //! the blocking way.
@@ -160,7 +208,8 @@
 //! # Operators
 //!
 //! [`list_leases`] lists every file of a directory with session, owner,
-//! token, expiry and state (live, expired, free), or why it is unreadable.
+//! token, reservation ceiling, expiry and state (live, expired, free), or
+//! why it is unreadable.
 
 #[cfg(test)]
 mod crash_sim;
@@ -189,7 +238,7 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 
 /// How long an operation waits for a lease file's lock when none is
 /// configured. A critical section takes microseconds (milliseconds with the
-/// `fdatasync` of an acquire), so waiting this long means the holder of the
+/// `fdatasync` of a reservation), so waiting this long means the holder of the
 /// file lock is stopped or stuck.
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(2);
 

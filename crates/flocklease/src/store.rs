@@ -1,13 +1,13 @@
 //! The file-system side: the directory, opening, locking, reading and
 //! writing lease files, and the decision taken under the lock.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileExt;
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
 use lease_port::{Clock, FencingToken, Lease, LeaseError, OwnerId, SessionId};

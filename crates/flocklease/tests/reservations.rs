@@ -112,7 +112,11 @@ async fn renew_and_release_keep_the_ceiling_and_a_live_holder_keeps_its_token() 
     assert_eq!(again.token(), l.token());
     let other = open(dir.path(), 10);
     let again = other.acquire(&s, &a).await.unwrap();
-    assert_eq!(again.token(), l.token(), "same owner through another instance");
+    assert_eq!(
+        again.token(),
+        l.token(),
+        "same owner through another instance"
+    );
     assert_eq!(on_disk(dir.path()), (1, 10));
     leases.release(&again).await.unwrap();
     assert_eq!(on_disk(dir.path()), (1, 10));
@@ -199,7 +203,10 @@ async fn version_1_files_are_read_and_rewritten_in_the_current_format() {
     };
     let f = info("free");
     assert_eq!(f.state, LeaseState::Free);
-    assert_eq!((f.token, f.reserved), (Some(FencingToken::new(41)), f.token));
+    assert_eq!(
+        (f.token, f.reserved),
+        (Some(FencingToken::new(41)), f.token)
+    );
     let h = info("held");
     assert_eq!(h.state, LeaseState::Live);
     assert_eq!(h.owner.as_ref(), Some(&holder));
