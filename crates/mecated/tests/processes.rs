@@ -511,3 +511,113 @@ async fn operator_listing_shows_the_holder_and_token() {
     assert_eq!(lines[0]["state"], "live");
     assert_eq!(lines[0]["token"], started["token"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_readiness_metrics_and_openapi_are_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Mecated::start(dir.path(), "proc-a", &[]);
+    let c = client();
+    assert_eq!(
+        c.get(a.url("/healthz")).send().await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        c.get(a.url("/readyz")).send().await.unwrap().status(),
+        StatusCode::OK
+    );
+    create(&a, "m").await;
+    let (status, _) = run(&a, "m", json!("x")).await;
+    assert_eq!(status, StatusCode::OK);
+    let metrics = c
+        .get(a.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("mecated_runs_total{outcome=\"completed\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("mecated_session_lease_acquisitions_total 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("mecated_session_leases_held 0"),
+        "{metrics}"
+    );
+    let spec: Value = c
+        .get(a.url("/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(spec["openapi"], "3.0.3");
+    for path in [
+        "/v1/sessions",
+        "/v1/sessions/{id}/runs",
+        "/v1/sessions/{id}/events",
+    ] {
+        assert!(
+            spec["paths"][path].is_object(),
+            "{path} missing from the OpenAPI document"
+        );
+    }
+    let r = c.get(a.url("/no/such/route")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_needs_the_lease_or_the_single_process_proof() {
+    let c = client();
+    // Leased: a delete waits for nobody; it takes the lease or gets 409.
+    let dir = tempfile::tempdir().unwrap();
+    let a = Mecated::start(dir.path(), "proc-a", &["--echo-delay", "5s"]);
+    let b = Mecated::start(dir.path(), "proc-b", &[]);
+    create(&a, "busy").await;
+    create(&a, "idle").await;
+    let _run = tokio::spawn({
+        let url = a.url("/v1/sessions/busy/runs");
+        async move { client().post(url).json(&json!({"input": "x"})).send().await }
+    });
+    wait_for_event(&a, "busy", is_run_started_by("proc-a")).await;
+    let r = c.delete(b.url("/v1/sessions/busy")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::CONFLICT);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "session_leased_elsewhere");
+    let r = c.delete(b.url("/v1/sessions/idle")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    let (status, _) = run(&a, "idle", json!("x")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "a deleted session ran");
+
+    // Unleased: only the process holding the store's lock may delete.
+    let dir = tempfile::tempdir().unwrap();
+    let first = Mecated::start(dir.path(), "solo-1", &["--no-session-lease"]);
+    let second = Mecated::start(dir.path(), "solo-2", &["--no-session-lease"]);
+    create(&first, "u1").await;
+    create(&first, "u2").await;
+    let r = c
+        .delete(second.url("/v1/sessions/u1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CONFLICT);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "unleased_maintenance_refused");
+    let r = c.delete(first.url("/v1/sessions/u2")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    // Unleased runs work, and their events carry no token.
+    let (status, body) = run(&second, "u1", json!("x")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(
+        body["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["token"] == 0)
+    );
+}
