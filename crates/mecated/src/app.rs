@@ -9,7 +9,7 @@ use lease_keeper::{LeaseGuard, LeaseKeeper};
 use lease_port::SessionId;
 use serde_json::{Value, json};
 use session_store::{SessionStore, StoreErrorKind, StoredEvent, WriteFence};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, info_span, warn};
@@ -85,22 +85,25 @@ impl RunStatus {
     }
 }
 
-/// What a running run sends to the client that started it.
-#[derive(Debug)]
-pub enum RunMessage {
-    /// An event, as stored.
-    Event(Value),
-    /// The run ended.
-    End(Value),
-}
+/// Events forwarded to a streaming client before it must keep up: past
+/// this many unread events the run stops forwarding to it (the events are
+/// in the log regardless) rather than wait for the client.
+pub const STREAM_BUFFER: usize = 1024;
 
-/// A started run: its token and its message stream.
+/// A started run: its token, its live events, and its end.
 #[derive(Debug)]
 pub struct StartedRun {
     /// The lease token every event is written under; `None` when unleased.
     pub token: Option<u64>,
-    /// Events then the end message.
-    pub messages: mpsc::Receiver<RunMessage>,
+    /// Sequence number of the run's first event (its `run_started`).
+    pub first_seq: u64,
+    /// The run's events as they are stored. Closes when the run ends, or
+    /// early when the client fell more than [`STREAM_BUFFER`] events
+    /// behind (the end message then says `"lagged": true`).
+    pub events: mpsc::Receiver<Value>,
+    /// The end message, sent once the run's lease has been released (or
+    /// lost), so a client that starts the next run at once is not refused.
+    pub end: oneshot::Receiver<Value>,
 }
 
 /// A stored event as the API shows it.
@@ -200,6 +203,7 @@ impl App {
                 "the server is shutting down",
             ));
         }
+        self.require_exclusive_if_unleased()?;
         // Fail fast on unknown sessions before touching the lease backend.
         self.inner.store.read(&session, 1, 1).await?;
         // A run of this session already in this process: answer at once
@@ -242,36 +246,45 @@ impl App {
         };
         let cancel = CancellationToken::new();
         self.runs().insert(session.clone(), cancel.clone());
-        let (tx, rx) = mpsc::channel(256);
-        let _ = tx.try_send(RunMessage::Event(json!({
+        let (tx, events) = mpsc::channel(STREAM_BUFFER);
+        let (end_tx, end) = oneshot::channel();
+        let _ = tx.try_send(json!({
             "seq": first_seq,
             "token": token.map_or(0, |t| t.get()),
             "payload": started,
-        })));
+        }));
         let app = self.clone();
         let span = info_span!("run", session = %session, token = token.map(|t| t.get()));
-        self.inner.tasks.spawn(
-            async move {
-                app.drive(session, guard, transcript, input, cancel, tx)
-                    .await;
-            }
-            .instrument(span),
-        );
+        let run = Run {
+            session,
+            guard,
+            transcript,
+            input,
+            cancel,
+            tx,
+            end: end_tx,
+        };
+        self.inner
+            .tasks
+            .spawn(async move { app.drive(run).await }.instrument(span));
         Ok(StartedRun {
             token: token.map(|t| t.get()),
-            messages: rx,
+            first_seq,
+            events,
+            end,
         })
     }
 
-    async fn drive(
-        &self,
-        session: SessionId,
-        guard: LeaseGuard,
-        transcript: Vec<Value>,
-        input: Value,
-        cancel: CancellationToken,
-        tx: mpsc::Sender<RunMessage>,
-    ) {
+    async fn drive(&self, run: Run) {
+        let Run {
+            session,
+            guard,
+            transcript,
+            input,
+            cancel,
+            tx,
+            end,
+        } = run;
         let metrics = &self.inner.metrics;
         metrics.run_started();
         let token = guard.token();
@@ -280,8 +293,10 @@ impl App {
             session: session.clone(),
             fence: WriteFence::from(token),
             lost: guard.loss_token(),
-            tx: tx.clone(),
+            tx: Some(tx),
+            lagged: false,
             fenced: false,
+            last_seq: None,
         };
         let turn = Turn {
             session_id: session.to_string(),
@@ -314,12 +329,31 @@ impl App {
         // The keeper's per-session lock is still ours (the guard lives), so
         // the entry cannot belong to another run yet.
         self.runs().remove(&session);
-        let _ = tx
-            .send(RunMessage::End(status.to_json(token.map(|t| t.get()))))
-            .await;
-        // Release on the keeper's detached task: nothing the client does can
-        // cancel it, and a lost lease is never released.
-        drop(guard);
+        // Release before telling the client the run ended, so its next run
+        // finds the session free. Bounded by the keeper's release timeout;
+        // a lost lease is never released.
+        if let Err(e) = guard.finish().await {
+            warn!(error = %error_chain(&e), "releasing the run's lease failed; it lapses at its expiry");
+        }
+        let mut message = status.to_json(token.map(|t| t.get()));
+        message["last_seq"] = json!(sink.last_seq);
+        message["lagged"] = json!(sink.lagged);
+        drop(sink);
+        let _ = end.send(message);
+    }
+
+    /// Unleased, only the process holding the store's exclusive lock may
+    /// write: two unleased writers would drive two copies of a session.
+    fn require_exclusive_if_unleased(&self) -> Result<(), ApiError> {
+        if self.inner.leased || self.inner.single_process {
+            return Ok(());
+        }
+        Err(ApiError::new(
+            axum::http::StatusCode::CONFLICT,
+            "unleased_not_exclusive",
+            "this deployment runs unleased and another process holds <STORE_DIR>/.mecated.lock: \
+             only that process may run or delete sessions",
+        ))
     }
 
     /// Cancels the run of `session` in this process, if any.
@@ -336,14 +370,7 @@ impl App {
     /// Deletes a session: under its lease when leased; unleased only with
     /// the single-process proof.
     pub async fn delete_session(&self, session: &SessionId) -> Result<(), ApiError> {
-        if !self.inner.leased && !self.inner.single_process {
-            return Err(ApiError::new(
-                axum::http::StatusCode::CONFLICT,
-                "unleased_maintenance_refused",
-                "this deployment runs unleased and this process could not prove it is the only \
-                 one serving the store (another process holds <STORE_DIR>/.mecated.lock)",
-            ));
-        }
+        self.require_exclusive_if_unleased()?;
         self.inner.store.read(session, 1, 1).await?;
         let guard = self
             .inner
@@ -359,15 +386,16 @@ impl App {
         result.map_err(Into::into)
     }
 
-    /// Stops taking runs, cancels the ones in progress, waits for them (at
-    /// most `bound`), then releases every lease still held.
-    pub async fn shutdown(&self, bound: Duration) -> bool {
+    /// Stops taking runs, cancels the ones in progress, waits for them
+    /// until `deadline`, then releases every lease still held (the keeper
+    /// bounds that by its own shutdown timeout, set from the same budget).
+    pub async fn shutdown(&self, deadline: tokio::time::Instant) -> bool {
         self.inner.shutting_down.cancel();
         for cancel in self.runs().values() {
             cancel.cancel();
         }
         self.inner.tasks.close();
-        let runs_done = tokio::time::timeout(bound, self.inner.tasks.wait())
+        let runs_done = tokio::time::timeout_at(deadline, self.inner.tasks.wait())
             .await
             .is_ok();
         let report = self.inner.keeper.shutdown().await;
@@ -375,15 +403,28 @@ impl App {
     }
 }
 
+/// Everything a run task owns.
+struct Run {
+    session: SessionId,
+    guard: LeaseGuard,
+    transcript: Vec<Value>,
+    input: Value,
+    cancel: CancellationToken,
+    tx: mpsc::Sender<Value>,
+    end: oneshot::Sender<Value>,
+}
+
 /// Appends each event to the store under the run's fence, then forwards it
-/// to the client.
+/// to the client without ever waiting for it.
 struct StoreSink {
     store: Arc<dyn SessionStore>,
     session: SessionId,
     fence: WriteFence,
     lost: CancellationToken,
-    tx: mpsc::Sender<RunMessage>,
+    tx: Option<mpsc::Sender<Value>>,
+    lagged: bool,
     fenced: bool,
+    last_seq: Option<u64>,
 }
 
 #[async_trait]
@@ -406,19 +447,25 @@ impl EventSink for StoreSink {
                 return Err(SinkError(error_chain(&e)));
             }
         };
+        self.last_seq = Some(receipt.last_seq);
         let token = match self.fence {
             WriteFence::Token(t) => t.get(),
             WriteFence::Unfenced => 0,
         };
-        // The client may be gone; the run goes on regardless.
-        let _ = self
-            .tx
-            .send(RunMessage::Event(json!({
-                "seq": receipt.first_seq,
-                "token": token,
-                "payload": event,
-            })))
-            .await;
+        let message = json!({"seq": receipt.first_seq, "token": token, "payload": event});
+        if let Some(tx) = &self.tx {
+            match tx.try_send(message) {
+                Ok(()) => {}
+                // Gone: nobody is listening; the run goes on.
+                Err(mpsc::error::TrySendError::Closed(_)) => self.tx = None,
+                // Not reading: stop forwarding instead of holding the
+                // lease hostage to a slow client.
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    self.tx = None;
+                    self.lagged = true;
+                }
+            }
+        }
         Ok(())
     }
 }

@@ -92,7 +92,9 @@ impl From<KeeperError> for ApiError {
             KeeperErrorKind::ShuttingDown => {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", message)
             }
-            _ => Self::invalid(message),
+            // Ids are validated before they reach the keeper: an `Invalid`
+            // from it is a backend or configuration fault, not the client's.
+            _ => Self::internal(message),
         }
     }
 }
@@ -110,6 +112,10 @@ impl From<StoreError> for ApiError {
             // the session between our acquire and our write.
             StoreErrorKind::Fenced => {
                 Self::new(StatusCode::CONFLICT, "session_leased_elsewhere", message)
+            }
+            // The session has fenced writes, and this process runs unleased.
+            StoreErrorKind::Unfenced => {
+                Self::new(StatusCode::CONFLICT, "unfenced_write_refused", message)
             }
             _ => Self::internal(message),
         }

@@ -15,7 +15,7 @@ use lease_port::SessionId;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::app::{App, RunMessage, event_json};
+use crate::app::{App, StartedRun, event_json};
 use crate::error::ApiError;
 
 /// The API description served at `/openapi.json`.
@@ -50,16 +50,24 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for Body<T> 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
         match Json::<T>::from_request(req, state).await {
             Ok(Json(v)) => Ok(Body(v)),
-            Err(JsonRejection::BytesRejection(e)) => Err(ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "invalid",
-                format!("request body rejected: {e}"),
-            )),
+            Err(JsonRejection::BytesRejection(e)) => Err(body_error(e.status(), e.body_text())),
             Err(e) => Err(ApiError::invalid(format!(
                 "malformed request body: {}",
                 e.body_text()
             ))),
         }
+    }
+}
+
+fn body_error(status: StatusCode, detail: String) -> ApiError {
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::new(
+            status,
+            "invalid",
+            format!("request body too large: {detail}"),
+        )
+    } else {
+        ApiError::invalid(format!("cannot read the request body: {detail}"))
     }
 }
 
@@ -85,8 +93,9 @@ struct CreateSession {
 
 async fn create_session(
     State(app): State<App>,
-    body: axum::body::Bytes,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let body = body.map_err(|e| body_error(e.status(), e.body_text()))?;
     // The body is optional: no body, no id asked for.
     let req: CreateSession = if body.iter().all(u8::is_ascii_whitespace) {
         CreateSession::default()
@@ -177,35 +186,58 @@ async fn start_run(
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("text/event-stream"));
-    let mut run = app.start_run(id, req.input).await?;
+    let run = app.start_run(id.clone(), req.input).await?;
     if wants_stream {
-        let stream = sse_events(run.messages);
-        return Ok(Sse::new(stream)
+        return Ok(Sse::new(sse_events(run))
             .keep_alive(KeepAlive::default())
             .into_response());
     }
-    let mut events = Vec::new();
-    let mut end = json!({"status": "failed", "error": "run ended without a result"});
-    while let Some(msg) = run.messages.recv().await {
-        match msg {
-            RunMessage::Event(e) => events.push(e),
-            RunMessage::End(v) => end = v,
-        }
+    let StartedRun {
+        first_seq,
+        events,
+        end,
+        ..
+    } = run;
+    // Waiting for the result: the log is the record, so read the run's
+    // events back from it rather than buffer them as they happen.
+    drop(events);
+    let mut result = end
+        .await
+        .unwrap_or_else(|_| json!({"status": "failed", "error": "the run ended without a result"}));
+    let last_seq = result["last_seq"].as_u64().unwrap_or(first_seq);
+    let mut collected = Vec::new();
+    let mut from = first_seq;
+    while from <= last_seq {
+        let limit = usize::try_from(last_seq - from + 1).map_or(MAX_PAGE, |n| n.min(MAX_PAGE));
+        let page = app.store().read(&id, from, limit).await?;
+        let Some(last) = page.events.last().map(|e| e.seq) else {
+            break;
+        };
+        collected.extend(
+            page.events
+                .iter()
+                .filter(|e| e.seq <= last_seq)
+                .map(event_json),
+        );
+        from = last + 1;
     }
-    end["events"] = Value::Array(events);
-    Ok(Json(end).into_response())
+    result["events"] = Value::Array(collected);
+    Ok(Json(result).into_response())
 }
 
-fn sse_events(
-    rx: tokio::sync::mpsc::Receiver<RunMessage>,
-) -> impl tokio_stream::Stream<Item = Result<Event, Infallible>> {
-    use tokio_stream::StreamExt;
-    tokio_stream::wrappers::ReceiverStream::new(rx).map(|msg| {
-        Ok(match msg {
-            RunMessage::Event(v) => Event::default().event("event").data(v.to_string()),
-            RunMessage::End(v) => Event::default().event("end").data(v.to_string()),
-        })
-    })
+/// The run's events as SSE `event`s, then one `end` once its lease is
+/// released.
+fn sse_events(run: StartedRun) -> impl futures_util::Stream<Item = Result<Event, Infallible>> {
+    use futures_util::StreamExt;
+    let events = tokio_stream::wrappers::ReceiverStream::new(run.events)
+        .map(|v| Ok(Event::default().event("event").data(v.to_string())));
+    let end = futures_util::stream::once(async move {
+        let message = run.end.await.unwrap_or_else(
+            |_| json!({"status": "failed", "error": "the run ended without a result"}),
+        );
+        Ok(Event::default().event("end").data(message.to_string()))
+    });
+    events.chain(end)
 }
 
 async fn cancel_run(

@@ -236,9 +236,11 @@ impl Server {
             }
         };
         let metrics = Arc::new(Metrics::default());
+        // Runs finish within the first half of the shutdown budget (they are
+        // cancelled at once); releases get the second half.
         let keeper = LeaseKeeper::builder(backend, config.owner.clone(), config.lease_ttl)
             .metrics(metrics.clone())
-            .shutdown_timeout(config.shutdown_timeout)
+            .shutdown_timeout(config.shutdown_timeout / 2)
             .build()
             .map_err(StartError::Keeper)?;
         let app = App::new(store, keeper, config.agent.clone(), metrics, exclusivity);
@@ -280,8 +282,11 @@ impl Server {
     /// all within the configured bound. True when everything finished in
     /// time.
     pub async fn shutdown(self) -> bool {
-        let clean = self.app.shutdown(self.shutdown_timeout).await;
-        let served = tokio::time::timeout(self.shutdown_timeout, self.serve).await;
+        let start = tokio::time::Instant::now();
+        let clean = self.app.shutdown(start + self.shutdown_timeout / 2).await;
+        // Responses of the cancelled runs are already on their way; the
+        // listener closes once they are written, within what is left.
+        let served = tokio::time::timeout_at(start + self.shutdown_timeout, self.serve).await;
         clean && matches!(served, Ok(Ok(Ok(()))))
     }
 }

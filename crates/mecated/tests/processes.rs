@@ -594,7 +594,7 @@ async fn delete_needs_the_lease_or_the_single_process_proof() {
     let (status, _) = run(&a, "idle", json!("x")).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "a deleted session ran");
 
-    // Unleased: only the process holding the store's lock may delete.
+    // Unleased: only the process holding the store's lock may write.
     let dir = tempfile::tempdir().unwrap();
     let first = Mecated::start(dir.path(), "solo-1", &["--no-session-lease"]);
     let second = Mecated::start(dir.path(), "solo-2", &["--no-session-lease"]);
@@ -607,11 +607,14 @@ async fn delete_needs_the_lease_or_the_single_process_proof() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::CONFLICT);
     let body: Value = r.json().await.unwrap();
-    assert_eq!(body["error"]["code"], "unleased_maintenance_refused");
+    assert_eq!(body["error"]["code"], "unleased_not_exclusive");
+    let (status, body) = run(&second, "u1", json!("x")).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["error"]["code"], "unleased_not_exclusive");
     let r = c.delete(first.url("/v1/sessions/u2")).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::NO_CONTENT);
-    // Unleased runs work, and their events carry no token.
-    let (status, body) = run(&second, "u1", json!("x")).await;
+    // The proven process runs, and its events carry no token.
+    let (status, body) = run(&first, "u1", json!("x")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert!(
         body["events"]
@@ -620,4 +623,105 @@ async fn delete_needs_the_lease_or_the_single_process_proof() {
             .iter()
             .all(|e| e["token"] == 0)
     );
+    assert_eq!(
+        events(&second, "u1").await.len(),
+        2,
+        "reads still work on the second"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn back_to_back_runs_across_processes_are_never_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Mecated::start(dir.path(), "proc-a", &[]);
+    let b = Mecated::start(dir.path(), "proc-b", &[]);
+    create(&a, "hop").await;
+    let mut tokens = Vec::new();
+    for i in 0..20 {
+        // The end of a run is reported only after its lease is released,
+        // so the next run, on either process, finds the session free.
+        let m = if i % 2 == 0 { &a } else { &b };
+        let (status, body) = run(m, "hop", json!(i)).await;
+        assert_eq!(status, StatusCode::OK, "run {i} on {}: {body}", m.owner);
+        assert_eq!(body["status"], "completed");
+        tokens.push(body["token"].as_u64().unwrap());
+    }
+    assert!(tokens.windows(2).all(|w| w[1] > w[0]), "tokens {tokens:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_does_not_hold_the_session() {
+    let dir = tempfile::tempdir().unwrap();
+    // An agent that writes 5000 events of 1 KB as fast as it can: far more
+    // than socket buffers and the stream buffer hold.
+    let script = dir.path().join("flood.sh");
+    let body = r#"#!/bin/sh
+cat > /dev/null
+pad=$(printf '%01000d' 0)
+i=0
+while [ $i -lt 5000 ]; do
+  echo "{\"type\":\"blob\",\"pad\":\"$pad\"}"
+  i=$((i+1))
+done
+"#;
+    std::fs::write(&script, body).unwrap();
+    let mode = std::os::unix::fs::PermissionsExt::from_mode(0o755);
+    std::fs::set_permissions(&script, mode).unwrap();
+    let store = dir.path().join("store");
+    let command = script.to_str().unwrap();
+    let a = Mecated::start(
+        &store,
+        "proc-a",
+        &[
+            "--agent",
+            "exec",
+            "--agent-command",
+            command,
+            "--store-fsync",
+            "never",
+        ],
+    );
+    create(&a, "flood").await;
+    // Open the stream and never read it.
+    let stalled = client()
+        .post(a.url("/v1/sessions/flood/runs"))
+        .header("accept", "text/event-stream")
+        .json(&json!({"input": "go"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stalled.status(), StatusCode::OK);
+
+    // The run finishes and lets go of its lease regardless.
+    let start = Instant::now();
+    loop {
+        let url = a.url("/metrics");
+        let metrics = client()
+            .get(url)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if metrics.contains("mecated_runs_total{outcome=\"completed\"} 1")
+            && metrics.contains("mecated_session_leases_held 0")
+        {
+            break;
+        }
+        assert!(
+            start.elapsed() < PATIENCE,
+            "the stalled client held the run: {metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        events(&a, "flood").await.len(),
+        5001,
+        "every event is in the log"
+    );
+    // The stalled client, reading at last, learns it fell behind.
+    let text = stalled.text().await.unwrap();
+    assert!(text.contains("event: end"), "no end event");
+    assert!(text.contains(r#""lagged":true"#), "lag not reported");
 }
