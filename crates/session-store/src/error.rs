@@ -2,6 +2,7 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use lease_port::{FencingToken, SessionId};
 
@@ -24,6 +25,11 @@ pub enum StoreErrorKind {
     Corrupt,
     /// An operating-system I/O failure.
     Io,
+    /// The session is locked by someone else (another process holding its
+    /// file lock, typically) for longer than the store waits
+    /// ([`JsonlOptions::lock_timeout`](crate::JsonlOptions::lock_timeout)).
+    /// Nothing was done; retrying later is safe.
+    Busy,
 }
 
 /// The error of every [`SessionStore`](crate::SessionStore) operation.
@@ -93,6 +99,18 @@ pub enum StoreError {
         #[source]
         source: io::Error,
     },
+    /// The session's lock was not free within the store's deadline;
+    /// nothing was done. Retryable.
+    #[error(
+        "session file {} is locked by another holder; gave up after {timeout:?} (nothing was done; retry later)",
+        path.display()
+    )]
+    Busy {
+        /// The session file.
+        path: PathBuf,
+        /// How long the store waited for the lock.
+        timeout: Duration,
+    },
 }
 
 impl StoreError {
@@ -106,6 +124,7 @@ impl StoreError {
             StoreError::Invalid { .. } => StoreErrorKind::Invalid,
             StoreError::Corrupt { .. } => StoreErrorKind::Corrupt,
             StoreError::Io { .. } => StoreErrorKind::Io,
+            StoreError::Busy { .. } => StoreErrorKind::Busy,
         }
     }
 

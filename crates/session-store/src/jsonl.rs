@@ -7,7 +7,7 @@ use std::io::{self, Seek, SeekFrom, Write as _};
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -18,7 +18,9 @@ use serde::Deserialize;
 use serde_json::Value;
 use tracing::warn;
 
-use crate::{AppendReceipt, Page, SessionStore, StoreError, StoredEvent, WriteFence};
+use crate::{
+    AppendReceipt, Page, SessionStore, StoreError, StoreErrorKind, StoredEvent, WriteFence,
+};
 
 /// The subdirectory of a store directory where the server keeps file
 /// leases (`flocklease`). [`JsonlStore::list`](SessionStore::list) ignores
@@ -33,6 +35,17 @@ pub const DEFAULT_MAX_EVENT_BYTES: usize = 1 << 20;
 
 /// Session files kept open (with their index) by default.
 pub const DEFAULT_MAX_OPEN: usize = 1024;
+
+/// How long a call waits for a session's lock by default before giving up
+/// with [`StoreErrorKind::Busy`](crate::StoreErrorKind::Busy).
+pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The most bytes of stored lines one page reads by default.
+pub const DEFAULT_MAX_PAGE_BYTES: usize = 4 << 20;
+
+/// First and longest pause between attempts to take a contended lock.
+const FIRST_PAUSE: Duration = Duration::from_millis(1);
+const MAX_PAUSE: Duration = Duration::from_millis(50);
 
 const FORMAT_VERSION: u64 = 1;
 
@@ -60,6 +73,8 @@ pub struct JsonlOptions {
     cross_process: bool,
     max_event_bytes: usize,
     max_open: usize,
+    lock_timeout: Duration,
+    max_page_bytes: usize,
     clock: Arc<dyn Clock>,
 }
 
@@ -71,6 +86,8 @@ impl Default for JsonlOptions {
             cross_process: true,
             max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
             max_open: DEFAULT_MAX_OPEN,
+            lock_timeout: DEFAULT_LOCK_TIMEOUT,
+            max_page_bytes: DEFAULT_MAX_PAGE_BYTES,
             clock: Arc::new(SystemClock),
         }
     }
@@ -113,6 +130,30 @@ impl JsonlOptions {
         self
     }
 
+    /// How long a call waits for a session that someone else has locked
+    /// (another process holding its file lock, or a slow call of this
+    /// process while [`cross_process`](Self::cross_process) is on) before
+    /// failing with [`StoreErrorKind::Busy`](crate::StoreErrorKind::Busy).
+    /// Default 5 s ([`DEFAULT_LOCK_TIMEOUT`]).
+    ///
+    /// The wait happens on tokio's blocking pool, never on an async worker
+    /// thread: a process stopped while holding a session's lock delays only
+    /// the calls for that session, and only this long.
+    pub fn lock_timeout(mut self, timeout: Duration) -> Self {
+        self.lock_timeout = timeout;
+        self
+    }
+
+    /// The most bytes of stored lines (an event's payload plus about 60
+    /// bytes of framing) one [`read`](SessionStore::read) returns, besides
+    /// its `limit` on the count. A page always holds at least one event,
+    /// however large, so a reader always progresses; `next_seq` says where
+    /// the rest starts. Default 4 MiB ([`DEFAULT_MAX_PAGE_BYTES`]).
+    pub fn max_page_bytes(mut self, bytes: usize) -> Self {
+        self.max_page_bytes = bytes;
+        self
+    }
+
     /// The clock event timestamps come from. Default the system clock.
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
@@ -135,15 +176,53 @@ struct Inner {
     dir: PathBuf,
     dir_file: File,
     opts: JsonlOptions,
-    slots: Mutex<HashMap<SessionId, Arc<Mutex<Slot>>>>,
+    slots: Mutex<HashMap<SessionId, Arc<Entry>>>,
+    /// Session ids read from the headers of files [`list`] found, by file
+    /// name, so a listing does not open every file to learn them again.
+    ///
+    /// [`list`]: SessionStore::list
+    names: Mutex<HashMap<String, SessionId>>,
     tmp_counter: AtomicU64,
+    /// Test hook: how many of the next data syncs fail.
+    #[cfg(test)]
+    fail_syncs: std::sync::atomic::AtomicU32,
 }
 
+/// An open session: its file name outside the lock, its state inside.
 #[derive(Debug)]
-struct Slot {
+struct Entry {
     path: Arc<Path>,
+    state: Mutex<Slot>,
+}
+
+#[derive(Debug, Default)]
+struct Slot {
     file: Option<File>,
     view: View,
+}
+
+/// How long a call may wait for a session's locks.
+#[derive(Debug, Clone, Copy)]
+enum Wait {
+    /// Not at all: on an async worker thread, where a contended lock sends
+    /// the call to the blocking pool ([`Fail::Contended`]).
+    Once,
+    /// Until this instant, retrying with short pauses, then `Busy`.
+    Until(Instant),
+}
+
+/// A failed attempt: a store error, or a lock someone else holds.
+#[derive(Debug)]
+enum Fail {
+    Store(StoreError),
+    /// Only with [`Wait::Once`]; nothing was done.
+    Contended,
+}
+
+impl From<StoreError> for Fail {
+    fn from(e: StoreError) -> Self {
+        Fail::Store(e)
+    }
 }
 
 /// What the store knows of a session file up to `pos`, the end of its
@@ -269,7 +348,10 @@ impl JsonlStore {
                 dir_file,
                 opts,
                 slots: Mutex::default(),
+                names: Mutex::default(),
                 tmp_counter: AtomicU64::new(0),
+                #[cfg(test)]
+                fail_syncs: std::sync::atomic::AtomicU32::new(0),
             }),
         })
     }
@@ -290,24 +372,43 @@ impl JsonlStore {
         self.inner.path(&session_filename::stem(session))
     }
 
-    /// Runs `f` inline, or on the blocking pool when every write syncs.
+    /// Runs `f` on the calling (async worker) thread when it finds its
+    /// locks free, else on tokio's blocking pool, where it may wait for
+    /// them up to [`JsonlOptions::lock_timeout`]. When every write syncs it
+    /// always runs on the blocking pool.
+    ///
+    /// `f` returns [`Fail::Contended`] only before it changed anything, so
+    /// running it again is safe.
     async fn run<R, F>(&self, f: F) -> Result<R, StoreError>
     where
         R: Send + 'static,
-        F: FnOnce(&Inner) -> Result<R, StoreError> + Send + 'static,
+        F: Fn(&Inner, Wait) -> Result<R, Fail> + Send + 'static,
     {
-        if self.inner.opts.fsync == FsyncPolicy::Always {
-            let inner = Arc::clone(&self.inner);
-            match tokio::task::spawn_blocking(move || f(&inner)).await {
-                Ok(r) => r,
-                Err(e) => Err(StoreError::io(
-                    "running a blocking store task",
-                    &self.inner.dir,
-                    io::Error::other(e.to_string()),
-                )),
+        if self.inner.opts.fsync != FsyncPolicy::Always {
+            match f(&self.inner, Wait::Once) {
+                Ok(r) => return Ok(r),
+                Err(Fail::Store(e)) => return Err(e),
+                Err(Fail::Contended) => {}
             }
-        } else {
-            f(&self.inner)
+        }
+        let inner = Arc::clone(&self.inner);
+        let task = tokio::task::spawn_blocking(move || {
+            let deadline = Instant::now() + inner.opts.lock_timeout;
+            f(&inner, Wait::Until(deadline))
+        });
+        match task.await {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(Fail::Store(e))) => Err(e),
+            // `Wait::Until` turns contention into `Busy`; kept total anyway.
+            Ok(Err(Fail::Contended)) => Err(StoreError::Busy {
+                path: self.inner.dir.clone(),
+                timeout: self.inner.opts.lock_timeout,
+            }),
+            Err(e) => Err(StoreError::io(
+                "running a blocking store task",
+                &self.inner.dir,
+                io::Error::other(e.to_string()),
+            )),
         }
     }
 }
@@ -317,27 +418,67 @@ impl Inner {
         self.dir.join(format!("{stem}{FILE_SUFFIX}"))
     }
 
-    fn slot(&self, session: &SessionId) -> (Arc<Mutex<Slot>>, Arc<Path>) {
+    fn slot(&self, session: &SessionId) -> Arc<Entry> {
         let mut slots = lock(&self.slots);
         if let Some(s) = slots.get(session) {
-            let s = Arc::clone(s);
-            drop(slots);
-            let path = Arc::clone(&lock(&s).path);
-            return (s, path);
+            return Arc::clone(s);
         }
         if slots.len() >= self.opts.max_open {
             // Forget idle entries (nobody else holds them). Their files are
             // re-read when next used.
             slots.retain(|_, s| Arc::strong_count(s) > 1);
         }
-        let path: Arc<Path> = self.path(&session_filename::stem(session)).into();
-        let s = Arc::new(Mutex::new(Slot {
-            path: Arc::clone(&path),
-            file: None,
-            view: View::default(),
-        }));
+        let s = Arc::new(Entry {
+            path: self.path(&session_filename::stem(session)).into(),
+            state: Mutex::default(),
+        });
         slots.insert(session.clone(), Arc::clone(&s));
-        (s, path)
+        s
+    }
+
+    /// Runs `body` with the session's slot locked. `body` returns
+    /// [`Fail::Contended`] when the file lock is taken; with
+    /// [`Wait::Until`] both locks are then tried again after a short pause
+    /// (neither held meanwhile) until the deadline, then `Busy`.
+    ///
+    /// The slot's mutex is only ever held for a bounded time by this
+    /// process — except while [`cross_process`](JsonlOptions::cross_process)
+    /// is on, when a holder may be waiting for another process — so without
+    /// it a blocking-pool call simply waits for the mutex.
+    fn with_slot<R>(
+        &self,
+        session: &SessionId,
+        wait: Wait,
+        mut body: impl FnMut(&mut Slot, &Path) -> Result<R, Fail>,
+    ) -> Result<R, Fail> {
+        let entry = self.slot(session);
+        let mut pause = FIRST_PAUSE;
+        loop {
+            let guard = match entry.state.try_lock() {
+                Ok(g) => Some(g),
+                Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+                Err(TryLockError::WouldBlock) => match wait {
+                    Wait::Until(_) if !self.opts.cross_process => Some(lock(&entry.state)),
+                    _ => None,
+                },
+            };
+            let result = match guard {
+                Some(mut slot) => body(&mut slot, &entry.path),
+                None => Err(Fail::Contended),
+            };
+            let (Wait::Until(deadline), Err(Fail::Contended)) = (wait, &result) else {
+                return result;
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Fail::Store(StoreError::Busy {
+                    path: entry.path.to_path_buf(),
+                    timeout: self.opts.lock_timeout,
+                }));
+            }
+            std::thread::sleep(pause.min(deadline - now));
+            pause = (pause * 2).min(MAX_PAUSE);
+        }
     }
 
     fn now_ms(&self) -> u64 {
@@ -386,6 +527,9 @@ impl Inner {
 
     /// Runs `f` with the slot's file locked against other processes (when
     /// configured) and the view brought up to date with the file.
+    ///
+    /// Never waits for the file lock: when another open file description
+    /// holds it, returns [`Fail::Contended`] without running `f`.
     fn locked<R>(
         &self,
         slot: &mut Slot,
@@ -393,13 +537,14 @@ impl Inner {
         expect: Option<&SessionId>,
         mode: LockMode,
         f: impl FnOnce(&File, &mut View) -> Result<R, StoreError>,
-    ) -> Result<R, StoreError> {
+    ) -> Result<R, Fail> {
         let Some(file) = slot.file.take() else {
             return Err(StoreError::io(
                 "using session file",
                 path,
                 io::Error::other("file not open"),
-            ));
+            )
+            .into());
         };
         let view = &mut slot.view;
         let cross_process = self.opts.cross_process;
@@ -417,20 +562,25 @@ impl Inner {
         if !self.opts.cross_process {
             let r = run(&file, view);
             slot.file = Some(file);
-            return r;
+            return Ok(r?);
         }
         let arg = match mode {
-            LockMode::Shared => FlockArg::LockShared,
-            LockMode::Exclusive => FlockArg::LockExclusive,
+            LockMode::Shared => FlockArg::LockSharedNonblock,
+            LockMode::Exclusive => FlockArg::LockExclusiveNonblock,
         };
         let mut file = file;
         let locked = loop {
             match Flock::lock(file, arg) {
                 Ok(l) => break l,
                 Err((f, Errno::EINTR)) => file = f,
+                Err((f, errno)) if errno == Errno::EWOULDBLOCK => {
+                    slot.file = Some(f);
+                    return Err(Fail::Contended);
+                }
                 Err((f, errno)) => {
                     slot.file = Some(f);
-                    return Err(StoreError::io("locking session file", path, errno.into()));
+                    let e = StoreError::io("locking session file", path, errno.into());
+                    return Err(e.into());
                 }
             }
         };
@@ -443,23 +593,27 @@ impl Inner {
                 drop(l);
             }
         }
-        r
+        Ok(r?)
     }
 
-    fn sync_after_write(
-        &self,
-        file: &File,
-        path: &Path,
-        view: &mut View,
-    ) -> Result<(), StoreError> {
+    /// `fdatasync` when the policy says one is due.
+    fn sync_after_write(&self, file: &File, view: &mut View) -> io::Result<()> {
         let due = match self.opts.fsync {
             FsyncPolicy::Always => true,
             FsyncPolicy::Never => false,
             FsyncPolicy::Interval(every) => view.last_sync.is_none_or(|t| t.elapsed() >= every),
         };
         if due {
-            file.sync_data()
-                .map_err(|e| StoreError::io("syncing session file", path, e))?;
+            #[cfg(test)]
+            {
+                let fail = self
+                    .fail_syncs
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+                if fail.is_ok() {
+                    return Err(io::Error::other("injected fdatasync failure"));
+                }
+            }
+            file.sync_data()?;
             view.last_sync = Some(Instant::now());
         }
         Ok(())
@@ -477,20 +631,41 @@ impl Inner {
         Ok(())
     }
 
-    /// Writes `bytes` at the end; on failure removes whatever part was
-    /// written, so nothing partial remains.
+    /// Writes `bytes` at the end (`view.pos`, the file locked) and syncs
+    /// them as the policy says. The caller advances the view only on
+    /// success.
+    ///
+    /// On failure — of the write, or of the sync after a complete write —
+    /// the file is cut back to `view.pos`, so a write reported failed never
+    /// appears later, and the view stays in step with the file. Only when
+    /// the cut fails too may the bytes remain: the error says so, and the
+    /// view is marked for a full re-read so the store follows the file
+    /// (sequence numbers are never reused).
     fn write_end(
         &self,
         mut file: &File,
         path: &Path,
-        view: &View,
+        view: &mut View,
         bytes: &[u8],
     ) -> Result<(), StoreError> {
-        if let Err(e) = file.write_all(bytes) {
-            let _ = file.set_len(view.pos);
-            return Err(StoreError::io("appending to session file", path, e));
+        let (op, source) = match file.write_all(bytes) {
+            Err(e) => ("appending to session file", e),
+            Ok(()) => match self.sync_after_write(file, view) {
+                Ok(()) => return Ok(()),
+                Err(e) => ("syncing session file", e),
+            },
+        };
+        if let Err(cut) = file.set_len(view.pos) {
+            warn!(path = %path.display(), %cut, "cannot cut back a failed write; re-reading the file");
+            view.valid = false;
+            let op = if op == "syncing session file" {
+                "syncing session file (the write could not be cut back and may be stored)"
+            } else {
+                "appending to session file (the partial write could not be cut back)"
+            };
+            return Err(StoreError::io(op, path, source));
         }
-        Ok(())
+        Err(StoreError::io(op, path, source))
     }
 
     fn check_fence(
@@ -522,172 +697,184 @@ impl Inner {
         }
     }
 
-    fn create(&self, session: &SessionId) -> Result<(), StoreError> {
-        let (slot, path) = self.slot(session);
-        let mut slot = lock(&slot);
+    fn create(&self, session: &SessionId, wait: Wait) -> Result<(), Fail> {
         let header = |ts: u64| {
             format!(
                 "{{\"t\":\"h\",\"v\":{FORMAT_VERSION},\"id\":{},\"ts\":{ts}}}\n",
                 json_str(session.as_str())
             )
         };
-        for _ in 0..2 {
-            if self.ensure_open(&mut slot, &path)? {
-                return self.locked(
-                    &mut slot,
-                    &path,
-                    Some(session),
-                    LockMode::Exclusive,
-                    |file, view| {
-                        if view.live {
-                            return Err(StoreError::AlreadyExists {
-                                session: session.clone(),
-                            });
-                        }
-                        // Deleted (or never completed): start a new incarnation.
-                        self.repair(file, &path, view)?;
-                        let line = header(self.now_ms());
-                        self.write_end(file, &path, view, line.as_bytes())?;
-                        self.sync_after_write(file, &path, view)?;
-                        view.pos += line.len() as u64;
-                        view.lines += 1;
-                        view.id = Some(session.as_str().to_owned());
-                        view.live = true;
-                        view.events.clear();
-                        Ok(())
-                    },
-                );
+        self.with_slot(session, wait, |slot, path| {
+            for _ in 0..2 {
+                if self.ensure_open(slot, path)? {
+                    return self.locked(
+                        slot,
+                        path,
+                        Some(session),
+                        LockMode::Exclusive,
+                        |file, view| {
+                            if view.live {
+                                return Err(StoreError::AlreadyExists {
+                                    session: session.clone(),
+                                });
+                            }
+                            // Deleted (or never completed): start a new incarnation.
+                            self.repair(file, path, view)?;
+                            let line = header(self.now_ms());
+                            self.write_end(file, path, view, line.as_bytes())?;
+                            view.pos += line.len() as u64;
+                            view.lines += 1;
+                            view.id = Some(session.as_str().to_owned());
+                            view.live = true;
+                            view.events.clear();
+                            Ok(())
+                        },
+                    );
+                }
+                if self.create_file(session, path, &header)? {
+                    return Ok(());
+                }
+                // Another process created it meanwhile: look again.
             }
-            // A new file: write the header to a private temporary file and
-            // link it into place, so no other process ever sees a file
-            // without its header, and an existing file is never replaced.
-            let n = self.tmp_counter.fetch_add(1, Ordering::Relaxed);
-            let stem = session_filename::stem(session);
-            let tmp = self
-                .dir
-                .join(format!(".tmp-{stem}-{}-{n}", std::process::id()));
-            let result = (|| {
-                let mut f = OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .custom_flags(open_flags())
-                    .open(&tmp)
-                    .map_err(|e| StoreError::io("creating session file", &tmp, e))?;
-                f.write_all(header(self.now_ms()).as_bytes())
-                    .map_err(|e| StoreError::io("writing session header", &tmp, e))?;
-                if self.opts.fsync != FsyncPolicy::Never {
-                    f.sync_data()
-                        .map_err(|e| StoreError::io("syncing session file", &tmp, e))?;
-                }
-                match std::fs::hard_link(&tmp, &path) {
-                    Ok(()) => Ok(true),
-                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
-                    Err(e) => Err(StoreError::io("linking session file", &path, e)),
-                }
-            })();
-            let _ = std::fs::remove_file(&tmp);
-            if result? {
-                if self.opts.fsync != FsyncPolicy::Never {
-                    self.dir_file
-                        .sync_all()
-                        .map_err(|e| StoreError::io("syncing store directory", &self.dir, e))?;
-                }
-                return Ok(());
+            Err(StoreError::AlreadyExists {
+                session: session.clone(),
             }
-            // Another process created it meanwhile: look again.
-        }
-        Err(StoreError::AlreadyExists {
-            session: session.clone(),
+            .into())
         })
+    }
+
+    /// Creates a new session file: writes the header to a private temporary
+    /// file and links it into place, so no other process ever sees a file
+    /// without its header, and an existing file is never replaced. False
+    /// when the file exists.
+    fn create_file(
+        &self,
+        session: &SessionId,
+        path: &Path,
+        header: &dyn Fn(u64) -> String,
+    ) -> Result<bool, StoreError> {
+        let n = self.tmp_counter.fetch_add(1, Ordering::Relaxed);
+        let stem = session_filename::stem(session);
+        let tmp = self
+            .dir
+            .join(format!(".tmp-{stem}-{}-{n}", std::process::id()));
+        let result = (|| {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(open_flags())
+                .open(&tmp)
+                .map_err(|e| StoreError::io("creating session file", &tmp, e))?;
+            f.write_all(header(self.now_ms()).as_bytes())
+                .map_err(|e| StoreError::io("writing session header", &tmp, e))?;
+            if self.opts.fsync != FsyncPolicy::Never {
+                f.sync_data()
+                    .map_err(|e| StoreError::io("syncing session file", &tmp, e))?;
+            }
+            match std::fs::hard_link(&tmp, path) {
+                Ok(()) => Ok(true),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+                Err(e) => Err(StoreError::io("linking session file", path, e)),
+            }
+        })();
+        let _ = std::fs::remove_file(&tmp);
+        let linked = result?;
+        if linked && self.opts.fsync != FsyncPolicy::Never {
+            // The file is in place (and other processes may already use
+            // it), so it is not taken back: the error says what happened.
+            self.dir_file.sync_all().map_err(|e| {
+                StoreError::io(
+                    "syncing store directory after creating the session file (the session exists)",
+                    &self.dir,
+                    e,
+                )
+            })?;
+        }
+        Ok(linked)
     }
 
     fn append(
         &self,
         session: &SessionId,
         fence: WriteFence,
-        payloads: Vec<String>,
-    ) -> Result<AppendReceipt, StoreError> {
-        let (slot, path) = self.slot(session);
-        let mut slot = lock(&slot);
-        if !self.ensure_open(&mut slot, &path)? {
-            return Err(StoreError::NotFound {
-                session: session.clone(),
-            });
-        }
-        self.locked(&mut slot, &path, Some(session), LockMode::Exclusive, |file, view| {
-            if !view.live {
+        payloads: &[String],
+        wait: Wait,
+    ) -> Result<AppendReceipt, Fail> {
+        self.with_slot(session, wait, |slot, path| {
+            if !self.ensure_open(slot, path)? {
                 return Err(StoreError::NotFound {
                     session: session.clone(),
-                });
+                }
+                .into());
             }
-            let token = self.check_fence(session, fence, view)?;
-            self.repair(file, &path, view)?;
-            let ts = self.now_ms();
-            let token_text = token.map_or_else(|| "null".to_owned(), |t| t.to_string());
-            let total: usize = payloads.iter().map(|p| p.len() + 64).sum();
-            let mut buf = String::with_capacity(total);
-            let mut spans = Vec::with_capacity(payloads.len());
-            let first_seq = view.next_seq;
-            for (i, p) in payloads.iter().enumerate() {
-                let start = buf.len();
-                let _ = writeln!(
-                    buf,
-                    "{{\"t\":\"e\",\"seq\":{},\"token\":{token_text},\"ts\":{ts},\"payload\":{p}}}",
-                    first_seq + i as u64
-                );
-                spans.push((start as u64, (buf.len() - start) as u64));
-            }
-            self.write_end(file, &path, view, buf.as_bytes())?;
-            self.sync_after_write(file, &path, view)?;
-            for (i, (start, len)) in spans.into_iter().enumerate() {
-                view.events.push(Ev {
-                    seq: first_seq + i as u64,
-                    off: view.pos + start,
-                    len,
-                });
-            }
-            view.pos += buf.len() as u64;
-            view.lines += payloads.len() as u64;
-            view.next_seq = first_seq + payloads.len() as u64;
-            if let Some(t) = token {
-                view.mark = Some(view.mark.map_or(t, |m| m.max(t)));
-            }
-            Ok(AppendReceipt {
-                first_seq,
-                last_seq: view.next_seq - 1,
-            })
-        })
-    }
-
-    fn delete(&self, session: &SessionId, fence: WriteFence) -> Result<(), StoreError> {
-        let (slot, path) = self.slot(session);
-        let mut slot = lock(&slot);
-        if !self.ensure_open(&mut slot, &path)? {
-            return Err(StoreError::NotFound {
-                session: session.clone(),
-            });
-        }
-        self.locked(
-            &mut slot,
-            &path,
-            Some(session),
-            LockMode::Exclusive,
-            |file, view| {
+            self.locked(slot, path, Some(session), LockMode::Exclusive, |file, view| {
                 if !view.live {
                     return Err(StoreError::NotFound {
                         session: session.clone(),
                     });
                 }
                 let token = self.check_fence(session, fence, view)?;
-                self.repair(file, &path, view)?;
+                self.repair(file, path, view)?;
+                let ts = self.now_ms();
+                let token_text = token.map_or_else(|| "null".to_owned(), |t| t.to_string());
+                let total: usize = payloads.iter().map(|p| p.len() + 64).sum();
+                let mut buf = String::with_capacity(total);
+                let mut spans = Vec::with_capacity(payloads.len());
+                let first_seq = view.next_seq;
+                for (i, p) in payloads.iter().enumerate() {
+                    let start = buf.len();
+                    let _ = writeln!(
+                        buf,
+                        "{{\"t\":\"e\",\"seq\":{},\"token\":{token_text},\"ts\":{ts},\"payload\":{p}}}",
+                        first_seq + i as u64
+                    );
+                    spans.push((start as u64, (buf.len() - start) as u64));
+                }
+                self.write_end(file, path, view, buf.as_bytes())?;
+                for (i, (start, len)) in spans.into_iter().enumerate() {
+                    view.events.push(Ev {
+                        seq: first_seq + i as u64,
+                        off: view.pos + start,
+                        len,
+                    });
+                }
+                view.pos += buf.len() as u64;
+                view.lines += payloads.len() as u64;
+                view.next_seq = first_seq + payloads.len() as u64;
+                if let Some(t) = token {
+                    view.mark = Some(view.mark.map_or(t, |m| m.max(t)));
+                }
+                Ok(AppendReceipt {
+                    first_seq,
+                    last_seq: view.next_seq - 1,
+                })
+            })
+        })
+    }
+
+    fn delete(&self, session: &SessionId, fence: WriteFence, wait: Wait) -> Result<(), Fail> {
+        self.with_slot(session, wait, |slot, path| {
+            if !self.ensure_open(slot, path)? {
+                return Err(StoreError::NotFound {
+                    session: session.clone(),
+                }
+                .into());
+            }
+            self.locked(slot, path, Some(session), LockMode::Exclusive, |file, view| {
+                if !view.live {
+                    return Err(StoreError::NotFound {
+                        session: session.clone(),
+                    });
+                }
+                let token = self.check_fence(session, fence, view)?;
+                self.repair(file, path, view)?;
                 let token_text = token.map_or_else(|| "null".to_owned(), |t| t.to_string());
                 let line = format!(
                     "{{\"t\":\"d\",\"token\":{token_text},\"ts\":{}}}\n",
                     self.now_ms()
                 );
-                self.write_end(file, &path, view, line.as_bytes())?;
-                self.sync_after_write(file, &path, view)?;
+                self.write_end(file, path, view, line.as_bytes())?;
                 view.pos += line.len() as u64;
                 view.lines += 1;
                 view.live = false;
@@ -696,38 +883,40 @@ impl Inner {
                     view.mark = Some(view.mark.map_or(t, |m| m.max(t)));
                 }
                 Ok(())
-            },
-        )
+            })
+        })
     }
 
-    fn read(&self, session: &SessionId, from_seq: u64, limit: usize) -> Result<Page, StoreError> {
-        let (slot, path) = self.slot(session);
-        let mut slot = lock(&slot);
-        if !self.ensure_open(&mut slot, &path)? {
-            return Err(StoreError::NotFound {
-                session: session.clone(),
-            });
-        }
-        self.locked(
-            &mut slot,
-            &path,
-            Some(session),
-            LockMode::Shared,
-            |file, view| {
+    fn read(
+        &self,
+        session: &SessionId,
+        from_seq: u64,
+        limit: usize,
+        wait: Wait,
+    ) -> Result<Page, Fail> {
+        let budget = self.opts.max_page_bytes as u64;
+        self.with_slot(session, wait, |slot, path| {
+            if !self.ensure_open(slot, path)? {
+                return Err(StoreError::NotFound {
+                    session: session.clone(),
+                }
+                .into());
+            }
+            self.locked(slot, path, Some(session), LockMode::Shared, |file, view| {
                 if !view.live {
                     return Err(StoreError::NotFound {
                         session: session.clone(),
                     });
                 }
                 let start = view.events.partition_point(|e| e.seq < from_seq);
-                let end = view.events.len().min(start.saturating_add(limit));
+                let end = page_end(&view.events, start, limit, budget);
                 let picked = &view.events[start..end];
                 let mut events = Vec::with_capacity(picked.len());
                 if let (Some(first), Some(last)) = (picked.first(), picked.last()) {
                     let span = (last.off + last.len - first.off) as usize;
                     let mut buf = vec![0u8; span];
                     file.read_exact_at(&mut buf, first.off)
-                        .map_err(|e| StoreError::io("reading session file", &path, e))?;
+                        .map_err(|e| StoreError::io("reading session file", path, e))?;
                     for ev in picked {
                         let at = (ev.off - first.off) as usize;
                         let line = &buf[at..at + ev.len as usize - 1];
@@ -740,7 +929,7 @@ impl Inner {
                             })?;
                         if parsed.seq != ev.seq {
                             return Err(StoreError::corrupt(
-                                &path,
+                                path,
                                 None,
                                 format!("event {} changed under the store", ev.seq),
                             ));
@@ -758,34 +947,37 @@ impl Inner {
                     next_seq: view.events.get(end).map(|e| e.seq),
                     torn_tail: view.torn > 0,
                 })
-            },
-        )
+            })
+        })
     }
 
-    fn high_water(&self, session: &SessionId) -> Result<Option<FencingToken>, StoreError> {
-        let (slot, path) = self.slot(session);
-        let mut slot = lock(&slot);
-        if !self.ensure_open(&mut slot, &path)? {
-            return Ok(None);
-        }
-        self.locked(
-            &mut slot,
-            &path,
-            Some(session),
-            LockMode::Shared,
-            |_, view| Ok(view.mark.map(FencingToken::new)),
-        )
+    fn high_water(&self, session: &SessionId, wait: Wait) -> Result<Option<FencingToken>, Fail> {
+        self.with_slot(session, wait, |slot, path| {
+            if !self.ensure_open(slot, path)? {
+                return Ok(None);
+            }
+            self.locked(slot, path, Some(session), LockMode::Shared, |_, view| {
+                Ok(view.mark.map(FencingToken::new))
+            })
+        })
     }
 
-    fn list(&self) -> Result<Vec<SessionId>, StoreError> {
+    /// Every live session. A file that cannot be read as a session (a
+    /// stray or damaged `*.jsonl`, one that names another session, one
+    /// that cannot be opened) is logged and left out, so one bad file does
+    /// not hide the others. A session locked past the deadline fails the
+    /// listing with `Busy` (leaving it out would misreport it).
+    fn list(&self, wait: Wait) -> Result<Vec<SessionId>, Fail> {
         let entries = std::fs::read_dir(&self.dir)
             .map_err(|e| StoreError::io("listing store directory", &self.dir, e))?;
         let mut out = Vec::new();
         for entry in entries {
             let entry =
                 entry.map_err(|e| StoreError::io("listing store directory", &self.dir, e))?;
-            let name = entry.file_name();
-            let Some(name) = name.to_str() else { continue };
+            let file_name = entry.file_name();
+            let Some(name) = file_name.to_str() else {
+                continue;
+            };
             // `.session-leases`, temporary files and anything hidden.
             if name.starts_with('.') {
                 continue;
@@ -798,39 +990,79 @@ impl Inner {
                 continue;
             }
             let path = entry.path();
-            let Some(id) = read_header_id(&path)? else {
-                continue; // removed meanwhile, or its header is torn
+            let session = match self.session_in(name, stem, &path) {
+                Ok(Some(session)) => session,
+                Ok(None) => continue, // removed meanwhile, or its header is torn
+                Err(e) => {
+                    warn!(path = %path.display(), error = %e, "listing skips a file that is not a readable session");
+                    continue;
+                }
             };
-            let session = SessionId::new(&id).map_err(|e| {
-                StoreError::corrupt(&path, Some(1), format!("stored session id is invalid: {e}"))
-            })?;
-            if session_filename::stem(&session) != stem {
-                return Err(StoreError::corrupt(
-                    &path,
-                    Some(1),
-                    "the stored session id does not belong to this file name",
-                ));
+            let live = self.with_slot(&session, wait, |slot, path| {
+                if !self.ensure_open(slot, path)? {
+                    return Ok(false);
+                }
+                self.locked(slot, path, Some(&session), LockMode::Shared, |_, view| {
+                    Ok(view.live)
+                })
+            });
+            match live {
+                Ok(true) => out.push(session),
+                Ok(false) => {}
+                Err(Fail::Store(e)) if e.kind() != StoreErrorKind::Busy => {
+                    warn!(path = %path.display(), error = %e, "listing skips a session file it cannot read");
+                    lock(&self.names).remove(name);
+                }
+                Err(e) => return Err(e),
             }
-            let (slot, path) = self.slot(&session);
-            let mut slot = lock(&slot);
-            if !self.ensure_open(&mut slot, &path)? {
-                continue;
-            }
-            let live = self.locked(
-                &mut slot,
-                &path,
-                Some(&session),
-                LockMode::Shared,
-                |_, view| Ok(view.live),
-            )?;
-            if !live {
-                continue;
-            }
-            out.push(session);
         }
         out.sort();
         Ok(out)
     }
+
+    /// The session a file named `name` holds, from its header (read once,
+    /// then remembered).
+    fn session_in(
+        &self,
+        name: &str,
+        stem: &str,
+        path: &Path,
+    ) -> Result<Option<SessionId>, StoreError> {
+        if let Some(session) = lock(&self.names).get(name) {
+            return Ok(Some(session.clone()));
+        }
+        let Some(id) = read_header_id(path)? else {
+            return Ok(None);
+        };
+        let session = SessionId::new(&id).map_err(|e| {
+            StoreError::corrupt(path, Some(1), format!("stored session id is invalid: {e}"))
+        })?;
+        if session_filename::stem(&session) != stem {
+            return Err(StoreError::corrupt(
+                path,
+                Some(1),
+                "the stored session id does not belong to this file name",
+            ));
+        }
+        lock(&self.names).insert(name.to_owned(), session.clone());
+        Ok(Some(session))
+    }
+}
+
+/// The end of a page starting at `start`: at most `limit` events and
+/// `budget` bytes of lines, but at least one event.
+fn page_end(events: &[Ev], start: usize, limit: usize, budget: u64) -> usize {
+    let last = events.len().min(start.saturating_add(limit));
+    let mut end = start;
+    let mut bytes = 0u64;
+    while end < last {
+        bytes = bytes.saturating_add(events[end].len);
+        if end > start && bytes > budget {
+            break;
+        }
+        end += 1;
+    }
+    end
 }
 
 /// The session id in the header of the file at `path`; `None` when the
@@ -1012,7 +1244,8 @@ fn validate_batch(events: &[Value], max: usize) -> Result<Vec<String>, StoreErro
 impl SessionStore for JsonlStore {
     async fn create(&self, session: &SessionId) -> Result<(), StoreError> {
         let session = session.clone();
-        self.run(move |inner| inner.create(&session)).await
+        self.run(move |inner, wait| inner.create(&session, wait))
+            .await
     }
 
     async fn append(
@@ -1023,7 +1256,7 @@ impl SessionStore for JsonlStore {
     ) -> Result<AppendReceipt, StoreError> {
         let payloads = validate_batch(events, self.inner.opts.max_event_bytes)?;
         let session = session.clone();
-        self.run(move |inner| inner.append(&session, fence, payloads))
+        self.run(move |inner, wait| inner.append(&session, fence, &payloads, wait))
             .await
     }
 
@@ -1037,21 +1270,23 @@ impl SessionStore for JsonlStore {
             return Err(StoreError::invalid("a page needs a limit of at least 1"));
         }
         let session = session.clone();
-        self.run(move |inner| inner.read(&session, from_seq, limit))
+        self.run(move |inner, wait| inner.read(&session, from_seq, limit, wait))
             .await
     }
 
     async fn list(&self) -> Result<Vec<SessionId>, StoreError> {
-        self.run(|inner| inner.list()).await
+        self.run(|inner, wait| inner.list(wait)).await
     }
 
     async fn delete(&self, session: &SessionId, fence: WriteFence) -> Result<(), StoreError> {
         let session = session.clone();
-        self.run(move |inner| inner.delete(&session, fence)).await
+        self.run(move |inner, wait| inner.delete(&session, fence, wait))
+            .await
     }
 
     async fn high_water(&self, session: &SessionId) -> Result<Option<FencingToken>, StoreError> {
         let session = session.clone();
-        self.run(move |inner| inner.high_water(&session)).await
+        self.run(move |inner, wait| inner.high_water(&session, wait))
+            .await
     }
 }

@@ -131,7 +131,7 @@ mod model;
 
 pub use error::{StoreError, StoreErrorKind};
 pub use jsonl::{
-    DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_OPEN, FILE_SUFFIX, FsyncPolicy, JsonlOptions, JsonlStore,
-    LEASE_DIR_NAME,
+    DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_OPEN, DEFAULT_MAX_PAGE_BYTES,
+    FILE_SUFFIX, FsyncPolicy, JsonlOptions, JsonlStore, LEASE_DIR_NAME,
 };
 pub use model::{AppendReceipt, Page, SessionStore, StoredEvent, WriteFence};
