@@ -47,7 +47,10 @@ impl ApiError {
     }
 
     fn retryable(&self) -> bool {
-        matches!(self.code, "lease_unavailable" | "session_busy")
+        matches!(
+            self.code,
+            "lease_unavailable" | "session_busy" | "store_busy"
+        )
     }
 }
 
@@ -62,7 +65,7 @@ impl IntoResponse for ApiError {
             body["holder"] = json!(h);
         }
         let mut response = (self.status, Json(json!({ "error": body }))).into_response();
-        if self.status == StatusCode::SERVICE_UNAVAILABLE && self.code == "lease_unavailable" {
+        if self.status == StatusCode::SERVICE_UNAVAILABLE && self.retryable() {
             response
                 .headers_mut()
                 .insert("retry-after", axum::http::HeaderValue::from_static("1"));
@@ -112,6 +115,11 @@ impl From<StoreError> for ApiError {
             // the session between our acquire and our write.
             StoreErrorKind::Fenced => {
                 Self::new(StatusCode::CONFLICT, "session_leased_elsewhere", message)
+            }
+            // Another process holds the session's file longer than the
+            // store waits (for example one paused mid-write): retry later.
+            StoreErrorKind::Busy => {
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, "store_busy", message)
             }
             // The session has fenced writes, and this process runs unleased.
             StoreErrorKind::Unfenced => {
