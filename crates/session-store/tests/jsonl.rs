@@ -622,3 +622,202 @@ mod model {
         }
     }
 }
+
+/// Another process's lock on a session file, from its own open file
+/// description (as `flock` sees another process).
+fn lock_elsewhere(store: &JsonlStore, s: &SessionId) -> nix::fcntl::Flock<fs::File> {
+    let file = fs::File::open(store.path_of(s)).unwrap();
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| e)
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_session_locked_elsewhere_is_busy_after_the_timeout_and_others_proceed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = JsonlStore::open(
+        dir.path(),
+        opts().lock_timeout(Duration::from_millis(100)),
+    )
+    .unwrap();
+    let (held, free) = (sid("held"), sid("free"));
+    store.create(&held).await.unwrap();
+    store.create(&free).await.unwrap();
+    store.append(&held, tok(1), &[json!("before")]).await.unwrap();
+
+    let holder = lock_elsewhere(&store, &held);
+    let err = store.append(&held, tok(1), &[json!("x")]).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Busy);
+    assert!(matches!(err, StoreError::Busy { ref path, .. } if *path == store.path_of(&held)));
+    assert!(err.to_string().contains("retry"), "{err}");
+    for err in [
+        store.read(&held, 1, 10).await.unwrap_err(),
+        store.delete(&held, tok(1)).await.unwrap_err(),
+        store.high_water(&held).await.unwrap_err(),
+        // A listing cannot tell whether the held session still exists.
+        store.list().await.unwrap_err(),
+    ] {
+        assert_eq!(err.kind(), StoreErrorKind::Busy);
+    }
+    // Every other session is untouched by the held lock.
+    let r = store.append(&free, tok(1), &[json!("y")]).await.unwrap();
+    assert_eq!(r.first_seq, 1);
+    assert_eq!(all(&store, &free).await, vec![(1, Some(1), json!("y"))]);
+
+    // Busy changed nothing; once the lock is released the session goes on.
+    drop(holder);
+    let r = store.append(&held, tok(1), &[json!("after")]).await.unwrap();
+    assert_eq!(r.first_seq, 2);
+    assert_eq!(
+        all(&open(dir.path()), &held).await,
+        vec![(1, Some(1), json!("before")), (2, Some(1), json!("after"))]
+    );
+}
+
+#[tokio::test]
+async fn a_current_thread_runtime_keeps_running_while_a_session_is_locked_elsewhere() {
+    let dir = tempfile::tempdir().unwrap();
+    // A deadline far beyond the test: the held call must wait, not fail.
+    let store = JsonlStore::open(dir.path(), opts().lock_timeout(Duration::from_secs(600))).unwrap();
+    let (held, free) = (sid("held"), sid("free"));
+    store.create(&held).await.unwrap();
+    store.create(&free).await.unwrap();
+
+    let holder = lock_elsewhere(&store, &held);
+    let waiting = tokio::spawn({
+        let (store, held) = (store.clone(), held.clone());
+        async move { store.append(&held, tok(1), &[json!("waited")]).await }
+    });
+    // Let the spawned call start: it must not take the only thread with it.
+    tokio::task::yield_now().await;
+    store.append(&free, tok(1), &[json!("meanwhile")]).await.unwrap();
+    assert_eq!(all(&store, &free).await, vec![(1, Some(1), json!("meanwhile"))]);
+    assert!(!waiting.is_finished());
+
+    drop(holder);
+    let r = waiting.await.unwrap().unwrap();
+    assert_eq!((r.first_seq, r.last_seq), (1, 1));
+    assert_eq!(store.list().await.unwrap(), vec![free, held]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_waiting_for_a_locked_session_leave_the_workers_free() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = JsonlStore::open(dir.path(), opts().lock_timeout(Duration::from_secs(600))).unwrap();
+    let (held, free) = (sid("held"), sid("free"));
+    store.create(&held).await.unwrap();
+    store.create(&free).await.unwrap();
+
+    let holder = lock_elsewhere(&store, &held);
+    // More waiting calls than workers.
+    let waiting: Vec<_> = (0..6)
+        .map(|i| {
+            let (store, held) = (store.clone(), held.clone());
+            tokio::spawn(async move { store.append(&held, tok(1), &[json!(i)]).await })
+        })
+        .collect();
+    let others = tokio::spawn({
+        let (store, free) = (store.clone(), free.clone());
+        async move {
+            for i in 0..20 {
+                store.append(&free, tok(1), &[json!(i)]).await.unwrap();
+            }
+        }
+    });
+    others.await.unwrap();
+    assert_eq!(all(&store, &free).await.len(), 20);
+
+    drop(holder);
+    let mut seqs = Vec::new();
+    for w in waiting {
+        seqs.push(w.await.unwrap().unwrap().first_seq);
+    }
+    seqs.sort_unstable();
+    assert_eq!(seqs, (1..=6).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn list_skips_files_that_are_not_readable_sessions() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let (a, b) = (sid("a"), sid("b"));
+    store.create(&a).await.unwrap();
+    store.create(&b).await.unwrap();
+    store.append(&b, tok(1), &[json!(1)]).await.unwrap();
+    assert_eq!(store.list().await.unwrap(), vec![a.clone(), b.clone()]);
+
+    // A stray file, a header naming a session of another file name, a
+    // header that is not one, a good header followed by a damaged line, and
+    // a damaged line added to a session the store already knows.
+    fs::write(dir.path().join("stray.jsonl"), "not json\n").unwrap();
+    fs::write(
+        store.path_of(&sid("elsewhere")),
+        "{\"t\":\"h\",\"v\":1,\"id\":\"someone\",\"ts\":1}\n",
+    )
+    .unwrap();
+    fs::write(dir.path().join("event-first.jsonl"), "{\"t\":\"e\",\"seq\":1}\n").unwrap();
+    fs::write(
+        store.path_of(&sid("damaged")),
+        "{\"t\":\"h\",\"v\":1,\"id\":\"damaged\",\"ts\":1}\n{oops\n{\"t\":\"d\",\"token\":null,\"ts\":1}\n",
+    )
+    .unwrap();
+    let c = sid("c");
+    store.create(&c).await.unwrap();
+    OpenOptions::new()
+        .append(true)
+        .open(store.path_of(&c))
+        .unwrap()
+        .write_all(b"garbage\n{\"t\":\"d\",\"token\":null,\"ts\":1}\n")
+        .unwrap();
+
+    for s in [store.clone(), open(dir.path())] {
+        assert_eq!(s.list().await.unwrap(), vec![a.clone(), b.clone()]);
+    }
+    // The damaged sessions still say so when used directly.
+    assert_eq!(
+        store.read(&c, 1, 1).await.unwrap_err().kind(),
+        StoreErrorKind::Corrupt
+    );
+    // Once repaired, a skipped session is listed again.
+    fs::write(store.path_of(&c), "{\"t\":\"h\",\"v\":1,\"id\":\"c\",\"ts\":1}\n").unwrap();
+    assert_eq!(open(dir.path()).list().await.unwrap(), vec![a, b, c]);
+}
+
+#[tokio::test]
+async fn pages_are_bounded_by_bytes_as_well_as_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let budget = 2500;
+    let store = JsonlStore::open(dir.path(), opts().max_page_bytes(budget)).unwrap();
+    let s = sid("big");
+    store.create(&s).await.unwrap();
+    // Lines of about 1 KiB: two fit the budget, three do not.
+    let kib = |c: char| json!(c.to_string().repeat(1000));
+    store
+        .append(&s, tok(1), &[kib('a'), kib('b'), kib('c'), kib('d'), kib('e')])
+        .await
+        .unwrap();
+    // One event larger than the whole budget still makes a page of one.
+    store.append(&s, tok(1), &[json!("f".repeat(5000))]).await.unwrap();
+    store.append(&s, tok(1), &[json!("g")]).await.unwrap();
+
+    let mut pages = Vec::new();
+    let mut from = 1;
+    loop {
+        let page = store.read(&s, from, 100).await.unwrap();
+        pages.push(page.events.iter().map(|e| e.seq).collect::<Vec<_>>());
+        match page.next_seq {
+            Some(n) => {
+                assert_eq!(n, page.events.last().unwrap().seq + 1);
+                from = n;
+            }
+            None => break,
+        }
+    }
+    assert_eq!(pages, vec![vec![1, 2], vec![3, 4], vec![5], vec![6], vec![7]]);
+    // The count limit still applies within the budget.
+    let page = store.read(&s, 1, 1).await.unwrap();
+    assert_eq!((page.events.len(), page.next_seq), (1, Some(2)));
+    // The default budget leaves small pages to the count alone.
+    let page = open(dir.path()).read(&s, 1, 100).await.unwrap();
+    assert_eq!((page.events.len(), page.next_seq), (7, None));
+}
