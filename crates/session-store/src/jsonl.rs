@@ -606,9 +606,9 @@ impl Inner {
         if due {
             #[cfg(test)]
             {
-                let fail = self
-                    .fail_syncs
-                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+                let fail =
+                    self.fail_syncs
+                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
                 if fail.is_ok() {
                     return Err(io::Error::other("injected fdatasync failure"));
                 }
@@ -861,29 +861,35 @@ impl Inner {
                 }
                 .into());
             }
-            self.locked(slot, path, Some(session), LockMode::Exclusive, |file, view| {
-                if !view.live {
-                    return Err(StoreError::NotFound {
-                        session: session.clone(),
-                    });
-                }
-                let token = self.check_fence(session, fence, view)?;
-                self.repair(file, path, view)?;
-                let token_text = token.map_or_else(|| "null".to_owned(), |t| t.to_string());
-                let line = format!(
-                    "{{\"t\":\"d\",\"token\":{token_text},\"ts\":{}}}\n",
-                    self.now_ms()
-                );
-                self.write_end(file, path, view, line.as_bytes())?;
-                view.pos += line.len() as u64;
-                view.lines += 1;
-                view.live = false;
-                view.events.clear();
-                if let Some(t) = token {
-                    view.mark = Some(view.mark.map_or(t, |m| m.max(t)));
-                }
-                Ok(())
-            })
+            self.locked(
+                slot,
+                path,
+                Some(session),
+                LockMode::Exclusive,
+                |file, view| {
+                    if !view.live {
+                        return Err(StoreError::NotFound {
+                            session: session.clone(),
+                        });
+                    }
+                    let token = self.check_fence(session, fence, view)?;
+                    self.repair(file, path, view)?;
+                    let token_text = token.map_or_else(|| "null".to_owned(), |t| t.to_string());
+                    let line = format!(
+                        "{{\"t\":\"d\",\"token\":{token_text},\"ts\":{}}}\n",
+                        self.now_ms()
+                    );
+                    self.write_end(file, path, view, line.as_bytes())?;
+                    view.pos += line.len() as u64;
+                    view.lines += 1;
+                    view.live = false;
+                    view.events.clear();
+                    if let Some(t) = token {
+                        view.mark = Some(view.mark.map_or(t, |m| m.max(t)));
+                    }
+                    Ok(())
+                },
+            )
         })
     }
 
@@ -1309,7 +1315,10 @@ mod tests {
 
     async fn seqs(store: &JsonlStore, s: &SessionId) -> Vec<(u64, serde_json::Value)> {
         let page = store.read(s, 1, 100).await.unwrap();
-        page.events.into_iter().map(|e| (e.seq, e.payload)).collect()
+        page.events
+            .into_iter()
+            .map(|e| (e.seq, e.payload))
+            .collect()
     }
 
     /// A failed sync after a complete write: the write is reported failed,
@@ -1369,8 +1378,14 @@ mod tests {
             assert_eq!(seqs(&fresh, &s).await, vec![(4, json!(4))]);
             let text = std::fs::read_to_string(store.path_of(&s)).unwrap();
             assert!(!text.contains("lost"), "{text}");
-            assert_eq!(text.lines().filter(|l| l.contains("\"t\":\"h\"")).count(), 2);
-            assert_eq!(text.lines().filter(|l| l.contains("\"t\":\"d\"")).count(), 1);
+            assert_eq!(
+                text.lines().filter(|l| l.contains("\"t\":\"h\"")).count(),
+                2
+            );
+            assert_eq!(
+                text.lines().filter(|l| l.contains("\"t\":\"d\"")).count(),
+                1
+            );
         }
     }
 }

@@ -77,7 +77,10 @@
 //! 5. **Errors keep their kind and cause**: [`StoreError::kind`] is one of
 //!    [`StoreErrorKind`] `NotFound`, `AlreadyExists`, `Fenced`, `Unfenced`,
 //!    `Invalid`, `Corrupt` (with file, line and parse error), `Io` (with the
-//!    operation, path and OS error).
+//!    operation, path and OS error), `Busy` (the session stayed locked by
+//!    someone else past the store's deadline; nothing was done, retry).
+//!    A write reported failed never appears later (see *Failed writes*
+//!    below for the one exception, which its error names).
 //! 6. **A store may bring its own leases**: [`SessionStore::session_lease`]
 //!    (default `None`; the JSONL store has none — the server puts
 //!    `flocklease` files in [`JsonlStore::lease_dir`]).
@@ -104,12 +107,32 @@
 //!   session file and first reads whatever other processes appended since
 //!   (the file size tells), so two processes can never both pass the mark
 //!   check. Reads hold a shared `flock`.
+//! - **No waiting on the executor**: locks (the session's in-process mutex
+//!   and its `flock`) are only ever *tried* on an async worker thread. A
+//!   call that finds them free runs there; one that finds them taken moves
+//!   to tokio's blocking pool and retries with short pauses (1 ms doubling
+//!   to 50 ms) until [`JsonlOptions::lock_timeout`] (default 5 s), then
+//!   fails with [`StoreError::Busy`] having done nothing. So a process
+//!   stopped (`SIGSTOP`, a debugger) while holding a session file's lock
+//!   delays only the calls for that session, by at most the timeout, and
+//!   never the other sessions or tasks — on a current-thread runtime too.
 //! - **Fsync policy** ([`FsyncPolicy`]): `Always` (default; `fdatasync`
 //!   before acknowledging, directory synced after creation, calls run on
-//!   tokio's blocking pool), `Interval(d)` or `Never` (calls run inline: a
-//!   few system calls on page-cached files). Fencing across a machine crash
-//!   holds for acknowledged writes under `Always` only: a write lost by the
-//!   crash also loses its token from the mark.
+//!   tokio's blocking pool), `Interval(d)` or `Never` (calls run inline
+//!   when their locks are free: a few system calls on page-cached files).
+//!   Fencing across a machine crash holds for acknowledged writes under
+//!   `Always` only: a write lost by the crash also loses its token from
+//!   the mark.
+//! - **Failed writes**: when a write, or the `fdatasync` after a complete
+//!   write, fails, the file is cut back (under the session's locks, so no
+//!   reader saw the lines) to where it ended before, and the store's view
+//!   of the file does not move: the write never appears, and the next one
+//!   takes its sequence numbers. Should the cut fail too, the error says
+//!   the write may be stored, and the store re-reads the file before the
+//!   next call, so sequence numbers still follow the file. Creating a new
+//!   session file links it into place before syncing the directory; if
+//!   that directory sync fails the error says the session exists (other
+//!   processes may already use the file, so it is not taken back).
 //! - **Crash safety**: a final line without its line end is a *torn tail*:
 //!   readers ignore it and report it ([`Page::torn_tail`]); the next write
 //!   to the session cuts it off before appending (`O_APPEND` would
@@ -120,7 +143,17 @@
 //!   are opened with `O_NOFOLLOW` (a symbolic link is `Corrupt`, never
 //!   followed) and must be regular files; [`list`](SessionStore::list)
 //!   skips every name starting with `.` — [`LEASE_DIR_NAME`], temporary
-//!   files — and anything that is not a `*.jsonl` regular file.
+//!   files — and anything that is not a `*.jsonl` regular file. A
+//!   `*.jsonl` file that cannot be read as a session (stray, damaged, or
+//!   naming a session that does not belong to its file name) is logged
+//!   with `tracing::warn!` and left out; the listing goes on. A session
+//!   locked past the timeout fails the listing with `Busy`. Each file's
+//!   header is read once per store; afterwards a listing only brings the
+//!   open sessions' views up to date (reading what was appended since).
+//! - **Pages** hold at most `limit` events and at most
+//!   [`JsonlOptions::max_page_bytes`] (default 4 MiB) of stored lines, but
+//!   always at least one event; [`Page::next_seq`] says where the rest
+//!   starts.
 //! - **Memory**: each open session keeps its file and an index of its
 //!   events' offsets (24 bytes an event), at most
 //!   [`JsonlOptions::max_open`] idle ones.

@@ -635,18 +635,21 @@ fn lock_elsewhere(store: &JsonlStore, s: &SessionId) -> nix::fcntl::Flock<fs::Fi
 #[tokio::test]
 async fn a_session_locked_elsewhere_is_busy_after_the_timeout_and_others_proceed() {
     let dir = tempfile::tempdir().unwrap();
-    let store = JsonlStore::open(
-        dir.path(),
-        opts().lock_timeout(Duration::from_millis(100)),
-    )
-    .unwrap();
+    let store =
+        JsonlStore::open(dir.path(), opts().lock_timeout(Duration::from_millis(100))).unwrap();
     let (held, free) = (sid("held"), sid("free"));
     store.create(&held).await.unwrap();
     store.create(&free).await.unwrap();
-    store.append(&held, tok(1), &[json!("before")]).await.unwrap();
+    store
+        .append(&held, tok(1), &[json!("before")])
+        .await
+        .unwrap();
 
     let holder = lock_elsewhere(&store, &held);
-    let err = store.append(&held, tok(1), &[json!("x")]).await.unwrap_err();
+    let err = store
+        .append(&held, tok(1), &[json!("x")])
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Busy);
     assert!(matches!(err, StoreError::Busy { ref path, .. } if *path == store.path_of(&held)));
     assert!(err.to_string().contains("retry"), "{err}");
@@ -666,7 +669,10 @@ async fn a_session_locked_elsewhere_is_busy_after_the_timeout_and_others_proceed
 
     // Busy changed nothing; once the lock is released the session goes on.
     drop(holder);
-    let r = store.append(&held, tok(1), &[json!("after")]).await.unwrap();
+    let r = store
+        .append(&held, tok(1), &[json!("after")])
+        .await
+        .unwrap();
     assert_eq!(r.first_seq, 2);
     assert_eq!(
         all(&open(dir.path()), &held).await,
@@ -678,7 +684,8 @@ async fn a_session_locked_elsewhere_is_busy_after_the_timeout_and_others_proceed
 async fn a_current_thread_runtime_keeps_running_while_a_session_is_locked_elsewhere() {
     let dir = tempfile::tempdir().unwrap();
     // A deadline far beyond the test: the held call must wait, not fail.
-    let store = JsonlStore::open(dir.path(), opts().lock_timeout(Duration::from_secs(600))).unwrap();
+    let store =
+        JsonlStore::open(dir.path(), opts().lock_timeout(Duration::from_secs(600))).unwrap();
     let (held, free) = (sid("held"), sid("free"));
     store.create(&held).await.unwrap();
     store.create(&free).await.unwrap();
@@ -690,8 +697,14 @@ async fn a_current_thread_runtime_keeps_running_while_a_session_is_locked_elsewh
     });
     // Let the spawned call start: it must not take the only thread with it.
     tokio::task::yield_now().await;
-    store.append(&free, tok(1), &[json!("meanwhile")]).await.unwrap();
-    assert_eq!(all(&store, &free).await, vec![(1, Some(1), json!("meanwhile"))]);
+    store
+        .append(&free, tok(1), &[json!("meanwhile")])
+        .await
+        .unwrap();
+    assert_eq!(
+        all(&store, &free).await,
+        vec![(1, Some(1), json!("meanwhile"))]
+    );
     assert!(!waiting.is_finished());
 
     drop(holder);
@@ -703,7 +716,8 @@ async fn a_current_thread_runtime_keeps_running_while_a_session_is_locked_elsewh
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_waiting_for_a_locked_session_leave_the_workers_free() {
     let dir = tempfile::tempdir().unwrap();
-    let store = JsonlStore::open(dir.path(), opts().lock_timeout(Duration::from_secs(600))).unwrap();
+    let store =
+        JsonlStore::open(dir.path(), opts().lock_timeout(Duration::from_secs(600))).unwrap();
     let (held, free) = (sid("held"), sid("free"));
     store.create(&held).await.unwrap();
     store.create(&free).await.unwrap();
@@ -755,7 +769,11 @@ async fn list_skips_files_that_are_not_readable_sessions() {
         "{\"t\":\"h\",\"v\":1,\"id\":\"someone\",\"ts\":1}\n",
     )
     .unwrap();
-    fs::write(dir.path().join("event-first.jsonl"), "{\"t\":\"e\",\"seq\":1}\n").unwrap();
+    fs::write(
+        dir.path().join("event-first.jsonl"),
+        "{\"t\":\"e\",\"seq\":1}\n",
+    )
+    .unwrap();
     fs::write(
         store.path_of(&sid("damaged")),
         "{\"t\":\"h\",\"v\":1,\"id\":\"damaged\",\"ts\":1}\n{oops\n{\"t\":\"d\",\"token\":null,\"ts\":1}\n",
@@ -779,7 +797,11 @@ async fn list_skips_files_that_are_not_readable_sessions() {
         StoreErrorKind::Corrupt
     );
     // Once repaired, a skipped session is listed again.
-    fs::write(store.path_of(&c), "{\"t\":\"h\",\"v\":1,\"id\":\"c\",\"ts\":1}\n").unwrap();
+    fs::write(
+        store.path_of(&c),
+        "{\"t\":\"h\",\"v\":1,\"id\":\"c\",\"ts\":1}\n",
+    )
+    .unwrap();
     assert_eq!(open(dir.path()).list().await.unwrap(), vec![a, b, c]);
 }
 
@@ -793,11 +815,18 @@ async fn pages_are_bounded_by_bytes_as_well_as_count() {
     // Lines of about 1 KiB: two fit the budget, three do not.
     let kib = |c: char| json!(c.to_string().repeat(1000));
     store
-        .append(&s, tok(1), &[kib('a'), kib('b'), kib('c'), kib('d'), kib('e')])
+        .append(
+            &s,
+            tok(1),
+            &[kib('a'), kib('b'), kib('c'), kib('d'), kib('e')],
+        )
         .await
         .unwrap();
     // One event larger than the whole budget still makes a page of one.
-    store.append(&s, tok(1), &[json!("f".repeat(5000))]).await.unwrap();
+    store
+        .append(&s, tok(1), &[json!("f".repeat(5000))])
+        .await
+        .unwrap();
     store.append(&s, tok(1), &[json!("g")]).await.unwrap();
 
     let mut pages = Vec::new();
@@ -813,7 +842,10 @@ async fn pages_are_bounded_by_bytes_as_well_as_count() {
             None => break,
         }
     }
-    assert_eq!(pages, vec![vec![1, 2], vec![3, 4], vec![5], vec![6], vec![7]]);
+    assert_eq!(
+        pages,
+        vec![vec![1, 2], vec![3, 4], vec![5], vec![6], vec![7]]
+    );
     // The count limit still applies within the budget.
     let page = store.read(&s, 1, 1).await.unwrap();
     assert_eq!((page.events.len(), page.next_seq), (1, Some(2)));
