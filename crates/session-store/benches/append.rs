@@ -9,6 +9,11 @@
 //!   tokio's blocking pool); limit = `write` + `fdatasync`;
 //! - `session-store/append-single-process`: like `append` with
 //!   cross-process locking off, to show what the two `flock` calls cost.
+//! - `session-store/append-offload`: what moving the same append off the
+//!   async worker would cost on a two-worker runtime, to choose how the
+//!   store runs calls whose lock is free: `inline` (what it does: the
+//!   non-blocking lock succeeds on the worker), `spawn_blocking`,
+//!   `block_in_place`. No limit: the rows compare with each other.
 
 // `criterion_group!` generates an undocumented `pub fn`.
 #![allow(missing_docs)]
@@ -133,11 +138,65 @@ fn append_fsync(c: &mut Criterion) {
     g.finish();
 }
 
+fn append_offload(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir");
+    let opts = JsonlOptions::default().fsync(FsyncPolicy::Never);
+    let store = JsonlStore::open(dir.path().join("store"), opts).expect("store");
+    let fence = WriteFence::Token(FencingToken::new(7));
+    let mut n = 0u64;
+    let mut g = c.benchmark_group("session-store/append-offload");
+    for how in ["inline", "spawn_blocking", "block_in_place"] {
+        g.bench_function(how, |b| {
+            b.iter_custom(|iters| {
+                n += 1;
+                let s = SessionId::new(format!("offload-{n}")).expect("valid");
+                let store = store.clone();
+                // Measured inside a task on a worker, as a server's call is.
+                rt.block_on(tokio::spawn(async move {
+                    let events = [payload()];
+                    store.create(&s).await.expect("create");
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        match how {
+                            "inline" => {
+                                black_box(store.append(&s, fence, &events).await.expect("append"));
+                            }
+                            "spawn_blocking" => {
+                                let (store, s, events) = (store.clone(), s.clone(), events.clone());
+                                let r = tokio::task::spawn_blocking(move || {
+                                    ready(store.append(&s, fence, &events))
+                                });
+                                black_box(r.await.expect("join").expect("append"));
+                            }
+                            _ => {
+                                black_box(
+                                    tokio::task::block_in_place(|| {
+                                        ready(store.append(&s, fence, &events))
+                                    })
+                                    .expect("append"),
+                                );
+                            }
+                        }
+                    }
+                    start.elapsed()
+                }))
+                .expect("task")
+            })
+        });
+    }
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
-    targets = append, append_single_process, append_fsync
+    targets = append, append_single_process, append_fsync, append_offload
 }
 criterion_main!(benches);
