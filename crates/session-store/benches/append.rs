@@ -157,7 +157,7 @@ fn append_offload(c: &mut Criterion) {
                 let s = SessionId::new(format!("offload-{n}")).expect("valid");
                 let store = store.clone();
                 // Measured inside a task on a worker, as a server's call is.
-                rt.block_on(tokio::spawn(async move {
+                rt.block_on(rt.spawn(async move {
                     let events = [payload()];
                     store.create(&s).await.expect("create");
                     let start = Instant::now();
