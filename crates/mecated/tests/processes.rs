@@ -148,6 +148,20 @@ fn is_run_started_by(owner: &str) -> impl Fn(&Value) -> bool + '_ {
     move |e| e["payload"]["type"] == "run_started" && e["payload"]["owner"] == owner
 }
 
+/// Starts a run on `m` without waiting for it: its JSON result, or the
+/// transport error when the process dies first.
+fn run_in_background(
+    m: &Mecated,
+    id: &str,
+    input: Value,
+) -> tokio::task::JoinHandle<Result<Value, reqwest::Error>> {
+    let url = m.url(&format!("/v1/sessions/{id}/runs"));
+    tokio::spawn(async move {
+        let body = json!({ "input": input });
+        client().post(url).json(&body).send().await?.json().await
+    })
+}
+
 /// Retries a run on `m` until it is no longer refused as leased elsewhere.
 async fn run_when_free(m: &Mecated, id: &str, input: Value) -> Value {
     let start = Instant::now();
@@ -179,20 +193,7 @@ async fn second_process_gets_409_while_other_sessions_run_in_parallel() {
     create(&a, "chat-1").await;
     create(&b, "chat-2").await;
 
-    let long = tokio::spawn({
-        let url = a.url("/v1/sessions/chat-1/runs");
-        async move {
-            client()
-                .post(url)
-                .json(&json!({"input": "slow"}))
-                .send()
-                .await
-                .unwrap()
-                .json::<Value>()
-                .await
-                .unwrap()
-        }
-    });
+    let long = run_in_background(&a, "chat-1", json!("slow"));
     wait_for_event(&a, "chat-1", is_run_started_by("proc-a")).await;
 
     let (status, body) = run(&b, "chat-1", json!("me too")).await;
@@ -206,7 +207,7 @@ async fn second_process_gets_409_while_other_sessions_run_in_parallel() {
     assert_eq!(other["status"], "completed");
     assert!(!long.is_finished(), "A's run should still be in progress");
 
-    let done = long.await.unwrap();
+    let done = long.await.unwrap().unwrap();
     assert_eq!(done["status"], "completed", "{done}");
     let log = events(&a, "chat-1").await;
     assert_eq!(log.last().unwrap()["payload"]["content"], "slow");
@@ -255,10 +256,7 @@ async fn sigkill_mid_run_is_taken_over_after_the_ttl_with_a_higher_token() {
     );
     let b = Mecated::start(dir.path(), "proc-b", &ttl);
     create(&a, "k").await;
-    let _pending = tokio::spawn({
-        let url = a.url("/v1/sessions/k/runs");
-        async move { client().post(url).json(&json!({"input": "x"})).send().await }
-    });
+    let _pending = run_in_background(&a, "k", json!("x"));
     let started = wait_for_event(&a, "k", is_run_started_by("proc-a")).await;
     wait_for_event(&a, "k", |e| e["payload"]["type"] == "progress").await;
     a.signal(Signal::SIGKILL);
@@ -293,20 +291,7 @@ async fn sigstopped_holder_is_fenced_off_after_a_takeover() {
     );
     let b = Mecated::start(dir.path(), "proc-b", &ttl);
     create(&a, "p").await;
-    let a_run = tokio::spawn({
-        let url = a.url("/v1/sessions/p/runs");
-        async move {
-            client()
-                .post(url)
-                .json(&json!({"input": "from a"}))
-                .send()
-                .await
-                .unwrap()
-                .json::<Value>()
-                .await
-                .unwrap()
-        }
-    });
+    let a_run = run_in_background(&a, "p", json!("from a"));
     let a_started = wait_for_event(&a, "p", is_run_started_by("proc-a")).await;
     wait_for_event(&a, "p", |e| e["payload"]["type"] == "progress").await;
     a.signal(Signal::SIGSTOP);
@@ -317,7 +302,7 @@ async fn sigstopped_holder_is_fenced_off_after_a_takeover() {
     assert!(b_token > a_started["token"].as_u64().unwrap());
 
     a.signal(Signal::SIGCONT);
-    let a_result = a_run.await.unwrap();
+    let a_result = a_run.await.unwrap().unwrap();
     assert_eq!(a_result["status"], "lease_lost", "{a_result}");
 
     // Give A every chance to write late, then check it never did.
@@ -356,27 +341,14 @@ async fn sigterm_releases_leases_so_the_next_process_acquires_at_once() {
     );
     let b = Mecated::start(dir.path(), "proc-b", &ttl);
     create(&a, "t").await;
-    let a_run = tokio::spawn({
-        let url = a.url("/v1/sessions/t/runs");
-        async move {
-            client()
-                .post(url)
-                .json(&json!({"input": "long"}))
-                .send()
-                .await
-                .unwrap()
-                .json::<Value>()
-                .await
-                .unwrap()
-        }
-    });
+    let a_run = run_in_background(&a, "t", json!("long"));
     wait_for_event(&a, "t", is_run_started_by("proc-a")).await;
     let (status, _) = run(&b, "t", json!("too early")).await;
     assert_eq!(status, StatusCode::CONFLICT);
 
     a.signal(Signal::SIGTERM);
     assert!(a.wait_exit().success(), "mecated did not exit 0 on SIGTERM");
-    let cancelled = a_run.await.unwrap();
+    let cancelled = a_run.await.unwrap().unwrap();
     assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
 
     let (status, body) = run(&b, "t", json!("right after")).await;
@@ -485,10 +457,7 @@ async fn operator_listing_shows_the_holder_and_token() {
         &["--echo-delay", "5s", "--echo-steps", "5"],
     );
     create(&a, "listed").await;
-    let _run = tokio::spawn({
-        let url = a.url("/v1/sessions/listed/runs");
-        async move { client().post(url).json(&json!({"input": "x"})).send().await }
-    });
+    let _run = run_in_background(&a, "listed", json!("x"));
     let started = wait_for_event(&a, "listed", is_run_started_by("proc-a")).await;
     let out = Command::new(env!("CARGO_BIN_EXE_mecated"))
         .args(["leases", "--json", "--store-dir"])
@@ -580,10 +549,7 @@ async fn delete_needs_the_lease_or_the_single_process_proof() {
     let b = Mecated::start(dir.path(), "proc-b", &[]);
     create(&a, "busy").await;
     create(&a, "idle").await;
-    let _run = tokio::spawn({
-        let url = a.url("/v1/sessions/busy/runs");
-        async move { client().post(url).json(&json!({"input": "x"})).send().await }
-    });
+    let _run = run_in_background(&a, "busy", json!("x"));
     wait_for_event(&a, "busy", is_run_started_by("proc-a")).await;
     let r = c.delete(b.url("/v1/sessions/busy")).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::CONFLICT);
