@@ -147,7 +147,7 @@ fn conformance(args: &[String]) -> Result {
     for backend in chosen {
         run(
             &format!("conformance suite on {backend}"),
-            cargo().args(["test", "-p", backend, "--test", "conformance"]),
+            cargo().args(["test", "-p", backend, "--test", "conformance*"]),
         )?;
     }
     Ok(())
