@@ -2,7 +2,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::net::SocketAddr;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -101,7 +101,13 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
-    /// The single-process lock file could not be opened.
+    /// Another process on this host already leases under this owner id.
+    #[error("owner id {owner} is already in use by another process on this host")]
+    OwnerInUse {
+        /// The owner id.
+        owner: OwnerId,
+    },
+    /// A lock file could not be opened.
     #[error("cannot open {path}")]
     LockFile {
         /// The lock file.
@@ -157,7 +163,39 @@ impl SessionLease for NoLeases {
 /// Tries to take the store's single-process lock; the lock lives as long as
 /// the returned value.
 fn single_process_lock(store_dir: &Path) -> Result<Option<Flock<File>>, StartError> {
-    let path = store_dir.join(SINGLE_PROCESS_LOCK);
+    exclusive_lock(store_dir.join(SINGLE_PROCESS_LOCK))
+}
+
+/// Takes `<lease_dir>.owners/<owner>.lock` for the life of the process, so
+/// two processes on this host never lease under one owner id: the backend
+/// would treat the second as the live holder re-acquiring, and both would
+/// run the session under one token.
+fn owner_lock(lease_dir: &Path, owner: &OwnerId) -> Result<Flock<File>, StartError> {
+    let mut dir = lease_dir.as_os_str().to_owned();
+    dir.push(".owners");
+    let dir = PathBuf::from(dir);
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|source| StartError::LockFile {
+            path: dir.clone(),
+            source,
+        })?;
+    // Owner ids obey the same rules as session ids, so the same safe,
+    // injective file names apply.
+    let stem = lease_port::SessionId::new(owner.as_str())
+        .map(|id| session_filename::stem(&id))
+        .map_err(|e| StartError::LockFile {
+            path: dir.clone(),
+            source: std::io::Error::other(e),
+        })?;
+    exclusive_lock(dir.join(format!("{stem}.lock")))?.ok_or_else(|| StartError::OwnerInUse {
+        owner: owner.clone(),
+    })
+}
+
+fn exclusive_lock(path: PathBuf) -> Result<Option<Flock<File>>, StartError> {
     let file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -176,7 +214,9 @@ pub struct Server {
     addr: SocketAddr,
     serve: JoinHandle<std::io::Result<()>>,
     shutdown_timeout: Duration,
-    _single_process: Option<Flock<File>>,
+    /// The single-process lock (unleased) or the owner lock (file leases),
+    /// held for the server's life.
+    _process_lock: Option<Flock<File>>,
 }
 
 impl std::fmt::Debug for Server {
@@ -208,33 +248,33 @@ impl Server {
         })?;
         let store: Arc<dyn SessionStore> = Arc::new(store);
 
-        let (backend, exclusivity, lock): (Arc<dyn SessionLease>, _, _) = match (
-            store.session_lease(),
-            &config.lease,
-        ) {
-            (Some(own), _) => (own, Exclusivity::Leased, None),
-            (None, LeaseChoice::Dir(dir)) => {
-                let leases = FlockLease::open(dir, config.lease_ttl).map_err(|source| {
-                    StartError::Lease {
-                        dir: dir.clone(),
-                        source,
-                    }
-                })?;
-                (Arc::new(leases), Exclusivity::Leased, None)
-            }
-            (None, LeaseChoice::Unleased) => {
-                let lock = single_process_lock(&config.store_dir)?;
-                let proof = if lock.is_some() {
-                    Exclusivity::ProvenSingleProcess
-                } else {
-                    warn!(
-                        "another process holds the store's single-process lock: deleting sessions is disabled"
-                    );
-                    Exclusivity::Unproven
-                };
-                (Arc::new(NoLeases), proof, lock)
-            }
-        };
+        let (backend, exclusivity, lock): (Arc<dyn SessionLease>, _, _) =
+            match (store.session_lease(), &config.lease) {
+                (Some(own), _) => (own, Exclusivity::Leased, None),
+                (None, LeaseChoice::Dir(dir)) => {
+                    let leases = FlockLease::open(dir, config.lease_ttl).map_err(|source| {
+                        StartError::Lease {
+                            dir: dir.clone(),
+                            source,
+                        }
+                    })?;
+                    let owner = owner_lock(dir, &config.owner)?;
+                    (Arc::new(leases), Exclusivity::Leased, Some(owner))
+                }
+                (None, LeaseChoice::Unleased) => {
+                    let lock = single_process_lock(&config.store_dir)?;
+                    let proof = if lock.is_some() {
+                        Exclusivity::ProvenSingleProcess
+                    } else {
+                        warn!(
+                            "another unleased process holds the store's single-process lock: \
+                         this one serves reads only"
+                        );
+                        Exclusivity::Unproven
+                    };
+                    (Arc::new(NoLeases), proof, lock)
+                }
+            };
         let metrics = Arc::new(Metrics::default());
         // Runs finish within the first half of the shutdown budget (they are
         // cancelled at once); releases get the second half.
@@ -269,7 +309,7 @@ impl Server {
             addr,
             serve,
             shutdown_timeout: config.shutdown_timeout,
-            _single_process: lock,
+            _process_lock: lock,
         })
     }
 

@@ -691,3 +691,29 @@ done
     assert!(text.contains("event: end"), "no end event");
     assert!(text.contains(r#""lagged":true"#), "lag not reported");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_cannot_share_an_owner_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let _a = Mecated::start(dir.path(), "same-owner", &[]);
+    let out = Command::new(env!("CARGO_BIN_EXE_mecated"))
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--owner",
+            "same-owner",
+            "--store-dir",
+        ])
+        .arg(dir.path())
+        .env("MECATED_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "a second process started under the same owner"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("already in use"), "{stderr}");
+    // A different owner on the same store is fine.
+    let _b = Mecated::start(dir.path(), "other-owner", &[]);
+}
