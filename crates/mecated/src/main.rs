@@ -72,6 +72,7 @@ fn leases(args: &LeasesArgs) -> Result<(), String> {
                         "session": session,
                         "holder": holder,
                         "token": token,
+                        "reserved_through": info.reserved.map(|t| t.get()),
                         "state": state,
                         "expires_in_ms": left.map(|d| d.as_millis() as u64),
                     });
