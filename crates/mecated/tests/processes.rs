@@ -162,6 +162,31 @@ fn run_in_background(
     })
 }
 
+/// Two processes on `store` with a 1 s TTL; `proc-a` is part-way through a
+/// run of `id` lasting `delay` (its `run_started` and a first progress event
+/// are in the log). Returns both, A's pending run and its `run_started`.
+async fn mid_run(
+    store: &Path,
+    id: &str,
+    delay: &str,
+    input: Value,
+) -> (
+    Mecated,
+    Mecated,
+    tokio::task::JoinHandle<Result<Value, reqwest::Error>>,
+    Value,
+) {
+    let ttl = ["--session-lease-ttl", "1s"];
+    let slow = [&ttl[..], &["--echo-delay", delay, "--echo-steps", "30"]].concat();
+    let a = Mecated::start(store, "proc-a", &slow);
+    let b = Mecated::start(store, "proc-b", &ttl);
+    create(&a, id).await;
+    let pending = run_in_background(&a, id, input);
+    let started = wait_for_event(&a, id, is_run_started_by("proc-a")).await;
+    wait_for_event(&a, id, |e| e["payload"]["type"] == "progress").await;
+    (a, b, pending, started)
+}
+
 /// Retries a run on `m` until it is no longer refused as leased elsewhere.
 async fn run_when_free(m: &Mecated, id: &str, input: Value) -> Value {
     let start = Instant::now();
@@ -248,17 +273,7 @@ async fn runs_stream_as_server_sent_events() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_mid_run_is_taken_over_after_the_ttl_with_a_higher_token() {
     let dir = tempfile::tempdir().unwrap();
-    let ttl = ["--session-lease-ttl", "1s"];
-    let a = Mecated::start(
-        dir.path(),
-        "proc-a",
-        &[&ttl[..], &["--echo-delay", "20s", "--echo-steps", "40"]].concat(),
-    );
-    let b = Mecated::start(dir.path(), "proc-b", &ttl);
-    create(&a, "k").await;
-    let _pending = run_in_background(&a, "k", json!("x"));
-    let started = wait_for_event(&a, "k", is_run_started_by("proc-a")).await;
-    wait_for_event(&a, "k", |e| e["payload"]["type"] == "progress").await;
+    let (a, b, _pending, started) = mid_run(dir.path(), "k", "20s", json!("x")).await;
     a.signal(Signal::SIGKILL);
 
     let taken = run_when_free(&b, "k", json!("after the crash")).await;
@@ -283,17 +298,7 @@ async fn sigkill_mid_run_is_taken_over_after_the_ttl_with_a_higher_token() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigstopped_holder_is_fenced_off_after_a_takeover() {
     let dir = tempfile::tempdir().unwrap();
-    let ttl = ["--session-lease-ttl", "1s"];
-    let a = Mecated::start(
-        dir.path(),
-        "proc-a",
-        &[&ttl[..], &["--echo-delay", "6s", "--echo-steps", "30"]].concat(),
-    );
-    let b = Mecated::start(dir.path(), "proc-b", &ttl);
-    create(&a, "p").await;
-    let a_run = run_in_background(&a, "p", json!("from a"));
-    let a_started = wait_for_event(&a, "p", is_run_started_by("proc-a")).await;
-    wait_for_event(&a, "p", |e| e["payload"]["type"] == "progress").await;
+    let (a, b, a_run, a_started) = mid_run(dir.path(), "p", "6s", json!("from a")).await;
     a.signal(Signal::SIGSTOP);
 
     let b_run = run_when_free(&b, "p", json!("from b")).await;
