@@ -1,100 +1,31 @@
 //! The lease contract, checked by the shared conformance suite: every client
 //! is a separate `FlockLease` instance (its own directory descriptor and its
-//! own open file descriptions) on one temporary directory.
+//! own open file descriptions) on one temporary directory, and a restart is
+//! new instances over the same directory, as a restarted process would open.
 
-use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use async_trait::async_trait;
 use flocklease::FlockLease;
-use lease_port::{Clock, ManualClock};
-use leaseconformance::{Capabilities, LeaseFactory, TimeControl};
-
-struct FlockFactory {
-    dir: tempfile::TempDir,
-    clock: ManualClock,
-}
+use leaseconformance::ManualClockFactory;
 
 const TTL: Duration = Duration::from_secs(10);
 
-impl FlockFactory {
-    fn new() -> Self {
-        FlockFactory {
-            dir: tempfile::tempdir().expect("temporary directory"),
-            clock: ManualClock::new(),
-        }
-    }
-}
-
-#[async_trait]
-impl LeaseFactory for FlockFactory {
-    type Lease = FlockLease;
-
-    async fn client(&self) -> FlockLease {
-        FlockLease::builder(self.dir.path())
+fn factory(inline_fast_path: bool) -> ManualClockFactory<FlockLease> {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    ManualClockFactory::new(TTL, move |clock| {
+        FlockLease::builder(dir.path())
             .ttl(TTL)
-            .clock(Arc::new(self.clock.clone()))
+            .clock(clock)
+            .inline_fast_path(inline_fast_path)
             .open()
             .expect("open the lease directory")
-    }
-
-    fn ttl(&self) -> Duration {
-        TTL
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            time: TimeControl::Manual,
-            restart: true,
-        }
-    }
-
-    fn now(&self) -> SystemTime {
-        self.clock.now()
-    }
-
-    async fn advance(&self, by: Duration) {
-        self.clock.advance(by);
-    }
-
-    /// All state is in the directory; the suite drops its clients and makes
-    /// new ones, which is what a restarted process does.
-    async fn restart(&self) {}
+    })
+    .restart_by_new_clients()
 }
 
-leaseconformance::suite!(async { FlockFactory::new() });
+leaseconformance::suite!(async { factory(true) });
 
 /// The same suite with every operation on the blocking pool.
 mod offloaded {
-    use super::*;
-
-    struct Offloaded(FlockFactory);
-
-    #[async_trait]
-    impl LeaseFactory for Offloaded {
-        type Lease = FlockLease;
-        async fn client(&self) -> FlockLease {
-            FlockLease::builder(self.0.dir.path())
-                .ttl(TTL)
-                .clock(Arc::new(self.0.clock.clone()))
-                .inline_fast_path(false)
-                .open()
-                .expect("open the lease directory")
-        }
-        fn ttl(&self) -> Duration {
-            TTL
-        }
-        fn capabilities(&self) -> Capabilities {
-            self.0.capabilities()
-        }
-        fn now(&self) -> SystemTime {
-            self.0.now()
-        }
-        async fn advance(&self, by: Duration) {
-            self.0.advance(by).await;
-        }
-        async fn restart(&self) {}
-    }
-
-    leaseconformance::suite!(async { Offloaded(FlockFactory::new()) });
+    leaseconformance::suite!(async { super::factory(false) });
 }

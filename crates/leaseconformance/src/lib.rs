@@ -11,53 +11,45 @@
 //!
 //! # How to use it
 //!
-//! Implement [`LeaseFactory`] — fresh clients of your backend sharing one
-//! store, a TTL, and a way to let time pass — and expand [`suite!`] in an
+//! Hand the suite a [`LeaseFactory`] — fresh clients of your backend sharing
+//! one store, a TTL, and a way to let time pass — and expand [`suite!`] in an
 //! integration test. It becomes one `#[tokio::test]` per case, so filtering,
 //! `#[ignore]` and nextest work as usual. The test crate needs `tokio` with
 //! the `macros` and `rt-multi-thread` features.
 //!
+//! Two factories cover most backends, so the whole test is a constructor:
+//! [`ManualClockFactory`] when the backend reads an injected clock (cases run
+//! instantly), [`RealTimeFactory`] when its time is real (a service's own
+//! clock; cases sleep past a short TTL).
+//!
 //! ```
-//! use std::{sync::Arc, time::{Duration, SystemTime}};
-//! use lease_port::{Clock, ManualClock};
-//! use leaseconformance::{Capabilities, LeaseFactory, TimeControl};
+//! use std::time::Duration;
+//! use leaseconformance::ManualClockFactory;
 //! use memlease::MemLease;
 //!
-//! struct Factory { clock: ManualClock, store: MemLease }
+//! const TTL: Duration = Duration::from_secs(10);
 //!
-//! impl Factory {
-//!     fn new() -> Self {
-//!         let clock = ManualClock::new();
-//!         let store = MemLease::builder()
-//!             .ttl(Duration::from_secs(10))
-//!             .clock(Arc::new(clock.clone()))
-//!             .build();
-//!         Factory { clock, store }
-//!     }
-//! }
-//!
-//! #[async_trait::async_trait]
-//! impl LeaseFactory for Factory {
-//!     type Lease = MemLease;
-//!     async fn client(&self) -> MemLease { self.store.clone() }
-//!     fn ttl(&self) -> Duration { Duration::from_secs(10) }
-//!     fn capabilities(&self) -> Capabilities {
-//!         Capabilities { time: TimeControl::Manual, restart: false }
-//!     }
-//!     fn now(&self) -> SystemTime { self.clock.now() }
-//!     async fn advance(&self, by: Duration) { self.clock.advance(by) }
+//! fn factory() -> ManualClockFactory<MemLease> {
+//!     // One in-memory store; every client is a clone of it.
+//!     ManualClockFactory::shared(TTL, |clock| MemLease::builder().ttl(TTL).clock(clock).build())
 //! }
 //!
 //! // In tests/conformance.rs this one line is the whole suite:
-//! // leaseconformance::suite!(async { Factory::new() });
+//! // leaseconformance::suite!(async { factory() });
 //!
 //! // Cases are plain async functions too:
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
-//! leaseconformance::cases::takeover(&Factory::new()).await;
-//! let report = leaseconformance::check_all(|| async { Factory::new() }).await;
+//! leaseconformance::cases::takeover(&factory()).await;
+//! let report = leaseconformance::check_all(|| async { factory() }).await;
 //! assert!(report.iter().all(|case| case.passed()), "{report:?}");
 //! # });
 //! ```
+//!
+//! A backend whose clients are separate instances over shared state (a
+//! directory, a service) makes each client with [`ManualClockFactory::new`]
+//! or [`RealTimeFactory::new`], capturing the state in the closure; declare a
+//! restart with `restart_by_new_clients()` or `restart_with(hook)`. Anything
+//! else implements [`LeaseFactory`] directly.
 //!
 //! # The cases
 //!
@@ -92,12 +84,14 @@
 //! ignoring the owner, renew resurrecting a lease taken over, acquire
 //! ignoring expiry, and more — and require each to be caught.
 
+mod factories;
 mod factory;
 mod model;
 mod support;
 
 pub mod cases;
 
+pub use factories::{ManualClockFactory, RealTimeFactory};
 pub use factory::{Capabilities, LeaseFactory, TimeControl};
 
 use std::future::Future;

@@ -1,0 +1,36 @@
+//! Real services for tests, started and stopped by the tests themselves.
+//!
+//! Backends are tested against the real thing (DESIGN.md §6): a Redis
+//! server, an etcd member. Each [`RedisServer`] or [`EtcdServer`] is a
+//! private instance on a free loopback port with its data in a temporary
+//! directory, so tests run in parallel without sharing state, and it is
+//! stopped when dropped — also when the test panics, and (through the
+//! parent-death signal) when the test process is killed.
+//!
+//! A missing binary is an error naming the Debian package to install
+//! (`cargo xtask services` installs it); a test never passes by skipping
+//! its service.
+//!
+//! ```no_run
+//! use test_services::RedisServer;
+//!
+//! let redis = RedisServer::start().expect("redis-server is installed");
+//! let url = redis.url(); // redis://127.0.0.1:PORT
+//! # let _ = url;
+//! redis.pause().unwrap(); // SIGSTOP: the server stops answering
+//! redis.resume().unwrap();
+//! drop(redis); // stopped, its directory removed
+//! ```
+//!
+//! Start services from the test's own thread or a runtime worker: the
+//! parent-death signal follows the thread that spawned the process.
+
+mod error;
+mod etcd;
+mod process;
+mod redis;
+
+pub use error::ServiceError;
+pub use etcd::EtcdServer;
+pub use process::find_binary;
+pub use redis::RedisServer;

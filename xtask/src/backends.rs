@@ -1,0 +1,56 @@
+//! The backend table: every crate that implements `SessionLease`, the
+//! conformance test targets that prove it, and the real services those tests
+//! start. Adding a backend means adding a row here; the tidy test fails until
+//! the row exists.
+
+use crate::services::Service;
+
+/// One lease backend of the workspace.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Backend {
+    /// The crate's package name (also its directory under `crates/`).
+    pub(crate) name: &'static str,
+    /// Services its tests start for themselves (they need the binaries).
+    pub(crate) services: &'static [Service],
+}
+
+/// Every backend crate. Conformance targets are the crate's
+/// `tests/conformance*.rs` files.
+pub(crate) const BACKENDS: &[Backend] = &[
+    Backend {
+        name: "memlease",
+        services: &[],
+    },
+    Backend {
+        name: "flocklease",
+        services: &[],
+    },
+];
+
+/// Crates other than backends whose tests start services of their own.
+pub(crate) const OTHER_SERVICE_USERS: &[(&str, &[Service])] =
+    &[("test-services", &[Service::Redis, Service::Etcd])];
+
+pub(crate) fn find(name: &str) -> Option<&'static Backend> {
+    BACKENDS.iter().find(|b| b.name == name)
+}
+
+pub(crate) fn names() -> Vec<&'static str> {
+    BACKENDS.iter().map(|b| b.name).collect()
+}
+
+/// Every service any workspace test starts, each once.
+pub(crate) fn all_services() -> Vec<Service> {
+    let mut all: Vec<Service> = BACKENDS
+        .iter()
+        .flat_map(|b| b.services.iter().copied())
+        .chain(
+            OTHER_SERVICE_USERS
+                .iter()
+                .flat_map(|(_, s)| s.iter().copied()),
+        )
+        .collect();
+    all.sort();
+    all.dedup();
+    all
+}

@@ -1,0 +1,388 @@
+//! Tidy: the workspace rules nobody should have to remember, checked on every
+//! `cargo test`. Each rule is a function from a snapshot of the workspace to
+//! the list of what breaks it, so the tests below can also feed it broken
+//! snapshots and prove it reports them.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::backends::BACKENDS;
+
+/// Crates allowed to depend on backends: the shipped servers choose one.
+const SERVERS: &[&str] = &["mecated"];
+
+/// The crate that defines the trait (its blanket impls are not a backend).
+const PORT: &str = "lease-port";
+
+#[derive(Debug, Clone)]
+struct Package {
+    name: String,
+    dir: PathBuf,
+    publish: bool,
+    description: bool,
+    readme: Option<PathBuf>,
+    /// Names of normal and build dependencies (not dev-dependencies).
+    runtime_deps: Vec<String>,
+}
+
+#[derive(Debug)]
+struct Workspace {
+    packages: Vec<Package>,
+}
+
+impl Workspace {
+    fn load() -> Workspace {
+        let out = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+            .current_dir(crate::workspace_root())
+            .args([
+                "metadata",
+                "--format-version",
+                "1",
+                "--no-deps",
+                "--offline",
+            ])
+            .output()
+            .expect("run cargo metadata");
+        assert!(out.status.success(), "cargo metadata failed: {out:?}");
+        let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("metadata JSON");
+        let packages = meta["packages"]
+            .as_array()
+            .expect("packages")
+            .iter()
+            .map(|p| {
+                let manifest = PathBuf::from(p["manifest_path"].as_str().expect("manifest"));
+                let dir = manifest.parent().expect("crate dir").to_path_buf();
+                Package {
+                    name: p["name"].as_str().expect("name").to_owned(),
+                    publish: !p["publish"].as_array().is_some_and(|a| a.is_empty()),
+                    description: p["description"].as_str().is_some_and(|d| !d.is_empty()),
+                    readme: p["readme"].as_str().map(|r| dir.join(r)),
+                    runtime_deps: p["dependencies"]
+                        .as_array()
+                        .expect("dependencies")
+                        .iter()
+                        .filter(|d| d["kind"].as_str() != Some("dev"))
+                        .map(|d| d["name"].as_str().expect("dep name").to_owned())
+                        .collect(),
+                    dir,
+                }
+            })
+            .collect();
+        Workspace { packages }
+    }
+
+    /// Crates whose library implements `SessionLease`.
+    fn backends(&self) -> Vec<&Package> {
+        self.packages
+            .iter()
+            .filter(|p| p.name != PORT && !SERVERS.contains(&p.name.as_str()))
+            .filter(|p| {
+                rust_files(&p.dir.join("src"))
+                    .iter()
+                    .any(|f| implements_session_lease(f))
+            })
+            .collect()
+    }
+}
+
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(entries) = fs::read_dir(dir) else {
+        return out;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(rust_files(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+    out.sort();
+    out
+}
+
+fn implements_session_lease(file: &Path) -> bool {
+    fs::read_to_string(file).is_ok_and(|text| {
+        text.lines().any(|l| {
+            let l = l.trim_start();
+            l.starts_with("impl")
+                && (l.contains(" SessionLease for ") || l.contains("::SessionLease for "))
+        })
+    })
+}
+
+/// Every backend crate is in xtask's table, every row is a backend crate, and
+/// each has a conformance test target that expands the shared suite.
+fn check_backend_table(ws: &Workspace, table: &[&str]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let found = ws.backends();
+    for b in &found {
+        if !table.contains(&b.name.as_str()) {
+            problems.push(format!(
+                "{} implements SessionLease but is not in xtask/src/backends.rs",
+                b.name
+            ));
+        }
+        let targets: Vec<PathBuf> = rust_files(&b.dir.join("tests"))
+            .into_iter()
+            .filter(|f| {
+                f.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("conformance"))
+            })
+            .collect();
+        let runs_suite = targets
+            .iter()
+            .any(|f| fs::read_to_string(f).is_ok_and(|t| t.contains("leaseconformance::suite!")));
+        if !runs_suite {
+            problems.push(format!(
+                "{} has no tests/conformance*.rs expanding leaseconformance::suite!",
+                b.name
+            ));
+        }
+    }
+    for row in table {
+        if !found.iter().any(|b| b.name == *row) {
+            problems.push(format!(
+                "xtask's backend table lists {row}, which is not a crate implementing SessionLease"
+            ));
+        }
+    }
+    problems
+}
+
+/// Publishable crates carry a description and a README, and their crate
+/// documentation opens the root module with a runnable example.
+fn check_publishable_docs(ws: &Workspace) -> Vec<String> {
+    let mut problems = Vec::new();
+    for p in ws.packages.iter().filter(|p| p.publish) {
+        if !p.description {
+            problems.push(format!("{}: no description in Cargo.toml", p.name));
+        }
+        match &p.readme {
+            Some(r) if r.is_file() => {}
+            Some(r) => problems.push(format!("{}: readme {} does not exist", p.name, r.display())),
+            None => problems.push(format!("{}: no readme in Cargo.toml", p.name)),
+        }
+        let root = ["src/lib.rs", "src/main.rs"]
+            .iter()
+            .map(|f| p.dir.join(f))
+            .find(|f| f.is_file());
+        let Some(root) = root else {
+            problems.push(format!("{}: no src/lib.rs or src/main.rs", p.name));
+            continue;
+        };
+        let text = fs::read_to_string(&root).unwrap_or_default();
+        let docs: Vec<&str> = text
+            .lines()
+            .take_while(|l| l.starts_with("//!") || l.trim().is_empty())
+            .filter(|l| l.starts_with("//!"))
+            .collect();
+        if docs.is_empty() {
+            problems.push(format!(
+                "{}: {} does not open with crate docs",
+                p.name,
+                root.display()
+            ));
+            continue;
+        }
+        let runnable = opening_fences(&docs).any(|info| {
+            let attrs: Vec<&str> = info.split(',').map(str::trim).collect();
+            !attrs.iter().any(|a| {
+                matches!(
+                    *a,
+                    "text" | "ignore" | "compile_fail" | "sh" | "toml" | "json"
+                )
+            })
+        });
+        let is_lib = root.ends_with("src/lib.rs");
+        if is_lib && !runnable {
+            problems.push(format!(
+                "{}: crate docs have no runnable example (a ``` or ```no_run block)",
+                p.name
+            ));
+        }
+    }
+    problems
+}
+
+/// The info strings of the code blocks opened in doc lines (closing fences
+/// skipped).
+fn opening_fences<'a>(docs: &'a [&'a str]) -> impl Iterator<Item = &'a str> + 'a {
+    let mut open = false;
+    docs.iter().filter_map(move |l| {
+        let info = l.trim_start_matches("//!").trim().strip_prefix("```")?;
+        open = !open;
+        open.then_some(info)
+    })
+}
+
+/// Only the servers pick backends: a backend or library that depends on
+/// another backend would drag it into every consumer.
+fn check_backend_isolation(ws: &Workspace) -> Vec<String> {
+    let backends: Vec<String> = ws.backends().iter().map(|b| b.name.clone()).collect();
+    let mut problems = Vec::new();
+    for p in &ws.packages {
+        if SERVERS.contains(&p.name.as_str()) {
+            continue;
+        }
+        for dep in &p.runtime_deps {
+            if backends.contains(dep) {
+                problems.push(format!(
+                    "{} depends on backend {dep} (only {} may; use a dev-dependency for tests)",
+                    p.name,
+                    SERVERS.join(", ")
+                ));
+            }
+        }
+    }
+    problems
+}
+
+fn table() -> Vec<&'static str> {
+    BACKENDS.iter().map(|b| b.name).collect()
+}
+
+#[track_caller]
+fn assert_clean(rule: &str, problems: Vec<String>) {
+    assert!(problems.is_empty(), "{rule}:\n  {}", problems.join("\n  "));
+}
+
+#[test]
+fn every_backend_is_in_the_table_and_runs_conformance() {
+    let ws = Workspace::load();
+    assert!(
+        ws.backends().len() >= 2,
+        "backend detection found {:?}",
+        ws.backends()
+    );
+    assert_clean("backend table", check_backend_table(&ws, &table()));
+}
+
+#[test]
+fn every_publishable_crate_has_readme_and_docs() {
+    assert_clean(
+        "publishable docs",
+        check_publishable_docs(&Workspace::load()),
+    );
+}
+
+#[test]
+fn only_servers_depend_on_backends() {
+    assert_clean(
+        "backend isolation",
+        check_backend_isolation(&Workspace::load()),
+    );
+}
+
+/// The rules catch what they are for: each is fed the real workspace with
+/// one thing broken.
+mod rules_can_fail {
+    use super::*;
+
+    fn package(ws: &mut Workspace, name: &str) -> usize {
+        ws.packages
+            .iter()
+            .position(|p| p.name == name)
+            .unwrap_or_else(|| panic!("workspace has {name}"))
+    }
+
+    #[test]
+    fn a_backend_missing_from_the_table_is_reported() {
+        let ws = Workspace::load();
+        let short: Vec<&str> = table().into_iter().filter(|b| *b != "flocklease").collect();
+        let problems = check_backend_table(&ws, &short);
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("flocklease implements")),
+            "{problems:?}"
+        );
+    }
+
+    #[test]
+    fn a_stale_row_is_reported() {
+        let ws = Workspace::load();
+        let mut long = table();
+        long.push("lease-keeper");
+        let problems = check_backend_table(&ws, &long);
+        assert!(
+            problems.iter().any(|p| p.contains("lists lease-keeper")),
+            "{problems:?}"
+        );
+    }
+
+    #[test]
+    fn a_backend_without_conformance_tests_is_reported() {
+        let mut ws = Workspace::load();
+        let i = package(&mut ws, "memlease");
+        // Point the crate at a copy of itself without tests/.
+        let copy = tempfile::tempdir().expect("tempdir");
+        copy_dir(&ws.packages[i].dir.join("src"), &copy.path().join("src"));
+        ws.packages[i].dir = copy.path().to_path_buf();
+        let problems = check_backend_table(&ws, &table());
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("memlease has no tests/conformance")),
+            "{problems:?}"
+        );
+    }
+
+    #[test]
+    fn a_missing_readme_or_example_is_reported() {
+        let mut ws = Workspace::load();
+        let i = package(&mut ws, "memlease");
+        ws.packages[i].readme = None;
+        let copy = tempfile::tempdir().expect("tempdir");
+        fs::create_dir_all(copy.path().join("src")).expect("mkdir");
+        fs::write(
+            copy.path().join("src/lib.rs"),
+            "//! Docs without an example.\n\n//! ```text\n//! not code\n//! ```\npub fn f() {}\n",
+        )
+        .expect("write");
+        let j = package(&mut ws, "lease-port");
+        ws.packages[j].dir = copy.path().to_path_buf();
+        let problems = check_publishable_docs(&ws);
+        assert!(
+            problems
+                .iter()
+                .any(|p| p == "memlease: no readme in Cargo.toml"),
+            "{problems:?}"
+        );
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("lease-port: crate docs have no runnable example")),
+            "{problems:?}"
+        );
+    }
+
+    #[test]
+    fn a_library_depending_on_a_backend_is_reported() {
+        let mut ws = Workspace::load();
+        let i = package(&mut ws, "lease-keeper");
+        ws.packages[i].runtime_deps.push("flocklease".into());
+        let problems = check_backend_isolation(&ws);
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("lease-keeper depends on backend flocklease")),
+            "{problems:?}"
+        );
+    }
+
+    fn copy_dir(from: &Path, to: &Path) {
+        fs::create_dir_all(to).expect("mkdir");
+        for entry in fs::read_dir(from).expect("read dir").flatten() {
+            let target = to.join(entry.file_name());
+            if entry.path().is_dir() {
+                copy_dir(&entry.path(), &target);
+            } else {
+                fs::copy(entry.path(), target).expect("copy");
+            }
+        }
+    }
+}
