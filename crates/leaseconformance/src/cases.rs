@@ -11,6 +11,7 @@ use tokio::sync::Barrier;
 
 use crate::LeaseFactory;
 use crate::support::{check_grant, must, must_be_held, owner, past_expiry, session};
+use crate::timing::advance;
 
 /// Rule 1: a free lease is granted, and the grant describes the request.
 pub async fn acquire_free<F: LeaseFactory>(f: &F) {
@@ -26,7 +27,7 @@ pub async fn reacquire_same_owner<F: LeaseFactory>(f: &F) {
     let (c1, c2) = (f.client().await, f.client().await);
     let (s, a, b) = (session("reacquire"), owner("a"), owner("b"));
     let first = must("first acquire", c1.acquire(&s, &a).await);
-    f.advance(f.ttl() / 4).await;
+    advance(f, f.ttl() / 4).await;
     let again = must("same owner re-acquires", c2.acquire(&s, &a).await);
     check_grant(f, "same owner re-acquires", &again, &s, &a);
     assert!(
@@ -50,7 +51,7 @@ pub async fn renew_extends<F: LeaseFactory>(f: &F) {
     let (c, other) = (f.client().await, f.client().await);
     let (s, a, b) = (session("renew"), owner("a"), owner("b"));
     let lease = must("acquire", c.acquire(&s, &a).await);
-    f.advance(f.ttl() / 2).await;
+    advance(f, f.ttl() / 2).await;
     let renewed = must("renew the live lease", c.renew(&lease).await);
     check_grant(f, "renew the live lease", &renewed, &s, &a);
     assert_eq!(renewed.token(), lease.token(), "renew changed the token");
@@ -59,7 +60,7 @@ pub async fn renew_extends<F: LeaseFactory>(f: &F) {
         "renew did not move the expiry later"
     );
     // Past the first grant's expiry, but within the renewed one.
-    f.advance(f.ttl() * 3 / 5).await;
+    advance(f, f.ttl() * 3 / 5).await;
     must_be_held(
         "another owner after the renewal",
         other.acquire(&s, &b).await,
@@ -134,9 +135,9 @@ pub async fn expiry<F: LeaseFactory>(f: &F) {
     let (ca, cb) = (f.client().await, f.client().await);
     let (s, a, b) = (session("expiry"), owner("a"), owner("b"));
     let la = must("a acquires", ca.acquire(&s, &a).await);
-    f.advance(f.ttl() / 2).await;
+    advance(f, f.ttl() / 2).await;
     must_be_held("b before expiry", cb.acquire(&s, &b).await, Some(&a));
-    f.advance(past_expiry(f)).await;
+    advance(f, past_expiry(f)).await;
     let lb = must("b after expiry", cb.acquire(&s, &b).await);
     check_grant(f, "b after expiry", &lb, &s, &b);
     assert!(
@@ -150,7 +151,7 @@ pub async fn takeover<F: LeaseFactory>(f: &F) {
     let (ca, cb) = (f.client().await, f.client().await);
     let (s, a, b) = (session("takeover"), owner("a"), owner("b"));
     let la = must("a acquires", ca.acquire(&s, &a).await);
-    f.advance(past_expiry(f)).await;
+    advance(f, past_expiry(f)).await;
     let lb = must("b takes over", cb.acquire(&s, &b).await);
     assert!(lb.token() > la.token(), "takeover did not raise the token");
     must_be_held("a renews after takeover", ca.renew(&la).await, Some(&b));
@@ -191,7 +192,7 @@ pub async fn monotonic_tokens<F: LeaseFactory>(f: &F) {
         // Every sixth round the holder just stops: the next round is a
         // takeover by expiry rather than after a release.
         if round % 6 == 5 {
-            f.advance(past_expiry(f)).await;
+            advance(f, past_expiry(f)).await;
         } else {
             must("release", clients[i].release(&lease).await);
         }
@@ -231,7 +232,7 @@ pub async fn renew_after_loss<F: LeaseFactory>(f: &F) {
     must_be_held("renew after own release", ca.renew(&la).await, None);
 
     let la = must("a acquires again", ca.acquire(&s, &a).await);
-    f.advance(past_expiry(f)).await;
+    advance(f, past_expiry(f)).await;
     let lb = must("b takes over", cb.acquire(&s, &b).await);
     must_be_held("renew after takeover", ca.renew(&la).await, Some(&b));
     // The stale holder renewing must not have disturbed the new one.
@@ -245,7 +246,7 @@ pub async fn stale_release_after_takeover<F: LeaseFactory>(f: &F) {
     let (ca, cb, cc) = (f.client().await, f.client().await, f.client().await);
     let (s, a, b, c) = (session("stale"), owner("a"), owner("b"), owner("c"));
     let la = must("a acquires", ca.acquire(&s, &a).await);
-    f.advance(past_expiry(f)).await;
+    advance(f, past_expiry(f)).await;
     let lb = must("b takes over", cb.acquire(&s, &b).await);
     must("a's stale release", ca.release(&la).await);
     must_be_held(
