@@ -59,6 +59,11 @@ fn human(ns: f64) -> String {
     }
 }
 
+/// The README section `cargo xtask bench` owns: everything between these
+/// markers is rewritten by a full run, so the figures have one source.
+const TABLE_BEGIN: &str = "<!-- bench-table:begin (written by cargo xtask bench; do not edit) -->";
+const TABLE_END: &str = "<!-- bench-table:end -->";
+
 pub(crate) fn bench(args: &[String]) -> Result {
     let quick = args.iter().any(|a| a == "--quick");
     let filter: Vec<&String> = args.iter().filter(|a| !a.starts_with("--")).collect();
@@ -66,7 +71,9 @@ pub(crate) fn bench(args: &[String]) -> Result {
     // Stale results from removed benches must not reach the table.
     let _ = fs::remove_dir_all(&criterion_dir);
     let mut cmd = cargo();
-    cmd.args(["bench", "--workspace", "--benches", "--"]);
+    // `--bench '*'`: bench targets only. Library and binary targets run on
+    // libtest, which rejects criterion's flags.
+    cmd.args(["bench", "--workspace", "--locked", "--bench", "*", "--"]);
     if quick {
         cmd.args(["--warm-up-time", "0.5", "--measurement-time", "1"]);
     }
@@ -75,29 +82,89 @@ pub(crate) fn bench(args: &[String]) -> Result {
 
     let mut all = Vec::new();
     collect(&criterion_dir, &mut all)?;
-    let mut groups: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
+    let table = render(&all);
+    println!("\n{table}");
+    if filter.is_empty() {
+        let header = format!(
+            "Measured by `cargo xtask bench{}` on commit `{}`, {} ({} cores). Criterion \
+             medians; each limit is measured in the same run as the row it bounds.",
+            if quick { " --quick" } else { "" },
+            commit()?,
+            today()?,
+            std::thread::available_parallelism().map_or(0, |n| n.get()),
+        );
+        write_readme_table(&format!("{header}\n\n{table}"))?;
+        println!("README.md: performance table rewritten");
+    } else {
+        println!("(a filtered run leaves README.md as it is)");
+    }
+    Ok(())
+}
+
+fn render(all: &[Measurement]) -> String {
+    let mut groups: BTreeMap<&str, BTreeMap<&str, f64>> = BTreeMap::new();
     for m in all {
         groups
-            .entry(m.group)
+            .entry(&m.group)
             .or_default()
-            .insert(m.function, m.median_ns);
+            .insert(&m.function, m.median_ns);
     }
-    println!("\n| operation | ours (median) | limit (median) | ours / limit |");
-    println!("|---|---|---|---|");
+    let mut out = String::from(
+        "| operation | ours (median) | limit (median) | ours / limit |\n|---|---|---|---|\n",
+    );
     for (group, fns) in &groups {
         match (fns.get("ours"), fns.get("limit")) {
-            (Some(&ours), Some(&limit)) => println!(
-                "| {group} | {} | {} | {:.2}× |",
+            (Some(&ours), Some(&limit)) => out.push_str(&format!(
+                "| {group} | {} | {} | {:.2}× |\n",
                 human(ours),
                 human(limit),
                 ours / limit
-            ),
+            )),
             _ => {
                 for (f, ns) in fns {
-                    println!("| {group}/{f} | {} | — | — |", human(*ns));
+                    out.push_str(&format!("| {group}/{f} | {} | — | — |\n", human(*ns)));
                 }
             }
         }
     }
-    Ok(())
+    out
+}
+
+/// The commit measured, marked when the tree had uncommitted changes.
+fn commit() -> Result<String> {
+    let out = |args: &[&str]| -> Result<String> {
+        let o = std::process::Command::new("git")
+            .current_dir(workspace_root())
+            .args(args)
+            .output()
+            .map_err(|e| format!("git: {e}"))?;
+        Ok(String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    let hash = out(&["rev-parse", "--short=10", "HEAD"])?;
+    let dirty = !out(&["status", "--porcelain", "--untracked-files=no"])?.is_empty();
+    Ok(if dirty {
+        format!("{hash}` plus uncommitted changes `")
+    } else {
+        hash
+    })
+}
+
+fn today() -> Result<String> {
+    let o = std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d"])
+        .output()
+        .map_err(|e| format!("date: {e}"))?;
+    Ok(String::from_utf8_lossy(&o.stdout).trim().to_owned())
+}
+
+fn write_readme_table(section: &str) -> Result {
+    let path = workspace_root().join("README.md");
+    let text = fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let (Some(begin), Some(end)) = (text.find(TABLE_BEGIN), text.find(TABLE_END)) else {
+        return Err(format!(
+            "README.md has no bench-table markers ({TABLE_BEGIN} … {TABLE_END})"
+        ));
+    };
+    let new = format!("{}{TABLE_BEGIN}\n{section}{}", &text[..begin], &text[end..]);
+    fs::write(&path, new).map_err(|e| format!("{}: {e}", path.display()))
 }

@@ -70,6 +70,12 @@ pub(crate) fn ci() -> Result {
             "--no-fail-fast",
         ]),
     )?;
+    // Criterion runs each benchmark once when started by `cargo test`, so
+    // the benches cannot rot between measured runs.
+    run(
+        "benches, once each (criterion test mode)",
+        cargo().args(["test", "--workspace", "--locked", "--bench", "*"]),
+    )?;
     println!("\nci: all checks passed");
     Ok(())
 }
