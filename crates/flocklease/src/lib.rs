@@ -211,6 +211,7 @@
 //! token, reservation ceiling, expiry and state (live, expired, free), or
 //! why it is unreadable.
 
+mod authority;
 #[cfg(test)]
 mod crash_sim;
 mod error;
@@ -224,9 +225,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lease_port::{Clock, Lease, LeaseError, OwnerId, SessionId, SessionLease, SystemClock};
+use lease_port::{
+    AuthorityId, Clock, Lease, LeaseError, OwnerId, SessionId, SessionLease, SystemClock,
+};
 use tokio::runtime::RuntimeFlavor;
 
+pub use authority::AUTHORITY_FILE;
 pub use error::StoreError;
 pub use inspect::{LeaseEntry, LeaseInfo, LeaseState, list_leases};
 pub use record::{FORMAT_VERSION, MAGIC, RECORD_LEN};
@@ -457,5 +461,13 @@ impl SessionLease for FlockLease {
 
     async fn release(&self, lease: &Lease) -> Result<(), LeaseError> {
         self.run(Op::Release(lease.clone())).await.map(|_| ())
+    }
+
+    /// The directory's id (see [`AUTHORITY_FILE`]), created on first call.
+    async fn authority(&self) -> Result<AuthorityId, LeaseError> {
+        let dir = self.store.dir.clone();
+        tokio::task::spawn_blocking(move || authority::read_or_create(&dir))
+            .await
+            .map_err(|e| LeaseError::transient("authority lookup did not finish").with_source(e))?
     }
 }

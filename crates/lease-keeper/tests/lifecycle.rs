@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lease_keeper::{KeeperErrorKind, KeeperMetrics, LeaseKeeper, LossReason, RenewOutcome};
 use lease_port::{
-    Lease, LeaseError, LeaseErrorKind, ManualClock, OwnerId, SessionId, SessionLease,
+    AuthorityId, Lease, LeaseError, LeaseErrorKind, ManualClock, OwnerId, SessionId, SessionLease,
 };
 use memlease::MemLease;
 use tokio::time::{Instant, sleep, timeout};
@@ -127,6 +127,10 @@ impl SessionLease for Probe {
             done: true,
         });
         r
+    }
+
+    async fn authority(&self) -> Result<AuthorityId, LeaseError> {
+        self.real.authority().await
     }
 }
 
@@ -421,6 +425,9 @@ impl SessionLease for NoLeases {
     }
     async fn release(&self, _: &Lease) -> Result<(), LeaseError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
+        Err(LeaseError::unsupported("no coordination here"))
+    }
+    async fn authority(&self) -> Result<AuthorityId, LeaseError> {
         Err(LeaseError::unsupported("no coordination here"))
     }
 }

@@ -186,3 +186,28 @@ mod tests {
         assert!(serde_json::from_str::<OwnerId>("\"a\\u0000b\"").is_err());
     }
 }
+
+validated_id!(
+    /// The lease authority a backend's tokens belong to.
+    ///
+    /// A fencing token is a number that only means something next to the
+    /// tokens of the same authority: one lease directory, one etcd prefix,
+    /// one Kubernetes namespace, one lease service. Two authorities both
+    /// hand out token 1 for a session, so a store fenced by one must never
+    /// accept the tokens of another. A store records the authority that
+    /// fences it, and a server compares it with its backend's
+    /// [`authority`](crate::SessionLease::authority) before writing.
+    ///
+    /// Stable for the authority's life (across restarts of the backend and
+    /// of every client) and distinct between authorities; it names *where*
+    /// tokens come from, never *who* holds them.
+    ///
+    /// ```
+    /// use lease_port::AuthorityId;
+    /// let a = AuthorityId::new("flock:6a1f0c2e9b")?;
+    /// assert_eq!(a.as_str(), "flock:6a1f0c2e9b");
+    /// # Ok::<(), lease_port::LeaseError>(())
+    /// ```
+    AuthorityId,
+    "authority id"
+);

@@ -51,6 +51,9 @@
 //! #     }
 //! #     async fn renew(&self, l: &Lease) -> Result<Lease, LeaseError> { Ok(l.clone()) }
 //! #     async fn release(&self, _: &Lease) -> Result<(), LeaseError> { Ok(()) }
+//! #     async fn authority(&self) -> Result<lease_port::AuthorityId, LeaseError> {
+//! #         lease_port::AuthorityId::new("one")
+//! #     }
 //! # }
 //! # let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
 //! # rt.block_on(async {
@@ -124,7 +127,7 @@ mod port;
 pub use clock::ManualClock;
 pub use clock::{Clock, SystemClock};
 pub use error::{LeaseError, LeaseErrorKind};
-pub use id::{MAX_ID_LEN, OwnerId, SessionId};
+pub use id::{AuthorityId, MAX_ID_LEN, OwnerId, SessionId};
 pub use lease::{FencingToken, Lease};
 pub use port::SessionLease;
 

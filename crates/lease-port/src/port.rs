@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::{Lease, LeaseError, OwnerId, SessionId};
+use crate::{AuthorityId, Lease, LeaseError, OwnerId, SessionId};
 
 /// Temporary, fenced ownership of a session by one process.
 ///
@@ -43,6 +43,16 @@ pub trait SessionLease: Send + Sync {
     /// without effect when the lease is unknown, expired and taken, or held
     /// under another token.
     async fn release(&self, lease: &Lease) -> Result<(), LeaseError>;
+
+    /// The authority whose tokens this backend hands out (see
+    /// [`AuthorityId`]): the same for every client of one lease directory,
+    /// service or namespace, before and after restarts, and different for
+    /// any other. Stores compare it with the authority they are fenced by,
+    /// so tokens of two authorities never mix in one session.
+    ///
+    /// May need a round trip (a network backend asks its service); a
+    /// passing fault is [`LeaseErrorKind::Transient`](crate::LeaseErrorKind::Transient).
+    async fn authority(&self) -> Result<AuthorityId, LeaseError>;
 }
 
 macro_rules! forward {
@@ -57,6 +67,9 @@ macro_rules! forward {
             }
             async fn release(&self, lease: &Lease) -> Result<(), LeaseError> {
                 (**self).release(lease).await
+            }
+            async fn authority(&self) -> Result<AuthorityId, LeaseError> {
+                (**self).authority().await
             }
         }
     )*};

@@ -469,3 +469,31 @@ pub async fn invalid_input<F: LeaseFactory>(f: &F) {
 }
 
 pub use crate::model::model_check;
+
+/// Tokens compare only within one authority: every client of one store
+/// names the same [`AuthorityId`](lease_port::AuthorityId), before and after
+/// a restart, so a store can check that every token it is shown comes from
+/// the sequence that fences it.
+pub async fn authority_stable<F: LeaseFactory>(f: &F) {
+    let (c1, c2) = (f.client().await, f.client().await);
+    let first = must("authority of one client", c1.authority().await);
+    let second = must("authority of another client", c2.authority().await);
+    assert_eq!(
+        first, second,
+        "two clients of one store name different authorities"
+    );
+    assert_eq!(
+        must("authority asked again", c1.authority().await),
+        first,
+        "a client's authority changed between calls"
+    );
+    if f.capabilities().restart {
+        drop((c1, c2));
+        f.restart().await;
+        let after = must(
+            "authority after a restart",
+            f.client().await.authority().await,
+        );
+        assert_eq!(after, first, "the authority changed across a restart");
+    }
+}

@@ -67,7 +67,8 @@
 //! encoding would merge), [`concurrent_race`](cases::concurrent_race) (exactly
 //! one winner per round), [`concurrent_exclusion`](cases::concurrent_exclusion)
 //! (holds never overlap), [`invalid_input`](cases::invalid_input) (forged
-//! values, extreme tokens), and [`model_check`](cases::model_check): random
+//! values, extreme tokens), [`authority_stable`](cases::authority_stable)
+//! (one authority for every client, across restarts), and [`model_check`](cases::model_check): random
 //! operation sequences compared with a reference model, shrunk on failure.
 //!
 //! # Time
@@ -125,6 +126,7 @@ macro_rules! __with_cases {
             concurrent_race
             concurrent_exclusion
             invalid_input
+            authority_stable
             model_check
         }
     };

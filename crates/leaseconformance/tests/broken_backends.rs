@@ -2,12 +2,14 @@
 //! backend could plausibly have, and at least the named case must fail on it.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use lease_port::{
-    Clock, FencingToken, Lease, LeaseError, ManualClock, OwnerId, SessionId, SessionLease,
+    AuthorityId, Clock, FencingToken, Lease, LeaseError, ManualClock, OwnerId, SessionId,
+    SessionLease,
 };
 use leaseconformance::{Capabilities, LeaseFactory, TimeControl, check_all};
 
@@ -37,6 +39,9 @@ enum Flaw {
     CheckThenAct,
     /// Renewal of a released lease brings it back.
     RenewAfterRelease,
+    /// Each client names an authority of its own, so a store cannot tell
+    /// whether two clients' tokens are comparable.
+    AuthorityPerClient,
 }
 
 #[derive(Debug, Clone)]
@@ -49,6 +54,8 @@ struct Rec {
 
 #[derive(Clone)]
 struct Broken {
+    /// Which client of the factory this is.
+    client: u64,
     flaw: Flaw,
     clock: ManualClock,
     table: Arc<Mutex<HashMap<String, Rec>>>,
@@ -157,15 +164,26 @@ impl SessionLease for Broken {
         }
         Ok(())
     }
+
+    async fn authority(&self) -> Result<AuthorityId, LeaseError> {
+        let id = match self.flaw {
+            Flaw::AuthorityPerClient => format!("broken:{}", self.client),
+            _ => "broken".to_owned(),
+        };
+        AuthorityId::new(id)
+    }
 }
 
-struct Factory(Broken);
+struct Factory(Broken, AtomicU64);
 
 #[async_trait]
 impl LeaseFactory for Factory {
     type Lease = Broken;
     async fn client(&self) -> Broken {
-        self.0.clone()
+        Broken {
+            client: self.1.fetch_add(1, Ordering::Relaxed),
+            ..self.0.clone()
+        }
     }
     fn ttl(&self) -> Duration {
         TTL
@@ -186,11 +204,15 @@ impl LeaseFactory for Factory {
 
 async fn failing_cases(flaw: Flaw) -> Vec<&'static str> {
     let report = check_all(move || async move {
-        Factory(Broken {
-            flaw,
-            clock: ManualClock::new(),
-            table: Arc::default(),
-        })
+        Factory(
+            Broken {
+                client: 0,
+                flaw,
+                clock: ManualClock::new(),
+                table: Arc::default(),
+            },
+            AtomicU64::new(0),
+        )
     })
     .await;
     report
@@ -218,6 +240,7 @@ async fn every_flaw_is_caught_by_the_case_made_for_it() {
         (Flaw::RenewKeepsExpiry, "renew_extends"),
         (Flaw::CheckThenAct, "concurrent_race"),
         (Flaw::RenewAfterRelease, "renew_after_loss"),
+        (Flaw::AuthorityPerClient, "authority_stable"),
     ];
     let mut missed = Vec::new();
     for (flaw, case) in expectations {

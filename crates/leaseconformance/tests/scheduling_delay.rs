@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lease_port::{FencingToken, Lease, LeaseError, OwnerId, SessionId, SessionLease};
+use lease_port::{AuthorityId, FencingToken, Lease, LeaseError, OwnerId, SessionId, SessionLease};
 use leaseconformance::timing::{CaseFailure, try_case};
 use leaseconformance::{RealTimeFactory, cases};
 use memlease::MemLease;
@@ -52,6 +52,9 @@ impl SessionLease for Stalling {
     }
     async fn release(&self, l: &Lease) -> Result<(), LeaseError> {
         self.inner.release(l).await
+    }
+    async fn authority(&self) -> Result<AuthorityId, LeaseError> {
+        self.inner.authority().await
     }
 }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use flocklease::FlockLease;
 use lease_keeper::LeaseKeeper;
-use lease_port::{Lease, LeaseError, OwnerId, SessionId, SessionLease};
+use lease_port::{AuthorityId, Lease, LeaseError, OwnerId, SessionId, SessionLease};
 use nix::fcntl::{Flock, FlockArg};
 use session_store::{FsyncPolicy, JsonlOptions, JsonlStore, SessionStore};
 use tokio::net::TcpListener;
@@ -157,6 +157,11 @@ impl SessionLease for NoLeases {
     }
     async fn release(&self, _: &Lease) -> Result<(), LeaseError> {
         Ok(())
+    }
+    async fn authority(&self) -> Result<AuthorityId, LeaseError> {
+        Err(LeaseError::unsupported(
+            "this deployment runs without session leases",
+        ))
     }
 }
 

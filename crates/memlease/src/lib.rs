@@ -60,6 +60,7 @@
 use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
@@ -67,7 +68,8 @@ use async_trait::async_trait;
 use hashbrown::HashTable;
 use hashbrown::hash_table::Entry;
 use lease_port::{
-    Clock, FencingToken, Lease, LeaseError, OwnerId, SessionId, SessionLease, SystemClock,
+    AuthorityId, Clock, FencingToken, Lease, LeaseError, OwnerId, SessionId, SessionLease,
+    SystemClock,
 };
 
 /// The TTL granted when none is configured.
@@ -110,6 +112,7 @@ struct Table {
     hasher: RandomState,
     ttl: Duration,
     clock: Arc<dyn Clock>,
+    authority: AuthorityId,
 }
 
 /// The in-memory lease table. Cheap to clone; clones share state.
@@ -154,6 +157,7 @@ impl MemLeaseBuilder {
                 hasher: RandomState::new(),
                 ttl: self.ttl,
                 clock: self.clock,
+                authority: new_authority(),
             }),
         }
     }
@@ -298,6 +302,16 @@ fn next_token(last: &mut u64) -> Result<FencingToken, LeaseError> {
     Ok(FencingToken::new(*last))
 }
 
+/// `mem:<pid>:<n>:<random>`: tables of one process differ by `n`, tables
+/// of processes that reuse a pid by the random part.
+fn new_authority() -> AuthorityId {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let random = RandomState::new().hash_one(n);
+    AuthorityId::new(format!("mem:{}:{n}:{random:016x}", std::process::id()))
+        .expect("a generated authority id is valid")
+}
+
 fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
     // No code path panics while holding a shard lock, and every update is a
     // single assignment, so a poisoned shard is still consistent.
@@ -327,6 +341,11 @@ impl SessionLease for MemLease {
     async fn release(&self, lease: &Lease) -> Result<(), LeaseError> {
         self.release_now(lease);
         Ok(())
+    }
+
+    /// Unique to this table: its tokens start over in any other.
+    async fn authority(&self) -> Result<AuthorityId, LeaseError> {
+        Ok(self.table.authority.clone())
     }
 }
 
