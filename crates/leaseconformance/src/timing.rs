@@ -20,10 +20,10 @@ use crate::{LeaseFactory, TimeControl};
 
 /// Unplanned time, as a fraction of the TTL, past which a failure is
 /// inconclusive: below the narrowest margin in any case's time plan (0.4).
-pub(crate) const STALL_FRACTION: f64 = 0.3;
+pub const STALL_FRACTION: f64 = 0.3;
 
 /// How many times a case runs before inconclusive failures count.
-pub(crate) const ATTEMPTS: usize = 5;
+pub const ATTEMPTS: usize = 5;
 
 #[derive(Debug, Default)]
 struct Window {
