@@ -15,10 +15,11 @@
 //!
 //! Whenever the same session can be driven by more than one process (or you
 //! want the lifecycle and fencing tokens even with one): build one keeper
-//! per process over the backend of the deployment (`memlease`, `flocklease`,
-//! `k8slease`, `grpcdriver`, …), call [`LeaseKeeper::acquire`] before every
-//! run, and pass [`LeaseGuard::token`] with every write to a fenced store
-//! such as `session-store`. Code that only needs one call (a maintenance tool
+//! per process over the backend of the deployment (`memlease`,
+//! `flocklease`, or your own [`SessionLease`](lease_port::SessionLease)),
+//! call [`LeaseKeeper::acquire`] before every run, and pass
+//! [`LeaseGuard::token`] with every write to a fenced store such as
+//! `session-store`. Code that only needs one call (a maintenance tool
 //! taking a lease once) can use the backend directly.
 //!
 //! # Example

@@ -14,10 +14,9 @@
 //! |---|---|---|
 //! | `memlease` | tasks in one process | tests; a single process that wants the lifecycle anyway |
 //! | `flocklease` | processes on one host | several server processes sharing a directory |
-//! | `k8slease` | pods in a cluster | replicas on Kubernetes (`coordination.k8s.io` Lease objects) |
-//! | `grpcdriver` | hosts | a remote lease service |
 //!
-//! Check a backend of your own with `leaseconformance`.
+//! To coordinate several hosts, implement the trait over a service they
+//! share, and check that backend with `leaseconformance`.
 //!
 //! # Example
 //!

@@ -6,10 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-
-/// Subdirectory of the store directory where file leases live when no lease
-/// flag is given.
-pub const STORE_LEASE_SUBDIR: &str = ".session-leases";
+use session_store::DEFAULT_LEASE_DIR_NAME;
 
 /// mecated: a session server whose every run is owned by one process at a
 /// time, through a lease, and whose every write is fenced by that lease.
@@ -192,7 +189,7 @@ impl ServeArgs {
             }
             (Some(dir), false) => LeaseChoice::Dir(dir.clone()),
             (None, true) => LeaseChoice::Unleased,
-            (None, false) => LeaseChoice::Dir(self.store_dir.join(STORE_LEASE_SUBDIR)),
+            (None, false) => LeaseChoice::Dir(self.store_dir.join(DEFAULT_LEASE_DIR_NAME)),
         };
         Ok(lease)
     }

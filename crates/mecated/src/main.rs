@@ -7,11 +7,10 @@ use std::time::SystemTime;
 use clap::Parser;
 use lease_port::OwnerId;
 use mecated::agent::{Agent, EchoAgent, ExecAgent};
-use mecated::config::{
-    AgentKind, Cli, Command, FsyncChoice, LeaseChoice, LeasesArgs, STORE_LEASE_SUBDIR, ServeArgs,
-};
+use mecated::config::{AgentKind, Cli, Command, FsyncChoice, LeaseChoice, LeasesArgs, ServeArgs};
 use mecated::server::default_owner;
 use mecated::{Server, ServerConfig};
+use session_store::DEFAULT_LEASE_DIR_NAME;
 use tokio::signal::unix::{SignalKind, signal};
 
 fn main() -> ExitCode {
@@ -41,7 +40,7 @@ fn main() -> ExitCode {
 fn leases(args: &LeasesArgs) -> Result<(), String> {
     let dir = match (&args.session_lease_dir, &args.store_dir) {
         (Some(dir), _) => dir.clone(),
-        (None, Some(store)) => store.join(STORE_LEASE_SUBDIR),
+        (None, Some(store)) => store.join(DEFAULT_LEASE_DIR_NAME),
         (None, None) => return Err("give --session-lease-dir or --store-dir".into()),
     };
     let entries = flocklease::list_leases(&dir, SystemTime::now()).map_err(|e| {

@@ -12,14 +12,14 @@ use flocklease::FlockLease;
 use lease_keeper::LeaseKeeper;
 use lease_port::{AuthorityId, Lease, LeaseError, OwnerId, SessionId, SessionLease};
 use nix::fcntl::{Flock, FlockArg};
-use session_store::{FsyncPolicy, JsonlOptions, JsonlStore, SessionStore};
+use session_store::{DEFAULT_LEASE_DIR_NAME, FsyncPolicy, JsonlOptions, JsonlStore, SessionStore};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::agent::{Agent, EchoAgent};
 use crate::app::{App, Exclusivity};
-use crate::config::{LeaseChoice, STORE_LEASE_SUBDIR};
+use crate::config::LeaseChoice;
 use crate::metrics::Metrics;
 
 /// File in the store directory whose exclusive lock proves, for an unleased
@@ -56,7 +56,7 @@ impl ServerConfig {
         let store_dir = dir.into();
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            lease: LeaseChoice::Dir(store_dir.join(STORE_LEASE_SUBDIR)),
+            lease: LeaseChoice::Dir(store_dir.join(DEFAULT_LEASE_DIR_NAME)),
             store_dir,
             lease_ttl: Duration::from_secs(15),
             owner: default_owner(),

@@ -10,7 +10,7 @@
 //!
 //! It does **not** coordinate separate processes: every process has its own
 //! table. For several processes on one host use `flocklease`; across hosts,
-//! `k8slease` or `grpcdriver`.
+//! a backend over a service they share.
 //!
 //! # Example
 //!

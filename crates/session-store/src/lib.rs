@@ -17,7 +17,7 @@
 //! [`JsonlStore`] is the implementation for one host: a directory with one
 //! append-only JSON-lines file per session, usable by several processes at
 //! once. Pair it with `lease-keeper` and `flocklease` leases kept in
-//! `<dir>/.session-leases` ([`LEASE_DIR_NAME`]).
+//! `<dir>/.session-leases` ([`DEFAULT_LEASE_DIR_NAME`]).
 //!
 //! # Example
 //!
@@ -142,7 +142,7 @@
 //! - **File safety**: the directory is created mode 0700, files 0600; files
 //!   are opened with `O_NOFOLLOW` (a symbolic link is `Corrupt`, never
 //!   followed) and must be regular files; [`list`](SessionStore::list)
-//!   skips every name starting with `.` — [`LEASE_DIR_NAME`], temporary
+//!   skips every name starting with `.` — [`DEFAULT_LEASE_DIR_NAME`], temporary
 //!   files — and anything that is not a `*.jsonl` regular file. A
 //!   `*.jsonl` file that cannot be read as a session (stray, damaged, or
 //!   naming a session that does not belong to its file name) is logged
@@ -159,12 +159,12 @@
 //!   [`JsonlOptions::max_open`] idle ones.
 
 mod error;
-mod jsonl;
+pub mod jsonl;
 mod model;
 
 pub use error::{StoreError, StoreErrorKind};
 pub use jsonl::{
-    DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_OPEN, DEFAULT_MAX_PAGE_BYTES,
-    FILE_SUFFIX, FsyncPolicy, JsonlOptions, JsonlStore, LEASE_DIR_NAME,
+    DEFAULT_LEASE_DIR_NAME, DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_OPEN,
+    DEFAULT_MAX_PAGE_BYTES, FILE_SUFFIX, FsyncPolicy, JsonlOptions, JsonlStore,
 };
 pub use model::{AppendReceipt, Page, SessionStore, StoredEvent, WriteFence};

@@ -13,7 +13,7 @@ use lease_port::{FencingToken, LeaseErrorKind, ManualClock, OwnerId, SessionId, 
 use memlease::MemLease;
 use serde_json::{Value, json};
 use session_store::{
-    FsyncPolicy, JsonlOptions, JsonlStore, LEASE_DIR_NAME, SessionStore, StoreError,
+    DEFAULT_LEASE_DIR_NAME, FsyncPolicy, JsonlOptions, JsonlStore, SessionStore, StoreError,
     StoreErrorKind, WriteFence,
 };
 
@@ -58,8 +58,12 @@ async fn create_append_read_list_delete() {
     let long = sid(&"é".repeat(100));
     store.create(&a).await.unwrap();
     store.create(&long).await.unwrap();
-    fs::create_dir(dir.path().join(LEASE_DIR_NAME)).unwrap();
-    fs::write(dir.path().join(LEASE_DIR_NAME).join("x.jsonl"), "junk").unwrap();
+    fs::create_dir(dir.path().join(DEFAULT_LEASE_DIR_NAME)).unwrap();
+    fs::write(
+        dir.path().join(DEFAULT_LEASE_DIR_NAME).join("x.jsonl"),
+        "junk",
+    )
+    .unwrap();
     fs::write(dir.path().join("notes.txt"), "junk").unwrap();
 
     let r = store

@@ -1,0 +1,153 @@
+//! How a keeper is configured: the defaults and [`KeeperBuilder`], which
+//! checks the configuration once so the running keeper can trust it.
+
+use std::collections::hash_map::RandomState;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lease_port::{OwnerId, SessionLease};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::LeaseKeeper;
+use super::state::KeeperCore;
+use crate::{KeeperError, KeeperMetrics};
+
+/// Default share of the TTL between renewals.
+pub const DEFAULT_RENEW_FRACTION: f64 = 1.0 / 3.0;
+/// Default jitter: each renewal interval is scaled by a random factor in
+/// `1 ± jitter`.
+pub const DEFAULT_JITTER: f64 = 0.1;
+/// Default bound on one release call.
+pub const DEFAULT_RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default bound on [`LeaseKeeper::shutdown`].
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default bound on waiting for the per-session in-process lock.
+pub const DEFAULT_LOCK_WAIT: Duration = Duration::from_secs(30);
+
+/// Configures a [`LeaseKeeper`]. Made by [`LeaseKeeper::builder`].
+pub struct KeeperBuilder {
+    pub(super) backend: Arc<dyn SessionLease>,
+    pub(super) owner: OwnerId,
+    pub(super) ttl: Duration,
+    pub(super) renew_fraction: f64,
+    pub(super) jitter: f64,
+    pub(super) acquire_timeout: Option<Duration>,
+    pub(super) release_timeout: Duration,
+    pub(super) shutdown_timeout: Duration,
+    pub(super) lock_wait: Duration,
+    pub(super) metrics: Arc<dyn KeeperMetrics>,
+}
+
+impl std::fmt::Debug for KeeperBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeeperBuilder")
+            .field("owner", &self.owner)
+            .field("ttl", &self.ttl)
+            .field("renew_fraction", &self.renew_fraction)
+            .field("jitter", &self.jitter)
+            .field("acquire_timeout", &self.acquire_timeout)
+            .field("release_timeout", &self.release_timeout)
+            .field("shutdown_timeout", &self.shutdown_timeout)
+            .field("lock_wait", &self.lock_wait)
+            .field("metrics", &self.metrics)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KeeperBuilder {
+    /// Share of the TTL between renewals, in `(0, 1)`. Default 1/3.
+    pub fn renew_fraction(mut self, fraction: f64) -> Self {
+        self.renew_fraction = fraction;
+        self
+    }
+
+    /// Random spread of each renewal interval, in `[0, 0.5]`: the interval
+    /// is scaled by a factor drawn from `1 ± jitter`, so many keepers
+    /// started together do not renew in lockstep. Default 0.1.
+    pub fn jitter(mut self, jitter: f64) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
+    /// Bound on one acquire call; a call that does not answer in time is
+    /// `Unavailable`. Default TTL × renew fraction.
+    pub fn acquire_timeout(mut self, bound: Duration) -> Self {
+        self.acquire_timeout = Some(bound);
+        self
+    }
+
+    /// Bound on one release call. Default 5 s.
+    pub fn release_timeout(mut self, bound: Duration) -> Self {
+        self.release_timeout = bound;
+        self
+    }
+
+    /// Bound on [`LeaseKeeper::shutdown`]. Default 10 s.
+    pub fn shutdown_timeout(mut self, bound: Duration) -> Self {
+        self.shutdown_timeout = bound;
+        self
+    }
+
+    /// Bound on waiting for a run of the same session in this process to
+    /// end. Default 30 s.
+    pub fn lock_wait(mut self, bound: Duration) -> Self {
+        self.lock_wait = bound;
+        self
+    }
+
+    /// Metrics hooks. Default [`NoMetrics`](crate::NoMetrics).
+    pub fn metrics(mut self, metrics: Arc<dyn KeeperMetrics>) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// Checks the configuration and builds the keeper. Needs no runtime.
+    ///
+    /// Errors with [`KeeperErrorKind::Invalid`](crate::KeeperErrorKind::Invalid)
+    /// for a zero TTL, a renew fraction outside `(0, 1)` or a jitter
+    /// outside `[0, 0.5]`.
+    pub fn build(self) -> Result<LeaseKeeper, KeeperError> {
+        if self.ttl.is_zero() {
+            return Err(KeeperError::invalid("the TTL must be positive"));
+        }
+        if !(self.renew_fraction > 0.0 && self.renew_fraction < 1.0) {
+            return Err(KeeperError::invalid(format!(
+                "the renew fraction must lie in (0, 1), not {}",
+                self.renew_fraction
+            )));
+        }
+        if !(0.0..=0.5).contains(&self.jitter) {
+            return Err(KeeperError::invalid(format!(
+                "the jitter must lie in [0, 0.5], not {}",
+                self.jitter
+            )));
+        }
+        let interval = self.ttl.mul_f64(self.renew_fraction);
+        Ok(LeaseKeeper {
+            core: Arc::new(KeeperCore {
+                backend: self.backend,
+                owner: self.owner,
+                ttl: self.ttl,
+                interval,
+                jitter: self.jitter,
+                acquire_timeout: self.acquire_timeout.unwrap_or(interval),
+                release_timeout: self.release_timeout,
+                shutdown_timeout: self.shutdown_timeout,
+                lock_wait: self.lock_wait,
+                metrics: self.metrics,
+                unsupported: AtomicBool::new(false),
+                locks: Mutex::default(),
+                registry: Mutex::default(),
+                shutdown: CancellationToken::new(),
+                tracker: TaskTracker::new(),
+                next_id: AtomicU64::new(0),
+                held: AtomicUsize::new(0),
+                rng: RandomState::new(),
+                pending: Mutex::default(),
+                driver_started: AtomicBool::new(false),
+            }),
+        })
+    }
+}

@@ -1,0 +1,137 @@
+//! The guard a run holds: the newest lease value and token, the loss
+//! signal, and the release that dropping or finishing it starts.
+
+use std::sync::Arc;
+
+use lease_port::{FencingToken, Lease, SessionId};
+use tokio::runtime::Handle;
+use tokio::sync::watch;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+
+use super::lock;
+use super::release::{DetachOnDrop, ReleaseFuture, release_holding};
+use super::run::{LossReason, Run};
+use super::state::{HeldSessionLock, KeeperCore};
+use crate::KeeperError;
+
+/// One run of a session: holds the in-process lock and (unless the keeper
+/// runs unleased) the lease, renewed in the background.
+///
+/// Watch [`lost`](Self::lost) and stop the run when it fires; tag every
+/// store write with [`token`](Self::token). End the run with
+/// [`finish`](Self::finish), or drop the guard: either way the lease is
+/// released on a detached task that dropping the caller's future cannot
+/// cancel, and the next run of the session in this process starts only
+/// after that release has finished.
+pub struct LeaseGuard {
+    pub(super) core: Arc<KeeperCore>,
+    pub(super) run: Arc<Run>,
+    pub(super) lease_rx: watch::Receiver<Option<Lease>>,
+    pub(super) session_lock: Option<HeldSessionLock>,
+    pub(super) handle: Handle,
+}
+
+impl std::fmt::Debug for LeaseGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseGuard")
+            .field("session", &self.run.session)
+            .field("lease", &self.lease())
+            .field("loss", &self.loss())
+            .finish()
+    }
+}
+
+impl LeaseGuard {
+    /// The session of this run.
+    pub fn session_id(&self) -> &SessionId {
+        &self.run.session
+    }
+
+    /// The newest lease value (updated by every renewal); `None` when the
+    /// keeper runs unleased.
+    pub fn lease(&self) -> Option<Lease> {
+        self.lease_rx.borrow().clone()
+    }
+
+    /// The fencing token to attach to every write; `None` when unleased
+    /// (the store must then be told the write is unfenced).
+    pub fn token(&self) -> Option<FencingToken> {
+        self.lease_rx.borrow().as_ref().map(Lease::token)
+    }
+
+    /// True when the run holds a lease; false when the backend answered
+    /// `Unsupported` and the keeper runs unleased.
+    pub fn is_leased(&self) -> bool {
+        self.lease_rx.borrow().is_some()
+    }
+
+    /// A receiver that sees every renewed lease value.
+    pub fn watch(&self) -> watch::Receiver<Option<Lease>> {
+        self.lease_rx.clone()
+    }
+
+    /// A future that completes when ownership is lost (or shutdown ended
+    /// the run). Never completes for an unleased run unless shutdown ends it.
+    pub fn lost(&self) -> WaitForCancellationFutureOwned {
+        self.run.lost.clone().cancelled_owned()
+    }
+
+    /// A cancellation token that fires on loss, to hand to the run's tasks.
+    /// Cancelling it yourself affects nothing but its own children.
+    pub fn loss_token(&self) -> CancellationToken {
+        self.run.lost.child_token()
+    }
+
+    /// True once the loss signal has fired.
+    pub fn is_lost(&self) -> bool {
+        self.run.lost.is_cancelled()
+    }
+
+    /// Why the loss signal fired, once it has.
+    pub fn loss(&self) -> Option<LossReason> {
+        lock(&self.run.state).loss.clone()
+    }
+
+    /// Ends the run: releases the lease (unless lost to `Held`) and waits
+    /// for the release, which runs on a detached task bounded by the
+    /// release timeout. Dropping this future does not cancel the release.
+    ///
+    /// Errors with `Unavailable` when the backend failed or timed out; the
+    /// lease then lapses at its expiry.
+    pub async fn finish(mut self) -> Result<(), KeeperError> {
+        match self.session_lock.take() {
+            // Driven inline by the caller (no task hop on the common path);
+            // if the caller's future is dropped first, the rest of the
+            // release continues on a spawned task.
+            Some(session_lock) => {
+                DetachOnDrop {
+                    fut: Some(Box::pin(self.core.tracker.track_future(
+                        Box::pin(release_holding(
+                            Arc::clone(&self.core),
+                            Arc::clone(&self.run),
+                            session_lock,
+                        )) as ReleaseFuture,
+                    ))),
+                    handle: self.handle.clone(),
+                }
+                .await
+            }
+            None => Ok(()),
+        }
+    }
+
+    fn spawn_release(&mut self) {
+        if let Some(session_lock) = self.session_lock.take() {
+            self.core.tracker.spawn_on(
+                release_holding(Arc::clone(&self.core), Arc::clone(&self.run), session_lock),
+                &self.handle,
+            );
+        }
+    }
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        self.spawn_release();
+    }
+}

@@ -1,0 +1,306 @@
+//! The keeper: what a server runs around every run of a session.
+//!
+//! This file holds [`LeaseKeeper`] and how a run starts (the in-process
+//! lock, then the backend's acquire); the rest of the lifecycle lives
+//! beside it: `builder` (configuration and its defaults), `state` (what
+//! the keeper shares across runs), `run` (one run's shared state and its
+//! loss signal), `renew` (the renewal driver and each run's renew loop),
+//! `guard` (the [`LeaseGuard`] a run holds) and `release` (detached
+//! release and shutdown).
+
+mod builder;
+mod guard;
+mod release;
+mod renew;
+mod run;
+mod state;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use lease_port::{Lease, LeaseError, LeaseErrorKind, OwnerId, SessionId, SessionLease};
+use tokio::runtime::Handle;
+use tokio::sync::watch;
+use tokio::time::{Instant, timeout};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info_span, warn};
+
+use crate::{KeeperError, NoMetrics};
+pub use builder::{
+    DEFAULT_JITTER, DEFAULT_LOCK_WAIT, DEFAULT_RELEASE_TIMEOUT, DEFAULT_RENEW_FRACTION,
+    DEFAULT_SHUTDOWN_TIMEOUT, KeeperBuilder,
+};
+pub use guard::LeaseGuard;
+pub use release::ShutdownReport;
+pub use run::LossReason;
+use run::{Run, RunState};
+use state::{HeldSessionLock, KeeperCore};
+
+/// Locks a mutex, ignoring poisoning.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The lease lifecycle around session runs: in-process lock, acquire,
+/// renew, cancel on loss, detached release, bounded shutdown.
+///
+/// Cheap to clone; clones share everything. See the [crate
+/// documentation](crate) for the rules it follows.
+#[derive(Clone)]
+pub struct LeaseKeeper {
+    core: Arc<KeeperCore>,
+}
+
+impl std::fmt::Debug for LeaseKeeper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseKeeper")
+            .field("owner", &self.core.owner)
+            .field("ttl", &self.core.ttl)
+            .field("held", &self.core.held.load(Ordering::Relaxed))
+            .field("unleased", &self.is_unleased())
+            .finish_non_exhaustive()
+    }
+}
+
+impl LeaseKeeper {
+    /// Starts configuring a keeper acquiring leases from `backend` as
+    /// `owner`. `ttl` must be the TTL the backend grants (or less): the
+    /// keeper never assumes a lease lives longer than `ttl` after the call
+    /// that granted or renewed it was sent.
+    pub fn builder(backend: Arc<dyn SessionLease>, owner: OwnerId, ttl: Duration) -> KeeperBuilder {
+        KeeperBuilder {
+            backend,
+            owner,
+            ttl,
+            renew_fraction: DEFAULT_RENEW_FRACTION,
+            jitter: DEFAULT_JITTER,
+            acquire_timeout: None,
+            release_timeout: DEFAULT_RELEASE_TIMEOUT,
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            lock_wait: DEFAULT_LOCK_WAIT,
+            metrics: Arc::new(NoMetrics),
+        }
+    }
+
+    /// A keeper with every default.
+    pub fn new(
+        backend: Arc<dyn SessionLease>,
+        owner: OwnerId,
+        ttl: Duration,
+    ) -> Result<Self, KeeperError> {
+        Self::builder(backend, owner, ttl).build()
+    }
+
+    /// The owner identity this keeper acquires with.
+    pub fn owner(&self) -> &OwnerId {
+        &self.core.owner
+    }
+
+    /// The TTL the keeper reckons with.
+    pub fn ttl(&self) -> Duration {
+        self.core.ttl
+    }
+
+    /// True once the backend answered `Unsupported`: from then on the
+    /// keeper runs every session unleased and never consults it again.
+    pub fn is_unleased(&self) -> bool {
+        self.core.unsupported.load(Ordering::Acquire)
+    }
+
+    /// Leases currently held (acquired, not yet lost or released).
+    pub fn held_leases(&self) -> usize {
+        self.core.held.load(Ordering::Acquire)
+    }
+
+    /// Starts a run of `session`: waits (at most the configured lock wait)
+    /// for any run of it in this process to end, then acquires its lease.
+    /// See [`acquire_within`](Self::acquire_within).
+    pub async fn acquire(&self, session: &SessionId) -> Result<LeaseGuard, KeeperError> {
+        self.acquire_within(session, self.core.lock_wait).await
+    }
+
+    /// Starts a run of `session`, waiting at most `wait` for the
+    /// per-session in-process lock.
+    ///
+    /// Cancellable: dropping the future while it waits leaves nothing
+    /// behind. Dropping it during the backend call may leave a lease the
+    /// backend granted but nobody holds; it lapses after its TTL, exactly
+    /// as with a lost reply.
+    ///
+    /// Errors: `Busy` (lock not free in time), `LeasedElsewhere` (backend
+    /// `Held`), `Unavailable` (backend `Transient` or no answer within the
+    /// acquire timeout), `ShuttingDown`, `Invalid`.
+    pub async fn acquire_within(
+        &self,
+        session: &SessionId,
+        wait: Duration,
+    ) -> Result<LeaseGuard, KeeperError> {
+        let span = info_span!("lease_keeper.acquire", session = %session, owner = %self.core.owner);
+        let result = self.acquire_inner(session, wait).instrument(span).await;
+        if let Err(e) = &result {
+            self.core.metrics.acquire_failed(session, e.kind());
+        }
+        result
+    }
+
+    async fn acquire_inner(
+        &self,
+        session: &SessionId,
+        wait: Duration,
+    ) -> Result<LeaseGuard, KeeperError> {
+        let core = &self.core;
+        if core.shutdown.is_cancelled() {
+            return Err(KeeperError::ShuttingDown);
+        }
+        let mutex = core.session_mutex(session);
+        let started = Instant::now();
+        let session_lock = tokio::select! {
+            biased;
+            () = core.shutdown.cancelled() => Err(KeeperError::ShuttingDown),
+            r = timeout(wait, mutex.lock_owned()) => r.map_err(|_| KeeperError::Busy {
+                session: session.clone(),
+                waited: started.elapsed(),
+            }),
+        };
+        let session_lock = match session_lock {
+            Ok(p) => p,
+            Err(e) => {
+                core.forget_session_mutex(session);
+                return Err(e);
+            }
+        };
+        // From here on the held lock travels with the run; every early return
+        // drops it and cleans the lock map through `HeldSessionLock`'s drop.
+        let session_lock = HeldSessionLock {
+            guard: Some(session_lock),
+            core: Arc::clone(core),
+            session: session.clone(),
+        };
+
+        if core.unsupported.load(Ordering::Acquire) {
+            return self.open_run(session, None, None, session_lock);
+        }
+        let sent = Instant::now();
+        let answer = timeout(
+            core.acquire_timeout,
+            core.backend.acquire(session, &core.owner),
+        )
+        .await;
+        let lease = match answer {
+            Ok(Ok(lease)) => lease,
+            Ok(Err(e)) => match e.kind() {
+                LeaseErrorKind::Held => {
+                    return Err(KeeperError::LeasedElsewhere {
+                        session: session.clone(),
+                        holder: e.holder().cloned(),
+                        source: e,
+                    });
+                }
+                LeaseErrorKind::Unsupported => {
+                    if !core.unsupported.swap(true, Ordering::AcqRel) {
+                        warn!(error = %e, "lease backend does not support leases; running every session unleased from now on");
+                    }
+                    return self.open_run(session, None, None, session_lock);
+                }
+                LeaseErrorKind::Transient => {
+                    return Err(KeeperError::Unavailable {
+                        session: session.clone(),
+                        source: e,
+                    });
+                }
+                _ => {
+                    return Err(KeeperError::Invalid {
+                        message: format!("the backend refused session {session}"),
+                        source: Some(e),
+                    });
+                }
+            },
+            Err(_) => {
+                return Err(KeeperError::Unavailable {
+                    session: session.clone(),
+                    source: LeaseError::transient(format!(
+                        "acquire did not answer within {:?}",
+                        core.acquire_timeout
+                    )),
+                });
+            }
+        };
+        if lease.session_id() != session || lease.owner() != &core.owner {
+            return Err(KeeperError::invalid(format!(
+                "the backend granted {lease:?} when asked for session {session} as {}",
+                core.owner
+            )));
+        }
+        self.open_run(session, Some(lease), Some(sent), session_lock)
+    }
+
+    /// Registers a run and, when leased, starts its renew task.
+    fn open_run(
+        &self,
+        session: &SessionId,
+        lease: Option<Lease>,
+        sent: Option<Instant>,
+        session_lock: HeldSessionLock,
+    ) -> Result<LeaseGuard, KeeperError> {
+        let core = &self.core;
+        let (lease_tx, lease_rx) = watch::channel(lease.clone());
+        let run = Arc::new(Run {
+            id: core.next_id.fetch_add(1, Ordering::Relaxed),
+            session: session.clone(),
+            stop: CancellationToken::new(),
+            lost: CancellationToken::new(),
+            released: CancellationToken::new(),
+            state: Mutex::new(RunState {
+                current: lease.clone(),
+                loss: None,
+            }),
+            renew_task: Mutex::new(None),
+            release_started: AtomicBool::new(false),
+            counted: AtomicBool::new(false),
+            lease_tx,
+        });
+        let handle = Handle::current();
+        let leased = lease.is_some();
+        {
+            let mut reg = lock(&core.registry);
+            if !reg.shutting_down {
+                reg.open.insert(run.id, Arc::clone(&run));
+            } else {
+                drop(reg);
+                // Shutdown began while we acquired: give the lease back at
+                // once, on a detached task, and refuse the run.
+                let guard = LeaseGuard {
+                    core: Arc::clone(core),
+                    run,
+                    lease_rx,
+                    session_lock: Some(session_lock),
+                    handle,
+                };
+                drop(guard);
+                return Err(KeeperError::ShuttingDown);
+            }
+        }
+        if let (Some(lease), Some(sent)) = (lease, sent) {
+            run.counted.store(true, Ordering::Release);
+            core.set_held_gauge(true);
+            core.metrics.acquired(session);
+            debug!(session = %session, token = %lease.token(), "lease acquired");
+            // The run's renew task is started by the keeper's driver shortly
+            // before its first renewal is due: a run shorter than that
+            // never costs a task.
+            lock(&core.pending).insert(run.id, (sent, Arc::clone(&run)));
+            core.ensure_driver(&handle);
+        } else {
+            debug_assert!(!leased);
+            debug!(session = %session, "running unleased");
+        }
+        Ok(LeaseGuard {
+            core: Arc::clone(core),
+            run,
+            lease_rx,
+            session_lock: Some(session_lock),
+            handle,
+        })
+    }
+}

@@ -1,0 +1,142 @@
+//! Renewal: one keeper-wide driver starts each run's renew task shortly
+//! before its first renewal can be due, and the task renews about every
+//! TTL/3 until the run ends or ownership is lost.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use lease_port::LeaseErrorKind;
+use tokio::time::{Instant, sleep_until, timeout_at};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info_span, warn};
+
+use super::lock;
+use super::run::{LossReason, Run};
+use super::state::KeeperCore;
+use crate::RenewOutcome;
+
+/// Starts each run's renew task at the last driver tick before its first
+/// renewal can be due; the task then sleeps until exactly that moment.
+pub(super) async fn renew_driver(
+    core: std::sync::Weak<KeeperCore>,
+    tick: Duration,
+    shutdown: CancellationToken,
+) {
+    let mut at = Instant::now();
+    loop {
+        at += tick;
+        tokio::select! {
+            biased;
+            () = shutdown.cancelled() => return,
+            () = sleep_until(at) => {}
+        }
+        let Some(core) = core.upgrade() else {
+            return;
+        };
+        let earliest = core.interval.mul_f64(1.0 - core.jitter);
+        let horizon = Instant::now() + tick;
+        let due: Vec<(Instant, Arc<Run>)> = {
+            let mut pending = lock(&core.pending);
+            let ids: Vec<u64> = pending
+                .iter()
+                .filter(|(_, (sent, _))| *sent + earliest <= horizon)
+                .map(|(id, _)| *id)
+                .collect();
+            ids.iter().filter_map(|id| pending.remove(id)).collect()
+        };
+        for (sent, run) in due {
+            if run.stop.is_cancelled() {
+                continue;
+            }
+            let span = info_span!("lease_keeper.renew", session = %run.session);
+            let task = tokio::spawn(
+                renew_loop(Arc::clone(&core), Arc::clone(&run), sent).instrument(span),
+            );
+            *lock(&run.renew_task) = Some(task);
+        }
+    }
+}
+
+async fn renew_loop(core: Arc<KeeperCore>, run: Arc<Run>, sent: Instant) {
+    // Local deadlines live on the monotonic clock (tokio's): the lease is
+    // taken to live `ttl` from when the call that granted or last renewed
+    // it was *sent*.
+    let mut deadline = sent + core.ttl;
+    let mut next = sent + core.next_interval();
+    loop {
+        tokio::select! {
+            biased;
+            () = run.stop.cancelled() => return,
+            () = sleep_until(next.min(deadline)) => {}
+        }
+        if Instant::now() >= deadline {
+            run.lose(&core, LossReason::Expired);
+            return;
+        }
+        let Some(current) = run.current() else {
+            return;
+        };
+        let t0 = Instant::now();
+        let answer = tokio::select! {
+            biased;
+            () = run.stop.cancelled() => return,
+            r = timeout_at(deadline, core.backend.renew(&current)) => r,
+        };
+        let latency = t0.elapsed();
+        match answer {
+            Ok(Ok(renewed)) => {
+                core.metrics.renew_latency(latency, RenewOutcome::Renewed);
+                if renewed.token() != current.token() || renewed.owner() != current.owner() {
+                    warn!(
+                        ?renewed,
+                        "renew changed the token or owner; treating as loss"
+                    );
+                    run.lose(
+                        &core,
+                        LossReason::Rejected {
+                            kind: LeaseErrorKind::Invalid,
+                        },
+                    );
+                    return;
+                }
+                lock(&run.state).current = Some(renewed.clone());
+                run.lease_tx.send_replace(Some(renewed));
+                deadline = t0 + core.ttl;
+                next = t0 + core.next_interval();
+            }
+            Ok(Err(e)) => match e.kind() {
+                LeaseErrorKind::Held => {
+                    core.metrics.renew_latency(latency, RenewOutcome::Held);
+                    run.lose(
+                        &core,
+                        LossReason::Held {
+                            holder: e.holder().cloned(),
+                        },
+                    );
+                    return;
+                }
+                LeaseErrorKind::Transient => {
+                    core.metrics.renew_latency(latency, RenewOutcome::Transient);
+                    debug!(error = %e, "renew failed transiently; retrying until the lease's expiry");
+                    next = Instant::now() + core.retry_interval();
+                }
+                kind => {
+                    core.metrics.renew_latency(latency, RenewOutcome::Failed);
+                    if kind == LeaseErrorKind::Unsupported
+                        && !core.unsupported.swap(true, Ordering::AcqRel)
+                    {
+                        warn!(error = %e, "lease backend does not support leases; later runs go unleased");
+                    }
+                    run.lose(&core, LossReason::Rejected { kind });
+                    return;
+                }
+            },
+            Err(_) => {
+                core.metrics.renew_latency(latency, RenewOutcome::Failed);
+                run.lose(&core, LossReason::Expired);
+                return;
+            }
+        }
+    }
+}

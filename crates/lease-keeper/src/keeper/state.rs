@@ -1,0 +1,138 @@
+//! What one keeper shares across all its runs — configuration, the
+//! per-session in-process locks, the open runs, the runs waiting for their
+//! renew task — and the held in-process lock a run carries.
+
+use std::collections::HashMap;
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lease_port::{OwnerId, SessionId, SessionLease};
+use tokio::runtime::Handle;
+use tokio::sync::OwnedMutexGuard;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::lock;
+use super::renew::renew_driver;
+use super::run::Run;
+use crate::KeeperMetrics;
+
+/// The in-process lock of one session.
+pub(super) type SessionMutex = tokio::sync::Mutex<()>;
+
+/// The runs still open, which shutdown must end, and whether it has begun.
+#[derive(Default)]
+pub(super) struct Registry {
+    pub(super) shutting_down: bool,
+    pub(super) open: HashMap<u64, Arc<Run>>,
+}
+
+/// What every clone of a [`LeaseKeeper`](super::LeaseKeeper) and every one
+/// of its runs share.
+pub(super) struct KeeperCore {
+    pub(super) backend: Arc<dyn SessionLease>,
+    pub(super) owner: OwnerId,
+    pub(super) ttl: Duration,
+    pub(super) interval: Duration,
+    pub(super) jitter: f64,
+    pub(super) acquire_timeout: Duration,
+    pub(super) release_timeout: Duration,
+    pub(super) shutdown_timeout: Duration,
+    pub(super) lock_wait: Duration,
+    pub(super) metrics: Arc<dyn KeeperMetrics>,
+    pub(super) unsupported: AtomicBool,
+    pub(super) locks: Mutex<HashMap<SessionId, Arc<SessionMutex>>>,
+    pub(super) registry: Mutex<Registry>,
+    pub(super) shutdown: CancellationToken,
+    pub(super) tracker: TaskTracker,
+    pub(super) next_id: AtomicU64,
+    pub(super) held: AtomicUsize,
+    pub(super) rng: RandomState,
+    /// Leased runs whose renew task is not started yet, with when their
+    /// acquisition was sent.
+    pub(super) pending: Mutex<HashMap<u64, (Instant, Arc<Run>)>>,
+    pub(super) driver_started: AtomicBool,
+}
+
+impl KeeperCore {
+    /// The next renewal interval: the configured share of the TTL, scaled
+    /// by a random factor in `1 ± jitter`.
+    pub(super) fn next_interval(&self) -> Duration {
+        if self.jitter == 0.0 {
+            return self.interval;
+        }
+        let draw = self
+            .rng
+            .hash_one(self.next_id.fetch_add(1, Ordering::Relaxed));
+        let unit = (draw >> 11) as f64 / (1u64 << 53) as f64; // [0, 1)
+        self.interval
+            .mul_f64(1.0 - self.jitter + 2.0 * self.jitter * unit)
+    }
+
+    /// How often the driver looks for runs whose first renewal is near.
+    pub(super) fn driver_tick(&self) -> Duration {
+        (self.interval.mul_f64(1.0 - self.jitter) / 4).max(Duration::from_millis(1))
+    }
+
+    pub(super) fn ensure_driver(self: &Arc<Self>, handle: &Handle) {
+        if !self.driver_started.swap(true, Ordering::AcqRel) {
+            handle.spawn(renew_driver(
+                Arc::downgrade(self),
+                self.driver_tick(),
+                self.shutdown.clone(),
+            ));
+        }
+    }
+
+    pub(super) fn retry_interval(&self) -> Duration {
+        (self.interval / 4).max(Duration::from_millis(1))
+    }
+
+    pub(super) fn session_mutex(&self, session: &SessionId) -> Arc<SessionMutex> {
+        lock(&self.locks)
+            .entry(session.clone())
+            .or_default()
+            .clone()
+    }
+
+    /// Drops the session's lock entry when nobody holds or waits for it.
+    /// Every clone of the entry is made under the map lock, so a count of
+    /// one (the map's own) seen under it cannot grow behind our back.
+    pub(super) fn forget_session_mutex(&self, session: &SessionId) {
+        let mut locks = lock(&self.locks);
+        if locks
+            .get(session)
+            .is_some_and(|m| Arc::strong_count(m) == 1)
+        {
+            locks.remove(session);
+        }
+    }
+
+    pub(super) fn set_held_gauge(&self, delta_up: bool) {
+        let n = if delta_up {
+            self.held.fetch_add(1, Ordering::AcqRel) + 1
+        } else {
+            self.held.fetch_sub(1, Ordering::AcqRel) - 1
+        };
+        self.metrics.held_leases(n);
+    }
+}
+
+/// The per-session in-process lock, held for the whole run and until the
+/// run's release has finished.
+pub(super) struct HeldSessionLock {
+    pub(super) guard: Option<OwnedMutexGuard<()>>,
+    pub(super) core: Arc<KeeperCore>,
+    pub(super) session: SessionId,
+}
+
+impl Drop for HeldSessionLock {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        self.core.forget_session_mutex(&self.session);
+    }
+}

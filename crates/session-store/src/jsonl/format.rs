@@ -1,0 +1,128 @@
+//! The on-disk format of a session file: what each JSON line says and how
+//! it is written and parsed. Kept in one place so the format can be read
+//! (and versioned) without the locking and caching around it.
+
+use std::fmt::Write as _;
+use std::fs::OpenOptions;
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use lease_port::SessionId;
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::open_flags;
+use crate::StoreError;
+
+/// The `v` of every header this store writes and the only one it reads.
+pub(super) const FORMAT_VERSION: u64 = 1;
+
+/// The fields of any record line (header, event or deletion) that the
+/// index needs; the payload is left unparsed.
+#[derive(Deserialize)]
+pub(super) struct Record {
+    pub(super) t: String,
+    #[serde(default)]
+    pub(super) v: Option<u64>,
+    #[serde(default)]
+    pub(super) id: Option<String>,
+    #[serde(default)]
+    pub(super) seq: Option<u64>,
+    #[serde(default)]
+    pub(super) token: Option<u64>,
+}
+
+/// An event line in full, parsed when a page is read.
+#[derive(Deserialize)]
+pub(super) struct EventLine {
+    pub(super) seq: u64,
+    pub(super) token: Option<u64>,
+    pub(super) ts: u64,
+    pub(super) payload: Value,
+}
+
+/// Milliseconds since the Unix epoch, the `ts` of every line.
+pub(super) fn millis(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+fn json_str(s: &str) -> String {
+    // Serialising a str cannot fail.
+    serde_json::to_string(s).unwrap_or_default()
+}
+
+/// The header line that opens every incarnation of a session:
+/// `{"t":"h","v":1,"id":…,"ts":…}`.
+pub(super) fn header_line(session: &SessionId, ts: u64) -> String {
+    format!(
+        "{{\"t\":\"h\",\"v\":{FORMAT_VERSION},\"id\":{},\"ts\":{ts}}}\n",
+        json_str(session.as_str())
+    )
+}
+
+/// A token as a line holds it: the number, or `null` for an unfenced write.
+pub(super) fn token_json(token: Option<u64>) -> String {
+    token.map_or_else(|| "null".to_owned(), |t| t.to_string())
+}
+
+/// Appends one event line to `buf`:
+/// `{"t":"e","seq":…,"token":…,"ts":…,"payload":…}`, where `token` is
+/// [`token_json`]'s text and `payload` already serialised JSON.
+pub(super) fn push_event_line(buf: &mut String, seq: u64, token: &str, ts: u64, payload: &str) {
+    let _ = writeln!(
+        buf,
+        "{{\"t\":\"e\",\"seq\":{seq},\"token\":{token},\"ts\":{ts},\"payload\":{payload}}}"
+    );
+}
+
+/// A deletion line: `{"t":"d","token":…,"ts":…}`, where `token` is
+/// [`token_json`]'s text.
+pub(super) fn deletion_line(token: &str, ts: u64) -> String {
+    format!("{{\"t\":\"d\",\"token\":{token},\"ts\":{ts}}}\n")
+}
+
+/// The session id in the header of the file at `path`; `None` when the
+/// file is gone or its header is incomplete.
+pub(super) fn read_header_id(path: &Path) -> Result<Option<String>, StoreError> {
+    let file = match OpenOptions::new()
+        .read(true)
+        .custom_flags(open_flags())
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(StoreError::io("opening session file", path, e)),
+    };
+    // A header is at most a few kilobytes: a 256-byte id escaped, plus fields.
+    let mut buf = vec![0u8; 4096];
+    let mut n = 0;
+    while n < buf.len() {
+        match file.read_at(&mut buf[n..], n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(StoreError::io("reading session header", path, e)),
+        }
+    }
+    let Some(end) = buf[..n].iter().position(|&b| b == b'\n') else {
+        return Ok(None);
+    };
+    let rec: Record = serde_json::from_slice(&buf[..end]).map_err(|e| StoreError::Corrupt {
+        path: path.to_owned(),
+        line: Some(1),
+        message: "not a store record".to_owned(),
+        source: Some(e),
+    })?;
+    match (rec.t.as_str(), rec.id) {
+        ("h", Some(id)) => Ok(Some(id)),
+        _ => Err(StoreError::corrupt(
+            path,
+            Some(1),
+            "the first line is not a header",
+        )),
+    }
+}

@@ -1,0 +1,216 @@
+//! The JSONL directory store: one append-only JSON-lines file per session,
+//! every write fenced by the writer's lease token.
+//!
+//! Everything here is also exported at the crate root; the crate
+//! documentation describes the store's format and rules.
+
+// This file holds the store itself (opening the directory, the
+// `SessionStore` methods); the work is split by concern: `options`
+// (configuration), `format` (what a line of a session file says), `index`
+// (what the store knows of a file), `cache` (the open sessions and the
+// names a listing learnt), `locking` (in-process mutex, `flock`, when a
+// call leaves the async worker), `write` (how bytes reach the end of a
+// file, and are taken back on failure) and `ops` (the fenced operations
+// built from them).
+
+mod cache;
+mod format;
+mod index;
+mod locking;
+mod ops;
+mod options;
+#[cfg(test)]
+mod tests;
+mod write;
+
+use std::collections::HashMap;
+use std::fs::{DirBuilder, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use async_trait::async_trait;
+use lease_port::{FencingToken, SessionId};
+use nix::fcntl::OFlag;
+use serde_json::Value;
+
+use crate::{AppendReceipt, Page, SessionStore, StoreError, WriteFence};
+use cache::OpenSession;
+use format::millis;
+use ops::validate_batch;
+pub use options::{
+    DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_OPEN, DEFAULT_MAX_PAGE_BYTES,
+    FsyncPolicy, JsonlOptions,
+};
+
+/// The name of the subdirectory of a store directory where a server keeps
+/// the store's file leases (`flocklease`) unless told otherwise:
+/// `.session-leases`. [`JsonlStore::list`](SessionStore::list) ignores it,
+/// like every name starting with `.`.
+pub const DEFAULT_LEASE_DIR_NAME: &str = ".session-leases";
+
+/// Suffix of session files.
+pub const FILE_SUFFIX: &str = ".jsonl";
+
+/// One session file per session in a directory; every write fenced.
+///
+/// Cheap to clone; clones share the open files and indexes. Any number of
+/// processes may open the same directory (with the default
+/// [`cross_process`](JsonlOptions::cross_process)).
+#[derive(Clone, Debug)]
+pub struct JsonlStore {
+    core: Arc<StoreCore>,
+}
+
+/// What every clone of a [`JsonlStore`] shares: the directory, the
+/// options, the open sessions.
+#[derive(Debug)]
+struct StoreCore {
+    dir: PathBuf,
+    dir_file: File,
+    opts: JsonlOptions,
+    open_sessions: Mutex<HashMap<SessionId, Arc<OpenSession>>>,
+    /// Session ids read from the headers of files [`list`] found, by file
+    /// name, so a listing does not open every file to learn them again.
+    ///
+    /// [`list`]: SessionStore::list
+    names: Mutex<HashMap<String, SessionId>>,
+    tmp_counter: AtomicU64,
+    /// Test hook: how many of the next data syncs fail.
+    #[cfg(test)]
+    fail_syncs: std::sync::atomic::AtomicU32,
+}
+
+/// Locks a mutex, ignoring poisoning.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Flags every session file is opened with: never follow a symbolic link,
+/// never block, close on exec.
+fn open_flags() -> i32 {
+    (OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).bits()
+}
+
+impl JsonlStore {
+    /// Opens (creating it, mode 0700, when missing) the store directory.
+    ///
+    /// Errors: `Invalid` when `dir` exists but is not a directory (or is a
+    /// symbolic link); `Io` when it cannot be created or opened.
+    pub fn open(dir: impl Into<PathBuf>, opts: JsonlOptions) -> Result<Self, StoreError> {
+        let dir = dir.into();
+        match std::fs::symlink_metadata(&dir) {
+            Ok(meta) if meta.file_type().is_dir() => {}
+            Ok(_) => {
+                return Err(StoreError::invalid(format!(
+                    "{} is not a directory (symbolic links are refused)",
+                    dir.display()
+                )));
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(&dir)
+                    .map_err(|e| StoreError::io("creating store directory", &dir, e))?;
+            }
+            Err(e) => return Err(StoreError::io("inspecting store directory", &dir, e)),
+        }
+        let dir_file = OpenOptions::new()
+            .read(true)
+            .custom_flags((OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC).bits())
+            .open(&dir)
+            .map_err(|e| StoreError::io("opening store directory", &dir, e))?;
+        Ok(Self {
+            core: Arc::new(StoreCore {
+                dir,
+                dir_file,
+                opts,
+                open_sessions: Mutex::default(),
+                names: Mutex::default(),
+                tmp_counter: AtomicU64::new(0),
+                #[cfg(test)]
+                fail_syncs: std::sync::atomic::AtomicU32::new(0),
+            }),
+        })
+    }
+
+    /// The store directory.
+    pub fn dir(&self) -> &Path {
+        &self.core.dir
+    }
+
+    /// Where the server keeps file leases for this store:
+    /// `<dir>/.session-leases` ([`DEFAULT_LEASE_DIR_NAME`]).
+    pub fn lease_dir(&self) -> PathBuf {
+        self.core.dir.join(DEFAULT_LEASE_DIR_NAME)
+    }
+
+    /// The file holding `session`.
+    pub fn path_of(&self, session: &SessionId) -> PathBuf {
+        self.core.path(&session_filename::stem(session))
+    }
+}
+
+impl StoreCore {
+    fn path(&self, stem: &str) -> PathBuf {
+        self.dir.join(format!("{stem}{FILE_SUFFIX}"))
+    }
+
+    fn now_ms(&self) -> u64 {
+        millis(self.opts.clock.now())
+    }
+}
+
+#[async_trait]
+impl SessionStore for JsonlStore {
+    async fn create(&self, session: &SessionId) -> Result<(), StoreError> {
+        let session = session.clone();
+        self.run(move |core, wait| core.create(&session, wait))
+            .await
+    }
+
+    async fn append(
+        &self,
+        session: &SessionId,
+        fence: WriteFence,
+        events: &[Value],
+    ) -> Result<AppendReceipt, StoreError> {
+        let payloads = validate_batch(events, self.core.opts.max_event_bytes)?;
+        let session = session.clone();
+        self.run(move |core, wait| core.append(&session, fence, &payloads, wait))
+            .await
+    }
+
+    async fn read(
+        &self,
+        session: &SessionId,
+        from_seq: u64,
+        limit: usize,
+    ) -> Result<Page, StoreError> {
+        if limit == 0 {
+            return Err(StoreError::invalid("a page needs a limit of at least 1"));
+        }
+        let session = session.clone();
+        self.run(move |core, wait| core.read(&session, from_seq, limit, wait))
+            .await
+    }
+
+    async fn list(&self) -> Result<Vec<SessionId>, StoreError> {
+        self.run(|core, wait| core.list(wait)).await
+    }
+
+    async fn delete(&self, session: &SessionId, fence: WriteFence) -> Result<(), StoreError> {
+        let session = session.clone();
+        self.run(move |core, wait| core.delete(&session, fence, wait))
+            .await
+    }
+
+    async fn high_water(&self, session: &SessionId) -> Result<Option<FencingToken>, StoreError> {
+        let session = session.clone();
+        self.run(move |core, wait| core.high_water(&session, wait))
+            .await
+    }
+}

@@ -1,0 +1,410 @@
+//! The store's operations — create, append, delete, read, high water,
+//! list — each one a fence check and a write (or a read) under the
+//! session's locks, built from the pieces in the sibling modules.
+
+use std::fs::OpenOptions;
+use std::io::{self, Write as _};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, UNIX_EPOCH};
+
+use lease_port::{FencingToken, SessionId};
+use serde_json::Value;
+use tracing::warn;
+
+use super::format::{EventLine, deletion_line, header_line, push_event_line, token_json};
+use super::index::{EventSpan, FileIndex, page_end};
+use super::locking::{AttemptError, LockMode, Wait};
+use super::{FILE_SUFFIX, FsyncPolicy, StoreCore, lock, open_flags};
+use crate::{AppendReceipt, Page, StoreError, StoreErrorKind, StoredEvent, WriteFence};
+
+impl StoreCore {
+    pub(super) fn check_fence(
+        &self,
+        session: &SessionId,
+        fence: WriteFence,
+        index: &FileIndex,
+    ) -> Result<Option<u64>, StoreError> {
+        match fence {
+            WriteFence::Token(t) => {
+                if let Some(high_water) = index.high_water.filter(|&m| t.get() < m) {
+                    return Err(StoreError::Fenced {
+                        session: session.clone(),
+                        presented: t,
+                        high_water: FencingToken::new(high_water),
+                    });
+                }
+                Ok(Some(t.get()))
+            }
+            WriteFence::Unfenced => {
+                if !self.opts.allow_unfenced || index.high_water.is_some() {
+                    return Err(StoreError::Unfenced {
+                        session: session.clone(),
+                        high_water: index.high_water.map(FencingToken::new),
+                    });
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    pub(super) fn create(&self, session: &SessionId, wait: Wait) -> Result<(), AttemptError> {
+        let header = |ts: u64| header_line(session, ts);
+        self.with_session(session, wait, |state, path| {
+            for _ in 0..2 {
+                if self.ensure_open(state, path)? {
+                    return self.locked(
+                        state,
+                        path,
+                        Some(session),
+                        LockMode::Exclusive,
+                        |file, index| {
+                            if index.live {
+                                return Err(StoreError::AlreadyExists {
+                                    session: session.clone(),
+                                });
+                            }
+                            // Deleted (or never completed): start a new incarnation.
+                            self.repair(file, path, index)?;
+                            let line = header(self.now_ms());
+                            self.write_end(file, path, index, line.as_bytes())?;
+                            index.pos += line.len() as u64;
+                            index.lines += 1;
+                            index.id = Some(session.as_str().to_owned());
+                            index.live = true;
+                            index.events.clear();
+                            Ok(())
+                        },
+                    );
+                }
+                if self.create_file(session, path, &header)? {
+                    return Ok(());
+                }
+                // Another process created it meanwhile: look again.
+            }
+            Err(StoreError::AlreadyExists {
+                session: session.clone(),
+            }
+            .into())
+        })
+    }
+
+    /// Creates a new session file: writes the header to a private temporary
+    /// file and links it into place, so no other process ever sees a file
+    /// without its header, and an existing file is never replaced. False
+    /// when the file exists.
+    pub(super) fn create_file(
+        &self,
+        session: &SessionId,
+        path: &Path,
+        header: &dyn Fn(u64) -> String,
+    ) -> Result<bool, StoreError> {
+        let n = self.tmp_counter.fetch_add(1, Ordering::Relaxed);
+        let stem = session_filename::stem(session);
+        let tmp = self
+            .dir
+            .join(format!(".tmp-{stem}-{}-{n}", std::process::id()));
+        let result = (|| {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(open_flags())
+                .open(&tmp)
+                .map_err(|e| StoreError::io("creating session file", &tmp, e))?;
+            f.write_all(header(self.now_ms()).as_bytes())
+                .map_err(|e| StoreError::io("writing session header", &tmp, e))?;
+            if self.opts.fsync != FsyncPolicy::Never {
+                f.sync_data()
+                    .map_err(|e| StoreError::io("syncing session file", &tmp, e))?;
+            }
+            match std::fs::hard_link(&tmp, path) {
+                Ok(()) => Ok(true),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+                Err(e) => Err(StoreError::io("linking session file", path, e)),
+            }
+        })();
+        let _ = std::fs::remove_file(&tmp);
+        let linked = result?;
+        if linked && self.opts.fsync != FsyncPolicy::Never {
+            // The file is in place (and other processes may already use
+            // it), so it is not taken back: the error says what happened.
+            self.dir_file.sync_all().map_err(|e| {
+                StoreError::io(
+                    "syncing store directory after creating the session file (the session exists)",
+                    &self.dir,
+                    e,
+                )
+            })?;
+        }
+        Ok(linked)
+    }
+
+    pub(super) fn append(
+        &self,
+        session: &SessionId,
+        fence: WriteFence,
+        payloads: &[String],
+        wait: Wait,
+    ) -> Result<AppendReceipt, AttemptError> {
+        self.with_session(session, wait, |state, path| {
+            if !self.ensure_open(state, path)? {
+                return Err(StoreError::NotFound {
+                    session: session.clone(),
+                }
+                .into());
+            }
+            self.locked(
+                state,
+                path,
+                Some(session),
+                LockMode::Exclusive,
+                |file, index| {
+                    if !index.live {
+                        return Err(StoreError::NotFound {
+                            session: session.clone(),
+                        });
+                    }
+                    let token = self.check_fence(session, fence, index)?;
+                    self.repair(file, path, index)?;
+                    let ts = self.now_ms();
+                    let token_text = token_json(token);
+                    let total: usize = payloads.iter().map(|p| p.len() + 64).sum();
+                    let mut buf = String::with_capacity(total);
+                    let mut spans = Vec::with_capacity(payloads.len());
+                    let first_seq = index.next_seq;
+                    for (i, p) in payloads.iter().enumerate() {
+                        let start = buf.len();
+                        push_event_line(&mut buf, first_seq + i as u64, &token_text, ts, p);
+                        spans.push((start as u64, (buf.len() - start) as u64));
+                    }
+                    self.write_end(file, path, index, buf.as_bytes())?;
+                    for (i, (start, len)) in spans.into_iter().enumerate() {
+                        index.events.push(EventSpan {
+                            seq: first_seq + i as u64,
+                            off: index.pos + start,
+                            len,
+                        });
+                    }
+                    index.pos += buf.len() as u64;
+                    index.lines += payloads.len() as u64;
+                    index.next_seq = first_seq + payloads.len() as u64;
+                    if let Some(t) = token {
+                        index.high_water = Some(index.high_water.map_or(t, |m| m.max(t)));
+                    }
+                    Ok(AppendReceipt {
+                        first_seq,
+                        last_seq: index.next_seq - 1,
+                    })
+                },
+            )
+        })
+    }
+
+    pub(super) fn delete(
+        &self,
+        session: &SessionId,
+        fence: WriteFence,
+        wait: Wait,
+    ) -> Result<(), AttemptError> {
+        self.with_session(session, wait, |state, path| {
+            if !self.ensure_open(state, path)? {
+                return Err(StoreError::NotFound {
+                    session: session.clone(),
+                }
+                .into());
+            }
+            self.locked(
+                state,
+                path,
+                Some(session),
+                LockMode::Exclusive,
+                |file, index| {
+                    if !index.live {
+                        return Err(StoreError::NotFound {
+                            session: session.clone(),
+                        });
+                    }
+                    let token = self.check_fence(session, fence, index)?;
+                    self.repair(file, path, index)?;
+                    let token_text = token_json(token);
+                    let line = deletion_line(&token_text, self.now_ms());
+                    self.write_end(file, path, index, line.as_bytes())?;
+                    index.pos += line.len() as u64;
+                    index.lines += 1;
+                    index.live = false;
+                    index.events.clear();
+                    if let Some(t) = token {
+                        index.high_water = Some(index.high_water.map_or(t, |m| m.max(t)));
+                    }
+                    Ok(())
+                },
+            )
+        })
+    }
+
+    pub(super) fn read(
+        &self,
+        session: &SessionId,
+        from_seq: u64,
+        limit: usize,
+        wait: Wait,
+    ) -> Result<Page, AttemptError> {
+        let budget = self.opts.max_page_bytes as u64;
+        self.with_session(session, wait, |state, path| {
+            if !self.ensure_open(state, path)? {
+                return Err(StoreError::NotFound {
+                    session: session.clone(),
+                }
+                .into());
+            }
+            self.locked(
+                state,
+                path,
+                Some(session),
+                LockMode::Shared,
+                |file, index| {
+                    if !index.live {
+                        return Err(StoreError::NotFound {
+                            session: session.clone(),
+                        });
+                    }
+                    let start = index.events.partition_point(|e| e.seq < from_seq);
+                    let end = page_end(&index.events, start, limit, budget);
+                    let picked = &index.events[start..end];
+                    let mut events = Vec::with_capacity(picked.len());
+                    if let (Some(first), Some(last)) = (picked.first(), picked.last()) {
+                        let span = (last.off + last.len - first.off) as usize;
+                        let mut buf = vec![0u8; span];
+                        file.read_exact_at(&mut buf, first.off)
+                            .map_err(|e| StoreError::io("reading session file", path, e))?;
+                        for ev in picked {
+                            let at = (ev.off - first.off) as usize;
+                            let line = &buf[at..at + ev.len as usize - 1];
+                            let parsed: EventLine =
+                                serde_json::from_slice(line).map_err(|e| StoreError::Corrupt {
+                                    path: path.to_path_buf(),
+                                    line: None,
+                                    message: format!("event {} cannot be parsed", ev.seq),
+                                    source: Some(e),
+                                })?;
+                            if parsed.seq != ev.seq {
+                                return Err(StoreError::corrupt(
+                                    path,
+                                    None,
+                                    format!("event {} changed under the store", ev.seq),
+                                ));
+                            }
+                            events.push(StoredEvent {
+                                seq: parsed.seq,
+                                token: parsed.token.map(FencingToken::new),
+                                at: UNIX_EPOCH + Duration::from_millis(parsed.ts),
+                                payload: parsed.payload,
+                            });
+                        }
+                    }
+                    Ok(Page {
+                        events,
+                        next_seq: index.events.get(end).map(|e| e.seq),
+                        torn_tail: index.torn > 0,
+                    })
+                },
+            )
+        })
+    }
+
+    pub(super) fn high_water(
+        &self,
+        session: &SessionId,
+        wait: Wait,
+    ) -> Result<Option<FencingToken>, AttemptError> {
+        self.with_session(session, wait, |state, path| {
+            if !self.ensure_open(state, path)? {
+                return Ok(None);
+            }
+            self.locked(state, path, Some(session), LockMode::Shared, |_, index| {
+                Ok(index.high_water.map(FencingToken::new))
+            })
+        })
+    }
+
+    /// Every live session. A file that cannot be read as a session (a
+    /// stray or damaged `*.jsonl`, one that names another session, one
+    /// that cannot be opened) is logged and left out, so one bad file does
+    /// not hide the others. A session locked past the deadline fails the
+    /// listing with `Busy` (leaving it out would misreport it).
+    pub(super) fn list(&self, wait: Wait) -> Result<Vec<SessionId>, AttemptError> {
+        let entries = std::fs::read_dir(&self.dir)
+            .map_err(|e| StoreError::io("listing store directory", &self.dir, e))?;
+        let mut out = Vec::new();
+        for entry in entries {
+            let entry =
+                entry.map_err(|e| StoreError::io("listing store directory", &self.dir, e))?;
+            let file_name = entry.file_name();
+            let Some(name) = file_name.to_str() else {
+                continue;
+            };
+            // `.session-leases`, temporary files and anything hidden.
+            if name.starts_with('.') {
+                continue;
+            }
+            let Some(stem) = name.strip_suffix(FILE_SUFFIX) else {
+                continue;
+            };
+            let is_file = entry.file_type().is_ok_and(|t| t.is_file());
+            if !is_file {
+                continue;
+            }
+            let path = entry.path();
+            let session = match self.session_in(name, stem, &path) {
+                Ok(Some(session)) => session,
+                Ok(None) => continue, // removed meanwhile, or its header is torn
+                Err(e) => {
+                    warn!(path = %path.display(), error = %e, "listing skips a file that is not a readable session");
+                    continue;
+                }
+            };
+            let live = self.with_session(&session, wait, |state, path| {
+                if !self.ensure_open(state, path)? {
+                    return Ok(false);
+                }
+                self.locked(state, path, Some(&session), LockMode::Shared, |_, index| {
+                    Ok(index.live)
+                })
+            });
+            match live {
+                Ok(true) => out.push(session),
+                Ok(false) => {}
+                Err(AttemptError::Store(e)) if e.kind() != StoreErrorKind::Busy => {
+                    warn!(path = %path.display(), error = %e, "listing skips a session file it cannot read");
+                    lock(&self.names).remove(name);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+}
+
+pub(super) fn validate_batch(events: &[Value], max: usize) -> Result<Vec<String>, StoreError> {
+    if events.is_empty() {
+        return Err(StoreError::invalid("an append needs at least one event"));
+    }
+    events
+        .iter()
+        .enumerate()
+        .map(|(i, ev)| {
+            let text = serde_json::to_string(ev)
+                .map_err(|e| StoreError::invalid(format!("event {i} cannot be serialised: {e}")))?;
+            if text.len() > max {
+                return Err(StoreError::invalid(format!(
+                    "event {i} is {} bytes serialised, the limit is {max}",
+                    text.len()
+                )));
+            }
+            Ok(text)
+        })
+        .collect()
+}
