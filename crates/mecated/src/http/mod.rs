@@ -1,5 +1,5 @@
 //! The HTTP edge: routes, request parsing, and the mapping of engine
-//! errors to statuses ([`error`]). Described by the OpenAPI document
+//! errors to statuses ([`ApiError`]). Described by the OpenAPI document
 //! ([`crate::openapi`]), served at `/openapi.json`.
 
 mod error;
