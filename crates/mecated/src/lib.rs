@@ -34,17 +34,23 @@
 //! # Modules
 //!
 //! - [`agent`]: the agent loop (`echo`, `exec`), independent of leases.
-//! - [`app`]: the run engine — lease, claim the store, drive, release.
-//! - [`http`]: the JSON API, Server-Sent Events, health, metrics, OpenAPI.
+//! - [`engine`]: the run engine — lease, claim the store, drive, release —
+//!   answering domain errors, with no HTTP in it.
+//! - [`wire`]: the typed request and response bodies.
+//! - [`http`]: routes, Server-Sent Events, health, metrics, and the one
+//!   mapping of engine errors to statuses and codes.
+//! - [`openapi`]: the API description, derived from [`http`] and [`wire`].
 //! - [`config`]: flags, environment variables, and how they combine.
 //! - [`server`]: start-up, the single-process proof, graceful shutdown.
 
 pub mod agent;
-pub mod app;
 pub mod config;
+pub mod engine;
 pub mod error;
 pub mod http;
 pub mod metrics;
+pub mod openapi;
 pub mod server;
+pub mod wire;
 
 pub use server::{Server, ServerConfig, StartError};

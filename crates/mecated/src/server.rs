@@ -18,8 +18,8 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::agent::{Agent, EchoAgent};
-use crate::app::{App, Exclusivity};
 use crate::config::LeaseChoice;
+use crate::engine::{Engine, Exclusivity};
 use crate::metrics::Metrics;
 
 /// File in the store directory whose exclusive lock proves, for an unleased
@@ -215,7 +215,7 @@ fn exclusive_lock(path: PathBuf) -> Result<Option<Flock<File>>, StartError> {
 
 /// A running server.
 pub struct Server {
-    app: App,
+    app: Engine,
     addr: SocketAddr,
     serve: JoinHandle<std::io::Result<()>>,
     shutdown_timeout: Duration,
@@ -288,7 +288,7 @@ impl Server {
             .shutdown_timeout(config.shutdown_timeout / 2)
             .build()
             .map_err(StartError::Keeper)?;
-        let app = App::new(store, keeper, config.agent.clone(), metrics, exclusivity);
+        let app = Engine::new(store, keeper, config.agent.clone(), metrics, exclusivity);
 
         let listener =
             TcpListener::bind(config.listen)

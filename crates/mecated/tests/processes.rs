@@ -530,7 +530,7 @@ async fn health_readiness_metrics_and_openapi_are_served() {
         .json()
         .await
         .unwrap();
-    assert_eq!(spec["openapi"], "3.0.3");
+    assert_eq!(spec["openapi"], "3.1.0");
     for path in [
         "/v1/sessions",
         "/v1/sessions/{id}/runs",

@@ -1,33 +1,60 @@
-//! The server's state and the run engine: lease, drive, fence, release.
+//! The run engine: lease, claim the store, drive the agent, fence every
+//! write, release.
+//!
+//! Nothing here knows about HTTP: operations answer [`EngineError`], and
+//! the HTTP edge ([`crate::http`]) decides what status and code a client
+//! sees. Events leave the engine as the store holds them
+//! ([`StoredEvent`]), so a live stream and a paged read show the same thing.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use async_trait::async_trait;
-use lease_keeper::{LeaseGuard, LeaseKeeper};
-use lease_port::SessionId;
+use lease_keeper::{KeeperError, LeaseGuard, LeaseKeeper};
+use lease_port::{FencingToken, SessionId};
 use serde_json::{Value, json};
-use session_store::{SessionStore, StoreErrorKind, StoredEvent, WriteFence};
+use session_store::{Page, SessionStore, StoreError, StoreErrorKind, StoredEvent, WriteFence};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, info_span, warn};
 
 use crate::agent::{Agent, AgentError, EventSink, SinkError, Turn};
-use crate::error::{ApiError, error_chain};
+use crate::error::error_chain;
 use crate::metrics::{Metrics, RunOutcome};
 
 /// Events read per page when loading a transcript.
 const TRANSCRIPT_PAGE: usize = 1000;
 
-/// Everything a request handler needs; cheap to clone.
-#[derive(Clone)]
-pub struct App {
-    inner: Arc<AppInner>,
+/// Why an engine operation was refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// Shutdown began: no new runs or deletions.
+    #[error("the server is shutting down")]
+    ShuttingDown,
+    /// Unleased, and another process holds the store's single-process lock.
+    #[error(
+        "this deployment runs unleased and another process holds <STORE_DIR>/.mecated.lock: \
+         only that process may run or delete sessions"
+    )]
+    NotExclusive,
+    /// The lease keeper refused or failed (held elsewhere, busy, backend
+    /// unavailable, shutting down).
+    #[error(transparent)]
+    Lease(#[from] KeeperError),
+    /// The store refused or failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }
 
-struct AppInner {
+/// The server's state and the run engine; cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<EngineInner>,
+}
+
+struct EngineInner {
     store: Arc<dyn SessionStore>,
     keeper: LeaseKeeper,
     agent: Arc<dyn Agent>,
@@ -75,13 +102,38 @@ impl RunStatus {
         }
     }
 
-    /// The end-of-run message sent to clients.
-    pub fn to_json(&self, token: Option<u64>) -> Value {
-        let mut v = json!({"status": self.name(), "token": token});
-        if let RunStatus::Failed(e) | RunStatus::LeaseLost(e) = self {
-            v["error"] = json!(e);
+    /// What went wrong, for the statuses that carry it.
+    pub fn error(&self) -> Option<&str> {
+        match self {
+            RunStatus::Failed(e) | RunStatus::LeaseLost(e) => Some(e),
+            RunStatus::Completed | RunStatus::Cancelled => None,
         }
-        v
+    }
+}
+
+/// How a run ended, told once its lease has been released (or lost).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunEnd {
+    /// How it ended.
+    pub status: RunStatus,
+    /// The lease token the run wrote under; `None` when unleased.
+    pub token: Option<u64>,
+    /// Sequence number of the last event the agent recorded, if any.
+    pub last_seq: Option<u64>,
+    /// Live forwarding stopped before the end (the client fell behind, or
+    /// an event could not be read back for it); every event is in the log.
+    pub lagged: bool,
+}
+
+impl RunEnd {
+    /// The end reported when a run's task vanished without telling one.
+    pub fn vanished() -> Self {
+        Self {
+            status: RunStatus::Failed("the run ended without a result".into()),
+            token: None,
+            last_seq: None,
+            lagged: false,
+        }
     }
 }
 
@@ -97,30 +149,26 @@ pub struct StartedRun {
     pub token: Option<u64>,
     /// Sequence number of the run's first event (its `run_started`).
     pub first_seq: u64,
-    /// The run's events as they are stored. Closes when the run ends, or
-    /// early when the client fell more than [`STREAM_BUFFER`] events
-    /// behind (the end message then says `"lagged": true`).
-    pub events: mpsc::Receiver<Value>,
-    /// The end message, sent once the run's lease has been released (or
-    /// lost), so a client that starts the next run at once is not refused.
-    pub end: oneshot::Receiver<Value>,
+    /// The run's events as the store holds them. Closes when the run
+    /// ends, or early when the client fell more than [`STREAM_BUFFER`]
+    /// events behind (the end then says `lagged`).
+    pub events: mpsc::Receiver<StoredEvent>,
+    /// The end, sent once the run's lease has been released (or lost), so
+    /// a client that starts the next run at once is not refused.
+    pub end: oneshot::Receiver<RunEnd>,
 }
 
-/// A stored event as the API shows it.
-pub fn event_json(e: &StoredEvent) -> Value {
-    let time_ms =
-        e.at.duration_since(SystemTime::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
-    json!({
-        "seq": e.seq,
-        "token": e.token.map_or(0, |t| t.get()),
-        "time_ms": time_ms,
-        "payload": e.payload,
-    })
+/// A session as [`Engine::describe`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionInfo {
+    /// The session.
+    pub id: SessionId,
+    /// The highest fencing token its store accepted; `None` when no fenced
+    /// write ever was.
+    pub high_water: Option<FencingToken>,
 }
 
-impl App {
+impl Engine {
     /// Assembles the server state.
     pub fn new(
         store: Arc<dyn SessionStore>,
@@ -130,7 +178,7 @@ impl App {
         exclusivity: Exclusivity,
     ) -> Self {
         Self {
-            inner: Arc::new(AppInner {
+            inner: Arc::new(EngineInner {
                 store,
                 keeper,
                 agent,
@@ -144,9 +192,35 @@ impl App {
         }
     }
 
-    /// The session store.
-    pub fn store(&self) -> &dyn SessionStore {
-        &*self.inner.store
+    /// Creates an empty session.
+    pub async fn create_session(&self, session: &SessionId) -> Result<(), EngineError> {
+        Ok(self.inner.store.create(session).await?)
+    }
+
+    /// Every session, sorted.
+    pub async fn list_sessions(&self) -> Result<Vec<SessionId>, EngineError> {
+        Ok(self.inner.store.list().await?)
+    }
+
+    /// What the store knows of `session`; `NotFound` when it does not exist.
+    pub async fn describe(&self, session: &SessionId) -> Result<SessionInfo, EngineError> {
+        // `high_water` alone answers `None` for a missing session too.
+        self.inner.store.read(session, 1, 1).await?;
+        let high_water = self.inner.store.high_water(session).await?;
+        Ok(SessionInfo {
+            id: session.clone(),
+            high_water,
+        })
+    }
+
+    /// At most `limit` (≥ 1) events of `session` from `from_seq` on.
+    pub async fn read_events(
+        &self,
+        session: &SessionId,
+        from_seq: u64,
+        limit: usize,
+    ) -> Result<Page, EngineError> {
+        Ok(self.inner.store.read(session, from_seq, limit).await?)
     }
 
     /// The process metrics.
@@ -171,7 +245,7 @@ impl App {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    async fn transcript(&self, session: &SessionId) -> Result<Vec<Value>, ApiError> {
+    async fn transcript(&self, session: &SessionId) -> Result<Vec<StoredEvent>, StoreError> {
         let mut events = Vec::new();
         let mut from = 1;
         loop {
@@ -180,7 +254,7 @@ impl App {
                 .store
                 .read(session, from, TRANSCRIPT_PAGE)
                 .await?;
-            events.extend(page.events.into_iter().map(|e| e.payload));
+            events.extend(page.events);
             match page.next_seq {
                 Some(next) => from = next,
                 None => return Ok(events),
@@ -195,13 +269,9 @@ impl App {
         &self,
         session: SessionId,
         input: Value,
-    ) -> Result<StartedRun, ApiError> {
+    ) -> Result<StartedRun, EngineError> {
         if self.is_shutting_down() {
-            return Err(ApiError::new(
-                axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                "shutting_down",
-                "the server is shutting down",
-            ));
+            return Err(EngineError::ShuttingDown);
         }
         self.require_exclusive_if_unleased()?;
         // Fail fast on unknown sessions before touching the lease backend.
@@ -237,22 +307,25 @@ impl App {
                 return Err(e.into());
             }
         };
-        let transcript = match self.transcript(&session).await {
+        let stored = match self.transcript(&session).await {
             Ok(t) => t,
             Err(e) => {
                 drop(guard);
-                return Err(e);
+                return Err(e.into());
             }
         };
         let cancel = CancellationToken::new();
         self.runs().insert(session.clone(), cancel.clone());
         let (tx, events) = mpsc::channel(STREAM_BUFFER);
         let (end_tx, end) = oneshot::channel();
-        let _ = tx.try_send(json!({
-            "seq": first_seq,
-            "token": token.map_or(0, |t| t.get()),
-            "payload": started,
-        }));
+        // The claim was just read back with the transcript: forward it as
+        // stored. It is there, since our token fences everyone else off.
+        let claimed = stored.iter().find(|e| e.seq == first_seq).cloned();
+        let lagged = match claimed {
+            Some(e) => tx.try_send(e).is_err(),
+            None => true,
+        };
+        let transcript = stored.into_iter().map(|e| e.payload).collect();
         let app = self.clone();
         let span = info_span!("run", session = %session, token = token.map(|t| t.get()));
         let run = Run {
@@ -261,7 +334,8 @@ impl App {
             transcript,
             input,
             cancel,
-            tx,
+            tx: (!lagged).then_some(tx),
+            lagged,
             end: end_tx,
         };
         self.inner
@@ -283,6 +357,7 @@ impl App {
             input,
             cancel,
             tx,
+            lagged,
             end,
         } = run;
         let metrics = &self.inner.metrics;
@@ -293,8 +368,8 @@ impl App {
             session: session.clone(),
             fence: WriteFence::from(token),
             lost: guard.loss_token(),
-            tx: Some(tx),
-            lagged: false,
+            tx,
+            lagged,
             fenced: false,
             last_seq: None,
         };
@@ -335,25 +410,23 @@ impl App {
         if let Err(e) = guard.finish().await {
             warn!(error = %error_chain(&e), "releasing the run's lease failed; it lapses at its expiry");
         }
-        let mut message = status.to_json(token.map(|t| t.get()));
-        message["last_seq"] = json!(sink.last_seq);
-        message["lagged"] = json!(sink.lagged);
+        let message = RunEnd {
+            status,
+            token: token.map(|t| t.get()),
+            last_seq: sink.last_seq,
+            lagged: sink.lagged,
+        };
         drop(sink);
         let _ = end.send(message);
     }
 
     /// Unleased, only the process holding the store's exclusive lock may
     /// write: two unleased writers would drive two copies of a session.
-    fn require_exclusive_if_unleased(&self) -> Result<(), ApiError> {
+    fn require_exclusive_if_unleased(&self) -> Result<(), EngineError> {
         if self.inner.leased || self.inner.single_process {
             return Ok(());
         }
-        Err(ApiError::new(
-            axum::http::StatusCode::CONFLICT,
-            "unleased_not_exclusive",
-            "this deployment runs unleased and another process holds <STORE_DIR>/.mecated.lock: \
-             only that process may run or delete sessions",
-        ))
+        Err(EngineError::NotExclusive)
     }
 
     /// Cancels the run of `session` in this process, if any.
@@ -369,7 +442,7 @@ impl App {
 
     /// Deletes a session: under its lease when leased; unleased only with
     /// the single-process proof.
-    pub async fn delete_session(&self, session: &SessionId) -> Result<(), ApiError> {
+    pub async fn delete_session(&self, session: &SessionId) -> Result<(), EngineError> {
         self.require_exclusive_if_unleased()?;
         self.inner.store.read(session, 1, 1).await?;
         let guard = self
@@ -410,8 +483,10 @@ struct Run {
     transcript: Vec<Value>,
     input: Value,
     cancel: CancellationToken,
-    tx: mpsc::Sender<Value>,
-    end: oneshot::Sender<Value>,
+    /// `None` when the claim could not be forwarded.
+    tx: Option<mpsc::Sender<StoredEvent>>,
+    lagged: bool,
+    end: oneshot::Sender<RunEnd>,
 }
 
 /// Appends each event to the store under the run's fence, then forwards it
@@ -421,7 +496,7 @@ struct StoreSink {
     session: SessionId,
     fence: WriteFence,
     lost: CancellationToken,
-    tx: Option<mpsc::Sender<Value>>,
+    tx: Option<mpsc::Sender<StoredEvent>>,
     lagged: bool,
     fenced: bool,
     last_seq: Option<u64>,
@@ -448,24 +523,57 @@ impl EventSink for StoreSink {
             }
         };
         self.last_seq = Some(receipt.last_seq);
-        let token = match self.fence {
-            WriteFence::Token(t) => t.get(),
-            WriteFence::Unfenced => 0,
+        self.forward(receipt.first_seq).await;
+        Ok(())
+    }
+}
+
+impl StoreSink {
+    /// Forwards event `seq` to the listening client, if any, as the store
+    /// holds it: the store stamps the time, so only a read gives the live
+    /// stream what a paged read will show.
+    async fn forward(&mut self, seq: u64) {
+        let Some(tx) = &self.tx else { return };
+        // Room first, so nothing is read for a client that is gone or
+        // behind.
+        let permit = match tx.clone().try_reserve_owned() {
+            Ok(permit) => permit,
+            // Gone: nobody is listening; the run goes on.
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                self.tx = None;
+                return;
+            }
+            // Not reading: stop forwarding instead of holding the lease
+            // hostage to a slow client.
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                self.stop_forwarding();
+                return;
+            }
         };
-        let message = json!({"seq": receipt.first_seq, "token": token, "payload": event});
-        if let Some(tx) = &self.tx {
-            match tx.try_send(message) {
-                Ok(()) => {}
-                // Gone: nobody is listening; the run goes on.
-                Err(mpsc::error::TrySendError::Closed(_)) => self.tx = None,
-                // Not reading: stop forwarding instead of holding the
-                // lease hostage to a slow client.
-                Err(mpsc::error::TrySendError::Full(_)) => {
-                    self.tx = None;
-                    self.lagged = true;
+        match self.store.read(&self.session, seq, 1).await {
+            Ok(page) => match page.events.into_iter().next() {
+                Some(e) if e.seq == seq => {
+                    permit.send(e);
                 }
+                _ => {
+                    warn!(
+                        seq,
+                        "a recorded event was not found to forward; live forwarding stops"
+                    );
+                    self.stop_forwarding();
+                }
+            },
+            // The event is recorded; only its live copy is missing. The
+            // client learns from `lagged` to read the log instead.
+            Err(e) => {
+                warn!(seq, error = %error_chain(&e), "cannot read back a recorded event; live forwarding stops");
+                self.stop_forwarding();
             }
         }
-        Ok(())
+    }
+
+    fn stop_forwarding(&mut self) {
+        self.tx = None;
+        self.lagged = true;
     }
 }

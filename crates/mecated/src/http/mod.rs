@@ -1,0 +1,443 @@
+//! The HTTP edge: routes, request parsing, and the mapping of engine
+//! errors to statuses ([`ApiError`]). Described by the OpenAPI document
+//! ([`crate::openapi`]), served at `/openapi.json`.
+
+mod error;
+
+use std::convert::Infallible;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, JsonRejection, PathRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use lease_port::SessionId;
+
+pub use self::error::ApiError;
+use crate::engine::{Engine, RunEnd as EngineRunEnd, StartedRun};
+use crate::wire::{
+    CreateSession, CreatedSession, DEFAULT_PAGE, ErrorBody, Event, EventPage, MAX_PAGE, PageQuery,
+    RunEnd, RunRequest, RunResult, SessionIdText, SessionInfo, SessionList, SessionRef,
+};
+
+/// The router of the whole API.
+pub fn router(engine: Engine, max_body_bytes: usize) -> Router {
+    Router::new()
+        .route("/v1/sessions", post(create_session).get(list_sessions))
+        .route("/v1/sessions/{id}", get(get_session).delete(delete_session))
+        .route("/v1/sessions/{id}/events", get(read_events))
+        .route("/v1/sessions/{id}/runs", post(start_run))
+        .route("/v1/sessions/{id}/runs/current", delete(cancel_run))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi))
+        .fallback(|| async { ApiError::not_found("no such route") })
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(engine)
+}
+
+/// JSON bodies whose rejections are API errors with stable codes.
+pub(crate) struct Body<T>(T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for Body<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(Body(v)),
+            Err(JsonRejection::BytesRejection(e)) => Err(body_error(&e)),
+            // A missing or wrong content type is bad input like the rest.
+            Err(e) => Err(ApiError::invalid(format!(
+                "malformed request body: {}",
+                e.body_text()
+            ))),
+        }
+    }
+}
+
+fn body_error(e: &BytesRejection) -> ApiError {
+    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::too_large(e.body_text())
+    } else {
+        ApiError::invalid(format!("cannot read the request body: {}", e.body_text()))
+    }
+}
+
+/// The `{id}` of a session route, validated. Every rejection, an id that
+/// does not percent-decode to UTF-8 included, is the JSON `invalid` error.
+pub(crate) struct Id(SessionId);
+
+impl<S: Send + Sync> FromRequestParts<S> for Id {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path(raw) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|e: PathRejection| ApiError::invalid(e.body_text()))?;
+        session_id(&raw).map(Id)
+    }
+}
+
+fn session_id(raw: &str) -> Result<SessionId, ApiError> {
+    SessionId::new(raw).map_err(|e| ApiError::invalid(e.to_string()))
+}
+
+fn random_id() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    // RandomState is seeded from the OS per process; mixing in a counter
+    // makes ids unique within the process as well.
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let a = RandomState::new().hash_one((n, std::process::id()));
+    let b = RandomState::new().hash_one(a);
+    format!("s-{a:016x}{b:08x}").chars().take(26).collect()
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/sessions",
+    operation_id = "createSession",
+    tag = "sessions",
+    summary = "Create a session",
+    description = "The body is optional: none (or only whitespace) creates a session with a random id. \
+                   The body is read as JSON whatever its content type.",
+    request_body(content = CreateSession, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Created", body = CreatedSession),
+        (status = 400, description = "`invalid`: malformed body, an unknown field, or an id breaking the id rules", body = ErrorBody),
+        (status = 409, description = "`session_exists`: a session with this id exists", body = ErrorBody),
+        (status = 413, description = "`invalid`: the body is larger than the server's limit", body = ErrorBody),
+        (status = 500, description = "`internal`: a storage fault", body = ErrorBody),
+        (status = 503, description = "`store_busy`: another process holds the session's file; retry (`Retry-After`)", body = ErrorBody),
+    )
+)]
+pub(crate) async fn create_session(
+    State(engine): State<Engine>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body.map_err(|e| body_error(&e))?;
+    let req: CreateSession = if body.iter().all(u8::is_ascii_whitespace) {
+        CreateSession::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::invalid(format!("malformed request body: {e}")))?
+    };
+    let id = match req.id {
+        Some(SessionIdText(id)) => session_id(&id)?,
+        None => session_id(&random_id())?,
+    };
+    engine.create_session(&id).await?;
+    let created = CreatedSession {
+        events: 0,
+        id: id.as_str().to_owned(),
+    };
+    Ok((StatusCode::CREATED, Json(created)).into_response())
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/sessions",
+    operation_id = "listSessions",
+    tag = "sessions",
+    summary = "List sessions",
+    responses(
+        (status = 200, description = "Every session, sorted by id", body = SessionList),
+        (status = 500, description = "`internal`: a storage fault", body = ErrorBody),
+        (status = 503, description = "`store_busy`: the store is locked by another process; retry (`Retry-After`)", body = ErrorBody),
+    )
+)]
+pub(crate) async fn list_sessions(
+    State(engine): State<Engine>,
+) -> Result<Json<SessionList>, ApiError> {
+    let ids = engine.list_sessions().await?;
+    let sessions = ids
+        .iter()
+        .map(|id| SessionRef {
+            id: id.as_str().to_owned(),
+        })
+        .collect();
+    Ok(Json(SessionList { sessions }))
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}",
+    operation_id = "getSession",
+    tag = "sessions",
+    summary = "Describe a session",
+    params(("id" = SessionIdText, Path, description = "The session's id, percent-encoded")),
+    responses(
+        (status = 200, description = "The session", body = SessionInfo),
+        (status = 400, description = "`invalid`: an id breaking the id rules", body = ErrorBody),
+        (status = 404, description = "`not_found`: no such session", body = ErrorBody),
+        (status = 500, description = "`internal`: a storage fault", body = ErrorBody),
+        (status = 503, description = "`store_busy`: another process holds the session's file; retry (`Retry-After`)", body = ErrorBody),
+    )
+)]
+pub(crate) async fn get_session(
+    State(engine): State<Engine>,
+    Id(id): Id,
+) -> Result<Json<SessionInfo>, ApiError> {
+    let info = engine.describe(&id).await?;
+    Ok(Json(SessionInfo::from(&info)))
+}
+
+#[utoipa::path(
+    delete,
+    path = "/v1/sessions/{id}",
+    operation_id = "deleteSession",
+    tag = "sessions",
+    summary = "Delete a session (destructive maintenance)",
+    description = "Takes the session's lease first, so a session running elsewhere cannot be deleted \
+                   under it. On an unleased deployment this is refused (409 `unleased_not_exclusive`) \
+                   unless the process proved it is the only one serving the store.",
+    params(("id" = SessionIdText, Path, description = "The session's id, percent-encoded")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 400, description = "`invalid`: an id breaking the id rules", body = ErrorBody),
+        (status = 404, description = "`not_found`: no such session", body = ErrorBody),
+        (status = 409, description = "`session_leased_elsewhere` (another process owns the session; `holder` when known), \
+                                      `session_busy` (a run of it is in progress in this process), \
+                                      `unleased_not_exclusive` (unleased, and another process holds the store's lock) or \
+                                      `unfenced_write_refused` (unleased, and the session has fenced writes)", body = ErrorBody),
+        (status = 500, description = "`internal`: a storage or lease backend fault", body = ErrorBody),
+        (status = 503, description = "`lease_unavailable` (the lease backend failed; retry), `store_busy` (another process \
+                                      holds the session's file; retry) or `shutting_down`", body = ErrorBody),
+    )
+)]
+pub(crate) async fn delete_session(
+    State(engine): State<Engine>,
+    Id(id): Id,
+) -> Result<StatusCode, ApiError> {
+    engine.delete_session(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/events",
+    operation_id = "readEvents",
+    tag = "sessions",
+    summary = "Read a session's events, paged",
+    params(("id" = SessionIdText, Path, description = "The session's id, percent-encoded"), PageQuery),
+    responses(
+        (status = 200, description = "A page of events", body = EventPage),
+        (status = 400, description = "`invalid`: an id breaking the id rules, a bad or unknown query parameter, or `limit` outside 1..=1000", body = ErrorBody),
+        (status = 404, description = "`not_found`: no such session", body = ErrorBody),
+        (status = 500, description = "`internal`: a storage fault", body = ErrorBody),
+        (status = 503, description = "`store_busy`: another process holds the session's file; retry (`Retry-After`)", body = ErrorBody),
+    )
+)]
+pub(crate) async fn read_events(
+    State(engine): State<Engine>,
+    Id(id): Id,
+    query: Result<Query<PageQuery>, QueryRejection>,
+) -> Result<Json<EventPage>, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
+    let limit = q.limit.unwrap_or(DEFAULT_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::invalid(format!("limit must be 1..={MAX_PAGE}")));
+    }
+    let from = q.after.unwrap_or(0).saturating_add(1);
+    let page = engine.read_events(&id, from, limit).await?;
+    Ok(Json(EventPage {
+        events: page.events.iter().map(Event::from).collect(),
+        next_after: page.next_seq.map(|n| n.saturating_sub(1)),
+        torn_tail: page.torn_tail,
+    }))
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/runs",
+    operation_id = "startRun",
+    tag = "runs",
+    summary = "Start a run",
+    description = "Leases the session, drives the agent with the input, and releases the lease when the run \
+                   ends. With `Accept: text/event-stream` the run's events stream back as Server-Sent Events: \
+                   `event: event` whose data is an `Event` (the same object a paged read returns), then one \
+                   `event: end` whose data is a `RunEnd`, sent once the run's lease is released. Otherwise the \
+                   call waits and returns a `RunResult`, the run's events read back from the log. The run \
+                   belongs to the server, not the connection: a client disconnect does not stop it (use the \
+                   cancel endpoint). The body must be sent as `application/json`.",
+    params(("id" = SessionIdText, Path, description = "The session's id, percent-encoded")),
+    request_body(content = RunRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The finished run, or its event stream",
+            content((RunResult = "application/json"), (String = "text/event-stream"))),
+        (status = 400, description = "`invalid`: malformed body, an unknown field, a missing `input`, a content type \
+                                      other than JSON, or an id breaking the id rules", body = ErrorBody),
+        (status = 404, description = "`not_found`: no such session", body = ErrorBody),
+        (status = 409, description = "`session_leased_elsewhere` (another process owns the session; `holder` when known), \
+                                      `session_busy` (a run of it is in progress in this process), \
+                                      `unleased_not_exclusive` (unleased, and another process holds the store's lock) or \
+                                      `unfenced_write_refused` (unleased, and the session has fenced writes)", body = ErrorBody),
+        (status = 413, description = "`invalid`: the body is larger than the server's limit", body = ErrorBody),
+        (status = 500, description = "`internal`: a storage or lease backend fault", body = ErrorBody),
+        (status = 503, description = "`lease_unavailable` (the lease backend failed; retry), `store_busy` (another process \
+                                      holds the session's file; retry) or `shutting_down`", body = ErrorBody),
+    )
+)]
+pub(crate) async fn start_run(
+    State(engine): State<Engine>,
+    Id(id): Id,
+    headers: HeaderMap,
+    Body(req): Body<RunRequest>,
+) -> Result<Response, ApiError> {
+    let wants_stream = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("text/event-stream"));
+    let run = engine.start_run(id.clone(), req.input).await?;
+    if wants_stream {
+        return Ok(Sse::new(sse_events(run))
+            .keep_alive(KeepAlive::default())
+            .into_response());
+    }
+    let StartedRun {
+        first_seq,
+        events,
+        end,
+        ..
+    } = run;
+    // Waiting for the result: the log is the record, so read the run's
+    // events back from it rather than buffer them as they happen.
+    drop(events);
+    let end = end.await.unwrap_or_else(|_| EngineRunEnd::vanished());
+    let last_seq = end.last_seq.unwrap_or(first_seq);
+    let mut collected = Vec::new();
+    let mut from = first_seq;
+    while from <= last_seq {
+        let limit = usize::try_from(last_seq - from + 1).map_or(MAX_PAGE, |n| n.min(MAX_PAGE));
+        let page = engine.read_events(&id, from, limit).await?;
+        let Some(last) = page.events.last().map(|e| e.seq) else {
+            break;
+        };
+        collected.extend(
+            page.events
+                .iter()
+                .filter(|e| e.seq <= last_seq)
+                .map(Event::from),
+        );
+        from = last + 1;
+    }
+    Ok(Json(RunResult::new(RunEnd::from(&end), collected)).into_response())
+}
+
+/// The run's events as SSE `event`s, then one `end` once its lease is
+/// released.
+fn sse_events(run: StartedRun) -> impl futures_util::Stream<Item = Result<SseEvent, Infallible>> {
+    use futures_util::StreamExt;
+    let events = tokio_stream::wrappers::ReceiverStream::new(run.events)
+        .map(|e| Ok(json_event("event", &Event::from(&e))));
+    let end = futures_util::stream::once(async move {
+        let end = run.end.await.unwrap_or_else(|_| EngineRunEnd::vanished());
+        Ok(json_event("end", &RunEnd::from(&end)))
+    });
+    events.chain(end)
+}
+
+fn json_event(name: &str, data: &impl serde::Serialize) -> SseEvent {
+    let event = SseEvent::default().event(name);
+    // Serialising these plain structs cannot fail; were it to, the client
+    // still sees the event's name rather than a dropped stream.
+    event
+        .json_data(data)
+        .unwrap_or_else(|_| SseEvent::default().event(name))
+}
+
+#[utoipa::path(
+    delete,
+    path = "/v1/sessions/{id}/runs/current",
+    operation_id = "cancelRun",
+    tag = "runs",
+    summary = "Cancel the session's running run on this process",
+    params(("id" = SessionIdText, Path, description = "The session's id, percent-encoded")),
+    responses(
+        (status = 202, description = "Cancellation requested"),
+        (status = 400, description = "`invalid`: an id breaking the id rules", body = ErrorBody),
+        (status = 404, description = "`not_found`: no run of this session in this process", body = ErrorBody),
+    )
+)]
+pub(crate) async fn cancel_run(
+    State(engine): State<Engine>,
+    Id(id): Id,
+) -> Result<StatusCode, ApiError> {
+    if engine.cancel_run(&id) {
+        Ok(StatusCode::ACCEPTED)
+    } else {
+        Err(ApiError::not_found(format!(
+            "no run of session {id} in this process"
+        )))
+    }
+}
+
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    operation_id = "healthz",
+    tag = "operations",
+    summary = "Liveness",
+    responses((status = 200, description = "Alive: the text `ok`", body = String, content_type = "text/plain"))
+)]
+pub(crate) async fn healthz() -> &'static str {
+    "ok"
+}
+
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    operation_id = "readyz",
+    tag = "operations",
+    summary = "Readiness",
+    responses(
+        (status = 200, description = "Ready: the text `ready`", body = String, content_type = "text/plain"),
+        (status = 503, description = "Shutting down: the text `shutting down`", body = String, content_type = "text/plain"),
+    )
+)]
+pub(crate) async fn readyz(State(engine): State<Engine>) -> Response {
+    if engine.is_shutting_down() {
+        (StatusCode::SERVICE_UNAVAILABLE, "shutting down").into_response()
+    } else {
+        "ready".into_response()
+    }
+}
+
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    operation_id = "metrics",
+    tag = "operations",
+    summary = "Prometheus metrics",
+    responses((status = 200, description = "Prometheus text format 0.0.4", body = String, content_type = "text/plain"))
+)]
+pub(crate) async fn metrics(State(engine): State<Engine>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        engine.metrics().render(),
+    )
+        .into_response()
+}
+
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    operation_id = "openapi",
+    tag = "operations",
+    summary = "This document",
+    responses((status = 200, description = "OpenAPI 3.1, generated from the types that serialise every response",
+        body = Object, content_type = "application/json"))
+)]
+pub(crate) async fn openapi() -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        crate::openapi::json(),
+    )
+        .into_response()
+}

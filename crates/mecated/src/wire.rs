@@ -1,0 +1,368 @@
+//! The wire format: every JSON body the API reads or writes, typed.
+//!
+//! These types serialise the responses and, through [`ToSchema`], are the
+//! schemas of the OpenAPI document ([`crate::openapi`]), so the document
+//! cannot say one thing while the server sends another.
+//!
+//! Every type refuses unknown fields (`deny_unknown_fields`): a request
+//! with one is answered 400, and the schemas say `additionalProperties:
+//! false`, for responses too, so a client validating against the document
+//! learns of a field the server added only when the document says so.
+//!
+//! Fields are declared in alphabetical order: that is the order the API
+//! has always written them in, and clients comparing bytes keep working.
+
+use std::borrow::Cow;
+use std::time::UNIX_EPOCH;
+
+use lease_port::MAX_ID_LEN;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use session_store::StoredEvent;
+use utoipa::openapi::RefOr;
+use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
+use utoipa::{IntoParams, PartialSchema, ToSchema};
+
+use crate::engine;
+
+/// ECMA-262 (and Rust `regex`) pattern of text without control characters
+/// (Unicode category Cc, what [`char::is_control`] refuses).
+pub const NO_CONTROL_CHARS: &str = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$";
+
+/// Largest page of events one read returns.
+pub const MAX_PAGE: usize = 1000;
+
+/// Events per page when the client does not say.
+pub const DEFAULT_PAGE: usize = 100;
+
+/// A session id as it travels: text, validated into a
+/// [`SessionId`](lease_port::SessionId) when it arrives so that a bad one
+/// gets the id's own explanation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SessionIdText(pub String);
+
+impl PartialSchema for SessionIdText {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .min_length(Some(1))
+            .max_length(Some(MAX_ID_LEN))
+            .pattern(Some(NO_CONTROL_CHARS))
+            .description(Some(format!(
+                "A session id: not empty, at most {MAX_ID_LEN} bytes of UTF-8, no control \
+                 characters (Unicode Cc). JSON Schema counts characters, not bytes, so \
+                 `maxLength` is only an upper bound: an id of fewer characters whose UTF-8 \
+                 exceeds {MAX_ID_LEN} bytes is refused with 400 `invalid`. In a path the id \
+                 is percent-encoded, and must decode to valid UTF-8."
+            )))
+            .into()
+    }
+}
+
+impl ToSchema for SessionIdText {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("SessionId")
+    }
+}
+
+/// `POST /v1/sessions`: what to create. The body may be left out.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSession {
+    /// Chosen by the client; a random one when absent or null.
+    #[serde(default)]
+    pub id: Option<SessionIdText>,
+}
+
+/// `POST /v1/sessions/{id}/runs`: the run's input.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunRequest {
+    /// Any JSON value, handed to the agent.
+    #[schema(value_type = Value)]
+    pub input: Value,
+}
+
+/// `GET /v1/sessions/{id}/events`: which page. Unknown parameters are
+/// refused with 400 `invalid`.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct PageQuery {
+    /// Return events with `seq` greater than this.
+    #[param(minimum = 0)]
+    pub after: Option<u64>,
+    /// At most this many events (100 when absent); a page also stops at
+    /// the store's byte budget, but always holds at least one event.
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<usize>,
+}
+
+/// `201` of `POST /v1/sessions`: the new session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreatedSession {
+    /// Events in the session: 0, it is new.
+    pub events: u64,
+    /// The session's id (the generated one when none was asked for).
+    #[schema(value_type = SessionIdText)]
+    pub id: String,
+}
+
+/// One entry of the session list.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionRef {
+    /// The session's id.
+    #[schema(value_type = SessionIdText)]
+    pub id: String,
+}
+
+/// `200` of `GET /v1/sessions`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionList {
+    /// Every session, sorted by id.
+    pub sessions: Vec<SessionRef>,
+}
+
+/// `200` of `GET /v1/sessions/{id}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionInfo {
+    /// The highest fencing token the store accepted for the session; null
+    /// when no fenced write ever was. A stale owner's writes carry less.
+    #[schema(required = true)]
+    pub high_water_token: Option<u64>,
+    /// The session's id.
+    #[schema(value_type = SessionIdText)]
+    pub id: String,
+}
+
+impl From<&engine::SessionInfo> for SessionInfo {
+    fn from(s: &engine::SessionInfo) -> Self {
+        Self {
+            high_water_token: s.high_water.map(|t| t.get()),
+            id: s.id.as_str().to_owned(),
+        }
+    }
+}
+
+/// One event of a session's log. The same in a paged read, in a run's
+/// result, and in a run's Server-Sent Events (`event: event`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Event {
+    /// The event, as the agent (or the server, for `run_started`) wrote it.
+    #[schema(value_type = Value)]
+    pub payload: Value,
+    /// Position in the session, from 1, strictly increasing, never reused.
+    #[schema(minimum = 1)]
+    pub seq: u64,
+    /// When the store accepted it, in milliseconds since the Unix epoch.
+    pub time_ms: u64,
+    /// Fencing token of the lease the event was written under (0 when
+    /// unleased).
+    pub token: u64,
+}
+
+impl From<&StoredEvent> for Event {
+    fn from(e: &StoredEvent) -> Self {
+        Self {
+            payload: e.payload.clone(),
+            seq: e.seq,
+            // Before the epoch only with a clock set far back: 0 says so.
+            time_ms: e
+                .at
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            token: e.token.map_or(0, |t| t.get()),
+        }
+    }
+}
+
+/// `200` of `GET /v1/sessions/{id}/events`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EventPage {
+    /// The page's events, in order.
+    pub events: Vec<Event>,
+    /// Pass as `after` for the next page; null when this page is the last.
+    #[schema(required = true)]
+    pub next_after: Option<u64>,
+    /// The session's file ends in a torn (incomplete) line left by a
+    /// crash: it is not an event, is ignored, and the next write to the
+    /// session removes it.
+    pub torn_tail: bool,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// The agent finished and every event was recorded.
+    Completed,
+    /// The agent failed or an event could not be recorded.
+    Failed,
+    /// Cancelled by a client or by shutdown.
+    Cancelled,
+    /// The lease was lost (or a write was fenced off): the run stopped.
+    LeaseLost,
+}
+
+impl From<&engine::RunStatus> for RunStatus {
+    fn from(s: &engine::RunStatus) -> Self {
+        match s {
+            engine::RunStatus::Completed => Self::Completed,
+            engine::RunStatus::Failed(_) => Self::Failed,
+            engine::RunStatus::Cancelled => Self::Cancelled,
+            engine::RunStatus::LeaseLost(_) => Self::LeaseLost,
+        }
+    }
+}
+
+/// The end of a run: the data of its Server-Sent Event `end`, sent once
+/// the run's lease has been released (or lost).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunEnd {
+    /// What went wrong; present for `failed` and `lease_lost` only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub error: Option<String>,
+    /// Live forwarding stopped before the end (the client fell behind, or
+    /// an event could not be read back for it); every event is in the log.
+    pub lagged: bool,
+    /// Sequence number of the last event the agent recorded; null when it
+    /// recorded none.
+    #[schema(required = true)]
+    pub last_seq: Option<u64>,
+    /// How the run ended.
+    pub status: RunStatus,
+    /// The lease token the run wrote under; null when unleased.
+    #[schema(required = true)]
+    pub token: Option<u64>,
+}
+
+impl From<&engine::RunEnd> for RunEnd {
+    fn from(e: &engine::RunEnd) -> Self {
+        Self {
+            error: e.status.error().map(str::to_owned),
+            lagged: e.lagged,
+            last_seq: e.last_seq,
+            status: RunStatus::from(&e.status),
+            token: e.token,
+        }
+    }
+}
+
+/// `200` of `POST /v1/sessions/{id}/runs` without `Accept:
+/// text/event-stream`: the run's end and its events read back from the log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunResult {
+    /// What went wrong; present for `failed` and `lease_lost` only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub error: Option<String>,
+    /// The run's events, from its `run_started` to `last_seq`.
+    pub events: Vec<Event>,
+    /// Always false here: a waiting client reads nothing live.
+    pub lagged: bool,
+    /// Sequence number of the last event the agent recorded; null when it
+    /// recorded none.
+    #[schema(required = true)]
+    pub last_seq: Option<u64>,
+    /// How the run ended.
+    pub status: RunStatus,
+    /// The lease token the run wrote under; null when unleased.
+    #[schema(required = true)]
+    pub token: Option<u64>,
+}
+
+impl RunResult {
+    /// The run's end with its events.
+    pub fn new(end: RunEnd, events: Vec<Event>) -> Self {
+        let RunEnd {
+            error,
+            lagged,
+            last_seq,
+            status,
+            token,
+        } = end;
+        Self {
+            error,
+            events,
+            lagged,
+            last_seq,
+            status,
+            token,
+        }
+    }
+}
+
+/// The stable, machine-readable code of an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// 409: another process holds the session's lease (`holder` names it
+    /// when known), or took it between our acquire and our first write.
+    SessionLeasedElsewhere,
+    /// 409: a run of the session is in progress in this process.
+    SessionBusy,
+    /// 503: the lease backend failed or did not answer in time; retry.
+    LeaseUnavailable,
+    /// 404: no such session, run or route.
+    NotFound,
+    /// 400 (bad input) or 413 (body too large).
+    Invalid,
+    /// 409: a session with this id exists.
+    SessionExists,
+    /// 503: the server is shutting down; retry on another process.
+    ShuttingDown,
+    /// 409: unleased, and another process holds the store's lock.
+    UnleasedNotExclusive,
+    /// 409: unleased, and the session has fenced writes.
+    UnfencedWriteRefused,
+    /// 503: another process holds the session's file; retry.
+    StoreBusy,
+    /// 500: a fault of the server or its storage.
+    Internal,
+}
+
+impl ErrorCode {
+    /// True when the same request may succeed later on this process.
+    pub fn retryable(self) -> bool {
+        matches!(
+            self,
+            ErrorCode::LeaseUnavailable | ErrorCode::SessionBusy | ErrorCode::StoreBusy
+        )
+    }
+}
+
+/// The body of every error answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorBody {
+    /// What went wrong.
+    pub error: ErrorDetail,
+}
+
+/// What went wrong.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorDetail {
+    /// Stable code to act on.
+    pub code: ErrorCode,
+    /// The live lease holder, for `session_leased_elsewhere`, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub holder: Option<String>,
+    /// Human-readable detail.
+    pub message: String,
+    /// True when the same request may succeed later on this process
+    /// (`session_busy`, `lease_unavailable`, `store_busy`); a 503 that is
+    /// retryable also carries `Retry-After`.
+    pub retryable: bool,
+}
