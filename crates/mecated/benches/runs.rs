@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use mecated::config::LeaseChoice;
+use mecated::backend::{LeaseChoice, StoreChoice};
 use mecated::{Server, ServerConfig};
 use serde_json::{Value, json};
 
@@ -24,7 +24,10 @@ struct Target {
 async fn start(leased: bool, fsync: bool) -> Target {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut config = ServerConfig::for_store(dir.path());
-    config.fsync = fsync;
+    config.store = StoreChoice::Jsonl {
+        dir: dir.path().to_path_buf(),
+        fsync,
+    };
     if !leased {
         config.lease = LeaseChoice::Unleased;
     }

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use session_store::DEFAULT_LEASE_DIR_NAME;
+
+use crate::backend::{LeaseChoice, StoreChoice};
 
 /// mecated: a session server whose every run is owned by one process at a
 /// time, through a lease, and whose every write is fenced by that lease.
@@ -155,20 +156,10 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
 }
 
-/// Where leases come from, decided once at start-up. Each lease backend is
-/// one variant.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LeaseChoice {
-    /// File leases in this directory.
-    Dir(PathBuf),
-    /// No lease backend: runs are unleased.
-    Unleased,
-}
-
 impl ServeArgs {
-    /// The lease backend these flags select, or why they contradict each
-    /// other.
-    pub fn lease_choice(&self) -> Result<LeaseChoice, String> {
+    /// The store and lease backend these flags select, or why the flags
+    /// contradict each other.
+    pub fn choices(&self) -> Result<(StoreChoice, LeaseChoice), String> {
         if self.session_lease_ttl < Duration::from_millis(300) {
             return Err(format!(
                 "--session-lease-ttl {:?} is too short: renewals every third of it would race the network",
@@ -181,17 +172,7 @@ impl ServeArgs {
         if self.agent != AgentKind::Exec && self.agent_command.is_some() {
             return Err("--agent-command is only used with --agent exec".into());
         }
-        let lease = match (&self.session_lease_dir, self.no_session_lease) {
-            (Some(_), true) => {
-                return Err(
-                    "--session-lease-dir and --no-session-lease contradict each other".into(),
-                );
-            }
-            (Some(dir), false) => LeaseChoice::Dir(dir.clone()),
-            (None, true) => LeaseChoice::Unleased,
-            (None, false) => LeaseChoice::Dir(self.store_dir.join(DEFAULT_LEASE_DIR_NAME)),
-        };
-        Ok(lease)
+        Ok((StoreChoice::from_args(self), LeaseChoice::from_args(self)?))
     }
 }
 
@@ -202,7 +183,7 @@ mod tests {
     fn parse(args: &[&str]) -> Result<LeaseChoice, String> {
         let cli = Cli::try_parse_from(std::iter::once("mecated").chain(args.iter().copied()))
             .map_err(|e| e.to_string())?;
-        cli.serve.lease_choice()
+        cli.serve.choices().map(|(_, lease)| lease)
     }
 
     #[test]

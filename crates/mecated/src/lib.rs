@@ -41,9 +41,12 @@
 //!   mapping of engine errors to statuses and codes.
 //! - [`openapi`]: the API description, derived from [`http`] and [`wire`].
 //! - [`config`]: flags, environment variables, and how they combine.
-//! - [`server`]: start-up, the single-process proof, graceful shutdown.
+//! - [`backend`]: the one place flags become a store and a lease backend
+//!   (and the single-process proof of unleased deployments).
+//! - [`server`]: start-up and graceful shutdown.
 
 pub mod agent;
+pub mod backend;
 pub mod config;
 pub mod engine;
 pub mod error;

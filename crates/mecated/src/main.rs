@@ -7,7 +7,8 @@ use std::time::SystemTime;
 use clap::Parser;
 use lease_port::OwnerId;
 use mecated::agent::{Agent, EchoAgent, ExecAgent};
-use mecated::config::{AgentKind, Cli, Command, FsyncChoice, LeaseChoice, LeasesArgs, ServeArgs};
+use mecated::backend::LeaseChoice;
+use mecated::config::{AgentKind, Cli, Command, LeasesArgs, ServeArgs};
 use mecated::server::default_owner;
 use mecated::{Server, ServerConfig};
 use session_store::DEFAULT_LEASE_DIR_NAME;
@@ -101,7 +102,7 @@ fn leases(args: &LeasesArgs) -> Result<(), String> {
 }
 
 async fn serve(args: ServeArgs) -> Result<(), String> {
-    let lease = args.lease_choice()?;
+    let (store, lease) = args.choices()?;
     let owner = match &args.owner {
         Some(o) => OwnerId::new(o).map_err(|e| format!("--owner: {e}"))?,
         None => default_owner(),
@@ -122,12 +123,11 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     }
     let config = ServerConfig {
         listen: args.listen,
-        store_dir: args.store_dir.clone(),
+        store,
         lease,
         lease_ttl: args.session_lease_ttl,
         owner,
         agent,
-        fsync: args.store_fsync == FsyncChoice::Always,
         max_body_bytes: args.max_body_bytes,
         shutdown_timeout: args.shutdown_timeout,
     };

@@ -1,38 +1,30 @@
-//! Start-up, the single-process proof, and graceful shutdown.
+//! Start-up and graceful shutdown.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::net::SocketAddr;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use flocklease::FlockLease;
 use lease_keeper::LeaseKeeper;
-use lease_port::{AuthorityId, Lease, LeaseError, OwnerId, SessionId, SessionLease};
-use nix::fcntl::{Flock, FlockArg};
-use session_store::{DEFAULT_LEASE_DIR_NAME, FsyncPolicy, JsonlOptions, JsonlStore, SessionStore};
+use lease_port::{LeaseError, OwnerId};
+use nix::fcntl::Flock;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::agent::{Agent, EchoAgent};
-use crate::config::LeaseChoice;
-use crate::engine::{Engine, Exclusivity};
+use crate::backend::{self, LeaseChoice, Opened, StoreChoice};
+use crate::engine::Engine;
 use crate::metrics::Metrics;
-
-/// File in the store directory whose exclusive lock proves, for an unleased
-/// deployment, that this process is the only one serving the store.
-pub const SINGLE_PROCESS_LOCK: &str = ".mecated.lock";
 
 /// Everything the server needs, independent of how it was given.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// Where to listen; port 0 picks a free one.
     pub listen: SocketAddr,
-    /// The JSONL store directory.
-    pub store_dir: PathBuf,
+    /// Where sessions are stored.
+    pub store: StoreChoice,
     /// Where leases come from.
     pub lease: LeaseChoice,
     /// Lease TTL.
@@ -41,8 +33,6 @@ pub struct ServerConfig {
     pub owner: OwnerId,
     /// The agent driving runs.
     pub agent: Arc<dyn Agent>,
-    /// Whether appends are synced before being acknowledged.
-    pub fsync: bool,
     /// Largest request body.
     pub max_body_bytes: usize,
     /// Bound on graceful shutdown.
@@ -50,18 +40,18 @@ pub struct ServerConfig {
 }
 
 impl ServerConfig {
-    /// Defaults for a store directory: loopback on a free port, file leases
-    /// under `<dir>/.session-leases`, 15 s TTL, the echo agent.
+    /// Defaults for a store directory: loopback on a free port, the JSONL
+    /// store syncing every append, file leases under `<dir>/.session-leases`,
+    /// 15 s TTL, the echo agent.
     pub fn for_store(dir: impl Into<PathBuf>) -> Self {
-        let store_dir = dir.into();
+        let store = StoreChoice::jsonl(dir);
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            lease: LeaseChoice::Dir(store_dir.join(DEFAULT_LEASE_DIR_NAME)),
-            store_dir,
+            lease: store.default_leases(),
+            store,
             lease_ttl: Duration::from_secs(15),
             owner: default_owner(),
             agent: Arc::new(EchoAgent::default()),
-            fsync: true,
             max_body_bytes: 1 << 20,
             shutdown_timeout: Duration::from_secs(10),
         }
@@ -72,19 +62,19 @@ impl ServerConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     /// The store could not be opened.
-    #[error("cannot open the session store in {dir}")]
+    #[error("cannot open the session store {store}")]
     Store {
-        /// The store directory.
-        dir: PathBuf,
+        /// Which store.
+        store: String,
         /// Why.
         #[source]
         source: session_store::StoreError,
     },
     /// The lease backend could not be opened.
-    #[error("cannot open file leases in {dir}")]
+    #[error("cannot open {backend}")]
     Lease {
-        /// The lease directory.
-        dir: PathBuf,
+        /// Which backend.
+        backend: String,
         /// Why.
         #[source]
         source: LeaseError,
@@ -138,81 +128,6 @@ pub fn default_owner() -> OwnerId {
         .expect("a generated owner id is valid")
 }
 
-/// The lease backend of an unleased deployment: answers `Unsupported`, so
-/// the keeper stops consulting it after the first call and runs unleased.
-#[derive(Debug)]
-struct NoLeases;
-
-#[async_trait]
-impl SessionLease for NoLeases {
-    async fn acquire(&self, _: &SessionId, _: &OwnerId) -> Result<Lease, LeaseError> {
-        Err(LeaseError::unsupported(
-            "this deployment runs without session leases",
-        ))
-    }
-    async fn renew(&self, _: &Lease) -> Result<Lease, LeaseError> {
-        Err(LeaseError::unsupported(
-            "this deployment runs without session leases",
-        ))
-    }
-    async fn release(&self, _: &Lease) -> Result<(), LeaseError> {
-        Ok(())
-    }
-    async fn authority(&self) -> Result<AuthorityId, LeaseError> {
-        Err(LeaseError::unsupported(
-            "this deployment runs without session leases",
-        ))
-    }
-}
-
-/// Tries to take the store's single-process lock; the lock lives as long as
-/// the returned value.
-fn single_process_lock(store_dir: &Path) -> Result<Option<Flock<File>>, StartError> {
-    exclusive_lock(store_dir.join(SINGLE_PROCESS_LOCK))
-}
-
-/// Takes `<lease_dir>.owners/<owner>.lock` for the life of the process, so
-/// two processes on this host never lease under one owner id: the backend
-/// would treat the second as the live holder re-acquiring, and both would
-/// run the session under one token.
-fn owner_lock(lease_dir: &Path, owner: &OwnerId) -> Result<Flock<File>, StartError> {
-    let mut dir = lease_dir.as_os_str().to_owned();
-    dir.push(".owners");
-    let dir = PathBuf::from(dir);
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&dir)
-        .map_err(|source| StartError::LockFile {
-            path: dir.clone(),
-            source,
-        })?;
-    // Owner ids obey the same rules as session ids, so the same safe,
-    // injective file names apply.
-    let stem = lease_port::SessionId::new(owner.as_str())
-        .map(|id| session_filename::stem(&id))
-        .map_err(|e| StartError::LockFile {
-            path: dir.clone(),
-            source: std::io::Error::other(e),
-        })?;
-    exclusive_lock(dir.join(format!("{stem}.lock")))?.ok_or_else(|| StartError::OwnerInUse {
-        owner: owner.clone(),
-    })
-}
-
-fn exclusive_lock(path: PathBuf) -> Result<Option<Flock<File>>, StartError> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
-        .open(&path)
-        .map_err(|source| StartError::LockFile { path, source })?;
-    Ok(Flock::lock(file, FlockArg::LockExclusiveNonblock).ok())
-}
-
 /// A running server.
 pub struct Server {
     app: Engine,
@@ -235,55 +150,22 @@ impl std::fmt::Debug for Server {
 impl Server {
     /// Opens the store and the lease backend, binds, and starts serving.
     pub async fn start(config: ServerConfig) -> Result<Self, StartError> {
-        let unleased = config.lease == LeaseChoice::Unleased;
-        let fsync = if config.fsync {
-            FsyncPolicy::Always
-        } else {
-            FsyncPolicy::Never
-        };
-        let store = JsonlStore::open(
-            &config.store_dir,
-            JsonlOptions::default()
-                .fsync(fsync)
-                .allow_unfenced(unleased),
+        let Opened {
+            store,
+            leases,
+            exclusivity,
+            process_lock,
+        } = backend::open(
+            &config.store,
+            &config.lease,
+            config.lease_ttl,
+            &config.owner,
         )
-        .map_err(|source| StartError::Store {
-            dir: config.store_dir.clone(),
-            source,
-        })?;
-        let store: Arc<dyn SessionStore> = Arc::new(store);
-
-        let (backend, exclusivity, lock): (Arc<dyn SessionLease>, _, _) =
-            match (store.session_lease(), &config.lease) {
-                (Some(own), _) => (own, Exclusivity::Leased, None),
-                (None, LeaseChoice::Dir(dir)) => {
-                    let leases = FlockLease::open(dir, config.lease_ttl).map_err(|source| {
-                        StartError::Lease {
-                            dir: dir.clone(),
-                            source,
-                        }
-                    })?;
-                    let owner = owner_lock(dir, &config.owner)?;
-                    (Arc::new(leases), Exclusivity::Leased, Some(owner))
-                }
-                (None, LeaseChoice::Unleased) => {
-                    let lock = single_process_lock(&config.store_dir)?;
-                    let proof = if lock.is_some() {
-                        Exclusivity::ProvenSingleProcess
-                    } else {
-                        warn!(
-                            "another unleased process holds the store's single-process lock: \
-                         this one serves reads only"
-                        );
-                        Exclusivity::Unproven
-                    };
-                    (Arc::new(NoLeases), proof, lock)
-                }
-            };
+        .await?;
         let metrics = Arc::new(Metrics::default());
         // Runs finish within the first half of the shutdown budget (they are
         // cancelled at once); releases get the second half.
-        let keeper = LeaseKeeper::builder(backend, config.owner.clone(), config.lease_ttl)
+        let keeper = LeaseKeeper::builder(leases, config.owner.clone(), config.lease_ttl)
             .metrics(metrics.clone())
             .shutdown_timeout(config.shutdown_timeout / 2)
             .build()
@@ -314,7 +196,7 @@ impl Server {
             addr,
             serve,
             shutdown_timeout: config.shutdown_timeout,
-            _process_lock: lock,
+            _process_lock: process_lock,
         })
     }
 

@@ -16,6 +16,7 @@ use flocklease::FlockLease;
 use lease_keeper::LeaseKeeper;
 use lease_port::{AuthorityId, Lease, LeaseError, OwnerId, SessionId, SessionLease};
 use mecated::agent::{Agent, AgentError, EchoAgent, EventSink, Turn};
+use mecated::backend::Unleased;
 use mecated::engine::{Engine, Exclusivity};
 use mecated::metrics::Metrics;
 use mecated::wire::{CreatedSession, ErrorBody, EventPage, RunResult, SessionInfo};
@@ -391,7 +392,7 @@ fn serve(store_dir: &Path, contract: &Arc<Contract>, seen: &Seen, setup: Setup) 
     let (backend, exclusivity): (Arc<dyn SessionLease>, _) = match setup.leases {
         Leases::Files => (files(), Exclusivity::Leased),
         Leases::Scripted(s) => (s, Exclusivity::Leased),
-        Leases::Unleased(proof) => (Arc::new(NoLeases), proof),
+        Leases::Unleased(proof) => (Arc::new(Unleased), proof),
     };
     let metrics = Arc::new(Metrics::default());
     let keeper = LeaseKeeper::builder(backend, OwnerId::new(setup.owner).unwrap(), ttl)
@@ -440,26 +441,6 @@ impl World {
             .open(path)
             .unwrap();
         Flock::lock(file, FlockArg::LockExclusiveNonblock).unwrap()
-    }
-}
-
-/// The backend of an unleased deployment.
-#[derive(Debug)]
-struct NoLeases;
-
-#[async_trait]
-impl SessionLease for NoLeases {
-    async fn acquire(&self, _: &SessionId, _: &OwnerId) -> Result<Lease, LeaseError> {
-        Err(LeaseError::unsupported("unleased"))
-    }
-    async fn renew(&self, _: &Lease) -> Result<Lease, LeaseError> {
-        Err(LeaseError::unsupported("unleased"))
-    }
-    async fn release(&self, _: &Lease) -> Result<(), LeaseError> {
-        Ok(())
-    }
-    async fn authority(&self) -> Result<AuthorityId, LeaseError> {
-        Err(LeaseError::unsupported("unleased"))
     }
 }
 

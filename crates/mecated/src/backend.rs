@@ -1,0 +1,239 @@
+//! The one place a server's flags become its store and its lease backend.
+//!
+//! Everything else in the server sees an `Arc<dyn SessionStore>` and an
+//! `Arc<dyn SessionLease>`. A new backend is wired here and nowhere else:
+//!
+//! 1. a variant of [`LeaseChoice`] (or [`StoreChoice`]), behind the cargo
+//!    feature of the crate it pulls in when that crate is a network client,
+//!    so a build can leave out what it does not deploy;
+//! 2. its flags → variant in [`LeaseChoice::from_args`], where contradictory
+//!    flags are refused;
+//! 3. its opening in [`open`].
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use flocklease::FlockLease;
+use lease_port::{AuthorityId, Lease, LeaseError, OwnerId, SessionId, SessionLease};
+use nix::fcntl::{Flock, FlockArg};
+use session_store::{DEFAULT_LEASE_DIR_NAME, FsyncPolicy, JsonlOptions, JsonlStore, SessionStore};
+use tracing::warn;
+
+use crate::config::{FsyncChoice, ServeArgs};
+use crate::engine::Exclusivity;
+use crate::server::StartError;
+
+/// File in the store directory whose exclusive lock proves, for an unleased
+/// deployment, that this process is the only one serving the store.
+pub const SINGLE_PROCESS_LOCK: &str = ".mecated.lock";
+
+/// Where sessions are stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreChoice {
+    /// The JSONL directory store.
+    Jsonl {
+        /// The store directory.
+        dir: PathBuf,
+        /// Whether appends are synced before being acknowledged.
+        fsync: bool,
+    },
+}
+
+impl StoreChoice {
+    /// The JSONL store in `dir`, syncing every append.
+    pub fn jsonl(dir: impl Into<PathBuf>) -> Self {
+        StoreChoice::Jsonl {
+            dir: dir.into(),
+            fsync: true,
+        }
+    }
+
+    /// The store these flags select.
+    pub fn from_args(args: &ServeArgs) -> Self {
+        StoreChoice::Jsonl {
+            dir: args.store_dir.clone(),
+            fsync: args.store_fsync == FsyncChoice::Always,
+        }
+    }
+
+    /// The lease backend a store brings when no lease flag is given: file
+    /// leases beside a local JSONL store.
+    pub fn default_leases(&self) -> LeaseChoice {
+        match self {
+            StoreChoice::Jsonl { dir, .. } => LeaseChoice::Dir(dir.join(DEFAULT_LEASE_DIR_NAME)),
+        }
+    }
+}
+
+/// Where leases come from. Each lease backend is one variant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseChoice {
+    /// File leases in this directory: processes on one host.
+    Dir(PathBuf),
+    /// No lease backend: runs are unleased, and writes need the
+    /// single-process proof.
+    Unleased,
+}
+
+impl LeaseChoice {
+    /// The lease backend these flags select, or why they contradict each
+    /// other.
+    pub fn from_args(args: &ServeArgs) -> Result<Self, String> {
+        match (&args.session_lease_dir, args.no_session_lease) {
+            (Some(_), true) => {
+                Err("--session-lease-dir and --no-session-lease contradict each other".into())
+            }
+            (Some(dir), false) => Ok(LeaseChoice::Dir(dir.clone())),
+            (None, true) => Ok(LeaseChoice::Unleased),
+            (None, false) => Ok(StoreChoice::from_args(args).default_leases()),
+        }
+    }
+}
+
+/// A store and a lease backend, opened and checked against each other.
+pub(crate) struct Opened {
+    pub(crate) store: Arc<dyn SessionStore>,
+    pub(crate) leases: Arc<dyn SessionLease>,
+    pub(crate) exclusivity: Exclusivity,
+    /// The single-process lock (unleased) or the owner lock (file leases),
+    /// held for the server's life.
+    pub(crate) process_lock: Option<Flock<File>>,
+}
+
+/// Opens `store` and `lease` for `owner`.
+pub(crate) async fn open(
+    store: &StoreChoice,
+    lease: &LeaseChoice,
+    ttl: Duration,
+    owner: &OwnerId,
+) -> Result<Opened, StartError> {
+    let unleased = *lease == LeaseChoice::Unleased;
+    let StoreChoice::Jsonl {
+        dir: store_dir,
+        fsync,
+    } = store;
+    let fsync = if *fsync {
+        FsyncPolicy::Always
+    } else {
+        FsyncPolicy::Never
+    };
+    let jsonl = JsonlStore::open(
+        store_dir,
+        JsonlOptions::default()
+            .fsync(fsync)
+            .allow_unfenced(unleased),
+    )
+    .map_err(|source| StartError::Store {
+        store: store_dir.display().to_string(),
+        source,
+    })?;
+    let store: Arc<dyn SessionStore> = Arc::new(jsonl);
+
+    // A store that leases its own sessions wins over any lease flag.
+    if let Some(own) = store.session_lease() {
+        return Ok(Opened {
+            store,
+            leases: own,
+            exclusivity: Exclusivity::Leased,
+            process_lock: None,
+        });
+    }
+    let (leases, exclusivity, process_lock): (Arc<dyn SessionLease>, _, _) = match lease {
+        LeaseChoice::Dir(dir) => {
+            let leases = FlockLease::open(dir, ttl).map_err(|source| StartError::Lease {
+                backend: format!("file leases in {}", dir.display()),
+                source,
+            })?;
+            let owner_lock = owner_lock(dir, owner)?;
+            (Arc::new(leases), Exclusivity::Leased, Some(owner_lock))
+        }
+        LeaseChoice::Unleased => {
+            let lock = exclusive_lock(store_dir.join(SINGLE_PROCESS_LOCK))?;
+            let proof = if lock.is_some() {
+                Exclusivity::ProvenSingleProcess
+            } else {
+                warn!(
+                    "another unleased process holds the store's single-process lock: \
+                     this one serves reads only"
+                );
+                Exclusivity::Unproven
+            };
+            (Arc::new(Unleased), proof, lock)
+        }
+    };
+    Ok(Opened {
+        store,
+        leases,
+        exclusivity,
+        process_lock,
+    })
+}
+
+/// The lease backend of an unleased deployment: answers `Unsupported`, so
+/// the keeper stops consulting it after the first call and runs unleased.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Unleased;
+
+const UNLEASED: &str = "this deployment runs without session leases";
+
+#[async_trait]
+impl SessionLease for Unleased {
+    async fn acquire(&self, _: &SessionId, _: &OwnerId) -> Result<Lease, LeaseError> {
+        Err(LeaseError::unsupported(UNLEASED))
+    }
+    async fn renew(&self, _: &Lease) -> Result<Lease, LeaseError> {
+        Err(LeaseError::unsupported(UNLEASED))
+    }
+    async fn release(&self, _: &Lease) -> Result<(), LeaseError> {
+        Ok(())
+    }
+    async fn authority(&self) -> Result<AuthorityId, LeaseError> {
+        Err(LeaseError::unsupported(UNLEASED))
+    }
+}
+
+/// Takes `<lease_dir>.owners/<owner>.lock` for the life of the process, so
+/// two processes on this host never lease under one owner id: the backend
+/// would treat the second as the live holder re-acquiring, and both would
+/// run the session under one token.
+fn owner_lock(lease_dir: &Path, owner: &OwnerId) -> Result<Flock<File>, StartError> {
+    let mut dir = lease_dir.as_os_str().to_owned();
+    dir.push(".owners");
+    let dir = PathBuf::from(dir);
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|source| StartError::LockFile {
+            path: dir.clone(),
+            source,
+        })?;
+    // Owner ids obey the same rules as session ids, so the same safe,
+    // injective file names apply.
+    let stem = lease_port::SessionId::new(owner.as_str())
+        .map(|id| session_filename::stem(&id))
+        .map_err(|e| StartError::LockFile {
+            path: dir.clone(),
+            source: std::io::Error::other(e),
+        })?;
+    exclusive_lock(dir.join(format!("{stem}.lock")))?.ok_or_else(|| StartError::OwnerInUse {
+        owner: owner.clone(),
+    })
+}
+
+fn exclusive_lock(path: PathBuf) -> Result<Option<Flock<File>>, StartError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(|source| StartError::LockFile { path, source })?;
+    Ok(Flock::lock(file, FlockArg::LockExclusiveNonblock).ok())
+}
