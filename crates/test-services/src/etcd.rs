@@ -6,9 +6,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use nix::sys::signal::Signal;
 use tempfile::TempDir;
 
+use crate::Controls;
 use crate::ServiceError;
 use crate::process::{Binary, START_ATTEMPTS, ServerProcess, free_port};
 
@@ -75,11 +75,6 @@ impl EtcdServer {
         format!("http://127.0.0.1:{}", self.client_port)
     }
 
-    /// The server's process id, while it runs.
-    pub fn pid(&self) -> Option<u32> {
-        self.process.pid()
-    }
-
     /// Stops the member (SIGTERM) and starts it again on the same ports and
     /// data directory.
     pub fn restart(&mut self) -> Result<(), ServiceError> {
@@ -91,17 +86,6 @@ impl EtcdServer {
     /// Kills the member with SIGKILL, as a crash would.
     pub fn kill(&mut self) {
         self.process.kill();
-    }
-
-    /// SIGSTOP: the member keeps its connections but answers nothing, and
-    /// its lease clocks stop.
-    pub fn pause(&self) -> Result<(), ServiceError> {
-        self.process.signal(Signal::SIGSTOP)
-    }
-
-    /// SIGCONT after [`pause`](Self::pause).
-    pub fn resume(&self) -> Result<(), ServiceError> {
-        self.process.signal(Signal::SIGCONT)
     }
 
     /// POSTs a JSON body to etcd's HTTP gateway (`/v3/kv/put`,
@@ -184,4 +168,10 @@ fn dechunk(mut body: &str) -> String {
         body = rest[n..].trim_start_matches("\r\n");
     }
     out
+}
+
+impl Controls for EtcdServer {
+    fn process(&self) -> &ServerProcess {
+        &self.process
+    }
 }

@@ -12,7 +12,7 @@
 //! its service.
 //!
 //! ```no_run
-//! use test_services::RedisServer;
+//! use test_services::{Controls, RedisServer};
 //!
 //! let redis = RedisServer::start().expect("redis-server is installed");
 //! let url = redis.url(); // redis://127.0.0.1:PORT
@@ -32,5 +32,29 @@ mod redis;
 
 pub use error::ServiceError;
 pub use etcd::EtcdServer;
+pub use process::ServerProcess;
 pub use process::find_binary;
 pub use redis::RedisServer;
+
+/// What every service started here can be told to do, as an operator or a
+/// failure would.
+pub trait Controls {
+    /// The running process.
+    fn process(&self) -> &ServerProcess;
+
+    /// The server's process id, while it runs.
+    fn pid(&self) -> Option<u32> {
+        self.process().pid()
+    }
+
+    /// SIGSTOP: the server keeps its connections but answers nothing (and
+    /// its own clocks, such as etcd's lease timers, stop).
+    fn pause(&self) -> Result<(), ServiceError> {
+        self.process().signal(nix::sys::signal::Signal::SIGSTOP)
+    }
+
+    /// SIGCONT after [`pause`](Self::pause).
+    fn resume(&self) -> Result<(), ServiceError> {
+        self.process().signal(nix::sys::signal::Signal::SIGCONT)
+    }
+}

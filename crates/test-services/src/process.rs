@@ -69,7 +69,7 @@ pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A running server process, killed and reaped on drop.
 #[derive(Debug)]
-pub(crate) struct ServerProcess {
+pub struct ServerProcess {
     child: Option<Child>,
     binary: &'static str,
     log: PathBuf,
@@ -151,11 +151,13 @@ impl ServerProcess {
         }
     }
 
-    pub(crate) fn pid(&self) -> Option<u32> {
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
     }
 
-    pub(crate) fn signal(&self, signal: Signal) -> Result<(), ServiceError> {
+    /// Sends `signal` to the process.
+    pub fn signal(&self, signal: Signal) -> Result<(), ServiceError> {
         let pid = self
             .pid()
             .ok_or_else(|| ServiceError::io("signal", std::io::Error::other("not running")))?;

@@ -6,9 +6,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use nix::sys::signal::Signal;
 use tempfile::TempDir;
 
+use crate::Controls;
 use crate::ServiceError;
 use crate::process::{Binary, START_ATTEMPTS, ServerProcess, free_port};
 
@@ -79,11 +79,6 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
-    /// The server's process id, while it runs.
-    pub fn pid(&self) -> Option<u32> {
-        self.process.pid()
-    }
-
     /// Whether the server keeps its data across [`restart`](Self::restart).
     pub fn is_persistent(&self) -> bool {
         self.persistent
@@ -101,16 +96,6 @@ impl RedisServer {
     /// brings it back.
     pub fn kill(&mut self) {
         self.process.kill();
-    }
-
-    /// SIGSTOP: the server keeps its connections but answers nothing.
-    pub fn pause(&self) -> Result<(), ServiceError> {
-        self.process.signal(Signal::SIGSTOP)
-    }
-
-    /// SIGCONT after [`pause`](Self::pause).
-    pub fn resume(&self) -> Result<(), ServiceError> {
-        self.process.signal(Signal::SIGCONT)
     }
 
     /// Sends one command on a new connection and returns the reply in RESP
@@ -163,4 +148,10 @@ fn command(port: u16, args: &[&str]) -> Result<String, ServiceError> {
         return Ok(format!("{line}\r\n{}", String::from_utf8_lossy(&body)));
     }
     Ok(line)
+}
+
+impl Controls for RedisServer {
+    fn process(&self) -> &ServerProcess {
+        &self.process
+    }
 }

@@ -4,7 +4,7 @@ use std::net::TcpStream;
 
 use nix::sys::signal::kill;
 use nix::unistd::Pid;
-use test_services::{EtcdServer, RedisServer, ServiceError, find_binary};
+use test_services::{Controls, EtcdServer, RedisServer, ServiceError, find_binary};
 
 fn alive(pid: u32) -> bool {
     kill(Pid::from_raw(i32::try_from(pid).expect("pid")), None).is_ok()
