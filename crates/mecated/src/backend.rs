@@ -8,7 +8,7 @@
 //!    so a build can leave out what it does not deploy;
 //! 2. its flags → variant in [`LeaseChoice::from_args`], where contradictory
 //!    flags are refused;
-//! 3. its opening in [`open`].
+//! 3. its opening in this module's `open`, the function the server calls.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
