@@ -9,16 +9,16 @@ use lease_port::LeaseError;
 use crate::record::{FORMAT_VERSION, RECORD_LEN};
 
 /// The cause behind a [`LeaseErrorKind::Transient`](lease_port::LeaseErrorKind::Transient)
-/// (or, for [`StoreError::LocksUnsupported`],
+/// (or, for [`LeaseFileError::LocksUnsupported`],
 /// [`Unsupported`](lease_port::LeaseErrorKind::Unsupported)) error of this
 /// backend, kept as the error's `source()`.
 ///
-/// Match on it with `err.source().and_then(|s| s.downcast_ref::<StoreError>())`.
+/// Match on it with `err.source().and_then(|s| s.downcast_ref::<LeaseFileError>())`.
 /// None of these is ever treated as a free lease: a damaged record stops its
 /// session until an operator looks at it (see [`list_leases`](crate::list_leases)).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum StoreError {
+pub enum LeaseFileError {
     /// The configured directory is a symbolic link.
     #[error("lease directory {path} is a symbolic link; configure the real directory")]
     DirSymlink {
@@ -153,9 +153,9 @@ pub enum StoreError {
     },
 }
 
-impl StoreError {
+impl LeaseFileError {
     pub(crate) fn io(op: &'static str, path: PathBuf, e: impl Into<io::Error>) -> Self {
-        StoreError::Io {
+        LeaseFileError::Io {
             op,
             path,
             source: e.into(),
@@ -163,14 +163,16 @@ impl StoreError {
     }
 }
 
-impl From<StoreError> for LeaseError {
+impl From<LeaseFileError> for LeaseError {
     /// `LocksUnsupported` becomes `Unsupported`; everything else is
     /// `Transient`. The message repeats the cause so a log line that prints
     /// only the error still names the file.
-    fn from(e: StoreError) -> Self {
+    fn from(e: LeaseFileError) -> Self {
         let message = e.to_string();
         match e {
-            StoreError::LocksUnsupported { .. } => LeaseError::unsupported(message).with_source(e),
+            LeaseFileError::LocksUnsupported { .. } => {
+                LeaseError::unsupported(message).with_source(e)
+            }
             _ => LeaseError::transient(message).with_source(e),
         }
     }

@@ -10,7 +10,7 @@ use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg, OFlag};
 use nix::sys::stat::Mode;
 
-use crate::StoreError;
+use crate::LeaseFileError;
 use crate::record::{RECORD_LEN, Record};
 use crate::store::{file_name, from_nanos, is_kind, kind_name, open_dir};
 
@@ -53,7 +53,7 @@ pub struct LeaseEntry {
     /// The entry's file name.
     pub file_name: String,
     /// What its record says, or why it cannot be read.
-    pub lease: Result<LeaseInfo, StoreError>,
+    pub lease: Result<LeaseInfo, LeaseFileError>,
 }
 
 /// How long a listing waits for one file's lock before reporting it busy.
@@ -96,16 +96,16 @@ pub fn list_leases(dir: impl AsRef<Path>, now: SystemTime) -> Result<Vec<LeaseEn
     let dir = dir.as_ref();
     let (dir_fd, _) = open_dir(dir, false)?;
     let read_dir =
-        std::fs::read_dir(dir).map_err(|e| StoreError::io("listing", dir.to_path_buf(), e))?;
+        std::fs::read_dir(dir).map_err(|e| LeaseFileError::io("listing", dir.to_path_buf(), e))?;
     let mut entries = Vec::new();
     for entry in read_dir {
-        let entry = entry.map_err(|e| StoreError::io("listing", dir.to_path_buf(), e))?;
+        let entry = entry.map_err(|e| LeaseFileError::io("listing", dir.to_path_buf(), e))?;
         let name = entry.file_name();
         let path = dir.join(&name);
         let Some(name) = name.to_str().map(str::to_owned) else {
             entries.push(LeaseEntry {
                 file_name: name.to_string_lossy().into_owned(),
-                lease: Err(StoreError::UnexpectedName { path }),
+                lease: Err(LeaseFileError::UnexpectedName { path }),
             });
             continue;
         };
@@ -124,9 +124,9 @@ fn inspect_one(
     path: &Path,
     name: &str,
     now: SystemTime,
-) -> Result<LeaseInfo, StoreError> {
+) -> Result<LeaseInfo, LeaseFileError> {
     let Some(stem) = name.strip_suffix(".lease") else {
-        return Err(StoreError::UnexpectedName {
+        return Err(LeaseFileError::UnexpectedName {
             path: path.to_path_buf(),
         });
     };
@@ -137,16 +137,16 @@ fn inspect_one(
         Mode::empty(),
     )
     .map_err(|e| match e {
-        Errno::ELOOP => StoreError::NotRegular {
+        Errno::ELOOP => LeaseFileError::NotRegular {
             path: path.to_path_buf(),
             what: "a symbolic link",
         },
-        e => StoreError::io("opening", path.to_path_buf(), e),
+        e => LeaseFileError::io("opening", path.to_path_buf(), e),
     })?;
     let st = nix::sys::stat::fstat(&fd)
-        .map_err(|e| StoreError::io("inspecting", path.to_path_buf(), e))?;
+        .map_err(|e| LeaseFileError::io("inspecting", path.to_path_buf(), e))?;
     if !is_kind(&st, nix::sys::stat::SFlag::S_IFREG) {
-        return Err(StoreError::NotRegular {
+        return Err(LeaseFileError::NotRegular {
             path: path.to_path_buf(),
             what: kind_name(&st),
         });
@@ -161,12 +161,12 @@ fn inspect_one(
                 std::thread::sleep(Duration::from_millis(2));
             }
             Err((_, Errno::EWOULDBLOCK)) => {
-                return Err(StoreError::LockTimeout {
+                return Err(LeaseFileError::LockTimeout {
                     path: path.to_path_buf(),
                     waited: start.elapsed(),
                 });
             }
-            Err((_, e)) => return Err(StoreError::io("locking", path.to_path_buf(), e)),
+            Err((_, e)) => return Err(LeaseFileError::io("locking", path.to_path_buf(), e)),
         }
     };
     let mut buf = [0u8; RECORD_LEN + 1];
@@ -176,7 +176,7 @@ fn inspect_one(
             Ok(0) => break,
             Ok(n) => len += n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(StoreError::io("reading", path.to_path_buf(), e)),
+            Err(e) => return Err(LeaseFileError::io("reading", path.to_path_buf(), e)),
         }
     }
     drop(locked);
@@ -192,7 +192,7 @@ fn inspect_one(
         });
     };
     if file_name(&record.session) != name {
-        return Err(StoreError::SessionMismatch {
+        return Err(LeaseFileError::SessionMismatch {
             path: path.to_path_buf(),
             found: record.session.to_string(),
             expected: session_filename::decode(stem).unwrap_or_else(|| "?".to_owned()),

@@ -99,7 +99,7 @@
 //! still read: version 1 synced every token, so its token is taken as its
 //! ceiling. The next write of such a file replaces it with a version 2
 //! record in place. Builds that know only version 1 refuse version 2 files
-//! ([`StoreError::Version`] or [`StoreError::Oversized`], `Transient`), so
+//! ([`LeaseFileError::Version`] or [`LeaseFileError::Oversized`], `Transient`), so
 //! do not run old and new builds on one directory at once: a session an old
 //! process meets in the new format stops there with an error, never with a
 //! second owner or a lower token.
@@ -111,7 +111,7 @@
 //! Anything else that does not decode — wrong length, wrong magic, an
 //! unknown version, a failed checksum (a torn write), inconsistent fields
 //! (a token above its ceiling, say), or the record of another session — is
-//! an error naming the file ([`StoreError`]). It is **never** treated as
+//! an error naming the file ([`LeaseFileError`]). It is **never** treated as
 //! free and never resets the token: that session stops, with a clear
 //! message, until an operator repairs or removes the file.
 //!
@@ -171,8 +171,8 @@
 //! | kind | when |
 //! |---|---|
 //! | `Held` | another owner holds the session live; renew of a lease no longer ours |
-//! | `Transient` | I/O errors, the lock not obtained within the lock timeout ("lock file wedged"), a damaged or foreign lease file, a symlink or non-regular file at a lease name, the directory replaced or removed — the cause is the `source()`, a [`StoreError`] |
-//! | `Unsupported` | the file system does not support `flock` ([`StoreError::LocksUnsupported`]) |
+//! | `Transient` | I/O errors, the lock not obtained within the lock timeout ("lock file wedged"), a damaged or foreign lease file, a symlink or non-regular file at a lease name, the directory replaced or removed — the cause is the `source()`, a [`LeaseFileError`] |
+//! | `Unsupported` | the file system does not support `flock` ([`LeaseFileError::LocksUnsupported`]) |
 //! | `Invalid` | the clock is outside 1970..2554 or the TTL overflows it; 2⁶⁴ tokens used |
 //!
 //! # Blocking and time bounds
@@ -227,7 +227,7 @@ use async_trait::async_trait;
 use lease_port::{Clock, Lease, LeaseError, OwnerId, SessionId, SessionLease, SystemClock};
 use tokio::runtime::RuntimeFlavor;
 
-pub use error::StoreError;
+pub use error::LeaseFileError;
 pub use inspect::{LeaseEntry, LeaseInfo, LeaseState, list_leases};
 pub use record::{FORMAT_VERSION, MAGIC, RECORD_LEN};
 
@@ -331,7 +331,7 @@ impl FlockLeaseBuilder {
 
     /// Opens the directory — creating it with mode 0700 when absent — and
     /// checks it: a symlink or a non-directory is refused with
-    /// [`StoreError::DirSymlink`] / [`StoreError::NotADirectory`]
+    /// [`LeaseFileError::DirSymlink`] / [`LeaseFileError::NotADirectory`]
     /// (`Transient`). Blocking, once, at start-up.
     pub fn open(self) -> Result<FlockLease, LeaseError> {
         if self.token_reservation == 0 {

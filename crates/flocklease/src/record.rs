@@ -4,7 +4,7 @@ use std::path::Path;
 
 use lease_port::{MAX_ID_LEN, OwnerId, SessionId};
 
-use crate::StoreError;
+use crate::LeaseFileError;
 
 /// The first eight bytes of every lease record.
 pub const MAGIC: [u8; 8] = *b"MECLEASE";
@@ -114,7 +114,7 @@ impl Record {
     /// than a record), in the current layout or in version 1. `Ok(None)`:
     /// empty or all-zero, a file created but never written, so no token was
     /// ever issued from it.
-    pub(crate) fn decode(path: &Path, bytes: &[u8]) -> Result<Option<Record>, StoreError> {
+    pub(crate) fn decode(path: &Path, bytes: &[u8]) -> Result<Option<Record>, LeaseFileError> {
         let path_buf = || path.to_path_buf();
         let zero_len = bytes.len() == RECORD_LEN || bytes.len() == V1_RECORD_LEN;
         if bytes.is_empty() || (zero_len && bytes.iter().all(|&b| b == 0)) {
@@ -122,10 +122,10 @@ impl Record {
         }
         let prefix = bytes.len().min(MAGIC.len());
         if bytes[..prefix] != MAGIC[..prefix] {
-            return Err(StoreError::Foreign { path: path_buf() });
+            return Err(LeaseFileError::Foreign { path: path_buf() });
         }
         if bytes.len() < OFF_VERSION + 2 {
-            return Err(StoreError::Truncated {
+            return Err(LeaseFileError::Truncated {
                 path: path_buf(),
                 len: bytes.len() as u64,
             });
@@ -135,20 +135,20 @@ impl Record {
             FORMAT_VERSION => &V2,
             1 => &V1,
             found => {
-                return Err(StoreError::Version {
+                return Err(LeaseFileError::Version {
                     path: path_buf(),
                     found,
                 });
             }
         };
         if bytes.len() < layout.len {
-            return Err(StoreError::Truncated {
+            return Err(LeaseFileError::Truncated {
                 path: path_buf(),
                 len: bytes.len() as u64,
             });
         }
         if bytes.len() > layout.len {
-            return Err(StoreError::Oversized {
+            return Err(LeaseFileError::Oversized {
                 path: path_buf(),
                 len: bytes.len() as u64,
             });
@@ -156,13 +156,13 @@ impl Record {
         let stored = u32::from_le_bytes(le4(&bytes[layout.crc..]));
         let computed = crc32fast::hash(&bytes[..layout.crc]);
         if stored != computed {
-            return Err(StoreError::Checksum {
+            return Err(LeaseFileError::Checksum {
                 path: path_buf(),
                 stored,
                 computed,
             });
         }
-        let malformed = |detail: String| StoreError::Malformed {
+        let malformed = |detail: String| LeaseFileError::Malformed {
             path: path_buf(),
             detail,
         };
@@ -309,27 +309,33 @@ mod tests {
         let good = held().encode();
         let err = Record::decode(path(), &good[..100]).unwrap_err();
         assert!(
-            matches!(err, StoreError::Truncated { len: 100, .. }),
+            matches!(err, LeaseFileError::Truncated { len: 100, .. }),
             "{err}"
         );
         let err = Record::decode(path(), &good[..3]).unwrap_err();
-        assert!(matches!(err, StoreError::Truncated { len: 3, .. }), "{err}");
+        assert!(
+            matches!(err, LeaseFileError::Truncated { len: 3, .. }),
+            "{err}"
+        );
         let err = Record::decode(path(), &[0; 17]).unwrap_err();
-        assert!(matches!(err, StoreError::Foreign { .. }), "{err}");
+        assert!(matches!(err, LeaseFileError::Foreign { .. }), "{err}");
         let err = Record::decode(path(), b"hello world").unwrap_err();
-        assert!(matches!(err, StoreError::Foreign { .. }), "{err}");
+        assert!(matches!(err, LeaseFileError::Foreign { .. }), "{err}");
         let mut long = good.to_vec();
         long.push(0);
         let err = Record::decode(path(), &long).unwrap_err();
-        assert!(matches!(err, StoreError::Oversized { .. }), "{err}");
+        assert!(matches!(err, LeaseFileError::Oversized { .. }), "{err}");
         let mut flipped = good;
         flipped[OFF_TOKEN] ^= 1;
         let err = Record::decode(path(), &flipped).unwrap_err();
-        assert!(matches!(err, StoreError::Checksum { .. }), "{err}");
+        assert!(matches!(err, LeaseFileError::Checksum { .. }), "{err}");
         let mut newer = good;
         newer[OFF_VERSION] = 3;
         let err = Record::decode(path(), &newer).unwrap_err();
-        assert!(matches!(err, StoreError::Version { found: 3, .. }), "{err}");
+        assert!(
+            matches!(err, LeaseFileError::Version { found: 3, .. }),
+            "{err}"
+        );
         // A torn write: the first half of a new record over the old one.
         let mut next = held();
         next.token = 43;
@@ -337,7 +343,7 @@ mod tests {
         let mut torn = good;
         torn[..RECORD_LEN / 2].copy_from_slice(&next.encode()[..RECORD_LEN / 2]);
         let err = Record::decode(path(), &torn).unwrap_err();
-        assert!(matches!(err, StoreError::Checksum { .. }), "{err}");
+        assert!(matches!(err, LeaseFileError::Checksum { .. }), "{err}");
     }
 
     #[test]
@@ -346,7 +352,7 @@ mod tests {
         b[OFF_STATE] = STATE_FREE; // free, but with an owner
         reseal(&mut b);
         let err = Record::decode(path(), &b).unwrap_err();
-        assert!(matches!(err, StoreError::Malformed { .. }), "{err}");
+        assert!(matches!(err, LeaseFileError::Malformed { .. }), "{err}");
     }
 
     #[test]
@@ -356,7 +362,7 @@ mod tests {
         reseal(&mut b);
         let err = Record::decode(path(), &b).unwrap_err();
         assert!(
-            matches!(&err, StoreError::Malformed { detail, .. } if detail.contains("ceiling")),
+            matches!(&err, LeaseFileError::Malformed { detail, .. } if detail.contains("ceiling")),
             "{err}"
         );
     }
@@ -366,7 +372,7 @@ mod tests {
         let mut b = held().encode();
         b[OFF_RESERVED] ^= 0x01;
         let err = Record::decode(path(), &b).unwrap_err();
-        assert!(matches!(err, StoreError::Checksum { .. }), "{err}");
+        assert!(matches!(err, LeaseFileError::Checksum { .. }), "{err}");
     }
 
     #[test]
@@ -386,13 +392,13 @@ mod tests {
         let mut long = v1.clone();
         long.resize(RECORD_LEN, 0);
         let err = Record::decode(path(), &long).unwrap_err();
-        assert!(matches!(err, StoreError::Oversized { .. }), "{err}");
+        assert!(matches!(err, LeaseFileError::Oversized { .. }), "{err}");
         let err = Record::decode(path(), &r.encode()[..V1_RECORD_LEN]).unwrap_err();
-        assert!(matches!(err, StoreError::Truncated { .. }), "{err}");
+        assert!(matches!(err, LeaseFileError::Truncated { .. }), "{err}");
         let mut flipped = v1;
         flipped[OFF_TOKEN] ^= 1;
         let err = Record::decode(path(), &flipped).unwrap_err();
-        assert!(matches!(err, StoreError::Checksum { .. }), "{err}");
+        assert!(matches!(err, LeaseFileError::Checksum { .. }), "{err}");
     }
 
     proptest! {

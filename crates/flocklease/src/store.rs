@@ -15,7 +15,7 @@ use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg, OFlag};
 use nix::sys::stat::{FileStat, Mode, SFlag};
 
-use crate::StoreError;
+use crate::LeaseFileError;
 use crate::record::{RECORD_LEN, Record};
 
 /// The lease file name of `session`: its safe stem plus `.lease`.
@@ -127,15 +127,15 @@ pub(crate) fn is_kind(st: &FileStat, kind: SFlag) -> bool {
 
 /// Opens (creating with mode 0700 when absent) and checks the lease
 /// directory; returns its descriptor and identity.
-pub(crate) fn open_dir(path: &Path, create: bool) -> Result<(OwnedFd, (u64, u64)), StoreError> {
+pub(crate) fn open_dir(path: &Path, create: bool) -> Result<(OwnedFd, (u64, u64)), LeaseFileError> {
     match nix::sys::stat::lstat(path) {
         Ok(st) if is_kind(&st, SFlag::S_IFLNK) => {
-            return Err(StoreError::DirSymlink {
+            return Err(LeaseFileError::DirSymlink {
                 path: path.to_path_buf(),
             });
         }
         Ok(st) if !is_kind(&st, SFlag::S_IFDIR) => {
-            return Err(StoreError::NotADirectory {
+            return Err(LeaseFileError::NotADirectory {
                 path: path.to_path_buf(),
             });
         }
@@ -146,9 +146,11 @@ pub(crate) fn open_dir(path: &Path, create: bool) -> Result<(OwnedFd, (u64, u64)
                 .recursive(true)
                 .mode(0o700)
                 .create(path)
-                .map_err(|e| StoreError::io("creating lease directory", path.to_path_buf(), e))?;
+                .map_err(|e| {
+                    LeaseFileError::io("creating lease directory", path.to_path_buf(), e)
+                })?;
         }
-        Err(e) => return Err(StoreError::io("inspecting", path.to_path_buf(), e)),
+        Err(e) => return Err(LeaseFileError::io("inspecting", path.to_path_buf(), e)),
     }
     let fd = nix::fcntl::open(
         path,
@@ -156,16 +158,16 @@ pub(crate) fn open_dir(path: &Path, create: bool) -> Result<(OwnedFd, (u64, u64)
         Mode::empty(),
     )
     .map_err(|e| match e {
-        Errno::ELOOP => StoreError::DirSymlink {
+        Errno::ELOOP => LeaseFileError::DirSymlink {
             path: path.to_path_buf(),
         },
-        Errno::ENOTDIR => StoreError::NotADirectory {
+        Errno::ENOTDIR => LeaseFileError::NotADirectory {
             path: path.to_path_buf(),
         },
-        e => StoreError::io("opening lease directory", path.to_path_buf(), e),
+        e => LeaseFileError::io("opening lease directory", path.to_path_buf(), e),
     })?;
     let st = nix::sys::stat::fstat(&fd)
-        .map_err(|e| StoreError::io("inspecting", path.to_path_buf(), e))?;
+        .map_err(|e| LeaseFileError::io("inspecting", path.to_path_buf(), e))?;
     Ok((fd, (st.st_dev, st.st_ino)))
 }
 
@@ -191,7 +193,7 @@ impl Store {
         inline_fast_path: bool,
         dir_check_interval: Duration,
         reservation: u64,
-    ) -> Result<Self, StoreError> {
+    ) -> Result<Self, LeaseFileError> {
         debug_assert!(reservation >= 1);
         let (dir_fd, dir_id) = open_dir(&dir, true)?;
         Ok(Store {
@@ -230,7 +232,7 @@ impl Store {
 
     /// Opens the lease file `name` inside the directory opened at start-up,
     /// never following a symlink, and checks it is a regular file.
-    pub(crate) fn open_file(&self, name: &str, create: bool) -> Result<Opened, StoreError> {
+    pub(crate) fn open_file(&self, name: &str, create: bool) -> Result<Opened, LeaseFileError> {
         let mut flags = OFlag::O_RDWR | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
         if create {
             flags |= OFlag::O_CREAT;
@@ -240,24 +242,24 @@ impl Store {
             Ok(fd) => fd,
             Err(Errno::ENOENT) if !create => return Ok(Opened::Absent),
             Err(Errno::ELOOP) => {
-                return Err(StoreError::NotRegular {
+                return Err(LeaseFileError::NotRegular {
                     path: self.path(name),
                     what: "a symbolic link",
                 });
             }
             Err(Errno::EISDIR) => {
-                return Err(StoreError::NotRegular {
+                return Err(LeaseFileError::NotRegular {
                     path: self.path(name),
                     what: "a directory",
                 });
             }
             Err(Errno::ENXIO) => {
-                return Err(StoreError::NotRegular {
+                return Err(LeaseFileError::NotRegular {
                     path: self.path(name),
                     what: "a socket or device",
                 });
             }
-            Err(e) => return Err(StoreError::io("opening", self.path(name), e)),
+            Err(e) => return Err(LeaseFileError::io("opening", self.path(name), e)),
         };
         // The file type is checked lazily, in `read`: only a regular file
         // yields a valid record, so the common case needs no fstat.
@@ -270,26 +272,30 @@ impl Store {
         &self,
         mut file: File,
         name: &str,
-    ) -> Result<Result<Flock<File>, File>, StoreError> {
+    ) -> Result<Result<Flock<File>, File>, LeaseFileError> {
         loop {
             match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
                 Ok(locked) => return Ok(Ok(locked)),
                 Err((f, Errno::EWOULDBLOCK)) => return Ok(Err(f)),
                 Err((f, Errno::EINTR)) => file = f,
                 Err((_, e @ (Errno::ENOLCK | Errno::EOPNOTSUPP | Errno::EINVAL))) => {
-                    return Err(StoreError::LocksUnsupported {
+                    return Err(LeaseFileError::LocksUnsupported {
                         path: self.path(name),
                         source: e.into(),
                     });
                 }
-                Err((_, e)) => return Err(StoreError::io("locking", self.path(name), e)),
+                Err((_, e)) => return Err(LeaseFileError::io("locking", self.path(name), e)),
             }
         }
     }
 
     /// Blocks (this thread only) until the lock is ours or the lock timeout
     /// passes, polling with a growing back-off.
-    pub(crate) fn wait_lock(&self, mut file: File, name: &str) -> Result<Flock<File>, StoreError> {
+    pub(crate) fn wait_lock(
+        &self,
+        mut file: File,
+        name: &str,
+    ) -> Result<Flock<File>, LeaseFileError> {
         let start = Instant::now();
         let mut pause = Duration::from_micros(50);
         loop {
@@ -299,7 +305,7 @@ impl Store {
             };
             let waited = start.elapsed();
             if waited >= self.lock_timeout {
-                return Err(StoreError::LockTimeout {
+                return Err(LeaseFileError::LockTimeout {
                     path: self.path(name),
                     waited,
                 });
@@ -318,7 +324,7 @@ impl Store {
         let record = self.read(file, name)?;
         if let Some(r) = &record {
             if r.session != *op.session() {
-                return Err(StoreError::SessionMismatch {
+                return Err(LeaseFileError::SessionMismatch {
                     path: self.path(name),
                     found: r.session.to_string(),
                     expected: op.session().to_string(),
@@ -456,16 +462,16 @@ impl Store {
         if let Some(record) = &plan.write {
             let bytes = record.encode();
             file.write_all_at(&bytes, 0)
-                .map_err(|e| StoreError::io("writing", self.path(name), e))?;
+                .map_err(|e| LeaseFileError::io("writing", self.path(name), e))?;
             if plan.sync {
                 file.sync_data()
-                    .map_err(|e| StoreError::io("syncing", self.path(name), e))?;
+                    .map_err(|e| LeaseFileError::io("syncing", self.path(name), e))?;
             }
             if plan.sync_dir {
                 // A new file's name must survive a crash too, or its tokens
                 // would start again from 1.
                 nix::unistd::fsync(&self.dir_fd)
-                    .map_err(|e| StoreError::io("syncing", self.dir.clone(), e))?;
+                    .map_err(|e| LeaseFileError::io("syncing", self.dir.clone(), e))?;
             }
             #[cfg(test)]
             crate::crash_sim::wrote(&self.path(name), &bytes, plan.sync, plan.sync_dir);
@@ -477,7 +483,7 @@ impl Store {
         plan.reply
     }
 
-    fn read(&self, file: &File, name: &str) -> Result<Option<Record>, StoreError> {
+    fn read(&self, file: &File, name: &str) -> Result<Option<Record>, LeaseFileError> {
         let mut buf = [0u8; RECORD_LEN + 1];
         let mut len = 0;
         let read = loop {
@@ -498,7 +504,7 @@ impl Store {
         };
         let decoded = match read {
             Ok(len) => Record::decode(&self.path(name), &buf[..len]),
-            Err(e) => Err(StoreError::io("reading", self.path(name), e)),
+            Err(e) => Err(LeaseFileError::io("reading", self.path(name), e)),
         };
         match decoded {
             Ok(Some(record)) => Ok(Some(record)),
@@ -506,9 +512,9 @@ impl Store {
             // file before trusting (or blaming) its contents.
             other => {
                 let st = nix::sys::stat::fstat(file)
-                    .map_err(|e| StoreError::io("inspecting", self.path(name), e))?;
+                    .map_err(|e| LeaseFileError::io("inspecting", self.path(name), e))?;
                 if !is_kind(&st, SFlag::S_IFREG) {
-                    return Err(StoreError::NotRegular {
+                    return Err(LeaseFileError::NotRegular {
                         path: self.path(name),
                         what: kind_name(&st),
                     });
@@ -519,7 +525,7 @@ impl Store {
     }
 
     /// [`check_dir`](Self::check_dir), at most once per check interval.
-    fn check_dir_if_due(&self) -> Result<(), StoreError> {
+    fn check_dir_if_due(&self) -> Result<(), LeaseFileError> {
         let now = u64::try_from(self.epoch.elapsed().as_nanos())
             .unwrap_or(u64::MAX - 1)
             .saturating_add(1);
@@ -535,14 +541,14 @@ impl Store {
 
     /// The directory path must still name the directory opened at start-up:
     /// processes resolving the path now must meet the same lock files.
-    fn check_dir(&self) -> Result<(), StoreError> {
+    fn check_dir(&self) -> Result<(), LeaseFileError> {
         match nix::sys::stat::lstat(&self.dir) {
             Ok(st) if (st.st_dev, st.st_ino) == self.dir_id => Ok(()),
-            Ok(st) => Err(StoreError::DirReplaced {
+            Ok(st) => Err(LeaseFileError::DirReplaced {
                 path: self.dir.clone(),
                 detail: format!("it is now {}", kind_name(&st)),
             }),
-            Err(e) => Err(StoreError::DirReplaced {
+            Err(e) => Err(LeaseFileError::DirReplaced {
                 path: self.dir.clone(),
                 detail: e.desc().to_owned(),
             }),

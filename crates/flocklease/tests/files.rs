@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use flocklease::{FlockLease, LeaseState, RECORD_LEN, StoreError, list_leases};
+use flocklease::{FlockLease, LeaseFileError, LeaseState, RECORD_LEN, list_leases};
 use lease_port::{
     Clock, FencingToken, Lease, LeaseError, LeaseErrorKind, ManualClock, OwnerId, SessionId,
     SessionLease,
@@ -34,10 +34,10 @@ fn lease_path(dir: &Path, s: &SessionId) -> PathBuf {
     dir.join(format!("{}.lease", session_filename::stem(s)))
 }
 
-fn cause(e: &LeaseError) -> &StoreError {
+fn cause(e: &LeaseError) -> &LeaseFileError {
     e.source()
-        .and_then(|s| s.downcast_ref::<StoreError>())
-        .unwrap_or_else(|| panic!("no StoreError behind {e:?}"))
+        .and_then(|s| s.downcast_ref::<LeaseFileError>())
+        .unwrap_or_else(|| panic!("no LeaseFileError behind {e:?}"))
 }
 
 #[track_caller]
@@ -68,25 +68,25 @@ async fn damaged_and_foreign_files_are_errors_never_free() {
     newer[8] = 9;
     let mut longer = good.clone();
     longer.extend_from_slice(b"\n");
-    type Case = (&'static str, Vec<u8>, fn(&StoreError) -> bool);
+    type Case = (&'static str, Vec<u8>, fn(&LeaseFileError) -> bool);
     let cases: Vec<Case> = vec![
         ("foreign text", b"{\"owner\": \"x\"}\n".to_vec(), |e| {
-            matches!(e, StoreError::Foreign { .. })
+            matches!(e, LeaseFileError::Foreign { .. })
         }),
         ("truncated record", good[..100].to_vec(), |e| {
-            matches!(e, StoreError::Truncated { len: 100, .. })
+            matches!(e, LeaseFileError::Truncated { len: 100, .. })
         }),
         ("torn or corrupt record", flipped, |e| {
-            matches!(e, StoreError::Checksum { .. })
+            matches!(e, LeaseFileError::Checksum { .. })
         }),
         ("newer format", newer, |e| {
-            matches!(e, StoreError::Version { found: 9, .. })
+            matches!(e, LeaseFileError::Version { found: 9, .. })
         }),
         ("oversized", longer, |e| {
-            matches!(e, StoreError::Oversized { .. })
+            matches!(e, LeaseFileError::Oversized { .. })
         }),
         ("another session's record", other, |e| {
-            matches!(e, StoreError::SessionMismatch { .. })
+            matches!(e, LeaseFileError::SessionMismatch { .. })
         }),
     ];
     for (what, bytes, expected) in cases {
@@ -158,7 +158,7 @@ async fn non_regular_files_at_a_lease_name_are_refused() {
     for (s, what) in [(&a, "a directory"), (&b, "a symbolic link"), (&c, "a FIFO")] {
         let err = transient(leases.acquire(s, &oid("o")).await);
         match cause(&err) {
-            StoreError::NotRegular { what: w, .. } => assert_eq!(*w, what),
+            LeaseFileError::NotRegular { what: w, .. } => assert_eq!(*w, what),
             other => panic!("{s}: {other:?}"),
         }
     }
@@ -205,12 +205,12 @@ async fn a_symlinked_or_non_directory_path_is_refused() {
     std::os::unix::fs::symlink(&real, &link).unwrap();
     let err = transient(FlockLease::open(&link, TTL));
     assert!(
-        matches!(cause(&err), StoreError::DirSymlink { .. }),
+        matches!(cause(&err), LeaseFileError::DirSymlink { .. }),
         "{err:?}"
     );
     let err = list_leases(&link, SystemTime::now()).unwrap_err();
     assert!(
-        matches!(cause(&err), StoreError::DirSymlink { .. }),
+        matches!(cause(&err), LeaseFileError::DirSymlink { .. }),
         "{err:?}"
     );
 
@@ -218,7 +218,7 @@ async fn a_symlinked_or_non_directory_path_is_refused() {
     fs::write(&file, b"").unwrap();
     let err = transient(FlockLease::open(&file, TTL));
     assert!(
-        matches!(cause(&err), StoreError::NotADirectory { .. }),
+        matches!(cause(&err), LeaseFileError::NotADirectory { .. }),
         "{err:?}"
     );
 }
@@ -246,13 +246,13 @@ async fn a_directory_replaced_after_opening_is_refused() {
         transient(leases.acquire(&sid("t"), &a).await),
     ] {
         assert!(
-            matches!(cause(&err), StoreError::DirReplaced { .. }),
+            matches!(cause(&err), LeaseFileError::DirReplaced { .. }),
             "{err:?}"
         );
     }
     let err = transient(FlockLease::open(&dir, TTL));
     assert!(
-        matches!(cause(&err), StoreError::DirSymlink { .. }),
+        matches!(cause(&err), LeaseFileError::DirSymlink { .. }),
         "{err:?}"
     );
 
@@ -261,7 +261,7 @@ async fn a_directory_replaced_after_opening_is_refused() {
     fs::create_dir(&dir).unwrap();
     let err = transient(leases.renew(&lease).await);
     assert!(
-        matches!(cause(&err), StoreError::DirReplaced { .. }),
+        matches!(cause(&err), LeaseFileError::DirReplaced { .. }),
         "{err:?}"
     );
 }
@@ -293,7 +293,7 @@ async fn a_wedged_lock_gives_transient_and_a_second_descriptor_does_not_unlock()
     let held = wedge(&path);
     let err = transient(leases.renew(&lease).await);
     assert!(
-        matches!(cause(&err), StoreError::LockTimeout { .. }),
+        matches!(cause(&err), LeaseFileError::LockTimeout { .. }),
         "{err:?}"
     );
     assert_eq!(err.message(), cause(&err).to_string());
@@ -311,11 +311,11 @@ async fn a_wedged_lock_gives_transient_and_a_second_descriptor_does_not_unlock()
     let listed = list_leases(dir.path(), SystemTime::now()).unwrap();
     assert!(matches!(
         listed[0].lease,
-        Err(StoreError::LockTimeout { .. })
+        Err(LeaseFileError::LockTimeout { .. })
     ));
     let err = transient(leases.renew(&lease).await);
     assert!(
-        matches!(cause(&err), StoreError::LockTimeout { .. }),
+        matches!(cause(&err), LeaseFileError::LockTimeout { .. }),
         "{err:?}"
     );
     // Other sessions are not affected by one wedged file.
@@ -457,10 +457,8 @@ async fn listing_shows_live_expired_and_free_leases() {
         (free.state, free.owner.as_ref(), free.token),
         (LeaseState::Free, None, Some(freed.token()))
     );
-    assert!(
-        listed.iter().any(|e| e.file_name == "notes.txt"
-            && matches!(e.lease, Err(StoreError::UnexpectedName { .. })))
-    );
+    assert!(listed.iter().any(|e| e.file_name == "notes.txt"
+        && matches!(e.lease, Err(LeaseFileError::UnexpectedName { .. }))));
     // Judged at another time, by the caller's clock.
     let later = list_leases(dir.path(), clock.now() + TTL * 2).unwrap();
     assert!(
