@@ -131,10 +131,11 @@ pub enum LeaseFileError {
         /// How long this operation waited.
         waited: Duration,
     },
-    /// The file system does not support `flock`.
+    /// The file system does not support `flock` at all (found when the
+    /// directory is opened; a failing `flock` call later is [`Io`](Self::Io)).
     #[error("the file system of {path} does not support flock")]
     LocksUnsupported {
-        /// The lease file.
+        /// The lease directory.
         path: PathBuf,
         /// The error `flock` returned.
         #[source]

@@ -172,7 +172,7 @@
 //! |---|---|
 //! | `Held` | another owner holds the session live; renew of a lease no longer ours |
 //! | `Transient` | I/O errors, the lock not obtained within the lock timeout ("lock file wedged"), a damaged or foreign lease file, a symlink or non-regular file at a lease name, the directory replaced or removed — the cause is the `source()`, a [`LeaseFileError`] |
-//! | `Unsupported` | the file system does not support `flock` ([`LeaseFileError::LocksUnsupported`]) |
+//! | `Unsupported` | only from [`FlockLeaseBuilder::open`]: the file system does not support `flock` at all ([`LeaseFileError::LocksUnsupported`]); a failing `flock` call on a lease file (`ENOLCK`, say) is `Transient` |
 //! | `Invalid` | the clock is outside 1970..2554 or the TTL overflows it; 2⁶⁴ tokens used |
 //!
 //! # Blocking and time bounds

@@ -196,6 +196,7 @@ impl Store {
     ) -> Result<Self, LeaseFileError> {
         debug_assert!(reservation >= 1);
         let (dir_fd, dir_id) = open_dir(&dir, true)?;
+        probe_locks(&dir, &dir_fd)?;
         Ok(Store {
             dir,
             dir_fd,
@@ -278,13 +279,7 @@ impl Store {
                 Ok(locked) => return Ok(Ok(locked)),
                 Err((f, Errno::EWOULDBLOCK)) => return Ok(Err(f)),
                 Err((f, Errno::EINTR)) => file = f,
-                Err((_, e @ (Errno::ENOLCK | Errno::EOPNOTSUPP | Errno::EINVAL))) => {
-                    return Err(LeaseFileError::LocksUnsupported {
-                        path: self.path(name),
-                        source: e.into(),
-                    });
-                }
-                Err((_, e)) => return Err(LeaseFileError::io("locking", self.path(name), e)),
+                Err((_, e)) => return Err(lock_failure(self.path(name), e)),
             }
         }
     }
@@ -601,9 +596,64 @@ impl Store {
     }
 }
 
+/// The error for a failed `flock` on a lease file (not `EWOULDBLOCK` or
+/// `EINTR`, which the callers handle).
+///
+/// Always a passing fault (`Transient`): whether the file system supports
+/// `flock` at all is settled once, by [`probe_locks`] at start-up.
+pub(crate) fn lock_failure(path: PathBuf, e: Errno) -> LeaseFileError {
+    LeaseFileError::io("locking", path, e)
+}
+
+/// Whether the directory's file system provides `flock` at all: takes and
+/// drops a shared lock on the directory itself. Only the answers that mean
+/// "never" are [`LeaseFileError::LocksUnsupported`]; anything else (`ENOLCK`,
+/// say) is a passing fault.
+pub(crate) fn probe_locks(path: &Path, dir_fd: &OwnedFd) -> Result<(), LeaseFileError> {
+    let fd = dir_fd
+        .try_clone()
+        .map_err(|e| LeaseFileError::io("duplicating the descriptor of", path.to_path_buf(), e))?;
+    match Flock::lock(fd, FlockArg::LockSharedNonblock) {
+        // Dropping the lock unlocks it.
+        Ok(_locked) => Ok(()),
+        // Someone holds the directory exclusively: locks work.
+        Err((_, Errno::EWOULDBLOCK | Errno::EINTR)) => Ok(()),
+        Err((_, e @ (Errno::EOPNOTSUPP | Errno::ENOSYS | Errno::EINVAL))) => {
+            Err(LeaseFileError::LocksUnsupported {
+                path: path.to_path_buf(),
+                source: e.into(),
+            })
+        }
+        Err((_, e)) => Err(LeaseFileError::io("locking", path.to_path_buf(), e)),
+    }
+}
+
 /// Where the fast path stopped.
 pub(crate) enum Step {
     Done(Reply),
     WaitLock(File, String),
     Sync(Flock<File>, String, Plan),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lease_port::LeaseErrorKind;
+
+    /// `ENOLCK` (the kernel out of lock records) and other errors of one
+    /// `flock` call are passing faults: `Transient`, never `Unsupported`,
+    /// which would turn a leased server unleased.
+    #[test]
+    fn a_failing_flock_call_is_transient() {
+        for e in [
+            Errno::ENOLCK,
+            Errno::EIO,
+            Errno::EBADF,
+            Errno::EINVAL,
+            Errno::EOPNOTSUPP,
+        ] {
+            let err = LeaseError::from(lock_failure(PathBuf::from("/l/x.lease"), e));
+            assert_eq!(err.kind(), LeaseErrorKind::Transient, "{e}: {err:?}");
+        }
+    }
 }
