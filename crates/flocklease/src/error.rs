@@ -4,7 +4,7 @@ use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lease_port::LeaseError;
+use lease_port::{LeaseError, LeaseErrorKind};
 
 use crate::record::{FORMAT_VERSION, RECORD_LEN};
 
@@ -141,6 +141,16 @@ pub enum LeaseFileError {
         #[source]
         source: io::Error,
     },
+    /// Another open file description (another process, or another
+    /// [`OwnerLock`](crate::OwnerLock) in this one) holds this owner id's lock
+    /// in this lease directory.
+    #[error("owner id {owner} is already in use on lease directory {dir} by another process")]
+    OwnerInUse {
+        /// The lease directory.
+        dir: PathBuf,
+        /// The owner id.
+        owner: String,
+    },
     /// A system call failed.
     #[error("{op} {path} failed")]
     Io {
@@ -165,7 +175,7 @@ impl LeaseFileError {
 }
 
 impl From<LeaseFileError> for LeaseError {
-    /// `LocksUnsupported` becomes `Unsupported`; everything else is
+    /// `LocksUnsupported` becomes `Unsupported`, `OwnerInUse` `Held`; everything else is
     /// `Transient`. The message repeats the cause so a log line that prints
     /// only the error still names the file.
     fn from(e: LeaseFileError) -> Self {
@@ -173,6 +183,9 @@ impl From<LeaseFileError> for LeaseError {
         match e {
             LeaseFileError::LocksUnsupported { .. } => {
                 LeaseError::unsupported(message).with_source(e)
+            }
+            LeaseFileError::OwnerInUse { .. } => {
+                LeaseError::new(LeaseErrorKind::Held, message).with_source(e)
             }
             _ => LeaseError::transient(message).with_source(e),
         }

@@ -102,6 +102,10 @@ pub fn list_leases(dir: impl AsRef<Path>, now: SystemTime) -> Result<Vec<LeaseEn
         let entry = entry.map_err(|e| LeaseFileError::io("listing", dir.to_path_buf(), e))?;
         let name = entry.file_name();
         let path = dir.join(&name);
+        if name == crate::store::OWNERS_DIR {
+            // The owner locks (`FlockLease::lock_owner`), not a lease.
+            continue;
+        }
         let Some(name) = name.to_str().map(str::to_owned) else {
             entries.push(LeaseEntry {
                 file_name: name.to_string_lossy().into_owned(),

@@ -383,6 +383,29 @@ impl FlockLease {
         self.store.ttl
     }
 
+    /// Takes the lock that makes `owner` this process's alone on this lease
+    /// directory, for as long as the returned [`OwnerLock`] lives.
+    ///
+    /// Two processes leasing under one owner id would each be taken for the
+    /// live holder re-acquiring, and both would run a session under one
+    /// token; a server takes this lock at start-up and keeps it. The lock
+    /// file is `.owners/<owner>.lock` inside the directory, found through
+    /// the descriptor opened at start-up, so every spelling of the
+    /// directory's path (a trailing slash, a symlinked parent) meets the
+    /// same lock. Does not wait: an owner id in use fails at once with
+    /// `Held` ([`LeaseFileError::OwnerInUse`] as the source). Blocking (a
+    /// few system calls); call it at start-up.
+    ///
+    /// Builds before this one kept the lock beside the directory, in
+    /// `<dir>.owners/`; they do not see this one, so do not run old and
+    /// new builds on one directory at once.
+    pub fn lock_owner(&self, owner: &OwnerId) -> Result<OwnerLock, LeaseError> {
+        Ok(OwnerLock {
+            _lock: self.store.lock_owner(owner)?,
+            owner: owner.clone(),
+        })
+    }
+
     /// [`list_leases`] of this instance's directory, judged by its clock, on
     /// the blocking pool.
     pub async fn list(&self) -> Result<Vec<LeaseEntry>, LeaseError> {
@@ -399,6 +422,28 @@ impl FlockLease {
             Step::Done(reply) => Ok(reply),
             step => offload(move || store.finish(step, &op)).await,
         }
+    }
+}
+
+/// An owner id held by this process on one lease directory; see
+/// [`FlockLease::lock_owner`]. Dropping it (or the process ending) frees it.
+pub struct OwnerLock {
+    _lock: nix::fcntl::Flock<std::fs::File>,
+    owner: OwnerId,
+}
+
+impl OwnerLock {
+    /// The owner id held.
+    pub fn owner(&self) -> &OwnerId {
+        &self.owner
+    }
+}
+
+impl fmt::Debug for OwnerLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OwnerLock")
+            .field("owner", &self.owner)
+            .finish()
     }
 }
 

@@ -487,3 +487,43 @@ async fn tokens_survive_new_instances() {
     // Each new instance starts past the previous one's reservation.
     assert_eq!(last, 4 * flocklease::DEFAULT_TOKEN_RESERVATION + 1);
 }
+
+#[test]
+fn an_owner_id_is_locked_per_directory_whatever_its_spelling() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("leases");
+    let link = tmp.path().join("parent-link");
+    std::os::unix::fs::symlink(tmp.path(), &link).unwrap();
+    let owner = OwnerId::new("host/one").unwrap();
+    let first = FlockLease::open(&dir, Duration::from_secs(30)).unwrap();
+    let held = first.lock_owner(&owner).unwrap();
+    let mut slash = dir.clone().into_os_string();
+    slash.push("/");
+    for other in [
+        std::path::PathBuf::from(slash),
+        link.join("leases"),
+        dir.join("../leases"),
+    ] {
+        let leases = FlockLease::open(&other, Duration::from_secs(30)).unwrap();
+        let err = leases.lock_owner(&owner).unwrap_err();
+        assert_eq!(
+            err.kind(),
+            LeaseErrorKind::Held,
+            "{}: {err:?}",
+            other.display()
+        );
+        assert!(matches!(cause(&err), LeaseFileError::OwnerInUse { .. }));
+        // Another owner id is free.
+        leases
+            .lock_owner(&OwnerId::new("host/two").unwrap())
+            .unwrap();
+    }
+    drop(held);
+    first.lock_owner(&owner).unwrap();
+    // The lock files are not lease files: the listing leaves them out.
+    assert!(
+        list_leases(&dir, std::time::SystemTime::now())
+            .unwrap()
+            .is_empty()
+    );
+}

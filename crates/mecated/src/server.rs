@@ -2,15 +2,15 @@
 
 use std::fs::{File, OpenOptions};
 use std::net::SocketAddr;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use flocklease::FlockLease;
+use flocklease::{FlockLease, OwnerLock};
 use lease_keeper::LeaseKeeper;
-use lease_port::{Lease, LeaseError, OwnerId, SessionId, SessionLease};
+use lease_port::{Lease, LeaseError, LeaseErrorKind, OwnerId, SessionId, SessionLease};
 use nix::fcntl::{Flock, FlockArg};
 use session_store::{FsyncPolicy, JsonlOptions, JsonlStore, SessionStore};
 use tokio::net::TcpListener;
@@ -166,33 +166,34 @@ fn single_process_lock(store_dir: &Path) -> Result<Option<Flock<File>>, StartErr
     exclusive_lock(store_dir.join(SINGLE_PROCESS_LOCK))
 }
 
-/// Takes `<lease_dir>.owners/<owner>.lock` for the life of the process, so
-/// two processes on this host never lease under one owner id: the backend
-/// would treat the second as the live holder re-acquiring, and both would
-/// run the session under one token.
-fn owner_lock(lease_dir: &Path, owner: &OwnerId) -> Result<Flock<File>, StartError> {
-    let mut dir = lease_dir.as_os_str().to_owned();
-    dir.push(".owners");
-    let dir = PathBuf::from(dir);
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&dir)
-        .map_err(|source| StartError::LockFile {
-            path: dir.clone(),
-            source,
-        })?;
-    // Owner ids obey the same rules as session ids, so the same safe,
-    // injective file names apply.
-    let stem = lease_port::SessionId::new(owner.as_str())
-        .map(|id| session_filename::stem(&id))
-        .map_err(|e| StartError::LockFile {
-            path: dir.clone(),
-            source: std::io::Error::other(e),
-        })?;
-    exclusive_lock(dir.join(format!("{stem}.lock")))?.ok_or_else(|| StartError::OwnerInUse {
-        owner: owner.clone(),
+/// Takes the owner id's lock in the lease directory for the life of the
+/// process ([`FlockLease::lock_owner`]), so two processes on this host never
+/// lease under one owner id: the backend would treat the second as the live
+/// holder re-acquiring, and both would run the session under one token. The
+/// lock is found through the opened directory, so any spelling of its path
+/// meets the same lock.
+fn owner_lock(leases: &FlockLease, owner: &OwnerId) -> Result<OwnerLock, StartError> {
+    leases.lock_owner(owner).map_err(|source| {
+        if source.kind() == LeaseErrorKind::Held {
+            StartError::OwnerInUse {
+                owner: owner.clone(),
+            }
+        } else {
+            StartError::Lease {
+                dir: leases.dir().to_path_buf(),
+                source,
+            }
+        }
     })
+}
+
+/// A lock held for the server's life.
+#[derive(Debug)]
+enum ProcessLock {
+    /// The store's single-process lock (unleased).
+    Single(#[allow(dead_code)] Flock<File>),
+    /// This process's owner id on the lease directory (file leases).
+    Owner(#[allow(dead_code)] OwnerLock),
 }
 
 fn exclusive_lock(path: PathBuf) -> Result<Option<Flock<File>>, StartError> {
@@ -216,7 +217,7 @@ pub struct Server {
     shutdown_timeout: Duration,
     /// The single-process lock (unleased) or the owner lock (file leases),
     /// held for the server's life.
-    _process_lock: Option<Flock<File>>,
+    _process_lock: Option<ProcessLock>,
 }
 
 impl std::fmt::Debug for Server {
@@ -258,8 +259,12 @@ impl Server {
                             source,
                         }
                     })?;
-                    let owner = owner_lock(dir, &config.owner)?;
-                    (Arc::new(leases), Exclusivity::Leased, Some(owner))
+                    let owner = owner_lock(&leases, &config.owner)?;
+                    (
+                        Arc::new(leases),
+                        Exclusivity::Leased,
+                        Some(ProcessLock::Owner(owner)),
+                    )
                 }
                 (None, LeaseChoice::Unleased) => {
                     let lock = single_process_lock(&config.store_dir)?;
@@ -272,7 +277,7 @@ impl Server {
                         );
                         Exclusivity::Unproven
                     };
-                    (Arc::new(NoLeases), proof, lock)
+                    (Arc::new(NoLeases), proof, lock.map(ProcessLock::Single))
                 }
             };
         let metrics = Arc::new(Metrics::default());
@@ -328,5 +333,35 @@ impl Server {
         // listener closes once they are written, within what is left.
         let served = tokio::time::timeout_at(start + self.shutdown_timeout, self.serve).await;
         clean && matches!(served, Ok(Ok(Ok(()))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One lease directory spelled two ways (a trailing slash, a symlinked
+    /// parent) is one directory: a second process under the same owner id
+    /// must be refused whichever spelling it was given.
+    #[test]
+    fn the_owner_lock_follows_the_directory_not_its_spelling() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("leases");
+        std::fs::create_dir(&dir).unwrap();
+        let link = tmp.path().join("parent-link");
+        std::os::unix::fs::symlink(tmp.path(), &link).unwrap();
+        let owner = OwnerId::new("host/one").unwrap();
+        let open = |d: &Path| FlockLease::open(d, Duration::from_secs(15)).unwrap();
+        let _held = owner_lock(&open(&dir), &owner).unwrap();
+        let mut slash = dir.clone().into_os_string();
+        slash.push("/");
+        for other in [PathBuf::from(slash), link.join("leases")] {
+            let second = owner_lock(&open(&other), &owner);
+            assert!(
+                matches!(second, Err(StartError::OwnerInUse { .. })),
+                "{} got its own owner lock: {second:?}",
+                other.display()
+            );
+        }
     }
 }
