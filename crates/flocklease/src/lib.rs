@@ -179,13 +179,22 @@
 //!
 //! Anything that can wait — polling a non-blocking `flock` with back-off
 //! until the [lock timeout](FlockLeaseBuilder::lock_timeout), and the
-//! `fdatasync` of a reservation — runs off the async workers: through
-//! `block_in_place` on a multi-thread Tokio runtime (this worker's other
-//! tasks move to another worker; no thread switch), through `spawn_blocking`
-//! on a current-thread runtime, and on the calling thread outside a
-//! runtime. Past the lock timeout the operation fails with `Transient`
-//! ("lock file wedged") instead of hanging: a process stopped or stuck
-//! inside its critical section delays only that one session's file.
+//! `fdatasync` of a reservation — runs on Tokio's blocking pool
+//! (`spawn_blocking`), never on an async worker, and on the calling thread
+//! outside a runtime. The lock timeout defaults to a quarter of the TTL (at
+//! most 2 s) and may not exceed it, so a renewal never waits past its
+//! keeper's margin. Past it the operation fails with `Transient` ("lock
+//! file wedged") instead of hanging: a process stopped or stuck inside its
+//! critical section delays only that one session's file.
+//!
+//! The future stays cancellable throughout: a caller's deadline (the
+//! keeper's renew deadline, a `tokio::time::timeout`) fires while the lock
+//! is waited for. Dropping the future tells the blocking work its caller is
+//! gone: a lock wait stops at its next poll (within 4 ms) and a write not
+//! yet begun is never made, so an abandoned acquire cannot take a session
+//! after its caller gave up. A write already under way when the future is
+//! dropped (with its `fdatasync`) finishes on the pool, holding that one
+//! file's lock; its effect is that of an answer lost in transit.
 //!
 //! The rest — open, an uncontended non-blocking `flock`, `pread`, `pwrite`
 //! into the page cache and close, a few microseconds on a local file system;
@@ -221,11 +230,11 @@ mod store;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use lease_port::{Clock, Lease, LeaseError, OwnerId, SessionId, SessionLease, SystemClock};
-use tokio::runtime::RuntimeFlavor;
 
 pub use error::LeaseFileError;
 pub use inspect::{LeaseEntry, LeaseInfo, LeaseState, list_leases};
@@ -265,7 +274,7 @@ pub struct FlockLeaseBuilder {
     dir: PathBuf,
     ttl: Duration,
     clock: Arc<dyn Clock>,
-    lock_timeout: Duration,
+    lock_timeout: Option<Duration>,
     inline_fast_path: bool,
     dir_check_interval: Duration,
     token_reservation: u64,
@@ -286,10 +295,12 @@ impl FlockLeaseBuilder {
     }
 
     /// The longest an operation waits for a lease file's lock before failing
-    /// with `Transient` ("lock file wedged"). Default
-    /// [`DEFAULT_LOCK_TIMEOUT`]; keep it well under the TTL.
+    /// with `Transient` ("lock file wedged"). Default: a quarter of the TTL,
+    /// at most [`DEFAULT_LOCK_TIMEOUT`]. More than a quarter of the TTL is
+    /// refused by [`open`](Self::open) (`Invalid`): a renewal waiting that
+    /// long would eat the margin its keeper renews within.
     pub fn lock_timeout(mut self, timeout: Duration) -> Self {
-        self.lock_timeout = timeout;
+        self.lock_timeout = Some(timeout);
         self
     }
 
@@ -339,11 +350,22 @@ impl FlockLeaseBuilder {
                 "token reservation must cover at least one token",
             ));
         }
+        let limit = self.ttl / 4;
+        let lock_timeout = match self.lock_timeout {
+            None => limit.min(DEFAULT_LOCK_TIMEOUT),
+            Some(t) if t <= limit => t,
+            Some(t) => {
+                return Err(LeaseError::invalid(format!(
+                    "lock timeout {t:?} exceeds a quarter of the TTL {:?}",
+                    self.ttl
+                )));
+            }
+        };
         let store = Store::new(
             self.dir,
             self.ttl,
             self.clock,
-            self.lock_timeout,
+            lock_timeout,
             self.inline_fast_path,
             self.dir_check_interval,
             self.token_reservation,
@@ -361,7 +383,7 @@ impl FlockLease {
             dir: dir.into(),
             ttl: DEFAULT_TTL,
             clock: Arc::new(SystemClock),
-            lock_timeout: DEFAULT_LOCK_TIMEOUT,
+            lock_timeout: None,
             inline_fast_path: true,
             dir_check_interval: DEFAULT_DIR_CHECK_INTERVAL,
             token_reservation: DEFAULT_TOKEN_RESERVATION,
@@ -381,6 +403,11 @@ impl FlockLease {
     /// The TTL this instance grants.
     pub fn ttl(&self) -> Duration {
         self.store.ttl
+    }
+
+    /// The longest an operation waits for a lease file's lock.
+    pub fn lock_timeout(&self) -> Duration {
+        self.store.lock_timeout
     }
 
     /// Takes the lock that makes `owner` this process's alone on this lease
@@ -410,17 +437,17 @@ impl FlockLease {
     /// the blocking pool.
     pub async fn list(&self) -> Result<Vec<LeaseEntry>, LeaseError> {
         let store = Arc::clone(&self.store);
-        offload(move || list_leases(&store.dir, store.clock.now())).await
+        offload(move |_| list_leases(&store.dir, store.clock.now())).await
     }
 
     async fn run(&self, op: Op) -> Result<Reply, LeaseError> {
         let store = Arc::clone(&self.store);
         if !store.inline_fast_path || tokio::runtime::Handle::try_current().is_err() {
-            return offload(move || store.run_blocking(&op)).await;
+            return offload(move |abandoned| store.run_blocking(&op, abandoned)).await;
         }
         match store.run_until_wait(&op)? {
             Step::Done(reply) => Ok(reply),
-            step => offload(move || store.finish(step, &op)).await,
+            step => offload(move |abandoned| store.finish(step, &op, abandoned)).await,
         }
     }
 }
@@ -447,23 +474,36 @@ impl fmt::Debug for OwnerLock {
     }
 }
 
-/// Runs blocking `f` without stalling the runtime: on a multi-thread
-/// runtime in place, after handing this worker's other tasks to another
-/// worker (`block_in_place`, no thread switch); on a current-thread runtime
-/// on the blocking pool (`spawn_blocking`); outside a runtime right here.
+/// Runs blocking `f` on Tokio's blocking pool (on the calling thread
+/// outside a runtime), never on an async worker, and stays cancellable:
+/// dropping the returned future sets the flag `f` is given, which stops a
+/// lock wait at its next poll and any write not yet begun. A write already
+/// under way (with its `fdatasync`) finishes on the pool, holding only that
+/// one file's lock.
 async fn offload<T, F>(f: F) -> Result<T, LeaseError>
 where
-    F: FnOnce() -> Result<T, LeaseError> + Send + 'static,
+    F: FnOnce(&AtomicBool) -> Result<T, LeaseError> + Send + 'static,
     T: Send + 'static,
 {
-    match tokio::runtime::Handle::try_current() {
-        Ok(handle) if handle.runtime_flavor() == RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(f)
-        }
-        Ok(handle) => handle.spawn_blocking(f).await.map_err(|e| {
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return f(&AtomicBool::new(false));
+    };
+    let abandoned = Arc::new(AtomicBool::new(false));
+    let _guard = AbandonOnDrop(Arc::clone(&abandoned));
+    handle
+        .spawn_blocking(move || f(&abandoned))
+        .await
+        .map_err(|e| {
             LeaseError::transient("lease file operation did not complete").with_source(e)
-        })?,
-        Err(_) => f(),
+        })?
+}
+
+/// Tells blocking work its caller is gone when the caller's future drops.
+struct AbandonOnDrop(Arc<AtomicBool>);
+
+impl Drop for AbandonOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
     }
 }
 

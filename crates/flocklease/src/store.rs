@@ -6,7 +6,7 @@ use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -363,12 +363,16 @@ impl Store {
         &self,
         mut file: File,
         name: &str,
-    ) -> Result<Flock<File>, LeaseFileError> {
+        abandoned: &AtomicBool,
+    ) -> Result<Option<Flock<File>>, LeaseFileError> {
         let start = Instant::now();
         let mut pause = Duration::from_micros(50);
         loop {
+            if abandoned.load(Ordering::Acquire) {
+                return Ok(None);
+            }
             file = match self.try_lock(file, name)? {
-                Ok(locked) => return Ok(locked),
+                Ok(locked) => return Ok(Some(locked)),
                 Err(file) => file,
             };
             let waited = start.elapsed();
@@ -625,15 +629,48 @@ impl Store {
 
     /// The whole operation on the calling thread, waiting for the lock as
     /// long as the lock timeout allows.
-    pub(crate) fn run_blocking(&self, op: &Op) -> Result<Reply, LeaseError> {
+    pub(crate) fn run_blocking(
+        &self,
+        op: &Op,
+        abandoned: &AtomicBool,
+    ) -> Result<Reply, LeaseError> {
         let name = file_name(op.session());
         let file = match self.open_file(&name, op.creates_file())? {
             Opened::File(f) => f,
             Opened::Absent => return op.reply_without_file(),
         };
-        let locked = self.wait_lock(file, &name)?;
-        let plan = self.plan(&locked, &name, op)?;
-        self.apply(&locked, &name, plan)
+        self.wait_plan_apply(file, &name, op, abandoned)
+    }
+
+    /// Waits for the lock, decides and writes — unless the caller gave up
+    /// first: then nothing is written.
+    fn wait_plan_apply(
+        &self,
+        file: File,
+        name: &str,
+        op: &Op,
+        abandoned: &AtomicBool,
+    ) -> Result<Reply, LeaseError> {
+        let Some(locked) = self.wait_lock(file, name, abandoned)? else {
+            return Err(abandoned_error());
+        };
+        let plan = self.plan(&locked, name, op)?;
+        self.apply_unless_abandoned(&locked, name, plan, abandoned)
+    }
+
+    fn apply_unless_abandoned(
+        &self,
+        file: &File,
+        name: &str,
+        plan: Plan,
+        abandoned: &AtomicBool,
+    ) -> Result<Reply, LeaseError> {
+        // Under the lock: a caller that gave up before this point never
+        // sees a write land after it stopped waiting.
+        if abandoned.load(Ordering::Acquire) {
+            return Err(abandoned_error());
+        }
+        self.apply(file, name, plan)
     }
 
     /// The fast path: everything up to the point where the thread would have
@@ -656,15 +693,18 @@ impl Store {
     }
 
     /// Finishes what [`run_until_wait`](Self::run_until_wait) left; blocks.
-    pub(crate) fn finish(&self, step: Step, op: &Op) -> Result<Reply, LeaseError> {
+    pub(crate) fn finish(
+        &self,
+        step: Step,
+        op: &Op,
+        abandoned: &AtomicBool,
+    ) -> Result<Reply, LeaseError> {
         match step {
             Step::Done(reply) => Ok(reply),
-            Step::WaitLock(file, name) => {
-                let locked = self.wait_lock(file, &name)?;
-                let plan = self.plan(&locked, &name, op)?;
-                self.apply(&locked, &name, plan)
+            Step::WaitLock(file, name) => self.wait_plan_apply(file, &name, op, abandoned),
+            Step::Sync(locked, name, plan) => {
+                self.apply_unless_abandoned(&locked, &name, plan, abandoned)
             }
-            Step::Sync(locked, name, plan) => self.apply(&locked, &name, plan),
         }
     }
 }
@@ -699,6 +739,11 @@ pub(crate) fn probe_locks(path: &Path, dir_fd: &OwnedFd) -> Result<(), LeaseFile
         }
         Err((_, e)) => Err(LeaseFileError::io("locking", path.to_path_buf(), e)),
     }
+}
+
+/// What an operation whose caller gave up answers (to nobody).
+fn abandoned_error() -> LeaseError {
+    LeaseError::transient("lease file operation abandoned by its caller")
 }
 
 /// Where the fast path stopped.

@@ -350,7 +350,7 @@ fn wait_beside_other_work(rt: &tokio::runtime::Runtime) {
         let dir = tempfile::tempdir().unwrap();
         let leases = FlockLease::builder(dir.path())
             .ttl(TTL)
-            .lock_timeout(Duration::from_secs(60))
+            .lock_timeout(TTL / 4)
             .open()
             .unwrap();
         let (s, a) = (sid("s"), oid("a"));
@@ -526,4 +526,87 @@ fn an_owner_id_is_locked_per_directory_whatever_its_spelling() {
             .unwrap()
             .is_empty()
     );
+}
+
+#[test]
+fn the_lock_wait_is_bounded_by_a_quarter_of_the_ttl() {
+    let dir = tempfile::tempdir().unwrap();
+    let ttl = Duration::from_millis(300);
+    let leases = FlockLease::builder(dir.path()).ttl(ttl).open().unwrap();
+    assert_eq!(leases.lock_timeout(), ttl / 4);
+    // Long TTLs keep the two-second ceiling.
+    assert_eq!(
+        open(dir.path()).lock_timeout(),
+        flocklease::DEFAULT_LOCK_TIMEOUT
+    );
+    let err = FlockLease::builder(dir.path())
+        .ttl(ttl)
+        .lock_timeout(Duration::from_secs(2))
+        .open()
+        .unwrap_err();
+    assert_eq!(err.kind(), LeaseErrorKind::Invalid, "{err:?}");
+    let shorter = FlockLease::builder(dir.path())
+        .ttl(ttl)
+        .lock_timeout(Duration::from_millis(10))
+        .open()
+        .unwrap();
+    assert_eq!(shorter.lock_timeout(), Duration::from_millis(10));
+}
+
+/// A caller's deadline (the keeper's renew deadline) fires while the lock
+/// is waited for, and the abandoned operation never writes afterwards.
+fn an_abandoned_wait_stops(rt: tokio::runtime::Runtime, inline: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, a, b) = (sid("s"), oid("a"), oid("b"));
+    // A long TTL and lock timeout: only the caller's deadline can end the wait.
+    let builder = || {
+        FlockLease::builder(dir.path())
+            .ttl(Duration::from_secs(3600))
+            .lock_timeout(Duration::from_secs(600))
+            .inline_fast_path(inline)
+    };
+    let leases = builder().open().unwrap();
+    let first = rt.block_on(leases.acquire(&s, &b)).unwrap();
+    rt.block_on(leases.release(&first)).unwrap();
+    let held = wedge(&lease_path(dir.path(), &s));
+    let waited = rt.block_on(async {
+        tokio::time::timeout(Duration::from_millis(20), leases.acquire(&s, &a)).await
+    });
+    assert!(waited.is_err(), "the deadline did not fire: {waited:?}");
+    // The lock comes free; dropping the runtime waits for any blocking work
+    // still running. The abandoned acquire must not take the session.
+    drop(held);
+    drop(rt);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let other = rt.block_on(builder().open().unwrap().acquire(&s, &b));
+    assert!(
+        other.is_ok(),
+        "the abandoned acquire took the session: {other:?}"
+    );
+}
+
+#[test]
+fn an_abandoned_wait_stops_on_a_one_worker_multi_thread_runtime() {
+    for inline in [true, false] {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        an_abandoned_wait_stops(rt, inline);
+    }
+}
+
+#[test]
+fn an_abandoned_wait_stops_on_a_current_thread_runtime() {
+    for inline in [true, false] {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        an_abandoned_wait_stops(rt, inline);
+    }
 }
