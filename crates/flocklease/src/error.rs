@@ -151,6 +151,18 @@ pub enum LeaseFileError {
         /// The owner id.
         owner: String,
     },
+    /// The directory is on a file system kept in memory (tmpfs, ramfs) and
+    /// [`refuse_volatile`](crate::FlockLeaseBuilder::refuse_volatile) was set:
+    /// a reboot would lose every token while a store keeps its marks.
+    #[error(
+        "lease directory {path} is on {fs}, which a reboot empties: tokens would restart below the store's marks; use a directory on a disk"
+    )]
+    Volatile {
+        /// The lease directory.
+        path: PathBuf,
+        /// The file system type.
+        fs: &'static str,
+    },
     /// A system call failed.
     #[error("{op} {path} failed")]
     Io {
@@ -175,7 +187,7 @@ impl LeaseFileError {
 }
 
 impl From<LeaseFileError> for LeaseError {
-    /// `LocksUnsupported` becomes `Unsupported`, `OwnerInUse` `Held`; everything else is
+    /// `LocksUnsupported` becomes `Unsupported`, `OwnerInUse` `Held`, `Volatile` `Invalid`; everything else is
     /// `Transient`. The message repeats the cause so a log line that prints
     /// only the error still names the file.
     fn from(e: LeaseFileError) -> Self {
@@ -184,6 +196,7 @@ impl From<LeaseFileError> for LeaseError {
             LeaseFileError::LocksUnsupported { .. } => {
                 LeaseError::unsupported(message).with_source(e)
             }
+            LeaseFileError::Volatile { .. } => LeaseError::invalid(message).with_source(e),
             LeaseFileError::OwnerInUse { .. } => {
                 LeaseError::new(LeaseErrorKind::Held, message).with_source(e)
             }

@@ -278,6 +278,7 @@ pub struct FlockLeaseBuilder {
     inline_fast_path: bool,
     dir_check_interval: Duration,
     token_reservation: u64,
+    refuse_volatile: bool,
 }
 
 impl FlockLeaseBuilder {
@@ -340,6 +341,15 @@ impl FlockLeaseBuilder {
         self
     }
 
+    /// Whether [`open`](Self::open) refuses a directory on a file system
+    /// kept in memory (tmpfs, ramfs) with `Invalid`
+    /// ([`LeaseFileError::Volatile`]). Default `false`; see
+    /// [`FlockLease::is_volatile`].
+    pub fn refuse_volatile(mut self, refuse: bool) -> Self {
+        self.refuse_volatile = refuse;
+        self
+    }
+
     /// Opens the directory — creating it with mode 0700 when absent — and
     /// checks it: a symlink or a non-directory is refused with
     /// [`LeaseFileError::DirSymlink`] / [`LeaseFileError::NotADirectory`]
@@ -369,6 +379,7 @@ impl FlockLeaseBuilder {
             self.inline_fast_path,
             self.dir_check_interval,
             self.token_reservation,
+            self.refuse_volatile,
         )?;
         Ok(FlockLease {
             store: Arc::new(store),
@@ -387,6 +398,7 @@ impl FlockLease {
             inline_fast_path: true,
             dir_check_interval: DEFAULT_DIR_CHECK_INTERVAL,
             token_reservation: DEFAULT_TOKEN_RESERVATION,
+            refuse_volatile: false,
         }
     }
 
@@ -403,6 +415,16 @@ impl FlockLease {
     /// The TTL this instance grants.
     pub fn ttl(&self) -> Duration {
         self.store.ttl
+    }
+
+    /// Whether the directory is on a file system kept in memory (tmpfs,
+    /// ramfs; `statfs` at start-up). A reboot empties it, so every session's
+    /// tokens restart at 1 while a store that outlives the reboot keeps its
+    /// higher marks and refuses the new owners' writes. A server should
+    /// refuse such a directory or warn loudly; see
+    /// [`FlockLeaseBuilder::refuse_volatile`].
+    pub fn is_volatile(&self) -> bool {
+        self.store.volatile
     }
 
     /// The longest an operation waits for a lease file's lock.

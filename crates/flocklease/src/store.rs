@@ -40,6 +40,8 @@ pub(crate) struct Store {
     epoch: Instant,
     /// How many tokens one synced reservation covers (≥ 1).
     pub(crate) reservation: u64,
+    /// The directory is on tmpfs or ramfs.
+    pub(crate) volatile: bool,
     /// The sessions this instance may issue tokens for without a sync: lease
     /// file name → the reservation ceiling this instance wrote there and saw
     /// `fdatasync` confirm. See the crate docs, "Durability".
@@ -175,6 +177,25 @@ pub(crate) fn open_dir(path: &Path, create: bool) -> Result<(OwnedFd, (u64, u64)
     Ok((fd, (st.st_dev, st.st_ino)))
 }
 
+/// The name of the in-memory file system `fd` is on (tmpfs, ramfs), or
+/// `None` for one that keeps its data across a reboot.
+pub(crate) fn volatile_fs(
+    path: &Path,
+    fd: &OwnedFd,
+) -> Result<Option<&'static str>, LeaseFileError> {
+    const RAMFS_MAGIC: u32 = 0x8584_58f6;
+    let st = nix::sys::statfs::fstatfs(fd)
+        .map_err(|e| LeaseFileError::io("inspecting the file system of", path.to_path_buf(), e))?;
+    let kind = st.filesystem_type();
+    Ok(if kind == nix::sys::statfs::TMPFS_MAGIC {
+        Some("tmpfs")
+    } else if kind.0 as u32 == RAMFS_MAGIC {
+        Some("ramfs")
+    } else {
+        None
+    })
+}
+
 fn to_nanos(t: SystemTime) -> Result<u64, LeaseError> {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .ok()
@@ -197,10 +218,15 @@ impl Store {
         inline_fast_path: bool,
         dir_check_interval: Duration,
         reservation: u64,
+        refuse_volatile: bool,
     ) -> Result<Self, LeaseFileError> {
         debug_assert!(reservation >= 1);
         let (dir_fd, dir_id) = open_dir(&dir, true)?;
         probe_locks(&dir, &dir_fd)?;
+        let volatile = volatile_fs(&dir, &dir_fd)?;
+        if let (Some(fs), true) = (volatile, refuse_volatile) {
+            return Err(LeaseFileError::Volatile { path: dir, fs });
+        }
         Ok(Store {
             dir,
             dir_fd,
@@ -213,6 +239,7 @@ impl Store {
             dir_checked: AtomicU64::new(0),
             epoch: Instant::now(),
             reservation,
+            volatile: volatile.is_some(),
             armed: Mutex::new(HashMap::new()),
         })
     }

@@ -610,3 +610,27 @@ fn an_abandoned_wait_stops_on_a_current_thread_runtime() {
         an_abandoned_wait_stops(rt, inline);
     }
 }
+
+#[test]
+fn a_directory_on_tmpfs_is_reported_volatile_and_may_be_refused() {
+    let disk = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let on_disk = open(disk.path());
+    let Ok(shm) = tempfile::tempdir_in("/dev/shm") else {
+        eprintln!("no /dev/shm here: only the disk case is checked");
+        assert!(!on_disk.is_volatile());
+        return;
+    };
+    assert!(!on_disk.is_volatile(), "{}", disk.path().display());
+    let volatile = open(shm.path());
+    assert!(volatile.is_volatile());
+    let err = FlockLease::builder(shm.path())
+        .refuse_volatile(true)
+        .open()
+        .unwrap_err();
+    assert_eq!(err.kind(), LeaseErrorKind::Invalid, "{err:?}");
+    assert!(matches!(cause(&err), LeaseFileError::Volatile { .. }));
+    FlockLease::builder(disk.path())
+        .refuse_volatile(true)
+        .open()
+        .unwrap();
+}

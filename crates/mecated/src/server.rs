@@ -259,6 +259,15 @@ impl Server {
                             source,
                         }
                     })?;
+                    if leases.is_volatile() {
+                        warn!(
+                            dir = %dir.display(),
+                            "the session lease directory is on tmpfs or ramfs: a reboot \
+                             empties it and restarts every session's fencing tokens below \
+                             the store's marks, so sessions are refused after a reboot; \
+                             put it on a disk"
+                        );
+                    }
                     let owner = owner_lock(&leases, &config.owner)?;
                     (
                         Arc::new(leases),
