@@ -262,6 +262,30 @@ mod tests {
             self.held[i] = None;
         }
 
+        /// A process created the file and synced its first record, then
+        /// died before syncing the directory: the record is durable, its
+        /// name is not, and no token was returned.
+        fn died_before_dir_sync(&mut self) {
+            if self.path.exists() {
+                return;
+            }
+            let now = self
+                .clock
+                .now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap();
+            let record = Record {
+                session: self.session.clone(),
+                owner: Some(OwnerId::new(format!("boot-{}/died", self.boot)).unwrap()),
+                token: 1,
+                reserved: self.reservation,
+                expiry_nanos: (now + TTL).as_nanos() as u64,
+            };
+            let bytes = record.encode();
+            std::fs::write(&self.path, bytes).unwrap();
+            wrote(&self.path, &bytes, true, false);
+        }
+
         fn crash(&mut self, rng: &mut Rng) {
             let states = crash_states(&self.path);
             let pick = states[rng.below(states.len() as u64) as usize].clone();
@@ -288,7 +312,8 @@ mod tests {
                 55..=74 => host.release(i),
                 75..=84 => host.clock.advance(TTL / 2),
                 85..=89 => host.clock.advance(TTL * 2),
-                90..=93 => host.failed_reservation(i),
+                90..=91 => host.failed_reservation(i),
+                92..=93 => host.died_before_dir_sync(),
                 _ => host.crash(&mut rng),
             }
         }
@@ -314,6 +339,35 @@ mod tests {
                 assert!(rollbacks >= 10, "reservation {reservation}: {rollbacks}");
             } else {
                 assert_eq!(rollbacks, 0);
+            }
+        }
+    }
+
+    /// A writer died after syncing a new file's record but before syncing
+    /// the directory; a later acquire's reservation must make the name
+    /// durable, or a power loss takes the file — and the tokens — away.
+    #[test]
+    fn a_name_a_dead_writer_left_unsynced_is_synced_by_the_next_reservation() {
+        for reservation in [1, 4] {
+            let states = {
+                let mut host = Host::new(reservation);
+                host.died_before_dir_sync();
+                host.clock.advance(TTL * 2);
+                host.acquire(0);
+                crash_states(&host.path).len()
+            };
+            for pick in 0..states {
+                let mut host = Host::new(reservation);
+                host.died_before_dir_sync();
+                host.clock.advance(TTL * 2);
+                host.acquire(0);
+                assert!(host.max_issued > 1, "the dead writer's token is skipped");
+                let state = crash_states(&host.path)[pick].clone();
+                host.instances.clear();
+                restore(&host.path, state);
+                host.boot();
+                host.clock.advance(TTL * 2);
+                host.acquire(1);
             }
         }
     }

@@ -121,10 +121,15 @@
 //! crashes, power loss and host restarts, without an `fdatasync` per token:
 //!
 //! - **Reservations.** The record carries a ceiling. Every write carries it
-//!   forward, and it only rises, in a write that is `fdatasync`ed (with the
-//!   directory, for a file's first record) before the lock is released and
-//!   before the acquire that wrote it returns: a *reservation*. Invariant:
-//!   every token ever returned is at most the ceiling last made durable.
+//!   forward, and it only rises, in a write that is `fdatasync`ed before the
+//!   lock is released and before the acquire that wrote it returns: a
+//!   *reservation*. Invariant: every token ever returned is at most the
+//!   ceiling last made durable.
+//! - **The file's name.** A synced write also `fsync`s the directory unless
+//!   this instance already did so after that file (that inode) existed: the
+//!   file's creator may have died, or its directory sync failed, between
+//!   the record and the name becoming durable, and a file whose name a
+//!   power loss takes away would restart its tokens at 1.
 //! - **Arming.** An instance issues a token without a sync only when it
 //!   finds in the record the very ceiling it reserved itself and saw synced
 //!   (it is then *armed* for that file), and only up to that ceiling: it

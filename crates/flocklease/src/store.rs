@@ -46,6 +46,9 @@ pub(crate) struct Store {
     /// file name → the reservation ceiling this instance wrote there and saw
     /// `fdatasync` confirm. See the crate docs, "Durability".
     armed: Mutex<HashMap<String, u64>>,
+    /// Lease file name → the inode whose name this instance made durable
+    /// (synced the directory after the file existed).
+    named: Mutex<HashMap<String, u64>>,
 }
 
 /// The subdirectory of the lease directory holding one lock file per owner
@@ -92,10 +95,9 @@ impl Op {
 /// What to do under the lock, decided from the record read.
 pub(crate) struct Plan {
     write: Option<Record>,
-    /// fdatasync the file (and, for a file's first record, its directory)
-    /// before replying.
+    /// fdatasync the file (and the directory, unless this instance knows the
+    /// file's name durable) before replying.
     sync: bool,
-    sync_dir: bool,
     /// A new reservation ceiling: once synced, this instance is armed with
     /// it for the file.
     arm: Option<u64>,
@@ -241,6 +243,7 @@ impl Store {
             reservation,
             volatile: volatile.is_some(),
             armed: Mutex::new(HashMap::new()),
+            named: Mutex::new(HashMap::new()),
         })
     }
 
@@ -325,6 +328,21 @@ impl Store {
                 Err((_, e)) => return Err(lock_failure(path, e)),
             }
         }
+    }
+
+    /// Whether this instance synced the directory after lease file `name`
+    /// (inode `ino`) existed.
+    fn name_durable(&self, name: &str, ino: u64) -> bool {
+        let named = self.named.lock().unwrap_or_else(PoisonError::into_inner);
+        named.get(name) == Some(&ino)
+    }
+
+    fn mark_name_durable(&self, name: &str, ino: u64) {
+        let mut named = self.named.lock().unwrap_or_else(PoisonError::into_inner);
+        if named.len() >= MAX_ARMED && !named.contains_key(name) {
+            named.clear();
+        }
+        named.insert(name.to_owned(), ino);
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -442,7 +460,6 @@ impl Store {
         let nothing = |reply| Plan {
             write: None,
             sync: false,
-            sync_dir: false,
             arm: None,
             reply,
         };
@@ -498,7 +515,6 @@ impl Store {
                         expiry_nanos,
                     }),
                     sync,
-                    sync_dir: record.is_none(),
                     arm,
                     reply: Ok(Reply::Granted(Lease::new(
                         session.clone(),
@@ -519,7 +535,6 @@ impl Store {
                     Plan {
                         write: Some(Record { expiry_nanos, ..r }),
                         sync: false,
-                        sync_dir: false,
                         arm: None,
                         reply: Ok(Reply::Granted(lease.with_expiry(from_nanos(expiry_nanos)))),
                     }
@@ -545,7 +560,6 @@ impl Store {
                             ..r
                         }),
                         sync: false,
-                        sync_dir: false,
                         arm: None,
                         reply: Ok(Reply::Released),
                     }
@@ -562,18 +576,29 @@ impl Store {
             let bytes = record.encode();
             file.write_all_at(&bytes, 0)
                 .map_err(|e| LeaseFileError::io("writing", self.path(name), e))?;
+            let mut dir_synced = false;
             if plan.sync {
                 file.sync_data()
                     .map_err(|e| LeaseFileError::io("syncing", self.path(name), e))?;
-            }
-            if plan.sync_dir {
-                // A new file's name must survive a crash too, or its tokens
-                // would start again from 1.
-                nix::unistd::fsync(&self.dir_fd)
-                    .map_err(|e| LeaseFileError::io("syncing", self.dir.clone(), e))?;
+                // The name must be durable too, or a power loss takes the
+                // file and its tokens away. Whoever created the file may
+                // have died (or failed) before syncing the directory, so
+                // every synced write syncs it until this instance has done
+                // so itself for this file.
+                let ino = nix::sys::stat::fstat(file)
+                    .map_err(|e| LeaseFileError::io("inspecting", self.path(name), e))?
+                    .st_ino;
+                if !self.name_durable(name, ino) {
+                    nix::unistd::fsync(&self.dir_fd)
+                        .map_err(|e| LeaseFileError::io("syncing", self.dir.clone(), e))?;
+                    self.mark_name_durable(name, ino);
+                    dir_synced = true;
+                }
             }
             #[cfg(test)]
-            crate::crash_sim::wrote(&self.path(name), &bytes, plan.sync, plan.sync_dir);
+            crate::crash_sim::wrote(&self.path(name), &bytes, plan.sync, dir_synced);
+            #[cfg(not(test))]
+            let _ = dir_synced;
             if let Some(ceiling) = plan.arm {
                 // Still under the lock: nobody can have written since.
                 self.arm(name, ceiling);
