@@ -220,3 +220,113 @@ fn inspect_one(
         state,
     })
 }
+
+/// Rewrites the lease file of `session` in `dir` as a free record whose
+/// next token will exceed `min_token`, and syncs it (and the directory).
+/// Returns the token the record now holds: the next acquire issues one
+/// above it.
+///
+/// The repair for a record that cannot be read (a checksum failure left by
+/// a power cut under an older format, or corruption): pass as `min_token`
+/// at least the highest token the session's store has seen (its fencing
+/// mark), so the next owner's writes are accepted and no token is reused.
+/// Whatever of the old record can still be read is never gone below: the
+/// result is the highest of `min_token`, the record's token and its
+/// reservation ceiling. With `min_token == 0` an unreadable record is
+/// refused (`Invalid`), never reset. A live hold in a readable record is
+/// ended; stop its holder first. Creates the file when absent. Blocking;
+/// waits up to two seconds for the file's lock.
+pub fn repair(
+    dir: impl AsRef<Path>,
+    session: &SessionId,
+    min_token: u64,
+) -> Result<FencingToken, LeaseError> {
+    let dir = dir.as_ref();
+    let (dir_fd, _) = open_dir(dir, false)?;
+    let name = file_name(session);
+    let path = dir.join(&name);
+    let fd = nix::fcntl::openat(
+        &dir_fd,
+        name.as_str(),
+        OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK,
+        Mode::S_IRUSR | Mode::S_IWUSR,
+    )
+    .map_err(|e| match e {
+        Errno::ELOOP => LeaseFileError::NotRegular {
+            path: path.clone(),
+            what: "a symbolic link",
+        },
+        e => LeaseFileError::io("opening", path.clone(), e),
+    })?;
+    let st = nix::sys::stat::fstat(&fd)
+        .map_err(|e| LeaseFileError::io("inspecting", path.clone(), e))?;
+    if !is_kind(&st, nix::sys::stat::SFlag::S_IFREG) {
+        return Err(LeaseFileError::NotRegular {
+            path,
+            what: kind_name(&st),
+        }
+        .into());
+    }
+    let mut file = File::from(fd);
+    let start = Instant::now();
+    let locked = loop {
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(l) => break l,
+            Err((f, Errno::EWOULDBLOCK | Errno::EINTR)) if start.elapsed() < REPAIR_LOCK_WAIT => {
+                file = f;
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err((_, Errno::EWOULDBLOCK)) => {
+                return Err(LeaseFileError::LockTimeout {
+                    path,
+                    waited: start.elapsed(),
+                }
+                .into());
+            }
+            Err((_, e)) => return Err(LeaseFileError::io("locking", path, e).into()),
+        }
+    };
+    let mut buf = vec![0u8; RECORD_LEN + 1];
+    let mut len = 0;
+    while len < buf.len() {
+        match locked.read_at(&mut buf[len..], len as u64) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(LeaseFileError::io("reading", path, e).into()),
+        }
+    }
+    let floor = match Record::decode(&path, &buf[..len]) {
+        Ok(Some(r)) => r.token.max(r.reserved),
+        Ok(None) => 0,
+        Err(e) if min_token == 0 => {
+            return Err(LeaseError::invalid(format!(
+                "{e}: give a minimum token (the store's highest for the session)"
+            ))
+            .with_source(e));
+        }
+        Err(_) => 0,
+    };
+    let token = floor.max(min_token);
+    let record = Record {
+        session: session.clone(),
+        owner: None,
+        holder_lost: false,
+        token,
+        reserved: token,
+        expiry_nanos: 0,
+        mono_expiry_nanos: 0,
+        boot_id: [0; 16],
+    };
+    let bytes = record.encode();
+    locked
+        .write_all_at(&bytes, 0)
+        .and_then(|()| locked.set_len(RECORD_LEN as u64))
+        .and_then(|()| locked.sync_data())
+        .map_err(|e| LeaseFileError::io("writing", path.clone(), e))?;
+    nix::unistd::fsync(&dir_fd).map_err(|e| LeaseFileError::io("syncing", dir.to_path_buf(), e))?;
+    Ok(FencingToken::new(token))
+}
+
+/// How long [`repair`] waits for the file's lock.
+const REPAIR_LOCK_WAIT: Duration = Duration::from_secs(2);

@@ -242,7 +242,7 @@ use async_trait::async_trait;
 use lease_port::{Clock, Lease, LeaseError, OwnerId, SessionId, SessionLease, SystemClock};
 
 pub use error::LeaseFileError;
-pub use inspect::{LeaseEntry, LeaseInfo, LeaseState, list_leases};
+pub use inspect::{LeaseEntry, LeaseInfo, LeaseState, list_leases, repair};
 pub use record::{FORMAT_VERSION, MAGIC, RECORD_LEN};
 
 use store::{Op, Reply, Step, Store};

@@ -42,6 +42,14 @@ pub(crate) struct Store {
     pub(crate) reservation: u64,
     /// The directory is on tmpfs or ramfs.
     pub(crate) volatile: bool,
+    /// This boot's id (`/proc/sys/kernel/random/boot_id`); zero when
+    /// unknown, and then expiry is judged on the wall clock.
+    pub(crate) boot_id: [u8; 16],
+    /// `CLOCK_MONOTONIC` in nanoseconds, read right beside `mono_anchor`:
+    /// maps the clock's monotonic readings to a number every process of
+    /// this boot shares.
+    mono_base: u64,
+    mono_anchor: Instant,
     /// The sessions this instance may issue tokens for without a sync: lease
     /// file name → the reservation ceiling this instance wrote there and saw
     /// `fdatasync` confirm. See the crate docs, "Durability".
@@ -198,6 +206,41 @@ pub(crate) fn volatile_fs(
     })
 }
 
+/// One pairing of `Instant` and raw `CLOCK_MONOTONIC` per process, so every
+/// instance in it maps a monotonic reading to exactly the same number.
+fn mono_anchor(dir: &Path) -> Result<(Instant, u64), LeaseFileError> {
+    static ANCHOR: std::sync::OnceLock<(Instant, u64)> = std::sync::OnceLock::new();
+    if let Some(anchor) = ANCHOR.get() {
+        return Ok(*anchor);
+    }
+    let instant = Instant::now();
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map_err(|e| LeaseFileError::io("reading the monotonic clock for", dir.to_path_buf(), e))?;
+    let raw = u64::try_from(t.tv_sec())
+        .unwrap_or(0)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(u64::try_from(t.tv_nsec()).unwrap_or(0));
+    Ok(*ANCHOR.get_or_init(|| (instant, raw)))
+}
+
+/// This boot's id, from `/proc/sys/kernel/random/boot_id` (a UUID); all
+/// zero when it cannot be read.
+pub(crate) fn read_boot_id() -> [u8; 16] {
+    let mut id = [0u8; 16];
+    let Ok(text) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") else {
+        return id;
+    };
+    let hex: Vec<u8> = text.bytes().filter(u8::is_ascii_hexdigit).collect();
+    if hex.len() != 32 {
+        return [0; 16];
+    }
+    for (i, pair) in hex.chunks(2).enumerate() {
+        let digit = |c: u8| (c as char).to_digit(16).unwrap_or(0) as u8;
+        id[i] = digit(pair[0]) << 4 | digit(pair[1]);
+    }
+    id
+}
+
 fn to_nanos(t: SystemTime) -> Result<u64, LeaseError> {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .ok()
@@ -225,6 +268,7 @@ impl Store {
         debug_assert!(reservation >= 1);
         let (dir_fd, dir_id) = open_dir(&dir, true)?;
         probe_locks(&dir, &dir_fd)?;
+        let (mono_anchor, mono_base) = mono_anchor(&dir)?;
         let volatile = volatile_fs(&dir, &dir_fd)?;
         if let (Some(fs), true) = (volatile, refuse_volatile) {
             return Err(LeaseFileError::Volatile { path: dir, fs });
@@ -242,9 +286,26 @@ impl Store {
             epoch: Instant::now(),
             reservation,
             volatile: volatile.is_some(),
+            boot_id: read_boot_id(),
+            mono_base,
+            mono_anchor,
             armed: Mutex::new(HashMap::new()),
             named: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The clock's monotonic reading as nanoseconds of `CLOCK_MONOTONIC`
+    /// (std's `Instant` is that clock on Linux): comparable between
+    /// processes of one boot, and immune to wall-clock steps.
+    fn mono_nanos(&self) -> u64 {
+        let now = self.clock.instant();
+        let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        match now.checked_duration_since(self.mono_anchor) {
+            Some(ahead) => self.mono_base.saturating_add(nanos(ahead)),
+            None => self
+                .mono_base
+                .saturating_sub(nanos(self.mono_anchor.duration_since(now))),
+        }
     }
 
     /// The reservation ceiling this instance last synced on file `name`.
@@ -451,11 +512,24 @@ impl Store {
         }
         let now_time = self.clock.now();
         let now = to_nanos(now_time)?;
+        let now_mono = self.mono_nanos();
         let expiry = || {
             now_time
                 .checked_add(self.ttl)
                 .ok_or_else(|| LeaseError::invalid("TTL overflows the clock"))
                 .and_then(to_nanos)
+        };
+        let mono_expiry =
+            now_mono.saturating_add(u64::try_from(self.ttl.as_nanos()).unwrap_or(u64::MAX));
+        // Live: on this boot's monotonic clock when the record was written in
+        // this boot, so wall-clock steps move nothing; on the wall clock only
+        // across a reboot (or for records of older versions).
+        let live = |r: &Record| {
+            if self.boot_id != [0; 16] && r.boot_id == self.boot_id && r.mono_expiry_nanos != 0 {
+                now_mono < r.mono_expiry_nanos
+            } else {
+                now < r.expiry_nanos
+            }
         };
         let nothing = |reply| Plan {
             write: None,
@@ -475,10 +549,9 @@ impl Store {
                     Some(
                         r @ Record {
                             owner: Some(holder),
-                            expiry_nanos,
                             ..
                         },
-                    ) if now < *expiry_nanos => {
+                    ) if live(r) => {
                         if holder != owner {
                             return Ok(nothing(Err(LeaseError::held(Some(holder.clone())))));
                         }
@@ -487,7 +560,10 @@ impl Store {
                         // come from a reservation whose fdatasync failed.
                         (r.token, r.reserved, !armed(r), None)
                     }
-                    Some(r) if r.token < r.reserved && armed(r) => {
+                    Some(r) if r.holder_lost && live(r) => {
+                        return Ok(nothing(Err(LeaseError::held(None))));
+                    }
+                    Some(r) if r.token < r.reserved && armed(r) && !r.holder_lost => {
                         (r.token + 1, r.reserved, false, None)
                     }
                     // Not armed, or the reservation used up: jump past every
@@ -510,9 +586,12 @@ impl Store {
                     write: Some(Record {
                         session: session.clone(),
                         owner: Some(owner.clone()),
+                        holder_lost: false,
                         token,
                         reserved,
                         expiry_nanos,
+                        mono_expiry_nanos: mono_expiry,
+                        boot_id: self.boot_id,
                     }),
                     sync,
                     arm,
@@ -533,17 +612,18 @@ impl Store {
                 {
                     let expiry_nanos = expiry()?;
                     Plan {
-                        write: Some(Record { expiry_nanos, ..r }),
+                        write: Some(Record {
+                            expiry_nanos,
+                            mono_expiry_nanos: mono_expiry,
+                            boot_id: self.boot_id,
+                            ..r
+                        }),
                         sync: false,
                         arm: None,
                         reply: Ok(Reply::Granted(lease.with_expiry(from_nanos(expiry_nanos)))),
                     }
                 }
-                Some(Record {
-                    owner: Some(holder),
-                    expiry_nanos,
-                    ..
-                }) if now < expiry_nanos => nothing(Err(LeaseError::held(Some(holder)))),
+                Some(r) if live(&r) => nothing(Err(LeaseError::held(r.owner))),
                 _ => nothing(Err(LeaseError::held(None))),
             },
             Op::Release(lease) => match record {
@@ -557,6 +637,7 @@ impl Store {
                         write: Some(Record {
                             owner: None,
                             expiry_nanos: 0,
+                            mono_expiry_nanos: 0,
                             ..r
                         }),
                         sync: false,

@@ -634,3 +634,29 @@ fn a_directory_on_tmpfs_is_reported_volatile_and_may_be_refused() {
         .open()
         .unwrap();
 }
+
+#[tokio::test]
+async fn repair_restores_an_unreadable_record_above_a_minimum_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, a) = (sid("s"), oid("a"));
+    let leases = open(dir.path());
+    let lease = leases.acquire(&s, &a).await.unwrap();
+    let path = lease_path(dir.path(), &s);
+    let mut bytes = fs::read(&path).unwrap();
+    bytes[20] ^= 0xff; // the token's bytes: the header checksum fails
+    fs::write(&path, &bytes).unwrap();
+    let err = transient(leases.acquire(&s, &oid("b")).await);
+    assert!(err.to_string().contains("repair"), "{err}");
+    // Without a minimum the unreadable record is never reset.
+    let err = flocklease::repair(dir.path(), &s, 0).unwrap_err();
+    assert_eq!(err.kind(), LeaseErrorKind::Invalid, "{err:?}");
+    assert_eq!(
+        flocklease::repair(dir.path(), &s, 5000).unwrap().get(),
+        5000
+    );
+    let next = leases.acquire(&s, &oid("b")).await.unwrap();
+    assert!(next.token().get() > 5000, "{next:?}");
+    // A readable record is never lowered.
+    assert!(flocklease::repair(dir.path(), &s, 1).unwrap().get() >= next.token().get());
+    assert!(lease.token().get() < 5000);
+}
