@@ -93,7 +93,7 @@ pub enum LeaseFileError {
     },
     /// The checksum does not match: a torn or corrupted record.
     #[error(
-        "lease file {path} fails its checksum (stored {stored:#010x}, computed {computed:#010x}): torn or corrupt record; to go on, repair it with a minimum token at least the highest the session's store has seen (flocklease::repair, or `mecated leases repair --session ID --min-token N`)"
+        "lease file {path} fails its checksum (stored {stored:#010x}, computed {computed:#010x}): torn or corrupt record; to go on, repair it with a minimum token at least the highest the session's store has seen (flocklease::repair)"
     )]
     Checksum {
         /// The lease file.

@@ -14,10 +14,13 @@
 //! # When to choose it
 //!
 //! - All competing processes run on **one host** and can share a directory
-//!   on a **local** file system (ext4, xfs, btrfs, tmpfs, APFS).
+//!   on a **local** file system (ext4, xfs, btrfs, APFS). tmpfs works but a
+//!   reboot empties it and restarts every token at 1; see
+//!   [`FlockLease::is_volatile`].
 //! - You want nothing to deploy: no lease service, no cluster API.
 //!
-//! Not for: processes on several hosts (use `k8slease` or `grpcdriver`), or
+//! Not for: processes on several hosts (use a lease service shared by the
+//! hosts), or
 //! tasks of one process only (`memlease` is cheaper). **Never put the
 //! directory on a network file system** (NFS, SMB, CephFS, 9p, FUSE mounts of
 //! remote storage): `flock` there is emulated, absent, or local to one client,
@@ -76,13 +79,15 @@
 //! # On-disk format
 //!
 //! A lease file is empty (created, no token issued yet) or holds exactly one
-//! [`RECORD_LEN`]-byte record, little-endian (format version 2,
-//! [`FORMAT_VERSION`]):
+//! [`RECORD_LEN`]-byte (1,024) record, little-endian (format version 3,
+//! [`FORMAT_VERSION`]), in two 512-byte sectors that each carry their own
+//! checksum. A power cut persists whole sectors, so everything a token
+//! depends on sits in the first:
 //!
 //! | offset | size | field |
 //! |---:|---:|---|
 //! | 0 | 8 | magic `MECLEASE` ([`MAGIC`]) |
-//! | 8 | 2 | format version, 2 |
+//! | 8 | 2 | format version, 3 |
 //! | 10 | 1 | state: 0 free (released), 1 held |
 //! | 11 | 1 | zero |
 //! | 12 | 2 | session id length in bytes |
@@ -90,30 +95,48 @@
 //! | 16 | 8 | token: the highest ever issued for the session (kept when free) |
 //! | 24 | 8 | expiry, nanoseconds since the Unix epoch (0 when free) |
 //! | 32 | 8 | reservation ceiling, ≥ token (see "Durability") |
-//! | 40 | 256 | full session id, UTF-8, zero-padded |
-//! | 296 | 256 | owner id, UTF-8, zero-padded |
-//! | 552 | 4 | CRC-32 (IEEE) of bytes 0..552 |
+//! | 40 | 8 | expiry on `CLOCK_MONOTONIC` of the writing boot, nanoseconds (0 when free) |
+//! | 48 | 16 | boot id of the writing boot (`/proc/sys/kernel/random/boot_id`; zero when unknown) |
+//! | 64 | 256 | full session id, UTF-8, zero-padded |
+//! | 320 | 188 | zero |
+//! | 508 | 4 | CRC-32 (IEEE) of bytes 0..508 |
+//! | 512 | 256 | owner id, UTF-8, zero-padded |
+//! | 768 | 248 | zero |
+//! | 1016 | 4 | copy of the CRC at 508: binds this sector to its header |
+//! | 1020 | 4 | CRC-32 of bytes 512..1020 |
 //!
-//! Version 1 records (548 bytes: the same fields without the ceiling, ids
-//! at 32 and 288, CRC at 544), written by builds before reservations, are
-//! still read: version 1 synced every token, so its token is taken as its
-//! ceiling. The next write of such a file replaces it with a version 2
-//! record in place. Builds that know only version 1 refuse version 2 files
-//! ([`LeaseFileError::Version`] or [`LeaseFileError::Oversized`], `Transient`), so
-//! do not run old and new builds on one directory at once: a session an old
-//! process meets in the new format stops there with an error, never with a
-//! second owner or a lower token.
+//! A record whose header sector checks out but whose owner sector does not
+//! (or belongs to another header) was torn by a power cut between the two
+//! sectors: the token, ceiling and expiry are known, the holder is not. It
+//! is read as held by an unknown holder until its expiry, then taken over
+//! with a token past its ceiling — no error, no operator needed. A header
+//! sector that fails its checksum cannot come from a power cut on a device
+//! that writes sectors whole; it is corruption, an error naming the file
+//! and the remedy ([`repair`]).
 //!
-//! A file of exactly [`RECORD_LEN`] (or 548) zero bytes is read as "created,
-//! never written" too (a crash can leave one after the first write's size
-//! change but before its data; no token was returned from it, because a
-//! file's first record is always a reservation, synced before it returns).
-//! Anything else that does not decode — wrong length, wrong magic, an
-//! unknown version, a failed checksum (a torn write), inconsistent fields
+//! Older records are still read and replaced by a version 3 record on the
+//! next write: version 2 (556 bytes: the same first 40 bytes, session id at
+//! 40, owner id at 296, one CRC at 552) and version 1 (548 bytes, no
+//! ceiling; ids at 32 and 288, CRC at 544; it synced every token, so its
+//! token is taken as its ceiling). Their expiry is judged on the wall clock.
+//! A version 2 record spans two sectors under one checksum, so one torn by
+//! a power cut fails its checksum: an error that names [`repair`], to be run
+//! with a minimum token at least the highest the session's store has seen. Older builds refuse version 3
+//! files ([`LeaseFileError::Version`] or [`LeaseFileError::Oversized`],
+//! `Transient`), so do not run old and new builds on one directory at
+//! once: a session an old process meets in the new format stops there with
+//! an error, never with a second owner or a lower token.
+//!
+//! A file of exactly [`RECORD_LEN`] (or 556, or 548) zero bytes is read as
+//! "created, never written" too (a crash can leave one after the first
+//! write's size change but before its data; no token was returned from it,
+//! because a file's first record is always a reservation, synced before it
+//! returns). Anything else that does not decode — wrong length, wrong
+//! magic, an unknown version, a failed header checksum, inconsistent fields
 //! (a token above its ceiling, say), or the record of another session — is
 //! an error naming the file ([`LeaseFileError`]). It is **never** treated as
 //! free and never resets the token: that session stops, with a clear
-//! message, until an operator repairs or removes the file.
+//! message, until an operator runs [`repair`] with a minimum token.
 //!
 //! # Durability
 //!
@@ -178,7 +201,7 @@
 //! | `Held` | another owner holds the session live; renew of a lease no longer ours |
 //! | `Transient` | I/O errors, the lock not obtained within the lock timeout ("lock file wedged"), a damaged or foreign lease file, a symlink or non-regular file at a lease name, the directory replaced or removed — the cause is the `source()`, a [`LeaseFileError`] |
 //! | `Unsupported` | only from [`FlockLeaseBuilder::open`]: the file system does not support `flock` at all ([`LeaseFileError::LocksUnsupported`]); a failing `flock` call on a lease file (`ENOLCK`, say) is `Transient` |
-//! | `Invalid` | the clock is outside 1970..2554 or the TTL overflows it; 2⁶⁴ tokens used |
+//! | `Invalid` | a lock timeout above a quarter of the TTL; a volatile directory refused ([`LeaseFileError::Volatile`]); the clock is outside 1970..2554 or the TTL overflows it; 2⁶⁴ tokens used |
 //!
 //! # Blocking and time bounds
 //!
@@ -215,9 +238,23 @@
 //! processes run is refused within that interval rather than splitting the
 //! processes between two directories.
 //!
-//! Expiry is judged with the injected [`Clock`]'s wall-clock reading, so
-//! every process on the host must use the same (system) clock in production;
-//! the lock timeout is always real, monotonic time.
+//! # Clocks
+//!
+//! Expiry on one host is immune to wall-clock steps. Every write records
+//! the expiry twice: on the wall clock, and on `CLOCK_MONOTONIC` together
+//! with the boot id. A record written in the current boot is judged on the
+//! monotonic clock alone (read through the injected [`Clock`]'s
+//! [`instant`](Clock::instant), which is `CLOCK_MONOTONIC` for
+//! [`SystemClock`]), so an NTP step forward never ends a live lease early
+//! and a step back never keeps a dead holder's lease alive. The wall clock
+//! is used only for records of an earlier boot (whose holders are gone),
+//! for version 1 and 2 records, and when the boot id cannot be read. The
+//! monotonic clock is the one [`Lease`] keepers count their renew deadlines
+//! on, so it stops with them during a suspend; `CLOCK_BOOTTIME` would let a
+//! lease lapse across a suspend its holder's keeper never saw. The
+//! [`Lease::expiry`] returned is a wall-clock time, for display and for
+//! callers; [`list_leases`] judges live or expired on the wall clock it is
+//! given. The lock timeout is always real, monotonic time.
 //!
 //! # Operators
 //!
@@ -293,8 +330,9 @@ impl FlockLeaseBuilder {
         self
     }
 
-    /// The clock expiries are judged by. Default [`SystemClock`]. All
-    /// processes sharing a directory must read the same wall clock.
+    /// The clock expiries are judged by. Default [`SystemClock`]. Its
+    /// monotonic reading judges expiry within one boot; its wall reading
+    /// only across reboots (see the crate docs, "Clocks").
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
@@ -384,8 +422,14 @@ impl FlockLeaseBuilder {
             self.inline_fast_path,
             self.dir_check_interval,
             self.token_reservation,
-            self.refuse_volatile,
         )?;
+        if let (Some(fs), true) = (store.volatile, self.refuse_volatile) {
+            return Err(LeaseFileError::Volatile {
+                path: store.dir,
+                fs,
+            }
+            .into());
+        }
         Ok(FlockLease {
             store: Arc::new(store),
         })
@@ -429,7 +473,7 @@ impl FlockLease {
     /// refuse such a directory or warn loudly; see
     /// [`FlockLeaseBuilder::refuse_volatile`].
     pub fn is_volatile(&self) -> bool {
-        self.store.volatile
+        self.store.volatile.is_some()
     }
 
     /// The longest an operation waits for a lease file's lock.

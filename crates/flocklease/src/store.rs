@@ -40,8 +40,8 @@ pub(crate) struct Store {
     epoch: Instant,
     /// How many tokens one synced reservation covers (≥ 1).
     pub(crate) reservation: u64,
-    /// The directory is on tmpfs or ramfs.
-    pub(crate) volatile: bool,
+    /// The in-memory file system (tmpfs, ramfs) the directory is on.
+    pub(crate) volatile: Option<&'static str>,
     /// This boot's id (`/proc/sys/kernel/random/boot_id`); zero when
     /// unknown, and then expiry is judged on the wall clock.
     pub(crate) boot_id: [u8; 16],
@@ -263,16 +263,12 @@ impl Store {
         inline_fast_path: bool,
         dir_check_interval: Duration,
         reservation: u64,
-        refuse_volatile: bool,
     ) -> Result<Self, LeaseFileError> {
         debug_assert!(reservation >= 1);
         let (dir_fd, dir_id) = open_dir(&dir, true)?;
         probe_locks(&dir, &dir_fd)?;
         let (mono_anchor, mono_base) = mono_anchor(&dir)?;
         let volatile = volatile_fs(&dir, &dir_fd)?;
-        if let (Some(fs), true) = (volatile, refuse_volatile) {
-            return Err(LeaseFileError::Volatile { path: dir, fs });
-        }
         Ok(Store {
             dir,
             dir_fd,
@@ -285,7 +281,7 @@ impl Store {
             dir_checked: AtomicU64::new(0),
             epoch: Instant::now(),
             reservation,
-            volatile: volatile.is_some(),
+            volatile,
             boot_id: read_boot_id(),
             mono_base,
             mono_anchor,
