@@ -4,21 +4,21 @@ use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lease_port::LeaseError;
+use lease_port::{LeaseError, LeaseErrorKind};
 
 use crate::record::{FORMAT_VERSION, RECORD_LEN};
 
 /// The cause behind a [`LeaseErrorKind::Transient`](lease_port::LeaseErrorKind::Transient)
-/// (or, for [`StoreError::LocksUnsupported`],
+/// (or, for [`LeaseFileError::LocksUnsupported`],
 /// [`Unsupported`](lease_port::LeaseErrorKind::Unsupported)) error of this
 /// backend, kept as the error's `source()`.
 ///
-/// Match on it with `err.source().and_then(|s| s.downcast_ref::<StoreError>())`.
+/// Match on it with `err.source().and_then(|s| s.downcast_ref::<LeaseFileError>())`.
 /// None of these is ever treated as a free lease: a damaged record stops its
 /// session until an operator looks at it (see [`list_leases`](crate::list_leases)).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum StoreError {
+pub enum LeaseFileError {
     /// The configured directory is a symbolic link.
     #[error("lease directory {path} is a symbolic link; configure the real directory")]
     DirSymlink {
@@ -93,7 +93,7 @@ pub enum StoreError {
     },
     /// The checksum does not match: a torn or corrupted record.
     #[error(
-        "lease file {path} fails its checksum (stored {stored:#010x}, computed {computed:#010x}): torn or corrupt record"
+        "lease file {path} fails its checksum (stored {stored:#010x}, computed {computed:#010x}): torn or corrupt record; to go on, repair it with a minimum token at least the highest the session's store has seen (flocklease::repair)"
     )]
     Checksum {
         /// The lease file.
@@ -131,14 +131,37 @@ pub enum StoreError {
         /// How long this operation waited.
         waited: Duration,
     },
-    /// The file system does not support `flock`.
+    /// The file system does not support `flock` at all (found when the
+    /// directory is opened; a failing `flock` call later is [`Io`](Self::Io)).
     #[error("the file system of {path} does not support flock")]
     LocksUnsupported {
-        /// The lease file.
+        /// The lease directory.
         path: PathBuf,
         /// The error `flock` returned.
         #[source]
         source: io::Error,
+    },
+    /// Another open file description (another process, or another
+    /// [`OwnerLock`](crate::OwnerLock) in this one) holds this owner id's lock
+    /// in this lease directory.
+    #[error("owner id {owner} is already in use on lease directory {dir} by another process")]
+    OwnerInUse {
+        /// The lease directory.
+        dir: PathBuf,
+        /// The owner id.
+        owner: String,
+    },
+    /// The directory is on a file system kept in memory (tmpfs, ramfs) and
+    /// [`refuse_volatile`](crate::FlockLeaseBuilder::refuse_volatile) was set:
+    /// a reboot would lose every token while a store keeps its marks.
+    #[error(
+        "lease directory {path} is on {fs}, which a reboot empties: tokens would restart below the store's marks; use a directory on a disk"
+    )]
+    Volatile {
+        /// The lease directory.
+        path: PathBuf,
+        /// The file system type.
+        fs: &'static str,
     },
     /// A system call failed.
     #[error("{op} {path} failed")]
@@ -153,9 +176,9 @@ pub enum StoreError {
     },
 }
 
-impl StoreError {
+impl LeaseFileError {
     pub(crate) fn io(op: &'static str, path: PathBuf, e: impl Into<io::Error>) -> Self {
-        StoreError::Io {
+        LeaseFileError::Io {
             op,
             path,
             source: e.into(),
@@ -163,14 +186,20 @@ impl StoreError {
     }
 }
 
-impl From<StoreError> for LeaseError {
-    /// `LocksUnsupported` becomes `Unsupported`; everything else is
+impl From<LeaseFileError> for LeaseError {
+    /// `LocksUnsupported` becomes `Unsupported`, `OwnerInUse` `Held`, `Volatile` `Invalid`; everything else is
     /// `Transient`. The message repeats the cause so a log line that prints
     /// only the error still names the file.
-    fn from(e: StoreError) -> Self {
+    fn from(e: LeaseFileError) -> Self {
         let message = e.to_string();
         match e {
-            StoreError::LocksUnsupported { .. } => LeaseError::unsupported(message).with_source(e),
+            LeaseFileError::LocksUnsupported { .. } => {
+                LeaseError::unsupported(message).with_source(e)
+            }
+            LeaseFileError::Volatile { .. } => LeaseError::invalid(message).with_source(e),
+            LeaseFileError::OwnerInUse { .. } => {
+                LeaseError::new(LeaseErrorKind::Held, message).with_source(e)
+            }
             _ => LeaseError::transient(message).with_source(e),
         }
     }

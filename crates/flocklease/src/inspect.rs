@@ -10,7 +10,7 @@ use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg, OFlag};
 use nix::sys::stat::Mode;
 
-use crate::StoreError;
+use crate::LeaseFileError;
 use crate::record::{RECORD_LEN, Record};
 use crate::store::{file_name, from_nanos, is_kind, kind_name, open_dir};
 
@@ -53,7 +53,7 @@ pub struct LeaseEntry {
     /// The entry's file name.
     pub file_name: String,
     /// What its record says, or why it cannot be read.
-    pub lease: Result<LeaseInfo, StoreError>,
+    pub lease: Result<LeaseInfo, LeaseFileError>,
 }
 
 /// How long a listing waits for one file's lock before reporting it busy.
@@ -96,16 +96,21 @@ pub fn list_leases(dir: impl AsRef<Path>, now: SystemTime) -> Result<Vec<LeaseEn
     let dir = dir.as_ref();
     let (dir_fd, _) = open_dir(dir, false)?;
     let read_dir =
-        std::fs::read_dir(dir).map_err(|e| StoreError::io("listing", dir.to_path_buf(), e))?;
+        std::fs::read_dir(dir).map_err(|e| LeaseFileError::io("listing", dir.to_path_buf(), e))?;
     let mut entries = Vec::new();
     for entry in read_dir {
-        let entry = entry.map_err(|e| StoreError::io("listing", dir.to_path_buf(), e))?;
+        let entry = entry.map_err(|e| LeaseFileError::io("listing", dir.to_path_buf(), e))?;
         let name = entry.file_name();
         let path = dir.join(&name);
+        if name == crate::store::OWNERS_DIR || name == crate::AUTHORITY_FILE {
+            // The owner locks (`FlockLease::lock_owner`) and the directory's
+            // authority id, not leases.
+            continue;
+        }
         let Some(name) = name.to_str().map(str::to_owned) else {
             entries.push(LeaseEntry {
                 file_name: name.to_string_lossy().into_owned(),
-                lease: Err(StoreError::UnexpectedName { path }),
+                lease: Err(LeaseFileError::UnexpectedName { path }),
             });
             continue;
         };
@@ -124,9 +129,9 @@ fn inspect_one(
     path: &Path,
     name: &str,
     now: SystemTime,
-) -> Result<LeaseInfo, StoreError> {
+) -> Result<LeaseInfo, LeaseFileError> {
     let Some(stem) = name.strip_suffix(".lease") else {
-        return Err(StoreError::UnexpectedName {
+        return Err(LeaseFileError::UnexpectedName {
             path: path.to_path_buf(),
         });
     };
@@ -137,16 +142,16 @@ fn inspect_one(
         Mode::empty(),
     )
     .map_err(|e| match e {
-        Errno::ELOOP => StoreError::NotRegular {
+        Errno::ELOOP => LeaseFileError::NotRegular {
             path: path.to_path_buf(),
             what: "a symbolic link",
         },
-        e => StoreError::io("opening", path.to_path_buf(), e),
+        e => LeaseFileError::io("opening", path.to_path_buf(), e),
     })?;
     let st = nix::sys::stat::fstat(&fd)
-        .map_err(|e| StoreError::io("inspecting", path.to_path_buf(), e))?;
+        .map_err(|e| LeaseFileError::io("inspecting", path.to_path_buf(), e))?;
     if !is_kind(&st, nix::sys::stat::SFlag::S_IFREG) {
-        return Err(StoreError::NotRegular {
+        return Err(LeaseFileError::NotRegular {
             path: path.to_path_buf(),
             what: kind_name(&st),
         });
@@ -161,12 +166,12 @@ fn inspect_one(
                 std::thread::sleep(Duration::from_millis(2));
             }
             Err((_, Errno::EWOULDBLOCK)) => {
-                return Err(StoreError::LockTimeout {
+                return Err(LeaseFileError::LockTimeout {
                     path: path.to_path_buf(),
                     waited: start.elapsed(),
                 });
             }
-            Err((_, e)) => return Err(StoreError::io("locking", path.to_path_buf(), e)),
+            Err((_, e)) => return Err(LeaseFileError::io("locking", path.to_path_buf(), e)),
         }
     };
     let mut buf = [0u8; RECORD_LEN + 1];
@@ -176,7 +181,7 @@ fn inspect_one(
             Ok(0) => break,
             Ok(n) => len += n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(StoreError::io("reading", path.to_path_buf(), e)),
+            Err(e) => return Err(LeaseFileError::io("reading", path.to_path_buf(), e)),
         }
     }
     drop(locked);
@@ -192,7 +197,7 @@ fn inspect_one(
         });
     };
     if file_name(&record.session) != name {
-        return Err(StoreError::SessionMismatch {
+        return Err(LeaseFileError::SessionMismatch {
             path: path.to_path_buf(),
             found: record.session.to_string(),
             expected: session_filename::decode(stem).unwrap_or_else(|| "?".to_owned()),
@@ -216,3 +221,113 @@ fn inspect_one(
         state,
     })
 }
+
+/// Rewrites the lease file of `session` in `dir` as a free record whose
+/// next token will exceed `min_token`, and syncs it (and the directory).
+/// Returns the token the record now holds: the next acquire issues one
+/// above it.
+///
+/// The repair for a record that cannot be read (a checksum failure left by
+/// a power cut under an older format, or corruption): pass as `min_token`
+/// at least the highest token the session's store has seen (its fencing
+/// mark), so the next owner's writes are accepted and no token is reused.
+/// Whatever of the old record can still be read is never gone below: the
+/// result is the highest of `min_token`, the record's token and its
+/// reservation ceiling. With `min_token == 0` an unreadable record is
+/// refused (`Invalid`), never reset. A live hold in a readable record is
+/// ended; stop its holder first. Creates the file when absent. Blocking;
+/// waits up to two seconds for the file's lock.
+pub fn repair(
+    dir: impl AsRef<Path>,
+    session: &SessionId,
+    min_token: u64,
+) -> Result<FencingToken, LeaseError> {
+    let dir = dir.as_ref();
+    let (dir_fd, _) = open_dir(dir, false)?;
+    let name = file_name(session);
+    let path = dir.join(&name);
+    let fd = nix::fcntl::openat(
+        &dir_fd,
+        name.as_str(),
+        OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK,
+        Mode::S_IRUSR | Mode::S_IWUSR,
+    )
+    .map_err(|e| match e {
+        Errno::ELOOP => LeaseFileError::NotRegular {
+            path: path.clone(),
+            what: "a symbolic link",
+        },
+        e => LeaseFileError::io("opening", path.clone(), e),
+    })?;
+    let st = nix::sys::stat::fstat(&fd)
+        .map_err(|e| LeaseFileError::io("inspecting", path.clone(), e))?;
+    if !is_kind(&st, nix::sys::stat::SFlag::S_IFREG) {
+        return Err(LeaseFileError::NotRegular {
+            path,
+            what: kind_name(&st),
+        }
+        .into());
+    }
+    let mut file = File::from(fd);
+    let start = Instant::now();
+    let locked = loop {
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(l) => break l,
+            Err((f, Errno::EWOULDBLOCK | Errno::EINTR)) if start.elapsed() < REPAIR_LOCK_WAIT => {
+                file = f;
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err((_, Errno::EWOULDBLOCK)) => {
+                return Err(LeaseFileError::LockTimeout {
+                    path,
+                    waited: start.elapsed(),
+                }
+                .into());
+            }
+            Err((_, e)) => return Err(LeaseFileError::io("locking", path, e).into()),
+        }
+    };
+    let mut buf = vec![0u8; RECORD_LEN + 1];
+    let mut len = 0;
+    while len < buf.len() {
+        match locked.read_at(&mut buf[len..], len as u64) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(LeaseFileError::io("reading", path, e).into()),
+        }
+    }
+    let floor = match Record::decode(&path, &buf[..len]) {
+        Ok(Some(r)) => r.token.max(r.reserved),
+        Ok(None) => 0,
+        Err(e) if min_token == 0 => {
+            return Err(LeaseError::invalid(format!(
+                "{e}: give a minimum token (the store's highest for the session)"
+            ))
+            .with_source(e));
+        }
+        Err(_) => 0,
+    };
+    let token = floor.max(min_token);
+    let record = Record {
+        session: session.clone(),
+        owner: None,
+        holder_lost: false,
+        token,
+        reserved: token,
+        expiry_nanos: 0,
+        mono_expiry_nanos: 0,
+        boot_id: [0; 16],
+    };
+    let bytes = record.encode();
+    locked
+        .write_all_at(&bytes, 0)
+        .and_then(|()| locked.set_len(RECORD_LEN as u64))
+        .and_then(|()| locked.sync_data())
+        .map_err(|e| LeaseFileError::io("writing", path.clone(), e))?;
+    nix::unistd::fsync(&dir_fd).map_err(|e| LeaseFileError::io("syncing", dir.to_path_buf(), e))?;
+    Ok(FencingToken::new(token))
+}
+
+/// How long [`repair`] waits for the file's lock.
+const REPAIR_LOCK_WAIT: Duration = Duration::from_secs(2);

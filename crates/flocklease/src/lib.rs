@@ -14,10 +14,13 @@
 //! # When to choose it
 //!
 //! - All competing processes run on **one host** and can share a directory
-//!   on a **local** file system (ext4, xfs, btrfs, tmpfs, APFS).
+//!   on a **local** file system (ext4, xfs, btrfs, APFS). tmpfs works but a
+//!   reboot empties it and restarts every token at 1; see
+//!   [`FlockLease::is_volatile`].
 //! - You want nothing to deploy: no lease service, no cluster API.
 //!
-//! Not for: processes on several hosts (use `k8slease` or `grpcdriver`), or
+//! Not for: processes on several hosts (use a lease service shared by the
+//! hosts), or
 //! tasks of one process only (`memlease` is cheaper). **Never put the
 //! directory on a network file system** (NFS, SMB, CephFS, 9p, FUSE mounts of
 //! remote storage): `flock` there is emulated, absent, or local to one client,
@@ -76,13 +79,15 @@
 //! # On-disk format
 //!
 //! A lease file is empty (created, no token issued yet) or holds exactly one
-//! [`RECORD_LEN`]-byte record, little-endian (format version 2,
-//! [`FORMAT_VERSION`]):
+//! [`RECORD_LEN`]-byte (1,024) record, little-endian (format version 3,
+//! [`FORMAT_VERSION`]), in two 512-byte sectors that each carry their own
+//! checksum. A power cut persists whole sectors, so everything a token
+//! depends on sits in the first:
 //!
 //! | offset | size | field |
 //! |---:|---:|---|
 //! | 0 | 8 | magic `MECLEASE` ([`MAGIC`]) |
-//! | 8 | 2 | format version, 2 |
+//! | 8 | 2 | format version, 3 |
 //! | 10 | 1 | state: 0 free (released), 1 held |
 //! | 11 | 1 | zero |
 //! | 12 | 2 | session id length in bytes |
@@ -90,30 +95,48 @@
 //! | 16 | 8 | token: the highest ever issued for the session (kept when free) |
 //! | 24 | 8 | expiry, nanoseconds since the Unix epoch (0 when free) |
 //! | 32 | 8 | reservation ceiling, ≥ token (see "Durability") |
-//! | 40 | 256 | full session id, UTF-8, zero-padded |
-//! | 296 | 256 | owner id, UTF-8, zero-padded |
-//! | 552 | 4 | CRC-32 (IEEE) of bytes 0..552 |
+//! | 40 | 8 | expiry on `CLOCK_MONOTONIC` of the writing boot, nanoseconds (0 when free) |
+//! | 48 | 16 | boot id of the writing boot (`/proc/sys/kernel/random/boot_id`; zero when unknown) |
+//! | 64 | 256 | full session id, UTF-8, zero-padded |
+//! | 320 | 188 | zero |
+//! | 508 | 4 | CRC-32 (IEEE) of bytes 0..508 |
+//! | 512 | 256 | owner id, UTF-8, zero-padded |
+//! | 768 | 248 | zero |
+//! | 1016 | 4 | copy of the CRC at 508: binds this sector to its header |
+//! | 1020 | 4 | CRC-32 of bytes 512..1020 |
 //!
-//! Version 1 records (548 bytes: the same fields without the ceiling, ids
-//! at 32 and 288, CRC at 544), written by builds before reservations, are
-//! still read: version 1 synced every token, so its token is taken as its
-//! ceiling. The next write of such a file replaces it with a version 2
-//! record in place. Builds that know only version 1 refuse version 2 files
-//! ([`StoreError::Version`] or [`StoreError::Oversized`], `Transient`), so
-//! do not run old and new builds on one directory at once: a session an old
-//! process meets in the new format stops there with an error, never with a
-//! second owner or a lower token.
+//! A record whose header sector checks out but whose owner sector does not
+//! (or belongs to another header) was torn by a power cut between the two
+//! sectors: the token, ceiling and expiry are known, the holder is not. It
+//! is read as held by an unknown holder until its expiry, then taken over
+//! with a token past its ceiling — no error, no operator needed. A header
+//! sector that fails its checksum cannot come from a power cut on a device
+//! that writes sectors whole; it is corruption, an error naming the file
+//! and the remedy ([`repair`]).
 //!
-//! A file of exactly [`RECORD_LEN`] (or 548) zero bytes is read as "created,
-//! never written" too (a crash can leave one after the first write's size
-//! change but before its data; no token was returned from it, because a
-//! file's first record is always a reservation, synced before it returns).
-//! Anything else that does not decode — wrong length, wrong magic, an
-//! unknown version, a failed checksum (a torn write), inconsistent fields
+//! Older records are still read and replaced by a version 3 record on the
+//! next write: version 2 (556 bytes: the same first 40 bytes, session id at
+//! 40, owner id at 296, one CRC at 552) and version 1 (548 bytes, no
+//! ceiling; ids at 32 and 288, CRC at 544; it synced every token, so its
+//! token is taken as its ceiling). Their expiry is judged on the wall clock.
+//! A version 2 record spans two sectors under one checksum, so one torn by
+//! a power cut fails its checksum: an error that names [`repair`], to be run
+//! with a minimum token at least the highest the session's store has seen. Older builds refuse version 3
+//! files ([`LeaseFileError::Version`] or [`LeaseFileError::Oversized`],
+//! `Transient`), so do not run old and new builds on one directory at
+//! once: a session an old process meets in the new format stops there with
+//! an error, never with a second owner or a lower token.
+//!
+//! A file of exactly [`RECORD_LEN`] (or 556, or 548) zero bytes is read as
+//! "created, never written" too (a crash can leave one after the first
+//! write's size change but before its data; no token was returned from it,
+//! because a file's first record is always a reservation, synced before it
+//! returns). Anything else that does not decode — wrong length, wrong
+//! magic, an unknown version, a failed header checksum, inconsistent fields
 //! (a token above its ceiling, say), or the record of another session — is
-//! an error naming the file ([`StoreError`]). It is **never** treated as
+//! an error naming the file ([`LeaseFileError`]). It is **never** treated as
 //! free and never resets the token: that session stops, with a clear
-//! message, until an operator repairs or removes the file.
+//! message, until an operator runs [`repair`] with a minimum token.
 //!
 //! # Durability
 //!
@@ -121,10 +144,15 @@
 //! crashes, power loss and host restarts, without an `fdatasync` per token:
 //!
 //! - **Reservations.** The record carries a ceiling. Every write carries it
-//!   forward, and it only rises, in a write that is `fdatasync`ed (with the
-//!   directory, for a file's first record) before the lock is released and
-//!   before the acquire that wrote it returns: a *reservation*. Invariant:
-//!   every token ever returned is at most the ceiling last made durable.
+//!   forward, and it only rises, in a write that is `fdatasync`ed before the
+//!   lock is released and before the acquire that wrote it returns: a
+//!   *reservation*. Invariant: every token ever returned is at most the
+//!   ceiling last made durable.
+//! - **The file's name.** A synced write also `fsync`s the directory unless
+//!   this instance already did so after that file (that inode) existed: the
+//!   file's creator may have died, or its directory sync failed, between
+//!   the record and the name becoming durable, and a file whose name a
+//!   power loss takes away would restart its tokens at 1.
 //! - **Arming.** An instance issues a token without a sync only when it
 //!   finds in the record the very ceiling it reserved itself and saw synced
 //!   (it is then *armed* for that file), and only up to that ceiling: it
@@ -171,21 +199,30 @@
 //! | kind | when |
 //! |---|---|
 //! | `Held` | another owner holds the session live; renew of a lease no longer ours |
-//! | `Transient` | I/O errors, the lock not obtained within the lock timeout ("lock file wedged"), a damaged or foreign lease file, a symlink or non-regular file at a lease name, the directory replaced or removed — the cause is the `source()`, a [`StoreError`] |
-//! | `Unsupported` | the file system does not support `flock` ([`StoreError::LocksUnsupported`]) |
-//! | `Invalid` | the clock is outside 1970..2554 or the TTL overflows it; 2⁶⁴ tokens used |
+//! | `Transient` | I/O errors, the lock not obtained within the lock timeout ("lock file wedged"), a damaged or foreign lease file, a symlink or non-regular file at a lease name, the directory replaced or removed — the cause is the `source()`, a [`LeaseFileError`] |
+//! | `Unsupported` | only from [`FlockLeaseBuilder::open`]: the file system does not support `flock` at all ([`LeaseFileError::LocksUnsupported`]); a failing `flock` call on a lease file (`ENOLCK`, say) is `Transient` |
+//! | `Invalid` | a lock timeout above a quarter of the TTL; a volatile directory refused ([`LeaseFileError::Volatile`]); the clock is outside 1970..2554 or the TTL overflows it; 2⁶⁴ tokens used |
 //!
 //! # Blocking and time bounds
 //!
 //! Anything that can wait — polling a non-blocking `flock` with back-off
 //! until the [lock timeout](FlockLeaseBuilder::lock_timeout), and the
-//! `fdatasync` of a reservation — runs off the async workers: through
-//! `block_in_place` on a multi-thread Tokio runtime (this worker's other
-//! tasks move to another worker; no thread switch), through `spawn_blocking`
-//! on a current-thread runtime, and on the calling thread outside a
-//! runtime. Past the lock timeout the operation fails with `Transient`
-//! ("lock file wedged") instead of hanging: a process stopped or stuck
-//! inside its critical section delays only that one session's file.
+//! `fdatasync` of a reservation — runs on Tokio's blocking pool
+//! (`spawn_blocking`), never on an async worker, and on the calling thread
+//! outside a runtime. The lock timeout defaults to a quarter of the TTL (at
+//! most 2 s) and may not exceed it, so a renewal never waits past its
+//! keeper's margin. Past it the operation fails with `Transient` ("lock
+//! file wedged") instead of hanging: a process stopped or stuck inside its
+//! critical section delays only that one session's file.
+//!
+//! The future stays cancellable throughout: a caller's deadline (the
+//! keeper's renew deadline, a `tokio::time::timeout`) fires while the lock
+//! is waited for. Dropping the future tells the blocking work its caller is
+//! gone: a lock wait stops at its next poll (within 4 ms) and a write not
+//! yet begun is never made, so an abandoned acquire cannot take a session
+//! after its caller gave up. A write already under way when the future is
+//! dropped (with its `fdatasync`) finishes on the pool, holding that one
+//! file's lock; its effect is that of an answer lost in transit.
 //!
 //! The rest — open, an uncontended non-blocking `flock`, `pread`, `pwrite`
 //! into the page cache and close, a few microseconds on a local file system;
@@ -201,9 +238,23 @@
 //! processes run is refused within that interval rather than splitting the
 //! processes between two directories.
 //!
-//! Expiry is judged with the injected [`Clock`]'s wall-clock reading, so
-//! every process on the host must use the same (system) clock in production;
-//! the lock timeout is always real, monotonic time.
+//! # Clocks
+//!
+//! Expiry on one host is immune to wall-clock steps. Every write records
+//! the expiry twice: on the wall clock, and on `CLOCK_MONOTONIC` together
+//! with the boot id. A record written in the current boot is judged on the
+//! monotonic clock alone (read through the injected [`Clock`]'s
+//! [`instant`](Clock::instant), which is `CLOCK_MONOTONIC` for
+//! [`SystemClock`]), so an NTP step forward never ends a live lease early
+//! and a step back never keeps a dead holder's lease alive. The wall clock
+//! is used only for records of an earlier boot (whose holders are gone),
+//! for version 1 and 2 records, and when the boot id cannot be read. The
+//! monotonic clock is the one [`Lease`] keepers count their renew deadlines
+//! on, so it stops with them during a suspend; `CLOCK_BOOTTIME` would let a
+//! lease lapse across a suspend its holder's keeper never saw. The
+//! [`Lease::expiry`] returned is a wall-clock time, for display and for
+//! callers; [`list_leases`] judges live or expired on the wall clock it is
+//! given. The lock timeout is always real, monotonic time.
 //!
 //! # Operators
 //!
@@ -222,17 +273,17 @@ mod store;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use lease_port::{
     AuthorityId, Clock, Lease, LeaseError, OwnerId, SessionId, SessionLease, SystemClock,
 };
-use tokio::runtime::RuntimeFlavor;
 
 pub use authority::AUTHORITY_FILE;
-pub use error::StoreError;
-pub use inspect::{LeaseEntry, LeaseInfo, LeaseState, list_leases};
+pub use error::LeaseFileError;
+pub use inspect::{LeaseEntry, LeaseInfo, LeaseState, list_leases, repair};
 pub use record::{FORMAT_VERSION, MAGIC, RECORD_LEN};
 
 use store::{Op, Reply, Step, Store};
@@ -269,10 +320,11 @@ pub struct FlockLeaseBuilder {
     dir: PathBuf,
     ttl: Duration,
     clock: Arc<dyn Clock>,
-    lock_timeout: Duration,
+    lock_timeout: Option<Duration>,
     inline_fast_path: bool,
     dir_check_interval: Duration,
     token_reservation: u64,
+    refuse_volatile: bool,
 }
 
 impl FlockLeaseBuilder {
@@ -282,18 +334,21 @@ impl FlockLeaseBuilder {
         self
     }
 
-    /// The clock expiries are judged by. Default [`SystemClock`]. All
-    /// processes sharing a directory must read the same wall clock.
+    /// The clock expiries are judged by. Default [`SystemClock`]. Its
+    /// monotonic reading judges expiry within one boot; its wall reading
+    /// only across reboots (see the crate docs, "Clocks").
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
     }
 
     /// The longest an operation waits for a lease file's lock before failing
-    /// with `Transient` ("lock file wedged"). Default
-    /// [`DEFAULT_LOCK_TIMEOUT`]; keep it well under the TTL.
+    /// with `Transient` ("lock file wedged"). Default: a quarter of the TTL,
+    /// at most [`DEFAULT_LOCK_TIMEOUT`]. More than a quarter of the TTL is
+    /// refused by [`open`](Self::open) (`Invalid`): a renewal waiting that
+    /// long would eat the margin its keeper renews within.
     pub fn lock_timeout(mut self, timeout: Duration) -> Self {
-        self.lock_timeout = timeout;
+        self.lock_timeout = Some(timeout);
         self
     }
 
@@ -333,9 +388,18 @@ impl FlockLeaseBuilder {
         self
     }
 
+    /// Whether [`open`](Self::open) refuses a directory on a file system
+    /// kept in memory (tmpfs, ramfs) with `Invalid`
+    /// ([`LeaseFileError::Volatile`]). Default `false`; see
+    /// [`FlockLease::is_volatile`].
+    pub fn refuse_volatile(mut self, refuse: bool) -> Self {
+        self.refuse_volatile = refuse;
+        self
+    }
+
     /// Opens the directory — creating it with mode 0700 when absent — and
     /// checks it: a symlink or a non-directory is refused with
-    /// [`StoreError::DirSymlink`] / [`StoreError::NotADirectory`]
+    /// [`LeaseFileError::DirSymlink`] / [`LeaseFileError::NotADirectory`]
     /// (`Transient`). Blocking, once, at start-up.
     pub fn open(self) -> Result<FlockLease, LeaseError> {
         if self.token_reservation == 0 {
@@ -343,15 +407,33 @@ impl FlockLeaseBuilder {
                 "token reservation must cover at least one token",
             ));
         }
+        let limit = self.ttl / 4;
+        let lock_timeout = match self.lock_timeout {
+            None => limit.min(DEFAULT_LOCK_TIMEOUT),
+            Some(t) if t <= limit => t,
+            Some(t) => {
+                return Err(LeaseError::invalid(format!(
+                    "lock timeout {t:?} exceeds a quarter of the TTL {:?}",
+                    self.ttl
+                )));
+            }
+        };
         let store = Store::new(
             self.dir,
             self.ttl,
             self.clock,
-            self.lock_timeout,
+            lock_timeout,
             self.inline_fast_path,
             self.dir_check_interval,
             self.token_reservation,
         )?;
+        if let (Some(fs), true) = (store.volatile, self.refuse_volatile) {
+            return Err(LeaseFileError::Volatile {
+                path: store.dir,
+                fs,
+            }
+            .into());
+        }
         Ok(FlockLease {
             store: Arc::new(store),
         })
@@ -365,10 +447,11 @@ impl FlockLease {
             dir: dir.into(),
             ttl: DEFAULT_TTL,
             clock: Arc::new(SystemClock),
-            lock_timeout: DEFAULT_LOCK_TIMEOUT,
+            lock_timeout: None,
             inline_fast_path: true,
             dir_check_interval: DEFAULT_DIR_CHECK_INTERVAL,
             token_reservation: DEFAULT_TOKEN_RESERVATION,
+            refuse_volatile: false,
         }
     }
 
@@ -387,42 +470,115 @@ impl FlockLease {
         self.store.ttl
     }
 
+    /// Whether the directory is on a file system kept in memory (tmpfs,
+    /// ramfs; `statfs` at start-up). A reboot empties it, so every session's
+    /// tokens restart at 1 while a store that outlives the reboot keeps its
+    /// higher marks and refuses the new owners' writes. A server should
+    /// refuse such a directory or warn loudly; see
+    /// [`FlockLeaseBuilder::refuse_volatile`].
+    pub fn is_volatile(&self) -> bool {
+        self.store.volatile.is_some()
+    }
+
+    /// The longest an operation waits for a lease file's lock.
+    pub fn lock_timeout(&self) -> Duration {
+        self.store.lock_timeout
+    }
+
+    /// Takes the lock that makes `owner` this process's alone on this lease
+    /// directory, for as long as the returned [`OwnerLock`] lives.
+    ///
+    /// Two processes leasing under one owner id would each be taken for the
+    /// live holder re-acquiring, and both would run a session under one
+    /// token; a server takes this lock at start-up and keeps it. The lock
+    /// file is `.owners/<owner>.lock` inside the directory, found through
+    /// the descriptor opened at start-up, so every spelling of the
+    /// directory's path (a trailing slash, a symlinked parent) meets the
+    /// same lock. Does not wait: an owner id in use fails at once with
+    /// `Held` ([`LeaseFileError::OwnerInUse`] as the source). Blocking (a
+    /// few system calls); call it at start-up.
+    ///
+    /// Builds before this one kept the lock beside the directory, in
+    /// `<dir>.owners/`; they do not see this one, so do not run old and
+    /// new builds on one directory at once.
+    pub fn lock_owner(&self, owner: &OwnerId) -> Result<OwnerLock, LeaseError> {
+        Ok(OwnerLock {
+            _lock: self.store.lock_owner(owner)?,
+            owner: owner.clone(),
+        })
+    }
+
     /// [`list_leases`] of this instance's directory, judged by its clock, on
     /// the blocking pool.
     pub async fn list(&self) -> Result<Vec<LeaseEntry>, LeaseError> {
         let store = Arc::clone(&self.store);
-        offload(move || list_leases(&store.dir, store.clock.now())).await
+        offload(move |_| list_leases(&store.dir, store.clock.now())).await
     }
 
     async fn run(&self, op: Op) -> Result<Reply, LeaseError> {
         let store = Arc::clone(&self.store);
         if !store.inline_fast_path || tokio::runtime::Handle::try_current().is_err() {
-            return offload(move || store.run_blocking(&op)).await;
+            return offload(move |abandoned| store.run_blocking(&op, abandoned)).await;
         }
         match store.run_until_wait(&op)? {
             Step::Done(reply) => Ok(reply),
-            step => offload(move || store.finish(step, &op)).await,
+            step => offload(move |abandoned| store.finish(step, &op, abandoned)).await,
         }
     }
 }
 
-/// Runs blocking `f` without stalling the runtime: on a multi-thread
-/// runtime in place, after handing this worker's other tasks to another
-/// worker (`block_in_place`, no thread switch); on a current-thread runtime
-/// on the blocking pool (`spawn_blocking`); outside a runtime right here.
+/// An owner id held by this process on one lease directory; see
+/// [`FlockLease::lock_owner`]. Dropping it (or the process ending) frees it.
+pub struct OwnerLock {
+    _lock: nix::fcntl::Flock<std::fs::File>,
+    owner: OwnerId,
+}
+
+impl OwnerLock {
+    /// The owner id held.
+    pub fn owner(&self) -> &OwnerId {
+        &self.owner
+    }
+}
+
+impl fmt::Debug for OwnerLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OwnerLock")
+            .field("owner", &self.owner)
+            .finish()
+    }
+}
+
+/// Runs blocking `f` on Tokio's blocking pool (on the calling thread
+/// outside a runtime), never on an async worker, and stays cancellable:
+/// dropping the returned future sets the flag `f` is given, which stops a
+/// lock wait at its next poll and any write not yet begun. A write already
+/// under way (with its `fdatasync`) finishes on the pool, holding only that
+/// one file's lock.
 async fn offload<T, F>(f: F) -> Result<T, LeaseError>
 where
-    F: FnOnce() -> Result<T, LeaseError> + Send + 'static,
+    F: FnOnce(&AtomicBool) -> Result<T, LeaseError> + Send + 'static,
     T: Send + 'static,
 {
-    match tokio::runtime::Handle::try_current() {
-        Ok(handle) if handle.runtime_flavor() == RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(f)
-        }
-        Ok(handle) => handle.spawn_blocking(f).await.map_err(|e| {
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return f(&AtomicBool::new(false));
+    };
+    let abandoned = Arc::new(AtomicBool::new(false));
+    let _guard = AbandonOnDrop(Arc::clone(&abandoned));
+    handle
+        .spawn_blocking(move || f(&abandoned))
+        .await
+        .map_err(|e| {
             LeaseError::transient("lease file operation did not complete").with_source(e)
-        })?,
-        Err(_) => f(),
+        })?
+}
+
+/// Tells blocking work its caller is gone when the caller's future drops.
+struct AbandonOnDrop(Arc<AtomicBool>);
+
+impl Drop for AbandonOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
     }
 }
 

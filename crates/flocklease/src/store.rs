@@ -6,7 +6,7 @@ use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -15,7 +15,7 @@ use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg, OFlag};
 use nix::sys::stat::{FileStat, Mode, SFlag};
 
-use crate::StoreError;
+use crate::LeaseFileError;
 use crate::record::{RECORD_LEN, Record};
 
 /// The lease file name of `session`: its safe stem plus `.lease`.
@@ -40,11 +40,28 @@ pub(crate) struct Store {
     epoch: Instant,
     /// How many tokens one synced reservation covers (≥ 1).
     pub(crate) reservation: u64,
+    /// The in-memory file system (tmpfs, ramfs) the directory is on.
+    pub(crate) volatile: Option<&'static str>,
+    /// This boot's id (`/proc/sys/kernel/random/boot_id`); zero when
+    /// unknown, and then expiry is judged on the wall clock.
+    pub(crate) boot_id: [u8; 16],
+    /// `CLOCK_MONOTONIC` in nanoseconds, read right beside `mono_anchor`:
+    /// maps the clock's monotonic readings to a number every process of
+    /// this boot shares.
+    mono_base: u64,
+    mono_anchor: Instant,
     /// The sessions this instance may issue tokens for without a sync: lease
     /// file name → the reservation ceiling this instance wrote there and saw
     /// `fdatasync` confirm. See the crate docs, "Durability".
     armed: Mutex<HashMap<String, u64>>,
+    /// Lease file name → the inode whose name this instance made durable
+    /// (synced the directory after the file existed).
+    named: Mutex<HashMap<String, u64>>,
 }
+
+/// The subdirectory of the lease directory holding one lock file per owner
+/// id in use ([`FlockLease::lock_owner`](crate::FlockLease::lock_owner)).
+pub(crate) const OWNERS_DIR: &str = ".owners";
 
 /// The most sessions an instance keeps armed; past it the set is cleared,
 /// which costs each session one more synced reservation and nothing else.
@@ -86,10 +103,9 @@ impl Op {
 /// What to do under the lock, decided from the record read.
 pub(crate) struct Plan {
     write: Option<Record>,
-    /// fdatasync the file (and, for a file's first record, its directory)
-    /// before replying.
+    /// fdatasync the file (and the directory, unless this instance knows the
+    /// file's name durable) before replying.
     sync: bool,
-    sync_dir: bool,
     /// A new reservation ceiling: once synced, this instance is armed with
     /// it for the file.
     arm: Option<u64>,
@@ -127,15 +143,15 @@ pub(crate) fn is_kind(st: &FileStat, kind: SFlag) -> bool {
 
 /// Opens (creating with mode 0700 when absent) and checks the lease
 /// directory; returns its descriptor and identity.
-pub(crate) fn open_dir(path: &Path, create: bool) -> Result<(OwnedFd, (u64, u64)), StoreError> {
+pub(crate) fn open_dir(path: &Path, create: bool) -> Result<(OwnedFd, (u64, u64)), LeaseFileError> {
     match nix::sys::stat::lstat(path) {
         Ok(st) if is_kind(&st, SFlag::S_IFLNK) => {
-            return Err(StoreError::DirSymlink {
+            return Err(LeaseFileError::DirSymlink {
                 path: path.to_path_buf(),
             });
         }
         Ok(st) if !is_kind(&st, SFlag::S_IFDIR) => {
-            return Err(StoreError::NotADirectory {
+            return Err(LeaseFileError::NotADirectory {
                 path: path.to_path_buf(),
             });
         }
@@ -146,9 +162,11 @@ pub(crate) fn open_dir(path: &Path, create: bool) -> Result<(OwnedFd, (u64, u64)
                 .recursive(true)
                 .mode(0o700)
                 .create(path)
-                .map_err(|e| StoreError::io("creating lease directory", path.to_path_buf(), e))?;
+                .map_err(|e| {
+                    LeaseFileError::io("creating lease directory", path.to_path_buf(), e)
+                })?;
         }
-        Err(e) => return Err(StoreError::io("inspecting", path.to_path_buf(), e)),
+        Err(e) => return Err(LeaseFileError::io("inspecting", path.to_path_buf(), e)),
     }
     let fd = nix::fcntl::open(
         path,
@@ -156,17 +174,71 @@ pub(crate) fn open_dir(path: &Path, create: bool) -> Result<(OwnedFd, (u64, u64)
         Mode::empty(),
     )
     .map_err(|e| match e {
-        Errno::ELOOP => StoreError::DirSymlink {
+        Errno::ELOOP => LeaseFileError::DirSymlink {
             path: path.to_path_buf(),
         },
-        Errno::ENOTDIR => StoreError::NotADirectory {
+        Errno::ENOTDIR => LeaseFileError::NotADirectory {
             path: path.to_path_buf(),
         },
-        e => StoreError::io("opening lease directory", path.to_path_buf(), e),
+        e => LeaseFileError::io("opening lease directory", path.to_path_buf(), e),
     })?;
     let st = nix::sys::stat::fstat(&fd)
-        .map_err(|e| StoreError::io("inspecting", path.to_path_buf(), e))?;
+        .map_err(|e| LeaseFileError::io("inspecting", path.to_path_buf(), e))?;
     Ok((fd, (st.st_dev, st.st_ino)))
+}
+
+/// The name of the in-memory file system `fd` is on (tmpfs, ramfs), or
+/// `None` for one that keeps its data across a reboot.
+pub(crate) fn volatile_fs(
+    path: &Path,
+    fd: &OwnedFd,
+) -> Result<Option<&'static str>, LeaseFileError> {
+    const RAMFS_MAGIC: u32 = 0x8584_58f6;
+    let st = nix::sys::statfs::fstatfs(fd)
+        .map_err(|e| LeaseFileError::io("inspecting the file system of", path.to_path_buf(), e))?;
+    let kind = st.filesystem_type();
+    Ok(if kind == nix::sys::statfs::TMPFS_MAGIC {
+        Some("tmpfs")
+    } else if kind.0 as u32 == RAMFS_MAGIC {
+        Some("ramfs")
+    } else {
+        None
+    })
+}
+
+/// One pairing of `Instant` and raw `CLOCK_MONOTONIC` per process, so every
+/// instance in it maps a monotonic reading to exactly the same number.
+fn mono_anchor(dir: &Path) -> Result<(Instant, u64), LeaseFileError> {
+    static ANCHOR: std::sync::OnceLock<(Instant, u64)> = std::sync::OnceLock::new();
+    if let Some(anchor) = ANCHOR.get() {
+        return Ok(*anchor);
+    }
+    let instant = Instant::now();
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map_err(|e| LeaseFileError::io("reading the monotonic clock for", dir.to_path_buf(), e))?;
+    let raw = u64::try_from(t.tv_sec())
+        .unwrap_or(0)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(u64::try_from(t.tv_nsec()).unwrap_or(0));
+    Ok(*ANCHOR.get_or_init(|| (instant, raw)))
+}
+
+/// This boot's id, from `/proc/sys/kernel/random/boot_id` (a UUID); all
+/// zero when it cannot be read.
+pub(crate) fn read_boot_id() -> [u8; 16] {
+    let mut id = [0u8; 16];
+    let Ok(text) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") else {
+        return id;
+    };
+    let hex: Vec<u8> = text.bytes().filter(u8::is_ascii_hexdigit).collect();
+    if hex.len() != 32 {
+        return [0; 16];
+    }
+    for (i, pair) in hex.chunks(2).enumerate() {
+        let digit = |c: u8| (c as char).to_digit(16).unwrap_or(0) as u8;
+        id[i] = digit(pair[0]) << 4 | digit(pair[1]);
+    }
+    id
 }
 
 fn to_nanos(t: SystemTime) -> Result<u64, LeaseError> {
@@ -191,9 +263,12 @@ impl Store {
         inline_fast_path: bool,
         dir_check_interval: Duration,
         reservation: u64,
-    ) -> Result<Self, StoreError> {
+    ) -> Result<Self, LeaseFileError> {
         debug_assert!(reservation >= 1);
         let (dir_fd, dir_id) = open_dir(&dir, true)?;
+        probe_locks(&dir, &dir_fd)?;
+        let (mono_anchor, mono_base) = mono_anchor(&dir)?;
+        let volatile = volatile_fs(&dir, &dir_fd)?;
         Ok(Store {
             dir,
             dir_fd,
@@ -206,8 +281,27 @@ impl Store {
             dir_checked: AtomicU64::new(0),
             epoch: Instant::now(),
             reservation,
+            volatile,
+            boot_id: read_boot_id(),
+            mono_base,
+            mono_anchor,
             armed: Mutex::new(HashMap::new()),
+            named: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The clock's monotonic reading as nanoseconds of `CLOCK_MONOTONIC`
+    /// (std's `Instant` is that clock on Linux): comparable between
+    /// processes of one boot, and immune to wall-clock steps.
+    fn mono_nanos(&self) -> u64 {
+        let now = self.clock.instant();
+        let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        match now.checked_duration_since(self.mono_anchor) {
+            Some(ahead) => self.mono_base.saturating_add(nanos(ahead)),
+            None => self
+                .mono_base
+                .saturating_sub(nanos(self.mono_anchor.duration_since(now))),
+        }
     }
 
     /// The reservation ceiling this instance last synced on file `name`.
@@ -224,13 +318,97 @@ impl Store {
         armed.insert(name.to_owned(), ceiling);
     }
 
+    /// Takes this owner id's lock in `.owners/` of the opened directory,
+    /// without waiting. Found through the directory descriptor, so every
+    /// spelling of the directory's path (a trailing slash, `..`, a symlinked
+    /// parent) meets the same lock file.
+    pub(crate) fn lock_owner(&self, owner: &OwnerId) -> Result<Flock<File>, LeaseFileError> {
+        let owners = self.dir.join(OWNERS_DIR);
+        match nix::sys::stat::mkdirat(&self.dir_fd, OWNERS_DIR, Mode::S_IRWXU) {
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(e) => return Err(LeaseFileError::io("creating", owners, e)),
+        }
+        let owners_fd = nix::fcntl::openat(
+            &self.dir_fd,
+            OWNERS_DIR,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| match e {
+            Errno::ELOOP | Errno::ENOTDIR => LeaseFileError::NotRegular {
+                path: owners.clone(),
+                what: "not a plain directory",
+            },
+            e => LeaseFileError::io("opening", owners.clone(), e),
+        })?;
+        // Owner ids obey the rules of session ids, so the same safe,
+        // injective file names apply.
+        let stem = SessionId::new(owner.as_str())
+            .map(|id| session_filename::stem(&id))
+            .map_err(|e| {
+                LeaseFileError::io(
+                    "naming the lock of",
+                    owners.clone(),
+                    std::io::Error::other(e),
+                )
+            })?;
+        let name = format!("{stem}.lock");
+        let path = owners.join(&name);
+        let fd = nix::fcntl::openat(
+            &owners_fd,
+            name.as_str(),
+            OFlag::O_RDWR
+                | OFlag::O_CREAT
+                | OFlag::O_NOFOLLOW
+                | OFlag::O_CLOEXEC
+                | OFlag::O_NONBLOCK,
+            Mode::S_IRUSR | Mode::S_IWUSR,
+        )
+        .map_err(|e| match e {
+            Errno::ELOOP => LeaseFileError::NotRegular {
+                path: path.clone(),
+                what: "a symbolic link",
+            },
+            e => LeaseFileError::io("opening", path.clone(), e),
+        })?;
+        let mut file = File::from(fd);
+        loop {
+            match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+                Ok(locked) => return Ok(locked),
+                Err((f, Errno::EINTR)) => file = f,
+                Err((_, Errno::EWOULDBLOCK)) => {
+                    return Err(LeaseFileError::OwnerInUse {
+                        dir: self.dir.clone(),
+                        owner: owner.to_string(),
+                    });
+                }
+                Err((_, e)) => return Err(lock_failure(path, e)),
+            }
+        }
+    }
+
+    /// Whether this instance synced the directory after lease file `name`
+    /// (inode `ino`) existed.
+    fn name_durable(&self, name: &str, ino: u64) -> bool {
+        let named = self.named.lock().unwrap_or_else(PoisonError::into_inner);
+        named.get(name) == Some(&ino)
+    }
+
+    fn mark_name_durable(&self, name: &str, ino: u64) {
+        let mut named = self.named.lock().unwrap_or_else(PoisonError::into_inner);
+        if named.len() >= MAX_ARMED && !named.contains_key(name) {
+            named.clear();
+        }
+        named.insert(name.to_owned(), ino);
+    }
+
     fn path(&self, name: &str) -> PathBuf {
         self.dir.join(name)
     }
 
     /// Opens the lease file `name` inside the directory opened at start-up,
     /// never following a symlink, and checks it is a regular file.
-    pub(crate) fn open_file(&self, name: &str, create: bool) -> Result<Opened, StoreError> {
+    pub(crate) fn open_file(&self, name: &str, create: bool) -> Result<Opened, LeaseFileError> {
         let mut flags = OFlag::O_RDWR | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
         if create {
             flags |= OFlag::O_CREAT;
@@ -240,24 +418,24 @@ impl Store {
             Ok(fd) => fd,
             Err(Errno::ENOENT) if !create => return Ok(Opened::Absent),
             Err(Errno::ELOOP) => {
-                return Err(StoreError::NotRegular {
+                return Err(LeaseFileError::NotRegular {
                     path: self.path(name),
                     what: "a symbolic link",
                 });
             }
             Err(Errno::EISDIR) => {
-                return Err(StoreError::NotRegular {
+                return Err(LeaseFileError::NotRegular {
                     path: self.path(name),
                     what: "a directory",
                 });
             }
             Err(Errno::ENXIO) => {
-                return Err(StoreError::NotRegular {
+                return Err(LeaseFileError::NotRegular {
                     path: self.path(name),
                     what: "a socket or device",
                 });
             }
-            Err(e) => return Err(StoreError::io("opening", self.path(name), e)),
+            Err(e) => return Err(LeaseFileError::io("opening", self.path(name), e)),
         };
         // The file type is checked lazily, in `read`: only a regular file
         // yields a valid record, so the common case needs no fstat.
@@ -270,36 +448,38 @@ impl Store {
         &self,
         mut file: File,
         name: &str,
-    ) -> Result<Result<Flock<File>, File>, StoreError> {
+    ) -> Result<Result<Flock<File>, File>, LeaseFileError> {
         loop {
             match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
                 Ok(locked) => return Ok(Ok(locked)),
                 Err((f, Errno::EWOULDBLOCK)) => return Ok(Err(f)),
                 Err((f, Errno::EINTR)) => file = f,
-                Err((_, e @ (Errno::ENOLCK | Errno::EOPNOTSUPP | Errno::EINVAL))) => {
-                    return Err(StoreError::LocksUnsupported {
-                        path: self.path(name),
-                        source: e.into(),
-                    });
-                }
-                Err((_, e)) => return Err(StoreError::io("locking", self.path(name), e)),
+                Err((_, e)) => return Err(lock_failure(self.path(name), e)),
             }
         }
     }
 
     /// Blocks (this thread only) until the lock is ours or the lock timeout
     /// passes, polling with a growing back-off.
-    pub(crate) fn wait_lock(&self, mut file: File, name: &str) -> Result<Flock<File>, StoreError> {
+    pub(crate) fn wait_lock(
+        &self,
+        mut file: File,
+        name: &str,
+        abandoned: &AtomicBool,
+    ) -> Result<Option<Flock<File>>, LeaseFileError> {
         let start = Instant::now();
         let mut pause = Duration::from_micros(50);
         loop {
+            if abandoned.load(Ordering::Acquire) {
+                return Ok(None);
+            }
             file = match self.try_lock(file, name)? {
-                Ok(locked) => return Ok(locked),
+                Ok(locked) => return Ok(Some(locked)),
                 Err(file) => file,
             };
             let waited = start.elapsed();
             if waited >= self.lock_timeout {
-                return Err(StoreError::LockTimeout {
+                return Err(LeaseFileError::LockTimeout {
                     path: self.path(name),
                     waited,
                 });
@@ -318,7 +498,7 @@ impl Store {
         let record = self.read(file, name)?;
         if let Some(r) = &record {
             if r.session != *op.session() {
-                return Err(StoreError::SessionMismatch {
+                return Err(LeaseFileError::SessionMismatch {
                     path: self.path(name),
                     found: r.session.to_string(),
                     expected: op.session().to_string(),
@@ -328,16 +508,28 @@ impl Store {
         }
         let now_time = self.clock.now();
         let now = to_nanos(now_time)?;
+        let now_mono = self.mono_nanos();
         let expiry = || {
             now_time
                 .checked_add(self.ttl)
                 .ok_or_else(|| LeaseError::invalid("TTL overflows the clock"))
                 .and_then(to_nanos)
         };
+        let mono_expiry =
+            now_mono.saturating_add(u64::try_from(self.ttl.as_nanos()).unwrap_or(u64::MAX));
+        // Live: on this boot's monotonic clock when the record was written in
+        // this boot, so wall-clock steps move nothing; on the wall clock only
+        // across a reboot (or for records of older versions).
+        let live = |r: &Record| {
+            if self.boot_id != [0; 16] && r.boot_id == self.boot_id && r.mono_expiry_nanos != 0 {
+                now_mono < r.mono_expiry_nanos
+            } else {
+                now < r.expiry_nanos
+            }
+        };
         let nothing = |reply| Plan {
             write: None,
             sync: false,
-            sync_dir: false,
             arm: None,
             reply,
         };
@@ -353,10 +545,9 @@ impl Store {
                     Some(
                         r @ Record {
                             owner: Some(holder),
-                            expiry_nanos,
                             ..
                         },
-                    ) if now < *expiry_nanos => {
+                    ) if live(r) => {
                         if holder != owner {
                             return Ok(nothing(Err(LeaseError::held(Some(holder.clone())))));
                         }
@@ -365,7 +556,10 @@ impl Store {
                         // come from a reservation whose fdatasync failed.
                         (r.token, r.reserved, !armed(r), None)
                     }
-                    Some(r) if r.token < r.reserved && armed(r) => {
+                    Some(r) if r.holder_lost && live(r) => {
+                        return Ok(nothing(Err(LeaseError::held(None))));
+                    }
+                    Some(r) if r.token < r.reserved && armed(r) && !r.holder_lost => {
                         (r.token + 1, r.reserved, false, None)
                     }
                     // Not armed, or the reservation used up: jump past every
@@ -388,12 +582,14 @@ impl Store {
                     write: Some(Record {
                         session: session.clone(),
                         owner: Some(owner.clone()),
+                        holder_lost: false,
                         token,
                         reserved,
                         expiry_nanos,
+                        mono_expiry_nanos: mono_expiry,
+                        boot_id: self.boot_id,
                     }),
                     sync,
-                    sync_dir: record.is_none(),
                     arm,
                     reply: Ok(Reply::Granted(Lease::new(
                         session.clone(),
@@ -412,18 +608,18 @@ impl Store {
                 {
                     let expiry_nanos = expiry()?;
                     Plan {
-                        write: Some(Record { expiry_nanos, ..r }),
+                        write: Some(Record {
+                            expiry_nanos,
+                            mono_expiry_nanos: mono_expiry,
+                            boot_id: self.boot_id,
+                            ..r
+                        }),
                         sync: false,
-                        sync_dir: false,
                         arm: None,
                         reply: Ok(Reply::Granted(lease.with_expiry(from_nanos(expiry_nanos)))),
                     }
                 }
-                Some(Record {
-                    owner: Some(holder),
-                    expiry_nanos,
-                    ..
-                }) if now < expiry_nanos => nothing(Err(LeaseError::held(Some(holder)))),
+                Some(r) if live(&r) => nothing(Err(LeaseError::held(r.owner))),
                 _ => nothing(Err(LeaseError::held(None))),
             },
             Op::Release(lease) => match record {
@@ -437,10 +633,10 @@ impl Store {
                         write: Some(Record {
                             owner: None,
                             expiry_nanos: 0,
+                            mono_expiry_nanos: 0,
                             ..r
                         }),
                         sync: false,
-                        sync_dir: false,
                         arm: None,
                         reply: Ok(Reply::Released),
                     }
@@ -456,19 +652,30 @@ impl Store {
         if let Some(record) = &plan.write {
             let bytes = record.encode();
             file.write_all_at(&bytes, 0)
-                .map_err(|e| StoreError::io("writing", self.path(name), e))?;
+                .map_err(|e| LeaseFileError::io("writing", self.path(name), e))?;
+            let mut dir_synced = false;
             if plan.sync {
                 file.sync_data()
-                    .map_err(|e| StoreError::io("syncing", self.path(name), e))?;
-            }
-            if plan.sync_dir {
-                // A new file's name must survive a crash too, or its tokens
-                // would start again from 1.
-                nix::unistd::fsync(&self.dir_fd)
-                    .map_err(|e| StoreError::io("syncing", self.dir.clone(), e))?;
+                    .map_err(|e| LeaseFileError::io("syncing", self.path(name), e))?;
+                // The name must be durable too, or a power loss takes the
+                // file and its tokens away. Whoever created the file may
+                // have died (or failed) before syncing the directory, so
+                // every synced write syncs it until this instance has done
+                // so itself for this file.
+                let ino = nix::sys::stat::fstat(file)
+                    .map_err(|e| LeaseFileError::io("inspecting", self.path(name), e))?
+                    .st_ino;
+                if !self.name_durable(name, ino) {
+                    nix::unistd::fsync(&self.dir_fd)
+                        .map_err(|e| LeaseFileError::io("syncing", self.dir.clone(), e))?;
+                    self.mark_name_durable(name, ino);
+                    dir_synced = true;
+                }
             }
             #[cfg(test)]
-            crate::crash_sim::wrote(&self.path(name), &bytes, plan.sync, plan.sync_dir);
+            crate::crash_sim::wrote(&self.path(name), &bytes, plan.sync, dir_synced);
+            #[cfg(not(test))]
+            let _ = dir_synced;
             if let Some(ceiling) = plan.arm {
                 // Still under the lock: nobody can have written since.
                 self.arm(name, ceiling);
@@ -477,7 +684,7 @@ impl Store {
         plan.reply
     }
 
-    fn read(&self, file: &File, name: &str) -> Result<Option<Record>, StoreError> {
+    fn read(&self, file: &File, name: &str) -> Result<Option<Record>, LeaseFileError> {
         let mut buf = [0u8; RECORD_LEN + 1];
         let mut len = 0;
         let read = loop {
@@ -498,7 +705,7 @@ impl Store {
         };
         let decoded = match read {
             Ok(len) => Record::decode(&self.path(name), &buf[..len]),
-            Err(e) => Err(StoreError::io("reading", self.path(name), e)),
+            Err(e) => Err(LeaseFileError::io("reading", self.path(name), e)),
         };
         match decoded {
             Ok(Some(record)) => Ok(Some(record)),
@@ -506,9 +713,9 @@ impl Store {
             // file before trusting (or blaming) its contents.
             other => {
                 let st = nix::sys::stat::fstat(file)
-                    .map_err(|e| StoreError::io("inspecting", self.path(name), e))?;
+                    .map_err(|e| LeaseFileError::io("inspecting", self.path(name), e))?;
                 if !is_kind(&st, SFlag::S_IFREG) {
-                    return Err(StoreError::NotRegular {
+                    return Err(LeaseFileError::NotRegular {
                         path: self.path(name),
                         what: kind_name(&st),
                     });
@@ -519,7 +726,7 @@ impl Store {
     }
 
     /// [`check_dir`](Self::check_dir), at most once per check interval.
-    fn check_dir_if_due(&self) -> Result<(), StoreError> {
+    fn check_dir_if_due(&self) -> Result<(), LeaseFileError> {
         let now = u64::try_from(self.epoch.elapsed().as_nanos())
             .unwrap_or(u64::MAX - 1)
             .saturating_add(1);
@@ -535,14 +742,14 @@ impl Store {
 
     /// The directory path must still name the directory opened at start-up:
     /// processes resolving the path now must meet the same lock files.
-    fn check_dir(&self) -> Result<(), StoreError> {
+    fn check_dir(&self) -> Result<(), LeaseFileError> {
         match nix::sys::stat::lstat(&self.dir) {
             Ok(st) if (st.st_dev, st.st_ino) == self.dir_id => Ok(()),
-            Ok(st) => Err(StoreError::DirReplaced {
+            Ok(st) => Err(LeaseFileError::DirReplaced {
                 path: self.dir.clone(),
                 detail: format!("it is now {}", kind_name(&st)),
             }),
-            Err(e) => Err(StoreError::DirReplaced {
+            Err(e) => Err(LeaseFileError::DirReplaced {
                 path: self.dir.clone(),
                 detail: e.desc().to_owned(),
             }),
@@ -551,15 +758,48 @@ impl Store {
 
     /// The whole operation on the calling thread, waiting for the lock as
     /// long as the lock timeout allows.
-    pub(crate) fn run_blocking(&self, op: &Op) -> Result<Reply, LeaseError> {
+    pub(crate) fn run_blocking(
+        &self,
+        op: &Op,
+        abandoned: &AtomicBool,
+    ) -> Result<Reply, LeaseError> {
         let name = file_name(op.session());
         let file = match self.open_file(&name, op.creates_file())? {
             Opened::File(f) => f,
             Opened::Absent => return op.reply_without_file(),
         };
-        let locked = self.wait_lock(file, &name)?;
-        let plan = self.plan(&locked, &name, op)?;
-        self.apply(&locked, &name, plan)
+        self.wait_plan_apply(file, &name, op, abandoned)
+    }
+
+    /// Waits for the lock, decides and writes — unless the caller gave up
+    /// first: then nothing is written.
+    fn wait_plan_apply(
+        &self,
+        file: File,
+        name: &str,
+        op: &Op,
+        abandoned: &AtomicBool,
+    ) -> Result<Reply, LeaseError> {
+        let Some(locked) = self.wait_lock(file, name, abandoned)? else {
+            return Err(abandoned_error());
+        };
+        let plan = self.plan(&locked, name, op)?;
+        self.apply_unless_abandoned(&locked, name, plan, abandoned)
+    }
+
+    fn apply_unless_abandoned(
+        &self,
+        file: &File,
+        name: &str,
+        plan: Plan,
+        abandoned: &AtomicBool,
+    ) -> Result<Reply, LeaseError> {
+        // Under the lock: a caller that gave up before this point never
+        // sees a write land after it stopped waiting.
+        if abandoned.load(Ordering::Acquire) {
+            return Err(abandoned_error());
+        }
+        self.apply(file, name, plan)
     }
 
     /// The fast path: everything up to the point where the thread would have
@@ -582,17 +822,57 @@ impl Store {
     }
 
     /// Finishes what [`run_until_wait`](Self::run_until_wait) left; blocks.
-    pub(crate) fn finish(&self, step: Step, op: &Op) -> Result<Reply, LeaseError> {
+    pub(crate) fn finish(
+        &self,
+        step: Step,
+        op: &Op,
+        abandoned: &AtomicBool,
+    ) -> Result<Reply, LeaseError> {
         match step {
             Step::Done(reply) => Ok(reply),
-            Step::WaitLock(file, name) => {
-                let locked = self.wait_lock(file, &name)?;
-                let plan = self.plan(&locked, &name, op)?;
-                self.apply(&locked, &name, plan)
+            Step::WaitLock(file, name) => self.wait_plan_apply(file, &name, op, abandoned),
+            Step::Sync(locked, name, plan) => {
+                self.apply_unless_abandoned(&locked, &name, plan, abandoned)
             }
-            Step::Sync(locked, name, plan) => self.apply(&locked, &name, plan),
         }
     }
+}
+
+/// The error for a failed `flock` on a lease file (not `EWOULDBLOCK` or
+/// `EINTR`, which the callers handle).
+///
+/// Always a passing fault (`Transient`): whether the file system supports
+/// `flock` at all is settled once, by [`probe_locks`] at start-up.
+pub(crate) fn lock_failure(path: PathBuf, e: Errno) -> LeaseFileError {
+    LeaseFileError::io("locking", path, e)
+}
+
+/// Whether the directory's file system provides `flock` at all: takes and
+/// drops a shared lock on the directory itself. Only the answers that mean
+/// "never" are [`LeaseFileError::LocksUnsupported`]; anything else (`ENOLCK`,
+/// say) is a passing fault.
+pub(crate) fn probe_locks(path: &Path, dir_fd: &OwnedFd) -> Result<(), LeaseFileError> {
+    let fd = dir_fd
+        .try_clone()
+        .map_err(|e| LeaseFileError::io("duplicating the descriptor of", path.to_path_buf(), e))?;
+    match Flock::lock(fd, FlockArg::LockSharedNonblock) {
+        // Dropping the lock unlocks it.
+        Ok(_locked) => Ok(()),
+        // Someone holds the directory exclusively: locks work.
+        Err((_, Errno::EWOULDBLOCK | Errno::EINTR)) => Ok(()),
+        Err((_, e @ (Errno::EOPNOTSUPP | Errno::ENOSYS | Errno::EINVAL))) => {
+            Err(LeaseFileError::LocksUnsupported {
+                path: path.to_path_buf(),
+                source: e.into(),
+            })
+        }
+        Err((_, e)) => Err(LeaseFileError::io("locking", path.to_path_buf(), e)),
+    }
+}
+
+/// What an operation whose caller gave up answers (to nobody).
+fn abandoned_error() -> LeaseError {
+    LeaseError::transient("lease file operation abandoned by its caller")
 }
 
 /// Where the fast path stopped.
@@ -600,4 +880,27 @@ pub(crate) enum Step {
     Done(Reply),
     WaitLock(File, String),
     Sync(Flock<File>, String, Plan),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lease_port::LeaseErrorKind;
+
+    /// `ENOLCK` (the kernel out of lock records) and other errors of one
+    /// `flock` call are passing faults: `Transient`, never `Unsupported`,
+    /// which would turn a leased server unleased.
+    #[test]
+    fn a_failing_flock_call_is_transient() {
+        for e in [
+            Errno::ENOLCK,
+            Errno::EIO,
+            Errno::EBADF,
+            Errno::EINVAL,
+            Errno::EOPNOTSUPP,
+        ] {
+            let err = LeaseError::from(lock_failure(PathBuf::from("/l/x.lease"), e));
+            assert_eq!(err.kind(), LeaseErrorKind::Transient, "{e}: {err:?}");
+        }
+    }
 }

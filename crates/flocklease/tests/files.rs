@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use flocklease::{FlockLease, LeaseState, RECORD_LEN, StoreError, list_leases};
+use flocklease::{FlockLease, LeaseFileError, LeaseState, RECORD_LEN, list_leases};
 use lease_port::{
     Clock, FencingToken, Lease, LeaseError, LeaseErrorKind, ManualClock, OwnerId, SessionId,
     SessionLease,
@@ -34,10 +34,10 @@ fn lease_path(dir: &Path, s: &SessionId) -> PathBuf {
     dir.join(format!("{}.lease", session_filename::stem(s)))
 }
 
-fn cause(e: &LeaseError) -> &StoreError {
+fn cause(e: &LeaseError) -> &LeaseFileError {
     e.source()
-        .and_then(|s| s.downcast_ref::<StoreError>())
-        .unwrap_or_else(|| panic!("no StoreError behind {e:?}"))
+        .and_then(|s| s.downcast_ref::<LeaseFileError>())
+        .unwrap_or_else(|| panic!("no LeaseFileError behind {e:?}"))
 }
 
 #[track_caller]
@@ -68,25 +68,25 @@ async fn damaged_and_foreign_files_are_errors_never_free() {
     newer[8] = 9;
     let mut longer = good.clone();
     longer.extend_from_slice(b"\n");
-    type Case = (&'static str, Vec<u8>, fn(&StoreError) -> bool);
+    type Case = (&'static str, Vec<u8>, fn(&LeaseFileError) -> bool);
     let cases: Vec<Case> = vec![
         ("foreign text", b"{\"owner\": \"x\"}\n".to_vec(), |e| {
-            matches!(e, StoreError::Foreign { .. })
+            matches!(e, LeaseFileError::Foreign { .. })
         }),
         ("truncated record", good[..100].to_vec(), |e| {
-            matches!(e, StoreError::Truncated { len: 100, .. })
+            matches!(e, LeaseFileError::Truncated { len: 100, .. })
         }),
         ("torn or corrupt record", flipped, |e| {
-            matches!(e, StoreError::Checksum { .. })
+            matches!(e, LeaseFileError::Checksum { .. })
         }),
         ("newer format", newer, |e| {
-            matches!(e, StoreError::Version { found: 9, .. })
+            matches!(e, LeaseFileError::Version { found: 9, .. })
         }),
         ("oversized", longer, |e| {
-            matches!(e, StoreError::Oversized { .. })
+            matches!(e, LeaseFileError::Oversized { .. })
         }),
         ("another session's record", other, |e| {
-            matches!(e, StoreError::SessionMismatch { .. })
+            matches!(e, LeaseFileError::SessionMismatch { .. })
         }),
     ];
     for (what, bytes, expected) in cases {
@@ -158,7 +158,7 @@ async fn non_regular_files_at_a_lease_name_are_refused() {
     for (s, what) in [(&a, "a directory"), (&b, "a symbolic link"), (&c, "a FIFO")] {
         let err = transient(leases.acquire(s, &oid("o")).await);
         match cause(&err) {
-            StoreError::NotRegular { what: w, .. } => assert_eq!(*w, what),
+            LeaseFileError::NotRegular { what: w, .. } => assert_eq!(*w, what),
             other => panic!("{s}: {other:?}"),
         }
     }
@@ -205,12 +205,12 @@ async fn a_symlinked_or_non_directory_path_is_refused() {
     std::os::unix::fs::symlink(&real, &link).unwrap();
     let err = transient(FlockLease::open(&link, TTL));
     assert!(
-        matches!(cause(&err), StoreError::DirSymlink { .. }),
+        matches!(cause(&err), LeaseFileError::DirSymlink { .. }),
         "{err:?}"
     );
     let err = list_leases(&link, SystemTime::now()).unwrap_err();
     assert!(
-        matches!(cause(&err), StoreError::DirSymlink { .. }),
+        matches!(cause(&err), LeaseFileError::DirSymlink { .. }),
         "{err:?}"
     );
 
@@ -218,7 +218,7 @@ async fn a_symlinked_or_non_directory_path_is_refused() {
     fs::write(&file, b"").unwrap();
     let err = transient(FlockLease::open(&file, TTL));
     assert!(
-        matches!(cause(&err), StoreError::NotADirectory { .. }),
+        matches!(cause(&err), LeaseFileError::NotADirectory { .. }),
         "{err:?}"
     );
 }
@@ -246,13 +246,13 @@ async fn a_directory_replaced_after_opening_is_refused() {
         transient(leases.acquire(&sid("t"), &a).await),
     ] {
         assert!(
-            matches!(cause(&err), StoreError::DirReplaced { .. }),
+            matches!(cause(&err), LeaseFileError::DirReplaced { .. }),
             "{err:?}"
         );
     }
     let err = transient(FlockLease::open(&dir, TTL));
     assert!(
-        matches!(cause(&err), StoreError::DirSymlink { .. }),
+        matches!(cause(&err), LeaseFileError::DirSymlink { .. }),
         "{err:?}"
     );
 
@@ -261,7 +261,7 @@ async fn a_directory_replaced_after_opening_is_refused() {
     fs::create_dir(&dir).unwrap();
     let err = transient(leases.renew(&lease).await);
     assert!(
-        matches!(cause(&err), StoreError::DirReplaced { .. }),
+        matches!(cause(&err), LeaseFileError::DirReplaced { .. }),
         "{err:?}"
     );
 }
@@ -293,7 +293,7 @@ async fn a_wedged_lock_gives_transient_and_a_second_descriptor_does_not_unlock()
     let held = wedge(&path);
     let err = transient(leases.renew(&lease).await);
     assert!(
-        matches!(cause(&err), StoreError::LockTimeout { .. }),
+        matches!(cause(&err), LeaseFileError::LockTimeout { .. }),
         "{err:?}"
     );
     assert_eq!(err.message(), cause(&err).to_string());
@@ -311,11 +311,11 @@ async fn a_wedged_lock_gives_transient_and_a_second_descriptor_does_not_unlock()
     let listed = list_leases(dir.path(), SystemTime::now()).unwrap();
     assert!(matches!(
         listed[0].lease,
-        Err(StoreError::LockTimeout { .. })
+        Err(LeaseFileError::LockTimeout { .. })
     ));
     let err = transient(leases.renew(&lease).await);
     assert!(
-        matches!(cause(&err), StoreError::LockTimeout { .. }),
+        matches!(cause(&err), LeaseFileError::LockTimeout { .. }),
         "{err:?}"
     );
     // Other sessions are not affected by one wedged file.
@@ -350,7 +350,7 @@ fn wait_beside_other_work(rt: &tokio::runtime::Runtime) {
         let dir = tempfile::tempdir().unwrap();
         let leases = FlockLease::builder(dir.path())
             .ttl(TTL)
-            .lock_timeout(Duration::from_secs(60))
+            .lock_timeout(TTL / 4)
             .open()
             .unwrap();
         let (s, a) = (sid("s"), oid("a"));
@@ -457,10 +457,8 @@ async fn listing_shows_live_expired_and_free_leases() {
         (free.state, free.owner.as_ref(), free.token),
         (LeaseState::Free, None, Some(freed.token()))
     );
-    assert!(
-        listed.iter().any(|e| e.file_name == "notes.txt"
-            && matches!(e.lease, Err(StoreError::UnexpectedName { .. })))
-    );
+    assert!(listed.iter().any(|e| e.file_name == "notes.txt"
+        && matches!(e.lease, Err(LeaseFileError::UnexpectedName { .. }))));
     // Judged at another time, by the caller's clock.
     let later = list_leases(dir.path(), clock.now() + TTL * 2).unwrap();
     assert!(
@@ -488,4 +486,177 @@ async fn tokens_survive_new_instances() {
     }
     // Each new instance starts past the previous one's reservation.
     assert_eq!(last, 4 * flocklease::DEFAULT_TOKEN_RESERVATION + 1);
+}
+
+#[test]
+fn an_owner_id_is_locked_per_directory_whatever_its_spelling() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("leases");
+    let link = tmp.path().join("parent-link");
+    std::os::unix::fs::symlink(tmp.path(), &link).unwrap();
+    let owner = OwnerId::new("host/one").unwrap();
+    let first = FlockLease::open(&dir, Duration::from_secs(30)).unwrap();
+    let held = first.lock_owner(&owner).unwrap();
+    let mut slash = dir.clone().into_os_string();
+    slash.push("/");
+    for other in [
+        std::path::PathBuf::from(slash),
+        link.join("leases"),
+        dir.join("../leases"),
+    ] {
+        let leases = FlockLease::open(&other, Duration::from_secs(30)).unwrap();
+        let err = leases.lock_owner(&owner).unwrap_err();
+        assert_eq!(
+            err.kind(),
+            LeaseErrorKind::Held,
+            "{}: {err:?}",
+            other.display()
+        );
+        assert!(matches!(cause(&err), LeaseFileError::OwnerInUse { .. }));
+        // Another owner id is free.
+        leases
+            .lock_owner(&OwnerId::new("host/two").unwrap())
+            .unwrap();
+    }
+    drop(held);
+    first.lock_owner(&owner).unwrap();
+    // The lock files are not lease files: the listing leaves them out.
+    assert!(
+        list_leases(&dir, std::time::SystemTime::now())
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[test]
+fn the_lock_wait_is_bounded_by_a_quarter_of_the_ttl() {
+    let dir = tempfile::tempdir().unwrap();
+    let ttl = Duration::from_millis(300);
+    let leases = FlockLease::builder(dir.path()).ttl(ttl).open().unwrap();
+    assert_eq!(leases.lock_timeout(), ttl / 4);
+    // Long TTLs keep the two-second ceiling.
+    assert_eq!(
+        open(dir.path()).lock_timeout(),
+        flocklease::DEFAULT_LOCK_TIMEOUT
+    );
+    let err = FlockLease::builder(dir.path())
+        .ttl(ttl)
+        .lock_timeout(Duration::from_secs(2))
+        .open()
+        .unwrap_err();
+    assert_eq!(err.kind(), LeaseErrorKind::Invalid, "{err:?}");
+    let shorter = FlockLease::builder(dir.path())
+        .ttl(ttl)
+        .lock_timeout(Duration::from_millis(10))
+        .open()
+        .unwrap();
+    assert_eq!(shorter.lock_timeout(), Duration::from_millis(10));
+}
+
+/// A caller's deadline (the keeper's renew deadline) fires while the lock
+/// is waited for, and the abandoned operation never writes afterwards.
+fn an_abandoned_wait_stops(rt: tokio::runtime::Runtime, inline: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, a, b) = (sid("s"), oid("a"), oid("b"));
+    // A long TTL and lock timeout: only the caller's deadline can end the wait.
+    let builder = || {
+        FlockLease::builder(dir.path())
+            .ttl(Duration::from_secs(3600))
+            .lock_timeout(Duration::from_secs(600))
+            .inline_fast_path(inline)
+    };
+    let leases = builder().open().unwrap();
+    let first = rt.block_on(leases.acquire(&s, &b)).unwrap();
+    rt.block_on(leases.release(&first)).unwrap();
+    let held = wedge(&lease_path(dir.path(), &s));
+    let waited = rt.block_on(async {
+        tokio::time::timeout(Duration::from_millis(20), leases.acquire(&s, &a)).await
+    });
+    assert!(waited.is_err(), "the deadline did not fire: {waited:?}");
+    // The lock comes free; dropping the runtime waits for any blocking work
+    // still running. The abandoned acquire must not take the session.
+    drop(held);
+    drop(rt);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let other = rt.block_on(builder().open().unwrap().acquire(&s, &b));
+    assert!(
+        other.is_ok(),
+        "the abandoned acquire took the session: {other:?}"
+    );
+}
+
+#[test]
+fn an_abandoned_wait_stops_on_a_one_worker_multi_thread_runtime() {
+    for inline in [true, false] {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        an_abandoned_wait_stops(rt, inline);
+    }
+}
+
+#[test]
+fn an_abandoned_wait_stops_on_a_current_thread_runtime() {
+    for inline in [true, false] {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        an_abandoned_wait_stops(rt, inline);
+    }
+}
+
+#[test]
+fn a_directory_on_tmpfs_is_reported_volatile_and_may_be_refused() {
+    let disk = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let on_disk = open(disk.path());
+    let Ok(shm) = tempfile::tempdir_in("/dev/shm") else {
+        eprintln!("no /dev/shm here: only the disk case is checked");
+        assert!(!on_disk.is_volatile());
+        return;
+    };
+    assert!(!on_disk.is_volatile(), "{}", disk.path().display());
+    let volatile = open(shm.path());
+    assert!(volatile.is_volatile());
+    let err = FlockLease::builder(shm.path())
+        .refuse_volatile(true)
+        .open()
+        .unwrap_err();
+    assert_eq!(err.kind(), LeaseErrorKind::Invalid, "{err:?}");
+    assert!(matches!(cause(&err), LeaseFileError::Volatile { .. }));
+    FlockLease::builder(disk.path())
+        .refuse_volatile(true)
+        .open()
+        .unwrap();
+}
+
+#[tokio::test]
+async fn repair_restores_an_unreadable_record_above_a_minimum_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, a) = (sid("s"), oid("a"));
+    let leases = open(dir.path());
+    let lease = leases.acquire(&s, &a).await.unwrap();
+    let path = lease_path(dir.path(), &s);
+    let mut bytes = fs::read(&path).unwrap();
+    bytes[20] ^= 0xff; // the token's bytes: the header checksum fails
+    fs::write(&path, &bytes).unwrap();
+    let err = transient(leases.acquire(&s, &oid("b")).await);
+    assert!(err.to_string().contains("repair"), "{err}");
+    // Without a minimum the unreadable record is never reset.
+    let err = flocklease::repair(dir.path(), &s, 0).unwrap_err();
+    assert_eq!(err.kind(), LeaseErrorKind::Invalid, "{err:?}");
+    assert_eq!(
+        flocklease::repair(dir.path(), &s, 5000).unwrap().get(),
+        5000
+    );
+    let next = leases.acquire(&s, &oid("b")).await.unwrap();
+    assert!(next.token().get() > 5000, "{next:?}");
+    // A readable record is never lowered.
+    assert!(flocklease::repair(dir.path(), &s, 1).unwrap().get() >= next.token().get());
+    assert!(lease.token().get() < 5000);
 }

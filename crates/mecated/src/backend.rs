@@ -11,14 +11,16 @@
 //! 3. its opening in this module's `open`, the function the server calls.
 
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use flocklease::FlockLease;
-use lease_port::{AuthorityId, Lease, LeaseError, OwnerId, SessionId, SessionLease};
+use flocklease::{FlockLease, OwnerLock};
+use lease_port::{
+    AuthorityId, Lease, LeaseError, LeaseErrorKind, OwnerId, SessionId, SessionLease,
+};
 use nix::fcntl::{Flock, FlockArg};
 use session_store::{DEFAULT_LEASE_DIR_NAME, FsyncPolicy, JsonlOptions, JsonlStore, SessionStore};
 use tracing::warn;
@@ -101,7 +103,16 @@ pub(crate) struct Opened {
     pub(crate) exclusivity: Exclusivity,
     /// The single-process lock (unleased) or the owner lock (file leases),
     /// held for the server's life.
-    pub(crate) process_lock: Option<Flock<File>>,
+    pub(crate) process_lock: Option<ProcessLock>,
+}
+
+/// A lock held for the server's life; released when dropped.
+#[derive(Debug)]
+pub enum ProcessLock {
+    /// The store's single-process lock (unleased).
+    Single(Flock<File>),
+    /// This process's owner id on the lease directory (file leases).
+    Owner(OwnerLock),
 }
 
 /// Opens `store` and `lease` for `owner`.
@@ -148,8 +159,21 @@ pub(crate) async fn open(
                 backend: format!("file leases in {}", dir.display()),
                 source,
             })?;
-            let owner_lock = owner_lock(dir, owner)?;
-            (Arc::new(leases), Exclusivity::Leased, Some(owner_lock))
+            if leases.is_volatile() {
+                warn!(
+                    dir = %dir.display(),
+                    "the session lease directory is on tmpfs or ramfs: a reboot \
+                     empties it and restarts every session's fencing tokens below \
+                     the store's marks, so sessions are refused after a reboot; \
+                     put it on a disk"
+                );
+            }
+            let owner_lock = owner_lock(&leases, owner)?;
+            (
+                Arc::new(leases),
+                Exclusivity::Leased,
+                Some(ProcessLock::Owner(owner_lock)),
+            )
         }
         LeaseChoice::Unleased => {
             let lock = exclusive_lock(store_dir.join(SINGLE_PROCESS_LOCK))?;
@@ -162,7 +186,7 @@ pub(crate) async fn open(
                 );
                 Exclusivity::Unproven
             };
-            (Arc::new(Unleased), proof, lock)
+            (Arc::new(Unleased), proof, lock.map(ProcessLock::Single))
         }
     };
     Ok(Opened {
@@ -196,32 +220,24 @@ impl SessionLease for Unleased {
     }
 }
 
-/// Takes `<lease_dir>.owners/<owner>.lock` for the life of the process, so
-/// two processes on this host never lease under one owner id: the backend
-/// would treat the second as the live holder re-acquiring, and both would
-/// run the session under one token.
-fn owner_lock(lease_dir: &Path, owner: &OwnerId) -> Result<Flock<File>, StartError> {
-    let mut dir = lease_dir.as_os_str().to_owned();
-    dir.push(".owners");
-    let dir = PathBuf::from(dir);
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&dir)
-        .map_err(|source| StartError::LockFile {
-            path: dir.clone(),
-            source,
-        })?;
-    // Owner ids obey the same rules as session ids, so the same safe,
-    // injective file names apply.
-    let stem = lease_port::SessionId::new(owner.as_str())
-        .map(|id| session_filename::stem(&id))
-        .map_err(|e| StartError::LockFile {
-            path: dir.clone(),
-            source: std::io::Error::other(e),
-        })?;
-    exclusive_lock(dir.join(format!("{stem}.lock")))?.ok_or_else(|| StartError::OwnerInUse {
-        owner: owner.clone(),
+/// Takes the owner id's lock in the lease directory for the life of the
+/// process ([`FlockLease::lock_owner`]), so two processes on this host never
+/// lease under one owner id: the backend would treat the second as the live
+/// holder re-acquiring, and both would run the session under one token. The
+/// lock is found through the opened directory, so any spelling of its path
+/// meets the same lock.
+fn owner_lock(leases: &FlockLease, owner: &OwnerId) -> Result<OwnerLock, StartError> {
+    leases.lock_owner(owner).map_err(|source| {
+        if source.kind() == LeaseErrorKind::Held {
+            StartError::OwnerInUse {
+                owner: owner.clone(),
+            }
+        } else {
+            StartError::Lease {
+                backend: format!("file leases in {}", leases.dir().display()),
+                source,
+            }
+        }
     })
 }
 
@@ -236,4 +252,36 @@ fn exclusive_lock(path: PathBuf) -> Result<Option<Flock<File>>, StartError> {
         .open(&path)
         .map_err(|source| StartError::LockFile { path, source })?;
     Ok(Flock::lock(file, FlockArg::LockExclusiveNonblock).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    /// One lease directory spelled two ways (a trailing slash, a symlinked
+    /// parent) is one directory: a second process under the same owner id
+    /// must be refused whichever spelling it was given.
+    #[test]
+    fn the_owner_lock_follows_the_directory_not_its_spelling() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("leases");
+        std::fs::create_dir(&dir).unwrap();
+        let link = tmp.path().join("parent-link");
+        std::os::unix::fs::symlink(tmp.path(), &link).unwrap();
+        let owner = OwnerId::new("host/one").unwrap();
+        let open = |d: &Path| FlockLease::open(d, Duration::from_secs(15)).unwrap();
+        let _held = owner_lock(&open(&dir), &owner).unwrap();
+        let mut slash = dir.clone().into_os_string();
+        slash.push("/");
+        for other in [PathBuf::from(slash), link.join("leases")] {
+            let second = owner_lock(&open(&other), &owner);
+            assert!(
+                matches!(second, Err(StartError::OwnerInUse { .. })),
+                "{} got its own owner lock: {second:?}",
+                other.display()
+            );
+        }
+    }
 }

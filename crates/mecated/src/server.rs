@@ -1,6 +1,5 @@
 //! Start-up and graceful shutdown.
 
-use std::fs::File;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -8,7 +7,6 @@ use std::time::Duration;
 
 use lease_keeper::LeaseKeeper;
 use lease_port::{LeaseError, OwnerId};
-use nix::fcntl::Flock;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tracing::info;
@@ -136,7 +134,7 @@ pub struct Server {
     shutdown_timeout: Duration,
     /// The single-process lock (unleased) or the owner lock (file leases),
     /// held for the server's life.
-    _process_lock: Option<Flock<File>>,
+    _process_lock: Option<backend::ProcessLock>,
 }
 
 impl std::fmt::Debug for Server {
