@@ -26,7 +26,8 @@ pub struct Cli {
 /// Operator commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// List the file leases in a directory: session, holder, token, expiry.
+    /// List the file leases in a directory (session, holder, token,
+    /// expiry), or repair one.
     Leases(LeasesArgs),
 }
 
@@ -42,6 +43,28 @@ pub struct LeasesArgs {
     /// Print JSON lines instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// What to do; with nothing, list.
+    #[command(subcommand)]
+    pub action: Option<LeasesAction>,
+}
+
+/// Operator actions on one lease file.
+#[derive(Debug, Subcommand)]
+pub enum LeasesAction {
+    /// Rewrite a session's lease record as free, with its next token above
+    /// `--min-token` — the remedy for a record that cannot be read (a
+    /// checksum failure after a crash). Never lowers a token that can still
+    /// be read; ends a live hold, so stop its holder first.
+    Repair {
+        /// The session whose record to repair.
+        #[arg(long)]
+        session: String,
+        /// At least the highest token the session's store has accepted (its
+        /// `high_water_token`), so the next owner's writes are accepted and
+        /// no token is issued twice. Required for an unreadable record.
+        #[arg(long, default_value_t = 0)]
+        min_token: u64,
+    },
 }
 
 /// Which agent drives runs.

@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use clap::Parser;
-use lease_port::OwnerId;
+use lease_port::{OwnerId, SessionId};
 use mecated::agent::{Agent, EchoAgent, ExecAgent};
 use mecated::backend::LeaseChoice;
-use mecated::config::{AgentKind, Cli, Command, LeasesArgs, ServeArgs};
+use mecated::config::{AgentKind, Cli, Command, LeasesAction, LeasesArgs, ServeArgs};
 use mecated::server::default_owner;
 use mecated::{Server, ServerConfig};
 use session_store::DEFAULT_LEASE_DIR_NAME;
@@ -44,6 +44,21 @@ fn leases(args: &LeasesArgs) -> Result<(), String> {
         (None, Some(store)) => store.join(DEFAULT_LEASE_DIR_NAME),
         (None, None) => return Err("give --session-lease-dir or --store-dir".into()),
     };
+    if let Some(LeasesAction::Repair { session, min_token }) = &args.action {
+        let session = SessionId::new(session).map_err(|e| format!("--session: {e}"))?;
+        let token = flocklease::repair(&dir, &session, *min_token).map_err(|e| {
+            format!(
+                "cannot repair the lease of {session} in {}: {}",
+                dir.display(),
+                mecated::error::error_chain(&e)
+            )
+        })?;
+        println!(
+            "repaired {session}: free, the next owner gets a token above {}",
+            token.get()
+        );
+        return Ok(());
+    }
     let entries = flocklease::list_leases(&dir, SystemTime::now()).map_err(|e| {
         format!(
             "cannot list {}: {}",
