@@ -160,7 +160,10 @@ pub struct StartedRun {
     /// events behind (the end then says `lagged`).
     pub events: mpsc::Receiver<StoredEvent>,
     /// The end, sent once the run's lease has been released (or lost), so
-    /// a client that starts the next run at once is not refused.
+    /// a client that starts the next run at once is not refused — unless a
+    /// write of the run outlived the keeper's write wait: the end is then
+    /// sent when the keeper stops waiting, and the session stays busy in
+    /// this process (and its lease unreleased) until the write has ended.
     pub end: oneshot::Receiver<RunEnd>,
 }
 
