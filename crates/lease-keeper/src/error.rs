@@ -13,6 +13,8 @@ use lease_port::{LeaseError, OwnerId, SessionId};
 /// | `Busy` | 409/429: a run of this session is in progress in this process |
 /// | `ShuttingDown` | 503 without retry on this process |
 /// | `Invalid` | 400 / configuration error |
+/// | `RunEnded` | none: the write is not made and the run stops |
+/// | `WritesInFlight` | none: logged when a run ends |
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum KeeperErrorKind {
@@ -26,6 +28,12 @@ pub enum KeeperErrorKind {
     ShuttingDown,
     /// Bad input or configuration, or a backend answer that breaks the contract.
     Invalid,
+    /// A write was asked for after its run lost its lease or began its release.
+    RunEnded,
+    /// A run ended while writes it started were still running: its lease
+    /// was not released and its session stays busy in this process until
+    /// they end.
+    WritesInFlight,
 }
 
 /// The error of [`LeaseKeeper`](crate::LeaseKeeper) and
@@ -68,6 +76,30 @@ pub enum KeeperError {
     /// The keeper is shutting down and takes no new runs.
     #[error("the lease keeper is shutting down")]
     ShuttingDown,
+    /// [`WriteGate::begin`](crate::WriteGate::begin) after the run lost its
+    /// lease (or shutdown ended it) or began its release: the write must not
+    /// start.
+    #[error("the run of session {session} is over: no write may start")]
+    RunEnded {
+        /// The run's session.
+        session: SessionId,
+    },
+    /// [`LeaseGuard::finish`](crate::LeaseGuard::finish): writes of the run
+    /// were still running after the write wait
+    /// ([`KeeperBuilder::write_wait`](crate::KeeperBuilder::write_wait)). The
+    /// lease was not released — it lapses at its expiry, and the next run in
+    /// this process gets a greater token — and the session's in-process lock
+    /// is held until the last write ends.
+    #[error(
+        "writes of session {session}'s run were still running after {waited:?}: \
+         the lease was left to lapse and the session stays busy until they end"
+    )]
+    WritesInFlight {
+        /// The run's session.
+        session: SessionId,
+        /// How long the release waited for them.
+        waited: Duration,
+    },
     /// Bad input or configuration, or a backend answer that breaks the contract.
     #[error("invalid: {message}")]
     Invalid {
@@ -88,6 +120,8 @@ impl KeeperError {
             KeeperError::Busy { .. } => KeeperErrorKind::Busy,
             KeeperError::ShuttingDown => KeeperErrorKind::ShuttingDown,
             KeeperError::Invalid { .. } => KeeperErrorKind::Invalid,
+            KeeperError::RunEnded { .. } => KeeperErrorKind::RunEnded,
+            KeeperError::WritesInFlight { .. } => KeeperErrorKind::WritesInFlight,
         }
     }
 

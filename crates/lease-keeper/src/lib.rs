@@ -40,8 +40,11 @@
 //!
 //! let run = a.acquire(&chat).await?;
 //! let token = run.token().expect("memlease grants leases");
-//! // ... drive the session; tag every write with `token`; stop when
-//! // `run.lost()` completes ...
+//! // ... drive the session; stop when `run.lost()` completes. Each write
+//! // carries `token` and holds a permit until it has ended:
+//! let permit = run.begin_write()?;
+//! // store.append(&chat, token, …).await;
+//! drop(permit);
 //!
 //! let err = b.acquire(&chat).await.unwrap_err();
 //! assert_eq!(err.kind(), KeeperErrorKind::LeasedElsewhere);
@@ -63,8 +66,10 @@
 //!    Never two runs of one session in one process.
 //! 2. **Acquire outcomes.** `Held` → [`KeeperError::LeasedElsewhere`]
 //!    carrying the holder when known; nothing started. `Transient` (or no
-//!    answer within the acquire timeout) → [`KeeperError::Unavailable`],
-//!    retryable; nothing held. `Invalid` → [`KeeperError::Invalid`].
+//!    answer within the acquire timeout, which is never more than the TTL,
+//!    or an answer only once the TTL since the call was sent has passed) →
+//!    [`KeeperError::Unavailable`], retryable; nothing held. `Invalid` →
+//!    [`KeeperError::Invalid`].
 //! 3. **`Unsupported` means unleased, for good.** The first `Unsupported`
 //!    is logged once; the keeper never consults that backend again
 //!    ([`LeaseKeeper::is_unleased`]) and every run gets an *unleased* guard:
@@ -90,21 +95,43 @@
 //!    reaching it — or a renew call still unanswered then — is loss
 //!    ([`LossReason::Expired`]). Any other renew error is loss too
 //!    ([`LossReason::Rejected`]).
-//! 7. **Detached release.** [`LeaseGuard::finish`] and dropping the guard
+//! 7. **Writes end before the run does.** Every store write of a run takes
+//!    a [`WritePermit`] ([`LeaseGuard::write_gate`],
+//!    [`LeaseGuard::begin_write`]) and keeps it until the write has ended —
+//!    moved into whatever finishes the write, not held by a future that a
+//!    cancelled run drops while the write goes on. Permits are refused
+//!    ([`KeeperErrorKind::RunEnded`]) once the run lost its lease or its
+//!    release began. The release first waits for every permit, at most the
+//!    write wait ([`KeeperBuilder::write_wait`]); past it the lease is *not*
+//!    released but left to lapse (no other owner gets the session before
+//!    then) and `finish` says [`KeeperErrorKind::WritesInFlight`]. Either
+//!    way the in-process lock is held until the last permit is dropped, so
+//!    no write of a run can land inside the next run of its session in this
+//!    process — leased or not: for an unleased run this is the only fence.
+//! 8. **Detached release.** [`LeaseGuard::finish`] and dropping the guard
 //!    both release on a task spawned on the runtime (tracked by the keeper),
 //!    bounded by the release timeout. Dropping the caller's future — a
 //!    client disconnect — cannot cancel it. The in-process lock is held
 //!    until the release has finished, so the next run of the session in this
 //!    process can never see its fresh lease released by the previous run.
-//! 8. **Bounded shutdown.** [`LeaseKeeper::shutdown`] stops new
-//!    acquisitions (waiters fail with `ShuttingDown`), fires every open
-//!    run's loss signal with [`LossReason::Shutdown`], releases every lease
-//!    still held, and waits for all releases at most the shutdown bound.
-//! 9. **Observability.** [`KeeperMetrics`] hooks (default [`NoMetrics`]):
-//!    held-leases gauge, acquisitions and failures, losses with reason, renew
-//!    latency with outcome, releases. `tracing` spans
-//!    `lease_keeper.acquire`, `lease_keeper.renew`, `lease_keeper.release`,
-//!    `lease_keeper.shutdown` carry the session (and token).
+//! 9. **No token serves two runs of one keeper.** When a release fails (or writes kept
+//!    it from being tried) the backend may still hold the lease for this
+//!    owner, and a same-owner acquire would hand its token back. The keeper
+//!    remembers, per session, the token it could not release; an
+//!    acquisition granting a token no greater is released and acquired
+//!    again, and if the backend still grants no greater token the run fails
+//!    `Unavailable` (after the old lease's expiry a greater token comes).
+//!    The memory of a session is cleared by its next greater token.
+//! 10. **Bounded shutdown.** [`LeaseKeeper::shutdown`] stops new
+//!     acquisitions (waiters fail with `ShuttingDown`), fires every open
+//!     run's loss signal with [`LossReason::Shutdown`], releases every lease
+//!     still held (each once its run's writes ended, as in rule 7), and
+//!     waits for all releases at most the shutdown bound.
+//! 11. **Observability.** [`KeeperMetrics`] hooks (default [`NoMetrics`]):
+//!     held-leases gauge, acquisitions and failures, losses with reason, renew
+//!     latency with outcome, releases. `tracing` spans
+//!     `lease_keeper.acquire`, `lease_keeper.renew`, `lease_keeper.release`,
+//!     `lease_keeper.shutdown` carry the session (and token).
 //!
 //! # Time
 //!
@@ -138,6 +165,7 @@ mod metrics;
 pub use error::{KeeperError, KeeperErrorKind};
 pub use keeper::{
     DEFAULT_JITTER, DEFAULT_LOCK_WAIT, DEFAULT_RELEASE_TIMEOUT, DEFAULT_RENEW_FRACTION,
-    DEFAULT_SHUTDOWN_TIMEOUT, KeeperBuilder, LeaseGuard, LeaseKeeper, LossReason, ShutdownReport,
+    DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_WRITE_WAIT, KeeperBuilder, LeaseGuard, LeaseKeeper,
+    LossReason, ShutdownReport, WriteGate, WritePermit,
 };
 pub use metrics::{KeeperMetrics, NoMetrics, RenewOutcome};

@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lease_keeper::{KeeperErrorKind, KeeperMetrics, LeaseKeeper, LossReason, RenewOutcome};
+use lease_keeper::{
+    DEFAULT_WRITE_WAIT, KeeperErrorKind, KeeperMetrics, LeaseKeeper, LossReason, RenewOutcome,
+};
 use lease_port::{
     AuthorityId, Lease, LeaseError, LeaseErrorKind, ManualClock, OwnerId, SessionId, SessionLease,
 };
@@ -38,6 +40,12 @@ struct Faults {
     renew_ok_then: Option<(usize, LeaseErrorKind)>,
     release_delay: Option<Duration>,
     release_hangs: bool,
+    /// Releases still to fail (transiently) before they succeed again.
+    release_fails: usize,
+    /// Every renewal call from now on never answers.
+    renew_hangs: bool,
+    /// Acquire answers only after this long.
+    acquire_delay: Option<Duration>,
 }
 
 /// memlease with a call log and injectable faults.
@@ -79,7 +87,13 @@ impl Probe {
 impl SessionLease for Probe {
     async fn acquire(&self, session: &SessionId, owner: &OwnerId) -> Result<Lease, LeaseError> {
         self.calls.lock().unwrap().push(Call::Acquire);
-        let fault = self.faults.lock().unwrap().acquire;
+        let (fault, delay) = {
+            let f = self.faults.lock().unwrap();
+            (f.acquire, f.acquire_delay)
+        };
+        if let Some(d) = delay {
+            sleep(d).await;
+        }
         match fault {
             Some(kind) => Err(LeaseError::new(kind, "injected")),
             None => self.real.acquire(session, owner).await,
@@ -88,7 +102,18 @@ impl SessionLease for Probe {
 
     async fn renew(&self, lease: &Lease) -> Result<Lease, LeaseError> {
         let at = Instant::now();
-        let fault = self.faults.lock().unwrap().renew_ok_then;
+        let (fault, hangs) = {
+            let f = self.faults.lock().unwrap();
+            (f.renew_ok_then, f.renew_hangs)
+        };
+        if hangs {
+            self.calls.lock().unwrap().push(Call::Renew {
+                at,
+                sent: lease.clone(),
+                got: None,
+            });
+            pending::<()>().await;
+        }
         let result = match fault {
             Some((n, kind)) if self.renews_ok.load(Ordering::SeqCst) >= n => {
                 Err(LeaseError::new(kind, "injected"))
@@ -121,7 +146,17 @@ impl SessionLease for Probe {
         if let Some(d) = delay {
             sleep(d).await;
         }
-        let r = self.real.release(lease).await;
+        let fail = {
+            let mut f = self.faults.lock().unwrap();
+            let fail = f.release_fails > 0;
+            f.release_fails = f.release_fails.saturating_sub(1);
+            fail
+        };
+        let r = if fail {
+            Err(LeaseError::transient("injected"))
+        } else {
+            self.real.release(lease).await
+        };
         self.calls.lock().unwrap().push(Call::Release {
             lease: lease.clone(),
             done: true,
@@ -592,4 +627,192 @@ async fn metrics_hooks_see_the_lifecycle() {
     assert_eq!(m.released.load(Ordering::SeqCst), 1);
     assert!(m.renewed.load(Ordering::SeqCst) >= 2);
     assert_eq!(*m.gauge.lock().unwrap(), vec![1, 2, 1, 0]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_a_failed_release_the_next_run_gets_a_greater_token() {
+    let w = world();
+    w.probe.faults.lock().unwrap().release_fails = 1;
+    let k = keeper(&w, 0.0);
+    let first = k.acquire(&sid("s")).await.unwrap();
+    let used = first.token().unwrap();
+    let err = first.finish().await.unwrap_err();
+    assert_eq!(err.kind(), KeeperErrorKind::Unavailable);
+
+    // The backend still holds the lease for us: a same-owner acquire would
+    // hand back the token the previous run wrote under.
+    let next = k.acquire(&sid("s")).await.unwrap();
+    assert!(
+        next.token().unwrap() > used,
+        "the next run reuses token {used} after a failed release"
+    );
+    next.finish().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_renew_is_loss_at_the_expiry_counted_from_the_last_renewal_sent() {
+    let w = world();
+    let k = keeper(&w, 0.0);
+    let guard = k.acquire(&sid("s")).await.unwrap();
+    // One good renewal, then every renewal hangs.
+    sleep(TTL / 3 + Duration::from_secs(1)).await;
+    let renewed_at = w.probe.renews()[0].0;
+    w.probe.faults.lock().unwrap().renew_hangs = true;
+
+    timeout(TTL * 2, guard.lost()).await.expect("loss fires");
+    assert_eq!(Instant::now(), renewed_at + TTL);
+    assert_eq!(guard.loss(), Some(LossReason::Expired));
+    let hung = w
+        .probe
+        .renews()
+        .into_iter()
+        .filter(|r| r.2.is_none())
+        .count();
+    assert_eq!(hung, 1, "the hung renewal was sent and never answered");
+    guard.finish().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_acquire_answering_after_the_ttl_is_not_a_live_lease() {
+    let w = world();
+    // An acquire timeout longer than the TTL, and an acquire that answers
+    // after the lease it grants must be taken as expired.
+    w.probe.faults.lock().unwrap().acquire_delay = Some(TTL + Duration::from_secs(1));
+    let k = LeaseKeeper::builder(Arc::new(w.probe.clone()), owner("a"), TTL)
+        .jitter(0.0)
+        .acquire_timeout(TTL * 2)
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let err = k.acquire(&sid("s")).await.unwrap_err();
+    assert_eq!(err.kind(), KeeperErrorKind::Unavailable);
+    assert_eq!(Instant::now(), started + TTL, "bounded by the TTL");
+    assert_eq!(k.held_leases(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_release_failing_again_fails_the_next_run_until_the_lease_lapses() {
+    let w = world();
+    w.probe.faults.lock().unwrap().release_fails = 2;
+    let k = keeper(&w, 0.0);
+    let first = k.acquire(&sid("s")).await.unwrap();
+    let used = first.token().unwrap();
+    first.finish().await.unwrap_err();
+
+    // Re-granted the old token, and it cannot be given back: no run.
+    let err = k.acquire(&sid("s")).await.unwrap_err();
+    assert_eq!(err.kind(), KeeperErrorKind::Unavailable);
+    assert_eq!(k.held_leases(), 0);
+
+    // Once the old lease has lapsed, the backend grants a greater token.
+    w.clock.advance(TTL + Duration::from_secs(1));
+    sleep(TTL + Duration::from_secs(1)).await;
+    let next = k.acquire(&sid("s")).await.unwrap();
+    assert!(next.token().unwrap() > used);
+    next.finish().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_release_waits_for_the_writes_in_flight() {
+    let w = world();
+    let k = keeper(&w, 0.0);
+    let guard = k.acquire(&sid("s")).await.unwrap();
+    let write = guard.begin_write().unwrap();
+    let gate = guard.write_gate();
+    let finish = tokio::spawn(guard.finish());
+
+    sleep(DEFAULT_WRITE_WAIT / 2).await;
+    assert_eq!(w.probe.count(is_release), 0, "released under a write");
+    let busy = k
+        .acquire_within(&sid("s"), Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert_eq!(busy.kind(), KeeperErrorKind::Busy);
+    let refused = gate.begin().unwrap_err();
+    assert_eq!(refused.kind(), KeeperErrorKind::RunEnded);
+
+    drop(write);
+    finish.await.unwrap().unwrap();
+    assert_eq!(w.probe.count(is_release_done), 1);
+    k.acquire_within(&sid("s"), Duration::ZERO).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn writes_outliving_the_write_wait_keep_the_lease_to_lapse_and_the_session_busy() {
+    let w = world();
+    let k = keeper(&w, 0.0);
+    let guard = k.acquire(&sid("s")).await.unwrap();
+    let used = guard.token().unwrap();
+    let write = guard.begin_write().unwrap();
+
+    let started = Instant::now();
+    let err = guard.finish().await.unwrap_err();
+    assert_eq!(err.kind(), KeeperErrorKind::WritesInFlight);
+    assert_eq!(Instant::now(), started + DEFAULT_WRITE_WAIT);
+    assert_eq!(w.probe.count(is_release), 0, "the lease is left to lapse");
+    // Nobody else gets the session while the write may still land.
+    let held = w.backend.acquire(&sid("s"), &owner("b")).await.unwrap_err();
+    assert_eq!(held.kind(), LeaseErrorKind::Held);
+    // And no run of it starts here either.
+    let busy = k
+        .acquire_within(&sid("s"), Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert_eq!(busy.kind(), KeeperErrorKind::Busy);
+    sleep(TTL * 2).await;
+    let busy = k
+        .acquire_within(&sid("s"), Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert_eq!(busy.kind(), KeeperErrorKind::Busy);
+
+    // The write ends: the next run starts, under a greater token although
+    // the backend (whose clock did not move) still holds the old lease.
+    drop(write);
+    let next = timeout(Duration::from_secs(1), k.acquire(&sid("s")))
+        .await
+        .expect("the session is free once the write ended")
+        .unwrap();
+    assert!(next.token().unwrap() > used);
+    next.finish().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_write_starts_once_ownership_is_lost() {
+    let w = world();
+    let k = keeper(&w, 0.0);
+    let guard = k.acquire(&sid("s")).await.unwrap();
+    let gate = guard.write_gate();
+    drop(gate.begin().unwrap());
+
+    w.clock.advance(TTL + Duration::from_secs(1));
+    w.backend.acquire(&sid("s"), &owner("b")).await.unwrap();
+    timeout(TTL, guard.lost()).await.expect("loss fires");
+    assert_eq!(gate.begin().unwrap_err().kind(), KeeperErrorKind::RunEnded);
+    guard.finish().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unleased_run_holds_the_session_until_its_writes_end() {
+    let w = world();
+    w.probe.faults.lock().unwrap().acquire = Some(LeaseErrorKind::Unsupported);
+    let k = LeaseKeeper::builder(Arc::new(w.probe.clone()), owner("a"), TTL)
+        .write_wait(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let guard = k.acquire(&sid("s")).await.unwrap();
+    assert!(!guard.is_leased());
+    let write = guard.begin_write().unwrap();
+    let err = guard.finish().await.unwrap_err();
+    assert_eq!(err.kind(), KeeperErrorKind::WritesInFlight);
+    let busy = k
+        .acquire_within(&sid("s"), Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert_eq!(busy.kind(), KeeperErrorKind::Busy);
+    drop(write);
+    timeout(Duration::from_secs(1), k.acquire(&sid("s")))
+        .await
+        .expect("free once the write ended")
+        .unwrap();
 }

@@ -7,18 +7,24 @@
 //! ([`StoredEvent`]), so a live stream and a paged read show the same thing.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lease_keeper::{KeeperError, LeaseGuard, LeaseKeeper};
+use lease_keeper::{KeeperError, KeeperErrorKind, LeaseGuard, LeaseKeeper, WriteGate};
 use lease_port::{FencingToken, SessionId};
 use serde_json::{Value, json};
-use session_store::{Page, SessionStore, StoreError, StoreErrorKind, StoredEvent, WriteFence};
+use session_store::{
+    AppendReceipt, Page, SessionStore, StoreError, StoreErrorKind, StoredEvent, WriteFence,
+};
+use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{Instrument, info_span, warn};
+use tracing::{Instrument, Span, field, info, info_span, warn};
 
 use crate::agent::{Agent, AgentError, EventSink, SinkError, Turn};
 use crate::error::error_chain;
@@ -154,7 +160,10 @@ pub struct StartedRun {
     /// events behind (the end then says `lagged`).
     pub events: mpsc::Receiver<StoredEvent>,
     /// The end, sent once the run's lease has been released (or lost), so
-    /// a client that starts the next run at once is not refused.
+    /// a client that starts the next run at once is not refused — unless a
+    /// write of the run outlived the keeper's write wait: the end is then
+    /// sent when the keeper stops waiting, and the session stays busy in
+    /// this process (and its lease unreleased) until the write has ended.
     pub end: oneshot::Receiver<RunEnd>,
 }
 
@@ -265,6 +274,13 @@ impl Engine {
     /// Leases `session` and starts a run of the agent on `input` in the
     /// background. The run belongs to the server: dropping the returned
     /// receiver (a client disconnect) does not stop it.
+    ///
+    /// Dropping this future (a client that resets the connection while the
+    /// run starts) does not half-start it either: the lease, the claim and
+    /// the run are taken on a task of their own. If the caller is gone
+    /// before the session is claimed, the lease is given back and nothing
+    /// is logged; once claimed, the run runs to an outcome that is logged
+    /// and counted.
     pub async fn start_run(
         &self,
         session: SessionId,
@@ -275,85 +291,149 @@ impl Engine {
         }
         self.require_exclusive_if_unleased()?;
         // Fail fast on unknown sessions before touching the lease backend.
+        // Nothing is held yet: dropping the caller here leaves nothing.
         self.inner.store.read(&session, 1, 1).await?;
+        let (started_tx, started) = oneshot::channel();
+        let app = self.clone();
+        let span = info_span!("run", session = %session, token = field::Empty);
+        self.inner.tasks.spawn(
+            async move { app.claim_and_drive(session, input, started_tx).await }.instrument(span),
+        );
+        // The task answers before anything else can end it; it can only
+        // vanish unanswered when the runtime drops it on the way down.
+        started.await.unwrap_or(Err(EngineError::ShuttingDown))
+    }
+
+    /// Leases and claims the session, answers `started`, then drives the
+    /// run to its end. Runs on a task of the engine's, never on a caller's.
+    async fn claim_and_drive(
+        &self,
+        session: SessionId,
+        input: Value,
+        started: oneshot::Sender<Result<StartedRun, EngineError>>,
+    ) {
         // A run of this session already in this process: answer at once
         // rather than queue behind it.
-        let guard = self
+        let guard = match self
             .inner
             .keeper
             .acquire_within(&session, Duration::ZERO)
-            .await?;
+            .await
+        {
+            Ok(guard) => guard,
+            Err(e) => {
+                let _ = started.send(Err(e.into()));
+                return;
+            }
+        };
+        if started.is_closed() {
+            // The client went away before anything was claimed: give the
+            // session back rather than start a run nobody waits for. (From
+            // the claim on, the run is ours whatever the client does.)
+            info!("the client left before the run was claimed; not started");
+            drop(guard);
+            return;
+        }
         let token = guard.token();
+        Span::current().record("token", token.map(|t| t.get()));
         let fence = WriteFence::from(token);
         // Claim the session in the store before anything else: the first
         // write raises the high-water mark to our token, so from here on no
         // earlier owner can write, whether or not our agent ever emits.
-        let started = json!({
+        let claim = json!({
             "type": "run_started",
             "owner": self.inner.keeper.owner().as_str(),
             "token": token.map(|t| t.get()),
         });
-        let claim = self
-            .inner
-            .store
-            .append(&session, fence, std::slice::from_ref(&started))
-            .await;
-        let first_seq = match claim {
+        let claimed = match tracked_append(
+            &guard.write_gate(),
+            Arc::clone(&self.inner.store),
+            session.clone(),
+            fence,
+            claim,
+        ) {
+            Ok(write) => write.await.map_err(EngineError::from),
+            Err(e) => Err(e.into()),
+        };
+        let first_seq = match claimed {
             Ok(receipt) => receipt.first_seq,
             Err(e) => {
                 // Not ours to write: lost between acquire and write. Release
                 // (the keeper never releases a value it knows is lost).
                 drop(guard);
-                return Err(e.into());
+                let _ = started.send(Err(e));
+                return;
             }
         };
-        let stored = match self.transcript(&session).await {
-            Ok(t) => t,
-            Err(e) => {
-                drop(guard);
-                return Err(e.into());
-            }
-        };
+        // From here the run is claimed: it runs to an outcome whatever
+        // happens to the client.
+        let metrics = &self.inner.metrics;
+        metrics.run_started();
         let cancel = CancellationToken::new();
         self.runs().insert(session.clone(), cancel.clone());
         let (tx, events) = mpsc::channel(STREAM_BUFFER);
         let (end_tx, end) = oneshot::channel();
-        // The claim was just read back with the transcript: forward it as
-        // stored. It is there, since our token fences everyone else off.
-        let claimed = stored.iter().find(|e| e.seq == first_seq).cloned();
-        let lagged = match claimed {
-            Some(e) => tx.try_send(e).is_err(),
-            None => true,
+        let (transcript, lagged) = match self.transcript(&session).await {
+            Ok(stored) => {
+                // The claim was just read back with the transcript: forward
+                // it as stored. It is there, since our token fences everyone
+                // else off.
+                let claimed = stored.iter().find(|e| e.seq == first_seq).cloned();
+                let lagged = match claimed {
+                    Some(e) => tx.try_send(e).is_err(),
+                    None => true,
+                };
+                let transcript = stored.into_iter().map(|e| e.payload).collect();
+                (Ok(transcript), lagged)
+            }
+            Err(e) => {
+                // The client hears the store's error; the run, claimed,
+                // still ends as a failure that is logged and counted.
+                let message = format!("reading the transcript: {}", error_chain(&e));
+                let _ = started.send(Err(e.into()));
+                return self
+                    .drive(
+                        Run {
+                            session,
+                            guard,
+                            input,
+                            cancel,
+                            tx: None,
+                            lagged: true,
+                            end: end_tx,
+                        },
+                        Err(message),
+                    )
+                    .await;
+            }
         };
-        let transcript = stored.into_iter().map(|e| e.payload).collect();
-        let app = self.clone();
-        let span = info_span!("run", session = %session, token = token.map(|t| t.get()));
         let run = Run {
             session,
             guard,
-            transcript,
             input,
             cancel,
             tx: (!lagged).then_some(tx),
             lagged,
             end: end_tx,
         };
-        self.inner
-            .tasks
-            .spawn(async move { app.drive(run).await }.instrument(span));
-        Ok(StartedRun {
+        // The client may be gone by now; the run goes on regardless.
+        let _ = started.send(Ok(StartedRun {
             token: token.map(|t| t.get()),
             first_seq,
             events,
             end,
-        })
+        }));
+        self.drive(run, transcript).await;
     }
 
-    async fn drive(&self, run: Run) {
+    /// Drives a claimed run to its end: agent, outcome, release, answer.
+    /// A transcript that could not be read (`Err`, why) fails the run: it
+    /// is claimed, so it still ends, is counted and released like any
+    /// other.
+    async fn drive(&self, run: Run, transcript: Result<Vec<Value>, String>) {
         let Run {
             session,
             guard,
-            transcript,
             input,
             cancel,
             tx,
@@ -361,36 +441,27 @@ impl Engine {
             end,
         } = run;
         let metrics = &self.inner.metrics;
-        metrics.run_started();
         let token = guard.token();
         let mut sink = StoreSink {
             store: Arc::clone(&self.inner.store),
             session: session.clone(),
             fence: WriteFence::from(token),
-            lost: guard.loss_token(),
+            gate: guard.write_gate(),
             tx,
             lagged,
             fenced: false,
             last_seq: None,
         };
-        let turn = Turn {
-            session_id: session.to_string(),
-            transcript,
-            input,
-        };
-        let status = tokio::select! {
-            // Loss and cancellation win over an agent that is also ready:
-            // once the lease is gone nothing more may run.
-            biased;
-            () = guard.lost() => RunStatus::LeaseLost(
-                guard.loss().map(|r| format!("{r:?}")).unwrap_or_else(|| "lease lost".into()),
-            ),
-            () = cancel.cancelled() => RunStatus::Cancelled,
-            result = self.inner.agent.run(turn, &mut sink) => match result {
-                Ok(()) => RunStatus::Completed,
-                Err(AgentError::Sink(e)) if sink.fenced => RunStatus::LeaseLost(e.0),
-                Err(e) => RunStatus::Failed(error_chain(&e)),
-            },
+        let status = match transcript {
+            Ok(transcript) => {
+                let turn = Turn {
+                    session_id: session.to_string(),
+                    transcript,
+                    input,
+                };
+                self.run_agent(&guard, &cancel, turn, &mut sink).await
+            }
+            Err(e) => RunStatus::Failed(e),
         };
         metrics.run_ended(match status {
             RunStatus::Completed => RunOutcome::Completed,
@@ -398,17 +469,32 @@ impl Engine {
             RunStatus::Cancelled => RunOutcome::Cancelled,
             RunStatus::LeaseLost(_) => RunOutcome::LeaseLost,
         });
-        if let RunStatus::Failed(e) | RunStatus::LeaseLost(e) = &status {
-            warn!(status = status.name(), error = %e, "run ended early");
+        match &status {
+            RunStatus::Failed(e) | RunStatus::LeaseLost(e) => {
+                warn!(status = status.name(), error = %e, "run ended early");
+            }
+            RunStatus::Completed | RunStatus::Cancelled => {
+                info!(status = status.name(), "run ended");
+            }
         }
         // The keeper's per-session lock is still ours (the guard lives), so
         // the entry cannot belong to another run yet.
         self.runs().remove(&session);
         // Release before telling the client the run ended, so its next run
-        // finds the session free. Bounded by the keeper's release timeout;
-        // a lost lease is never released.
+        // finds the session free. The keeper first waits (bounded) for the
+        // run's writes still in flight — an agent dropped mid-write leaves
+        // its write running — and leaves the lease to lapse, and the
+        // session busy here, if they outlive the bound. Then the release,
+        // bounded by its own timeout; a lost lease is never released.
         if let Err(e) = guard.finish().await {
-            warn!(error = %error_chain(&e), "releasing the run's lease failed; it lapses at its expiry");
+            match e.kind() {
+                KeeperErrorKind::WritesInFlight => {
+                    warn!(error = %error_chain(&e), "the run ended with writes still running");
+                }
+                _ => {
+                    warn!(error = %error_chain(&e), "releasing the run's lease failed; it lapses at its expiry");
+                }
+            }
         }
         let message = RunEnd {
             status,
@@ -418,6 +504,36 @@ impl Engine {
         };
         drop(sink);
         let _ = end.send(message);
+    }
+
+    /// Runs the agent until it ends, the lease is lost or the run is
+    /// cancelled.
+    async fn run_agent(
+        &self,
+        guard: &LeaseGuard,
+        cancel: &CancellationToken,
+        turn: Turn,
+        sink: &mut StoreSink,
+    ) -> RunStatus {
+        // Cancellation: whichever branch wins, the agent's future is
+        // dropped at once. A store write it had started is not: each one
+        // runs under a write permit of the run (see `tracked_append`), and
+        // the release waits for them before the lease or the session is
+        // given up.
+        tokio::select! {
+            // Loss and cancellation win over an agent that is also ready:
+            // once the lease is gone nothing more may run.
+            biased;
+            () = guard.lost() => RunStatus::LeaseLost(
+                guard.loss().map(|r| format!("{r:?}")).unwrap_or_else(|| "lease lost".into()),
+            ),
+            () = cancel.cancelled() => RunStatus::Cancelled,
+            result = self.inner.agent.run(turn, sink) => match result {
+                Ok(()) => RunStatus::Completed,
+                Err(AgentError::Sink(e)) if sink.fenced => RunStatus::LeaseLost(e.0),
+                Err(e) => RunStatus::Failed(error_chain(&e)),
+            },
+        }
     }
 
     /// Unleased, only the process holding the store's exclusive lock may
@@ -450,11 +566,21 @@ impl Engine {
             .keeper
             .acquire_within(session, Duration::ZERO)
             .await?;
-        let result = self
-            .inner
-            .store
-            .delete(session, WriteFence::from(guard.token()))
-            .await;
+        // Under a write permit, like a run's writes: were this future
+        // dropped mid-delete, the delete still ends before the lease is
+        // released.
+        let permit = guard.begin_write()?;
+        let (store, session, fence) = (
+            Arc::clone(&self.inner.store),
+            session.clone(),
+            WriteFence::from(guard.token()),
+        );
+        let result = Detached::new(async move {
+            let result = store.delete(&session, fence).await;
+            drop(permit);
+            result
+        })
+        .await;
         drop(guard);
         result.map_err(Into::into)
     }
@@ -480,7 +606,6 @@ impl Engine {
 struct Run {
     session: SessionId,
     guard: LeaseGuard,
-    transcript: Vec<Value>,
     input: Value,
     cancel: CancellationToken,
     /// `None` when the claim could not be forwarded.
@@ -495,7 +620,8 @@ struct StoreSink {
     store: Arc<dyn SessionStore>,
     session: SessionId,
     fence: WriteFence,
-    lost: CancellationToken,
+    /// Refuses writes once the run lost its lease or ended.
+    gate: WriteGate,
     tx: Option<mpsc::Sender<StoredEvent>>,
     lagged: bool,
     fenced: bool,
@@ -505,17 +631,23 @@ struct StoreSink {
 #[async_trait]
 impl EventSink for StoreSink {
     async fn emit(&mut self, event: Value) -> Result<(), SinkError> {
-        // The store's fence is what makes a stale write impossible; this
-        // check only stops a run that already knows it lost sooner.
-        if self.lost.is_cancelled() {
-            self.fenced = true;
-            return Err(SinkError("the session lease was lost".into()));
-        }
-        let receipt = match self
-            .store
-            .append(&self.session, self.fence, std::slice::from_ref(&event))
-            .await
-        {
+        // The store's fence is what makes a stale write impossible; the
+        // gate stops a run that already knows it lost sooner, and counts
+        // the write so the run's release waits for it.
+        let write = match tracked_append(
+            &self.gate,
+            Arc::clone(&self.store),
+            self.session.clone(),
+            self.fence,
+            event,
+        ) {
+            Ok(write) => write,
+            Err(e) => {
+                self.fenced = true;
+                return Err(SinkError(error_chain(&e)));
+            }
+        };
+        let receipt = match write.await {
             Ok(r) => r,
             Err(e) => {
                 self.fenced = e.kind() == StoreErrorKind::Fenced;
@@ -575,5 +707,75 @@ impl StoreSink {
     fn stop_forwarding(&mut self) {
         self.tx = None;
         self.lagged = true;
+    }
+}
+
+/// Appends one event under a write permit of the run, so the run's release
+/// waits for it. The append owns everything it needs and, when its caller
+/// stops waiting (a cancelled agent, a dropped request), finishes on a task
+/// of its own: dropping the future would not stop a write already running
+/// on a blocking thread, so its end is what must be waited for, not the
+/// caller's.
+fn tracked_append(
+    gate: &WriteGate,
+    store: Arc<dyn SessionStore>,
+    session: SessionId,
+    fence: WriteFence,
+    event: Value,
+) -> Result<Detached<Result<AppendReceipt, StoreError>>, KeeperError> {
+    let permit = gate.begin()?;
+    Ok(Detached::new(async move {
+        let result = store
+            .append(&session, fence, std::slice::from_ref(&event))
+            .await;
+        drop(permit);
+        result
+    }))
+}
+
+type BoxedWrite<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// A future its caller drives inline (no task on the common path); dropped
+/// before it completes, it hands the rest of itself to a spawned task
+/// instead of being cancelled.
+struct Detached<T: Send + 'static> {
+    fut: Option<BoxedWrite<T>>,
+    handle: Handle,
+}
+
+impl<T: Send + 'static> Detached<T> {
+    /// Must be called within the runtime the rest is to run on.
+    fn new(fut: impl Future<Output = T> + Send + 'static) -> Self {
+        Self {
+            fut: Some(Box::pin(fut)),
+            handle: Handle::current(),
+        }
+    }
+}
+
+impl<T: Send + 'static> Future for Detached<T> {
+    type Output = T;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        let this = self.get_mut();
+        let Some(fut) = this.fut.as_mut() else {
+            // Polled after completion: a caller bug, never done here.
+            return Poll::Pending;
+        };
+        let out = fut.as_mut().poll(cx);
+        if out.is_ready() {
+            this.fut = None;
+        }
+        out
+    }
+}
+
+impl<T: Send + 'static> Drop for Detached<T> {
+    fn drop(&mut self) {
+        if let Some(fut) = self.fut.take() {
+            // If the runtime is going down the task is dropped at once, and
+            // with it the permit: nothing runs after it anyway.
+            self.handle.spawn(fut);
+        }
     }
 }

@@ -25,6 +25,8 @@ pub const DEFAULT_RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default bound on waiting for the per-session in-process lock.
 pub const DEFAULT_LOCK_WAIT: Duration = Duration::from_secs(30);
+/// Default bound on waiting, when a run ends, for the writes it started.
+pub const DEFAULT_WRITE_WAIT: Duration = Duration::from_secs(5);
 
 /// Configures a [`LeaseKeeper`]. Made by [`LeaseKeeper::builder`].
 pub struct KeeperBuilder {
@@ -37,6 +39,7 @@ pub struct KeeperBuilder {
     pub(super) release_timeout: Duration,
     pub(super) shutdown_timeout: Duration,
     pub(super) lock_wait: Duration,
+    pub(super) write_wait: Duration,
     pub(super) metrics: Arc<dyn KeeperMetrics>,
 }
 
@@ -51,6 +54,7 @@ impl std::fmt::Debug for KeeperBuilder {
             .field("release_timeout", &self.release_timeout)
             .field("shutdown_timeout", &self.shutdown_timeout)
             .field("lock_wait", &self.lock_wait)
+            .field("write_wait", &self.write_wait)
             .field("metrics", &self.metrics)
             .finish_non_exhaustive()
     }
@@ -72,7 +76,8 @@ impl KeeperBuilder {
     }
 
     /// Bound on one acquire call; a call that does not answer in time is
-    /// `Unavailable`. Default TTL × renew fraction.
+    /// `Unavailable`. Default TTL × renew fraction; never more than the TTL
+    /// (a lease granted later than that may already have lapsed).
     pub fn acquire_timeout(mut self, bound: Duration) -> Self {
         self.acquire_timeout = Some(bound);
         self
@@ -94,6 +99,15 @@ impl KeeperBuilder {
     /// end. Default 30 s.
     pub fn lock_wait(mut self, bound: Duration) -> Self {
         self.lock_wait = bound;
+        self
+    }
+
+    /// Bound on waiting, when a run ends, for the writes it started
+    /// ([`WritePermit`](crate::WritePermit)s still alive). Past it the lease
+    /// is not released but left to lapse, and the session's in-process lock
+    /// is held until the last write ends. Default 5 s.
+    pub fn write_wait(mut self, bound: Duration) -> Self {
+        self.write_wait = bound;
         self
     }
 
@@ -132,10 +146,13 @@ impl KeeperBuilder {
                 ttl: self.ttl,
                 interval,
                 jitter: self.jitter,
-                acquire_timeout: self.acquire_timeout.unwrap_or(interval),
+                // A lease answered later than its TTL after the call was
+                // sent may already have lapsed: never wait longer.
+                acquire_timeout: self.acquire_timeout.unwrap_or(interval).min(self.ttl),
                 release_timeout: self.release_timeout,
                 shutdown_timeout: self.shutdown_timeout,
                 lock_wait: self.lock_wait,
+                write_wait: self.write_wait,
                 metrics: self.metrics,
                 unsupported: AtomicBool::new(false),
                 locks: Mutex::default(),
@@ -147,6 +164,7 @@ impl KeeperBuilder {
                 rng: RandomState::new(),
                 pending: Mutex::default(),
                 driver_started: AtomicBool::new(false),
+                unreleased: Mutex::default(),
             }),
         })
     }

@@ -12,6 +12,7 @@ use super::lock;
 use super::release::{DetachOnDrop, ReleaseFuture, release_holding};
 use super::run::{LossReason, Run};
 use super::state::{HeldSessionLock, KeeperCore};
+use super::writes::{WriteGate, WritePermit};
 use crate::KeeperError;
 
 /// One run of a session: holds the in-process lock and (unless the keeper
@@ -87,17 +88,34 @@ impl LeaseGuard {
         self.run.lost.is_cancelled()
     }
 
+    /// Starts the run's writes: take a [`WritePermit`] from it before each
+    /// store write and keep it until the write has ended. Clone it into the
+    /// run's tasks.
+    pub fn write_gate(&self) -> WriteGate {
+        WriteGate {
+            run: Arc::clone(&self.run),
+        }
+    }
+
+    /// A permit for one write; see [`WriteGate::begin`].
+    pub fn begin_write(&self) -> Result<WritePermit, KeeperError> {
+        self.write_gate().begin()
+    }
+
     /// Why the loss signal fired, once it has.
     pub fn loss(&self) -> Option<LossReason> {
         lock(&self.run.state).loss.clone()
     }
 
-    /// Ends the run: releases the lease (unless lost to `Held`) and waits
-    /// for the release, which runs on a detached task bounded by the
-    /// release timeout. Dropping this future does not cancel the release.
+    /// Ends the run: refuses further writes, waits for the ones in flight
+    /// (at most the write wait), then releases the lease (unless lost to
+    /// `Held`), bounded by the release timeout. The release runs on a
+    /// detached task: dropping this future does not cancel it.
     ///
-    /// Errors with `Unavailable` when the backend failed or timed out; the
-    /// lease then lapses at its expiry.
+    /// Errors with `Unavailable` when the backend failed or timed out, and
+    /// with `WritesInFlight` when writes outlived the write wait; either way
+    /// the lease lapses at its expiry and the next run of the session in
+    /// this process gets a greater token.
     pub async fn finish(mut self) -> Result<(), KeeperError> {
         match self.session_lock.take() {
             // Driven inline by the caller (no task hop on the common path);

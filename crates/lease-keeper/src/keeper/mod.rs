@@ -14,6 +14,7 @@ mod release;
 mod renew;
 mod run;
 mod state;
+mod writes;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -29,13 +30,23 @@ use tracing::{Instrument, debug, info_span, warn};
 use crate::{KeeperError, NoMetrics};
 pub use builder::{
     DEFAULT_JITTER, DEFAULT_LOCK_WAIT, DEFAULT_RELEASE_TIMEOUT, DEFAULT_RENEW_FRACTION,
-    DEFAULT_SHUTDOWN_TIMEOUT, KeeperBuilder,
+    DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_WRITE_WAIT, KeeperBuilder,
 };
 pub use guard::LeaseGuard;
 pub use release::ShutdownReport;
 pub use run::LossReason;
 use run::{Run, RunState};
 use state::{HeldSessionLock, KeeperCore};
+use writes::WriteTracker;
+pub use writes::{WriteGate, WritePermit};
+
+/// What one acquire call gave.
+enum Granted {
+    /// A lease, and when the call that granted it was sent.
+    Lease(Lease, Instant),
+    /// The backend cannot lease at all.
+    Unsupported(LeaseError),
+}
 
 /// Locks a mutex, ignoring poisoning.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -79,6 +90,7 @@ impl LeaseKeeper {
             release_timeout: DEFAULT_RELEASE_TIMEOUT,
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             lock_wait: DEFAULT_LOCK_WAIT,
+            write_wait: DEFAULT_WRITE_WAIT,
             metrics: Arc::new(NoMetrics),
         }
     }
@@ -181,6 +193,23 @@ impl LeaseKeeper {
         if core.unsupported.load(Ordering::Acquire) {
             return self.open_run(session, None, None, session_lock);
         }
+        let (lease, sent) = match self.call_acquire(session).await? {
+            Granted::Lease(lease, sent) => (lease, sent),
+            Granted::Unsupported(e) => {
+                if !core.unsupported.swap(true, Ordering::AcqRel) {
+                    warn!(error = %e, "lease backend does not support leases; running every session unleased from now on");
+                }
+                return self.open_run(session, None, None, session_lock);
+            }
+        };
+        let (lease, sent) = self.fresh(session, lease, sent).await?;
+        self.open_run(session, Some(lease), Some(sent), session_lock)
+    }
+
+    /// One acquire call, bounded by the acquire timeout (never more than
+    /// the TTL), its answer checked and mapped to keeper errors.
+    async fn call_acquire(&self, session: &SessionId) -> Result<Granted, KeeperError> {
+        let core = &self.core;
         let sent = Instant::now();
         let answer = timeout(
             core.acquire_timeout,
@@ -189,33 +218,24 @@ impl LeaseKeeper {
         .await;
         let lease = match answer {
             Ok(Ok(lease)) => lease,
-            Ok(Err(e)) => match e.kind() {
-                LeaseErrorKind::Held => {
-                    return Err(KeeperError::LeasedElsewhere {
+            Ok(Err(e)) => {
+                return match e.kind() {
+                    LeaseErrorKind::Held => Err(KeeperError::LeasedElsewhere {
                         session: session.clone(),
                         holder: e.holder().cloned(),
                         source: e,
-                    });
-                }
-                LeaseErrorKind::Unsupported => {
-                    if !core.unsupported.swap(true, Ordering::AcqRel) {
-                        warn!(error = %e, "lease backend does not support leases; running every session unleased from now on");
-                    }
-                    return self.open_run(session, None, None, session_lock);
-                }
-                LeaseErrorKind::Transient => {
-                    return Err(KeeperError::Unavailable {
+                    }),
+                    LeaseErrorKind::Unsupported => Ok(Granted::Unsupported(e)),
+                    LeaseErrorKind::Transient => Err(KeeperError::Unavailable {
                         session: session.clone(),
                         source: e,
-                    });
-                }
-                _ => {
-                    return Err(KeeperError::Invalid {
+                    }),
+                    _ => Err(KeeperError::Invalid {
                         message: format!("the backend refused session {session}"),
                         source: Some(e),
-                    });
-                }
-            },
+                    }),
+                };
+            }
             Err(_) => {
                 return Err(KeeperError::Unavailable {
                     session: session.clone(),
@@ -232,7 +252,79 @@ impl LeaseKeeper {
                 core.owner
             )));
         }
-        self.open_run(session, Some(lease), Some(sent), session_lock)
+        // The lease is reckoned to live `ttl` from when the call was sent;
+        // an answer at that moment grants nothing we could use.
+        if Instant::now() >= sent + core.ttl {
+            return Err(KeeperError::Unavailable {
+                session: session.clone(),
+                source: LeaseError::transient(format!(
+                    "acquire answered after the lease's TTL ({:?}) had passed",
+                    core.ttl
+                )),
+            });
+        }
+        Ok(Granted::Lease(lease, sent))
+    }
+
+    /// Makes sure a run never writes under the token of an earlier run of
+    /// this keeper whose lease was not released: the backend may still
+    /// hold that lease for us, and a same-owner acquire hands its token
+    /// back. Such a grant is released and acquired again; if the backend
+    /// still answers a token no greater, the run fails `Unavailable` (the
+    /// old lease lapses at its expiry, after which a new token is granted).
+    async fn fresh(
+        &self,
+        session: &SessionId,
+        lease: Lease,
+        sent: Instant,
+    ) -> Result<(Lease, Instant), KeeperError> {
+        let core = &self.core;
+        let Some(stale) = lock(&core.unreleased).get(session).copied() else {
+            return Ok((lease, sent));
+        };
+        if lease.token() > stale {
+            lock(&core.unreleased).remove(session);
+            return Ok((lease, sent));
+        }
+        debug!(session = %session, token = %lease.token(), "re-granted the token of a lease not released; releasing it first");
+        let released = timeout(core.release_timeout, core.backend.release(&lease)).await;
+        let released = match released {
+            Ok(r) => r,
+            Err(_) => Err(LeaseError::transient(format!(
+                "release did not answer within {:?}",
+                core.release_timeout
+            ))),
+        };
+        core.metrics.released(session, released.is_ok());
+        if let Err(e) = released {
+            return Err(KeeperError::Unavailable {
+                session: session.clone(),
+                source: e,
+            });
+        }
+        match self.call_acquire(session).await? {
+            Granted::Lease(lease, sent) if lease.token() > stale => {
+                lock(&core.unreleased).remove(session);
+                Ok((lease, sent))
+            }
+            Granted::Lease(lease, _) => {
+                // Ours again under the old token: leave it to lapse.
+                core.remember_unreleased(&lease);
+                Err(KeeperError::Unavailable {
+                    session: session.clone(),
+                    source: LeaseError::transient(format!(
+                        "the backend granted token {} again, not a token above it",
+                        lease.token()
+                    )),
+                })
+            }
+            Granted::Unsupported(e) => Err(KeeperError::Invalid {
+                message: format!(
+                    "the backend granted session {session}, then called leases unsupported"
+                ),
+                source: Some(e),
+            }),
+        }
     }
 
     /// Registers a run and, when leased, starts its renew task.
@@ -259,6 +351,7 @@ impl LeaseKeeper {
             release_started: AtomicBool::new(false),
             counted: AtomicBool::new(false),
             lease_tx,
+            writes: WriteTracker::default(),
         });
         let handle = Handle::current();
         let leased = lease.is_some();

@@ -67,9 +67,10 @@ impl LeaseKeeper {
     }
 }
 
-/// Ends a run's lease: stops renewing, then releases the newest value
-/// unless ownership was lost to `Held`. Runs once per run; later callers
-/// wait for the first to finish.
+/// Ends a run's lease: refuses further writes and waits (at most the
+/// write wait) for the ones in flight, stops renewing, then releases the
+/// newest value unless ownership was lost to `Held` or writes are still
+/// running. Runs once per run; later callers wait for the first to finish.
 async fn release_run(core: &Arc<KeeperCore>, run: &Arc<Run>) -> Result<(), KeeperError> {
     if run.release_started.swap(true, Ordering::AcqRel) {
         run.released.cancelled().await;
@@ -77,6 +78,14 @@ async fn release_run(core: &Arc<KeeperCore>, run: &Arc<Run>) -> Result<(), Keepe
     }
     let span = info_span!("lease_keeper.release", session = %run.session);
     let result = async {
+        // A write the run started may still be running even though the
+        // future that asked for it is gone (a blocking thread, a request on
+        // the wire). The lease stays ours — and renewed — until it ends:
+        // released earlier, the write could land inside the next run.
+        run.writes.close();
+        let drained = timeout(core.write_wait, run.writes.drained())
+            .await
+            .is_ok();
         // Stop renewing. A renewal still in flight is dropped; its outcome
         // cannot matter: the release below names the same token, and a
         // backend that already saw the renewal releases the renewed hold.
@@ -90,11 +99,25 @@ async fn release_run(core: &Arc<KeeperCore>, run: &Arc<Run>) -> Result<(), Keepe
             (st.current.clone(), st.loss.clone())
         };
         run.uncount(core);
+        let in_flight = || KeeperError::WritesInFlight {
+            session: run.session.clone(),
+            waited: core.write_wait,
+        };
         let result = match (lease, loss) {
-            (None, _) => Ok(()),
+            (None, _) if drained => Ok(()),
+            (None, _) => Err(in_flight()),
             (Some(lease), Some(LossReason::Held { .. })) => {
                 debug!(token = %lease.token(), "ownership was lost; the stale lease is not released");
-                Ok(())
+                if drained { Ok(()) } else { Err(in_flight()) }
+            }
+            (Some(lease), _) if !drained => {
+                // The write may still land; only the lease's expiry (or a
+                // takeover's greater token) ends it safely. Not releasing
+                // keeps any other owner out until then.
+                warn!(token = %lease.token(), bound = ?core.write_wait,
+                    "writes still running when the run ended; the lease is left to lapse");
+                core.remember_unreleased(&lease);
+                Err(in_flight())
             }
             (Some(lease), _) => {
                 let answer = timeout(core.release_timeout, core.backend.release(&lease)).await;
@@ -114,6 +137,9 @@ async fn release_run(core: &Arc<KeeperCore>, run: &Arc<Run>) -> Result<(), Keepe
                     }
                     Err(e) => {
                         warn!(error = %e, "release failed; the lease lapses at its expiry");
+                        // The backend may still hold it for us: the next
+                        // run must not be handed the same token.
+                        core.remember_unreleased(&lease);
                         Err(KeeperError::Unavailable {
                             session: run.session.clone(),
                             source: e,
@@ -131,14 +157,24 @@ async fn release_run(core: &Arc<KeeperCore>, run: &Arc<Run>) -> Result<(), Keepe
     result
 }
 
-/// Releases a run's lease, then gives up its in-process lock.
+/// Releases a run's lease, then gives up its in-process lock — once every
+/// write of the run has ended, however long past the write wait that is:
+/// until then the next run of the session in this process must not start.
 pub(super) async fn release_holding(
     core: Arc<KeeperCore>,
     run: Arc<Run>,
     session_lock: HeldSessionLock,
 ) -> Result<(), KeeperError> {
     let result = release_run(&core, &run).await;
-    drop(session_lock);
+    if run.writes.is_drained() {
+        drop(session_lock);
+    } else {
+        // Tracked, so shutdown waits for it (within its bound).
+        core.tracker.spawn(async move {
+            run.writes.drained().await;
+            drop(session_lock);
+        });
+    }
     result
 }
 

@@ -12,6 +12,7 @@ use tracing::{debug, warn};
 
 use super::lock;
 use super::state::KeeperCore;
+use super::writes::WriteTracker;
 
 /// Why a guard's loss signal fired.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,6 +55,8 @@ pub(super) struct Run {
     /// Whether this run still counts in the held-leases gauge.
     pub(super) counted: AtomicBool,
     pub(super) lease_tx: watch::Sender<Option<Lease>>,
+    /// The run's writes in flight; closed when its release begins.
+    pub(super) writes: WriteTracker,
 }
 
 /// The part of a run that changes: its newest lease value and, once lost,

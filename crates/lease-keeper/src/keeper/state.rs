@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lease_port::{OwnerId, SessionId, SessionLease};
+use lease_port::{FencingToken, Lease, OwnerId, SessionId, SessionLease};
 use tokio::runtime::Handle;
 use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant;
@@ -43,6 +43,7 @@ pub(super) struct KeeperCore {
     pub(super) release_timeout: Duration,
     pub(super) shutdown_timeout: Duration,
     pub(super) lock_wait: Duration,
+    pub(super) write_wait: Duration,
     pub(super) metrics: Arc<dyn KeeperMetrics>,
     pub(super) unsupported: AtomicBool,
     pub(super) locks: Mutex<HashMap<SessionId, Arc<SessionMutex>>>,
@@ -56,6 +57,13 @@ pub(super) struct KeeperCore {
     /// acquisition was sent.
     pub(super) pending: Mutex<HashMap<u64, (Instant, Arc<Run>)>>,
     pub(super) driver_started: AtomicBool,
+    /// Per session, the highest token of a lease this keeper did not
+    /// manage to release (the release failed, or writes kept it from being
+    /// tried). The backend may still hold it for us, and a same-owner
+    /// acquire would hand the token back; the next run must not write
+    /// under the token of a run whose writes might still be about.
+    /// Cleared when an acquisition returns a greater token.
+    pub(super) unreleased: Mutex<HashMap<SessionId, FencingToken>>,
 }
 
 impl KeeperCore {
@@ -110,6 +118,15 @@ impl KeeperCore {
         {
             locks.remove(session);
         }
+    }
+
+    /// Remembers that `lease` may still be held for us at the backend.
+    pub(super) fn remember_unreleased(&self, lease: &Lease) {
+        let mut unreleased = lock(&self.unreleased);
+        let entry = unreleased
+            .entry(lease.session_id().clone())
+            .or_insert(lease.token());
+        *entry = (*entry).max(lease.token());
     }
 
     pub(super) fn set_held_gauge(&self, delta_up: bool) {
