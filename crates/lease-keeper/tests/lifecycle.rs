@@ -490,6 +490,50 @@ async fn unsupported_is_consulted_once_then_runs_go_unleased() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_keeper_that_may_not_run_unleased_fails_runs_and_keeps_asking() {
+    let backend = Arc::new(NoLeases::default());
+    let k = LeaseKeeper::builder(backend.clone(), owner("a"), TTL)
+        .allow_unleased(false)
+        .build()
+        .unwrap();
+    for i in 0..3 {
+        let err = k.acquire(&sid(&format!("s{i}"))).await.unwrap_err();
+        assert_eq!(err.kind(), KeeperErrorKind::Unavailable, "{err}");
+        assert!(err.is_retryable());
+    }
+    assert!(!k.is_unleased(), "a leased keeper turned unleased");
+    assert_eq!(
+        backend.calls.load(Ordering::SeqCst),
+        3,
+        "the backend must be asked again on every run"
+    );
+    let fault = k.backend_fault().expect("the refusal is reported");
+    assert!(fault.contains("no coordination here"), "{fault}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_backend_is_reported_until_a_call_succeeds() {
+    let w = world();
+    let k = keeper(&w, 0.0);
+    assert_eq!(k.backend_fault(), None);
+    w.probe.faults.lock().unwrap().acquire = Some(LeaseErrorKind::Transient);
+    let err = k.acquire(&sid("s")).await.unwrap_err();
+    assert_eq!(err.kind(), KeeperErrorKind::Unavailable);
+    assert!(
+        k.backend_fault().is_some(),
+        "a failing acquire left no fault"
+    );
+    w.probe.faults.lock().unwrap().acquire = None;
+    let g = k.acquire(&sid("s")).await.unwrap();
+    assert_eq!(
+        k.backend_fault(),
+        None,
+        "a successful acquire kept the fault"
+    );
+    g.finish().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_second_run_of_a_session_waits_for_the_first_and_its_release() {
     let w = world();
     w.probe.faults.lock().unwrap().release_delay = Some(Duration::from_secs(1));

@@ -84,6 +84,15 @@ pub enum Exclusivity {
     Unproven,
 }
 
+impl Exclusivity {
+    /// Whether the lease keeper may run unleased when its backend says it
+    /// cannot lease: only a deployment configured without leases. A leased
+    /// server never silently turns unleased.
+    pub fn may_run_unleased(self) -> bool {
+        self != Exclusivity::Leased
+    }
+}
+
 /// How a run ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunStatus {
@@ -230,6 +239,12 @@ impl Engine {
         limit: usize,
     ) -> Result<Page, EngineError> {
         Ok(self.inner.store.read(session, from_seq, limit).await?)
+    }
+
+    /// Why the lease backend cannot serve right now (its last call failed),
+    /// or `None`. Readiness reports it.
+    pub fn lease_backend_fault(&self) -> Option<String> {
+        self.inner.keeper.backend_fault()
     }
 
     /// The process metrics.

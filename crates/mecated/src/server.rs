@@ -164,6 +164,7 @@ impl Server {
         // Runs finish within the first half of the shutdown budget (they are
         // cancelled at once); releases get the second half.
         let keeper = LeaseKeeper::builder(leases, config.owner.clone(), config.lease_ttl)
+            .allow_unleased(exclusivity.may_run_unleased())
             .metrics(metrics.clone())
             .shutdown_timeout(config.shutdown_timeout / 2)
             .build()

@@ -396,6 +396,7 @@ fn serve(store_dir: &Path, contract: &Arc<Contract>, seen: &Seen, setup: Setup) 
     };
     let metrics = Arc::new(Metrics::default());
     let keeper = LeaseKeeper::builder(backend, OwnerId::new(setup.owner).unwrap(), ttl)
+        .allow_unleased(exclusivity.may_run_unleased())
         .metrics(metrics.clone())
         .build()
         .unwrap();
@@ -906,7 +907,27 @@ async fn unavailable_is_503_with_retry_after_when_retryable(seen: &Seen) {
         );
         assert_eq!(r.retry_after.as_deref(), Some("1"));
     }
+    // Not ready while the backend fails, ready again once a call succeeds.
+    let r = api.get("/readyz").await;
+    assert_eq!(r.status, 503);
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    assert!(text.starts_with("lease backend failing: "), "{text}");
+    assert!(text.contains("backend down"), "{text}");
+    // A leased server never turns unleased: a backend that suddenly says
+    // it cannot lease fails the run like any fault.
+    scripted.fail_with(Some(|| LeaseError::unsupported("leases switched off")));
+    let r = api.run("s").await;
+    assert_eq!((r.status, r.error_code().as_str()), (503, "lease_unavailable"));
     scripted.fail_with(None);
+    let r = api.run("s").await;
+    assert_eq!(r.status, 200);
+    assert!(
+        r.json()["token"].as_u64().is_some(),
+        "the run after the refusal went unleased: {:?}",
+        r.json()
+    );
+    let r = api.get("/readyz").await;
+    assert_eq!((r.status, r.body.as_slice()), (200, b"ready".as_slice()));
 
     // Another holder of the session's file, past the store's wait.
     let lock = world.lock_session("s");

@@ -41,6 +41,7 @@ pub struct KeeperBuilder {
     pub(super) lock_wait: Duration,
     pub(super) write_wait: Duration,
     pub(super) metrics: Arc<dyn KeeperMetrics>,
+    pub(super) allow_unleased: bool,
 }
 
 impl std::fmt::Debug for KeeperBuilder {
@@ -111,6 +112,20 @@ impl KeeperBuilder {
         self
     }
 
+    /// Whether a backend answering `Unsupported` (it cannot lease at all)
+    /// turns the keeper unleased for good. Default `true`, for a process
+    /// that offers leasing when the deployment has it.
+    ///
+    /// A server configured *for* leases sets `false`: it must never
+    /// silently run unleased, so `Unsupported` then fails the run as
+    /// [`Unavailable`](crate::KeeperErrorKind::Unavailable) (retryable, like
+    /// any backend fault), is reported by [`LeaseKeeper::backend_fault`],
+    /// and later runs keep asking the backend.
+    pub fn allow_unleased(mut self, allow: bool) -> Self {
+        self.allow_unleased = allow;
+        self
+    }
+
     /// Metrics hooks. Default [`NoMetrics`](crate::NoMetrics).
     pub fn metrics(mut self, metrics: Arc<dyn KeeperMetrics>) -> Self {
         self.metrics = metrics;
@@ -155,6 +170,8 @@ impl KeeperBuilder {
                 write_wait: self.write_wait,
                 metrics: self.metrics,
                 unsupported: AtomicBool::new(false),
+                allow_unleased: self.allow_unleased,
+                backend_fault: Mutex::default(),
                 locks: Mutex::default(),
                 registry: Mutex::default(),
                 shutdown: CancellationToken::new(),

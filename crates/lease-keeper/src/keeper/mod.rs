@@ -92,6 +92,7 @@ impl LeaseKeeper {
             lock_wait: DEFAULT_LOCK_WAIT,
             write_wait: DEFAULT_WRITE_WAIT,
             metrics: Arc::new(NoMetrics),
+            allow_unleased: true,
         }
     }
 
@@ -118,6 +119,14 @@ impl LeaseKeeper {
     /// keeper runs every session unleased and never consults it again.
     pub fn is_unleased(&self) -> bool {
         self.core.unsupported.load(Ordering::Acquire)
+    }
+
+    /// Why the lease backend's last call failed, while it keeps failing: a
+    /// passing fault, a call that timed out, or `Unsupported` from a backend
+    /// this keeper may not run without ([`KeeperBuilder::allow_unleased`]).
+    /// `None` once a call succeeds again. Servers report it as not ready.
+    pub fn backend_fault(&self) -> Option<String> {
+        lock(&self.core.backend_fault).clone()
     }
 
     /// Leases currently held (acquired, not yet lost or released).
@@ -225,11 +234,20 @@ impl LeaseKeeper {
                         holder: e.holder().cloned(),
                         source: e,
                     }),
-                    LeaseErrorKind::Unsupported => Ok(Granted::Unsupported(e)),
-                    LeaseErrorKind::Transient => Err(KeeperError::Unavailable {
-                        session: session.clone(),
-                        source: e,
-                    }),
+                    LeaseErrorKind::Unsupported if core.allow_unleased => {
+                        core.backend_answered(None);
+                        Ok(Granted::Unsupported(e))
+                    }
+                    LeaseErrorKind::Unsupported | LeaseErrorKind::Transient => {
+                        if e.kind() == LeaseErrorKind::Unsupported {
+                            warn!(error = %e, "the lease backend says it cannot lease; this keeper may not run unleased, so the run fails");
+                        }
+                        core.backend_answered(Some(e.to_string()));
+                        Err(KeeperError::Unavailable {
+                            session: session.clone(),
+                            source: e,
+                        })
+                    }
                     _ => Err(KeeperError::Invalid {
                         message: format!("the backend refused session {session}"),
                         source: Some(e),
@@ -237,15 +255,18 @@ impl LeaseKeeper {
                 };
             }
             Err(_) => {
+                let e = LeaseError::transient(format!(
+                    "acquire did not answer within {:?}",
+                    core.acquire_timeout
+                ));
+                core.backend_answered(Some(e.to_string()));
                 return Err(KeeperError::Unavailable {
                     session: session.clone(),
-                    source: LeaseError::transient(format!(
-                        "acquire did not answer within {:?}",
-                        core.acquire_timeout
-                    )),
+                    source: e,
                 });
             }
         };
+        core.backend_answered(None);
         if lease.session_id() != session || lease.owner() != &core.owner {
             return Err(KeeperError::invalid(format!(
                 "the backend granted {lease:?} when asked for session {session} as {}",

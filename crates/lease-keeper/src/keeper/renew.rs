@@ -86,6 +86,7 @@ async fn renew_loop(core: Arc<KeeperCore>, run: Arc<Run>, sent: Instant) {
         let latency = t0.elapsed();
         match answer {
             Ok(Ok(renewed)) => {
+                core.backend_answered(None);
                 core.metrics.renew_latency(latency, RenewOutcome::Renewed);
                 if renewed.token() != current.token() || renewed.owner() != current.owner() {
                     warn!(
@@ -117,22 +118,28 @@ async fn renew_loop(core: Arc<KeeperCore>, run: Arc<Run>, sent: Instant) {
                     return;
                 }
                 LeaseErrorKind::Transient => {
+                    core.backend_answered(Some(e.to_string()));
                     core.metrics.renew_latency(latency, RenewOutcome::Transient);
                     debug!(error = %e, "renew failed transiently; retrying until the lease's expiry");
                     next = Instant::now() + core.retry_interval();
                 }
                 kind => {
                     core.metrics.renew_latency(latency, RenewOutcome::Failed);
-                    if kind == LeaseErrorKind::Unsupported
-                        && !core.unsupported.swap(true, Ordering::AcqRel)
-                    {
-                        warn!(error = %e, "lease backend does not support leases; later runs go unleased");
+                    if kind == LeaseErrorKind::Unsupported {
+                        if !core.allow_unleased {
+                            core.backend_answered(Some(e.to_string()));
+                        } else if !core.unsupported.swap(true, Ordering::AcqRel) {
+                            warn!(error = %e, "lease backend does not support leases; later runs go unleased");
+                        }
                     }
                     run.lose(&core, LossReason::Rejected { kind });
                     return;
                 }
             },
             Err(_) => {
+                core.backend_answered(Some(
+                    "renew did not answer before the lease's expiry".into(),
+                ));
                 core.metrics.renew_latency(latency, RenewOutcome::Failed);
                 run.lose(&core, LossReason::Expired);
                 return;

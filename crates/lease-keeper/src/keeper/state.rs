@@ -46,6 +46,11 @@ pub(super) struct KeeperCore {
     pub(super) write_wait: Duration,
     pub(super) metrics: Arc<dyn KeeperMetrics>,
     pub(super) unsupported: AtomicBool,
+    pub(super) allow_unleased: bool,
+    /// The backend's last answer when it was a failure (a passing fault,
+    /// a timeout, or `Unsupported` refused): what readiness reports.
+    /// Cleared by the next successful call.
+    pub(super) backend_fault: Mutex<Option<String>>,
     pub(super) locks: Mutex<HashMap<SessionId, Arc<SessionMutex>>>,
     pub(super) registry: Mutex<Registry>,
     pub(super) shutdown: CancellationToken,
@@ -67,6 +72,14 @@ pub(super) struct KeeperCore {
 }
 
 impl KeeperCore {
+    /// Records the outcome of a backend call for [`LeaseKeeper::backend_fault`](super::LeaseKeeper::backend_fault).
+    pub(super) fn backend_answered(&self, fault: Option<String>) {
+        let mut slot = lock(&self.backend_fault);
+        if fault.is_some() || slot.is_some() {
+            *slot = fault;
+        }
+    }
+
     /// The next renewal interval: the configured share of the TTL, scaled
     /// by a random factor in `1 ± jitter`.
     pub(super) fn next_interval(&self) -> Duration {

@@ -398,12 +398,18 @@ pub(crate) async fn healthz() -> &'static str {
     summary = "Readiness",
     responses(
         (status = 200, description = "Ready: the text `ready`", body = String, content_type = "text/plain"),
-        (status = 503, description = "Shutting down: the text `shutting down`", body = String, content_type = "text/plain"),
+        (status = 503, description = "Not ready: the text `shutting down`, or `lease backend failing: ` and why, while the lease backend's calls fail (until one succeeds)", body = String, content_type = "text/plain"),
     )
 )]
 pub(crate) async fn readyz(State(engine): State<Engine>) -> Response {
     if engine.is_shutting_down() {
         (StatusCode::SERVICE_UNAVAILABLE, "shutting down").into_response()
+    } else if let Some(fault) = engine.lease_backend_fault() {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("lease backend failing: {fault}"),
+        )
+            .into_response()
     } else {
         "ready".into_response()
     }
