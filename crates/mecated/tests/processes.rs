@@ -187,6 +187,34 @@ async fn mid_run(
     (a, b, pending, started)
 }
 
+/// The wall clock in milliseconds, as the store stamps events.
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis() as u64
+}
+
+/// `mecated leases --json` for one session of `store`.
+fn listed_lease(store: &Path, session: &str) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_mecated"))
+        .args(["leases", "--json", "--store-dir"])
+        .arg(store)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|l| l["session"] == session)
+        .unwrap_or_else(|| panic!("no lease of {session} listed"))
+}
+
 /// Retries a run on `m` until it is no longer refused as leased elsewhere.
 async fn run_when_free(m: &Mecated, id: &str, input: Value) -> Value {
     let start = Instant::now();
@@ -275,14 +303,49 @@ async fn sigkill_mid_run_is_taken_over_after_the_ttl_with_a_higher_token() {
     let dir = tempfile::tempdir().unwrap();
     let (a, b, _pending, started) = mid_run(dir.path(), "k", "20s", json!("x")).await;
     a.signal(Signal::SIGKILL);
+    // The dead holder's lease as recorded, read before anyone can take it:
+    // no earlier than `listed_at + expires_in`.
+    let listed_at = wall_ms();
+    let lease = listed_lease(dir.path(), "k");
+    assert_eq!(lease["holder"], "proc-a", "{lease}");
+    let dead_until = listed_at + lease["expires_in_ms"].as_u64().expect("a live lease");
 
-    let taken = run_when_free(&b, "k", json!("after the crash")).await;
+    // Until then the session stays the dead holder's: refused, not taken.
+    let mut refused_before_expiry = 0;
+    let taken = loop {
+        let sent_at = wall_ms();
+        let (status, body) = run(&b, "k", json!("after the crash")).await;
+        if status == StatusCode::OK {
+            break body;
+        }
+        assert_eq!(body["error"]["code"], "session_leased_elsewhere", "{body}");
+        if sent_at < dead_until {
+            refused_before_expiry += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert_eq!(taken["status"], "completed", "{taken}");
     assert!(
         taken["token"].as_u64().unwrap() > started["token"].as_u64().unwrap(),
         "takeover token {} not above {}",
         taken["token"],
         started["token"]
+    );
+    let log = events(&b, "k").await;
+    let takeover = log
+        .iter()
+        .find(|e| e["payload"]["type"] == "run_started" && e["payload"]["owner"] == "proc-b")
+        .expect("B's run_started");
+    assert!(
+        takeover["time_ms"].as_u64().unwrap() >= dead_until,
+        "B took the session at {} ms, before the dead holder's lease ran out at {dead_until} ms",
+        takeover["time_ms"]
+    );
+    // B's first attempt followed the kill at once; unless this machine
+    // stalled past the whole TTL, it came before the expiry and was refused.
+    assert!(
+        refused_before_expiry > 0 || wall_ms() > dead_until + 5_000,
+        "no attempt was refused while the dead holder's lease was live"
     );
     // The log is intact: every event A wrote, then B's run, in order.
     let log = events(&b, "k").await;

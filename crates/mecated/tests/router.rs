@@ -917,7 +917,10 @@ async fn unavailable_is_503_with_retry_after_when_retryable(seen: &Seen) {
     // it cannot lease fails the run like any fault.
     scripted.fail_with(Some(|| LeaseError::unsupported("leases switched off")));
     let r = api.run("s").await;
-    assert_eq!((r.status, r.error_code().as_str()), (503, "lease_unavailable"));
+    assert_eq!(
+        (r.status, r.error_code().as_str()),
+        (503, "lease_unavailable")
+    );
     scripted.fail_with(None);
     let r = api.run("s").await;
     assert_eq!(r.status, 200);
