@@ -284,7 +284,7 @@ impl Engine {
             .acquire_within(&session, Duration::ZERO)
             .await?;
         let token = guard.token();
-        let fence = WriteFence::from(token);
+        let fence = WriteFence::from(guard.lease().as_ref());
         // Claim the session in the store before anything else: the first
         // write raises the high-water mark to our token, so from here on no
         // earlier owner can write, whether or not our agent ever emits.
@@ -366,7 +366,7 @@ impl Engine {
         let mut sink = StoreSink {
             store: Arc::clone(&self.inner.store),
             session: session.clone(),
-            fence: WriteFence::from(token),
+            fence: WriteFence::from(guard.lease().as_ref()),
             lost: guard.loss_token(),
             tx,
             lagged,
@@ -453,7 +453,7 @@ impl Engine {
         let result = self
             .inner
             .store
-            .delete(session, WriteFence::from(guard.token()))
+            .delete(session, WriteFence::from(guard.lease().as_ref()))
             .await;
         drop(guard);
         result.map_err(Into::into)
@@ -513,7 +513,11 @@ impl EventSink for StoreSink {
         }
         let receipt = match self
             .store
-            .append(&self.session, self.fence, std::slice::from_ref(&event))
+            .append(
+                &self.session,
+                self.fence.clone(),
+                std::slice::from_ref(&event),
+            )
             .await
         {
             Ok(r) => r,

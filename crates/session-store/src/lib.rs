@@ -22,9 +22,11 @@
 //! # Example
 //!
 //! ```
-//! use lease_port::{FencingToken, SessionId};
+//! use lease_port::{FencingToken, OwnerId, SessionId};
 //! use serde_json::json;
-//! use session_store::{FsyncPolicy, JsonlOptions, JsonlStore, SessionStore, StoreErrorKind};
+//! use session_store::{
+//!     FsyncPolicy, JsonlOptions, JsonlStore, SessionStore, StoreErrorKind, WriteFence,
+//! };
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -34,14 +36,20 @@
 //! store.create(&chat).await?;
 //!
 //! // Owner A holds token 3 and writes; B takes over with token 4 and writes.
-//! store.append(&chat, FencingToken::new(3).into(), &[json!({"text": "hi from A"})]).await?;
-//! store.append(&chat, FencingToken::new(4).into(), &[json!({"text": "hi from B"})]).await?;
+//! let (a, b) = (OwnerId::new("a")?, OwnerId::new("b")?);
+//! let fence_a = WriteFence::new(FencingToken::new(3), a);
+//! let fence_b = WriteFence::new(FencingToken::new(4), b);
+//! store.append(&chat, fence_a.clone(), &[json!({"text": "hi from A"})]).await?;
+//! store.append(&chat, fence_b, &[json!({"text": "hi from B"})]).await?;
 //!
 //! // A resumes after a pause: refused, atomically with the write.
-//! let err = store
-//!     .append(&chat, FencingToken::new(3).into(), &[json!({"text": "late"})])
-//!     .await
-//!     .unwrap_err();
+//! let err = store.append(&chat, fence_a, &[json!({"text": "late"})]).await.unwrap_err();
+//! assert_eq!(err.kind(), StoreErrorKind::Fenced);
+//!
+//! // Token 4 of another lease authority, presented by another writer:
+//! // refused too, the mark belongs to B.
+//! let c = WriteFence::new(FencingToken::new(4), OwnerId::new("c")?);
+//! let err = store.append(&chat, c, &[json!({"text": "twin"})]).await.unwrap_err();
 //! assert_eq!(err.kind(), StoreErrorKind::Fenced);
 //!
 //! let page = store.read(&chat, 1, 100).await?;
@@ -52,13 +60,18 @@
 //!
 //! # The rules
 //!
-//! 1. **Every write is fenced.** [`append`](SessionStore::append) and
-//!    [`delete`](SessionStore::delete) take a [`WriteFence`]. The store
-//!    keeps a per-session *high-water mark* — the highest token it ever
-//!    accepted — and refuses a lower token with [`StoreError::Fenced`]
-//!    (`presented`, `high_water`), atomically with the write: the check and
+//! 1. **Every write is fenced, and the fence binds the writer.**
+//!    [`append`](SessionStore::append) and [`delete`](SessionStore::delete)
+//!    take a [`WriteFence`]: the lease token *and* the owner it was issued
+//!    to ([`Fence`]). The store keeps a per-session *high-water mark* — the
+//!    highest token it ever accepted, and the owner that first wrote it —
+//!    and refuses with [`StoreError::Fenced`] a lower token, and an equal
+//!    token from any other owner (two lease authorities both hand out
+//!    token 1; owners are unique per process incarnation). The check and
 //!    the write happen under one per-session lock, across processes too.
-//!    Equal and higher tokens are accepted; a higher one raises the mark.
+//!    A higher token is accepted and binds the mark to its owner. A mark
+//!    read from lines written before writers were recorded has no owner:
+//!    an equal token is then refused from everyone.
 //! 2. **Unfenced writes** ([`WriteFence::Unfenced`], for a deployment whose
 //!    lease backend answered `Unsupported`) are refused with
 //!    [`StoreError::Unfenced`] unless the store is configured to allow them
@@ -92,9 +105,10 @@
 //!   line of every file is a header holding the full session id, compared on
 //!   every open, so a hashed name can never mix two sessions.
 //! - **Record lines**: header `{"t":"h","v":1,"id":…,"ts":…}`, event
-//!   `{"t":"e","seq":…,"token":…|null,"ts":…,"payload":…}`, deletion
-//!   `{"t":"d","token":…,"ts":…}`; `ts` is milliseconds since the Unix
-//!   epoch. Files only ever grow, except when a torn tail is cut.
+//!   `{"t":"e","seq":…,"token":…,"owner":…,"ts":…,"payload":…}` (an
+//!   unfenced one `"token":null` and no owner), deletion
+//!   `{"t":"d","token":…,"owner":…,"ts":…}`; `ts` is milliseconds since the
+//!   Unix epoch. Files only ever grow, except when a torn tail is cut.
 //! - **Deletion** appends a deletion record: the session disappears from
 //!   reads and [`list`](SessionStore::list) but its file (and mark) stays;
 //!   files are never unlinked or renamed over, because other processes may
@@ -167,4 +181,4 @@ pub use jsonl::{
     DEFAULT_LEASE_DIR_NAME, DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_OPEN,
     DEFAULT_MAX_PAGE_BYTES, FILE_SUFFIX, FsyncPolicy, JsonlOptions, JsonlStore,
 };
-pub use model::{AppendReceipt, Page, SessionStore, StoredEvent, WriteFence};
+pub use model::{AppendReceipt, Fence, Page, SessionStore, StoredEvent, WriteFence};

@@ -21,8 +21,12 @@ fn sid(s: &str) -> SessionId {
     SessionId::new(s).unwrap()
 }
 
+/// Token `t` of its one holder (each token here has exactly one).
 fn tok(t: u64) -> WriteFence {
-    WriteFence::Token(FencingToken::new(t))
+    WriteFence::new(
+        FencingToken::new(t),
+        OwnerId::new(format!("holder-of-{t}")).unwrap(),
+    )
 }
 
 fn opts() -> JsonlOptions {
@@ -240,7 +244,7 @@ async fn unfenced_writes_only_when_allowed_and_never_after_a_fenced_one() {
     ));
 
     let lax = JsonlStore::open(dir.path(), opts().allow_unfenced(true)).unwrap();
-    lax.append(&s, None::<FencingToken>.into(), &[json!(1)])
+    lax.append(&s, None::<&lease_port::Lease>.into(), &[json!(1)])
         .await
         .unwrap();
     lax.append(&s, tok(3), &[json!(2)]).await.unwrap();
@@ -276,7 +280,7 @@ async fn a_resumed_owner_is_fenced_after_a_takeover() {
         .await
         .unwrap();
     store_a
-        .append(&s, a.token().into(), &[json!({"by": "a", "n": 1})])
+        .append(&s, (&a).into(), &[json!({"by": "a", "n": 1})])
         .await
         .unwrap();
 
@@ -287,13 +291,13 @@ async fn a_resumed_owner_is_fenced_after_a_takeover() {
         .unwrap();
     assert!(b.token() > a.token());
     store_b
-        .append(&s, b.token().into(), &[json!({"by": "b", "n": 1})])
+        .append(&s, (&b).into(), &[json!({"by": "b", "n": 1})])
         .await
         .unwrap();
 
     // A resumes, unaware; its renewal would fail, but its write comes first.
     let err = store_a
-        .append(&s, a.token().into(), &[json!({"by": "a", "n": 2})])
+        .append(&s, (&a).into(), &[json!({"by": "a", "n": 2})])
         .await
         .unwrap_err();
     match err {
@@ -305,11 +309,7 @@ async fn a_resumed_owner_is_fenced_after_a_takeover() {
         other => panic!("expected Fenced, got {other:?}"),
     }
     assert_eq!(
-        store_a
-            .delete(&s, a.token().into())
-            .await
-            .unwrap_err()
-            .kind(),
+        store_a.delete(&s, (&a).into()).await.unwrap_err().kind(),
         StoreErrorKind::Fenced
     );
     assert_eq!(
@@ -317,7 +317,7 @@ async fn a_resumed_owner_is_fenced_after_a_takeover() {
         LeaseErrorKind::Held
     );
     store_b
-        .append(&s, b.token().into(), &[json!({"by": "b", "n": 2})])
+        .append(&s, (&b).into(), &[json!({"by": "b", "n": 2})])
         .await
         .unwrap();
 
@@ -601,7 +601,7 @@ mod model {
                         Op::Append(i) => {
                             let Some(l) = &held[i] else { continue };
                             let t = l.token().get();
-                            match stores[i].append(&s, l.token().into(), &[json!({"owner": i, "t": t})]).await {
+                            match stores[i].append(&s, l.into(), &[json!({"owner": i, "t": t})]).await {
                                 Ok(_) => {
                                     prop_assert!(max_accepted.is_none_or(|m| t >= m),
                                         "accepted {t} after {max_accepted:?}");
@@ -856,4 +856,102 @@ async fn pages_are_bounded_by_bytes_as_well_as_count() {
     // The default budget leaves small pages to the count alone.
     let page = open(dir.path()).read(&s, 1, 100).await.unwrap();
     assert_eq!((page.events.len(), page.next_seq), (7, None));
+}
+
+/// Two lease authorities (two lease directories, say) both hand out token 1
+/// for one session; two processes write through their own store instances
+/// on one directory. The second writer's equal token must be refused, or
+/// both runs complete and their events interleave.
+#[tokio::test]
+async fn an_equal_token_from_another_writer_is_fenced() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = sid("shared");
+    let (store_a, store_b) = (open(dir.path()), open(dir.path()));
+    store_a.create(&s).await.unwrap();
+    let lease_a = MemLease::new(Duration::from_secs(10))
+        .acquire(&s, &OwnerId::new("a").unwrap())
+        .await
+        .unwrap();
+    let lease_b = MemLease::new(Duration::from_secs(10))
+        .acquire(&s, &OwnerId::new("b").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(lease_a.token(), lease_b.token());
+
+    store_a
+        .append(&s, (&lease_a).into(), &[json!({"by": "a"})])
+        .await
+        .unwrap();
+    let err = store_b
+        .append(&s, (&lease_b).into(), &[json!({"by": "b"})])
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Fenced, "{err}");
+    assert_eq!(
+        store_b
+            .delete(&s, (&lease_b).into())
+            .await
+            .unwrap_err()
+            .kind(),
+        StoreErrorKind::Fenced
+    );
+    // The mark's own writer goes on; a restarted store knows the writer too.
+    store_a
+        .append(&s, (&lease_a).into(), &[json!({"by": "a"})])
+        .await
+        .unwrap();
+    let err = open(dir.path())
+        .append(&s, (&lease_b).into(), &[json!({"by": "b"})])
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Fenced, "{err}");
+    let events = all(&store_a, &s).await;
+    assert!(events.iter().all(|e| e.2["by"] == "a"), "{events:?}");
+}
+
+/// A file written before lines named their writer: its mark has no
+/// recorded writer, so an equal token is refused from everyone, while a
+/// higher one is accepted and binds the mark to its writer.
+#[tokio::test]
+async fn a_mark_whose_writer_was_not_recorded_refuses_an_equal_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let s = sid("old");
+    fs::write(
+        store.path_of(&s),
+        "{\"t\":\"h\",\"v\":1,\"id\":\"old\",\"ts\":1}\n\
+         {\"t\":\"e\",\"seq\":1,\"token\":5,\"ts\":2,\"payload\":\"before\"}\n",
+    )
+    .unwrap();
+    let err = store
+        .append(&s, tok(5), &[json!("same")])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::Fenced { high_water, high_water_owner: None, .. } if high_water.get() == 5
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("not recorded"), "{err}");
+    store.append(&s, tok(6), &[json!("after")]).await.unwrap();
+    store.append(&s, tok(6), &[json!("again")]).await.unwrap();
+    let other = WriteFence::new(FencingToken::new(6), OwnerId::new("other").unwrap());
+    let err = open(dir.path())
+        .append(&s, other, &[json!("twin")])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Fenced { high_water_owner: Some(o), .. } if o.as_str() == "holder-of-6"),
+        "{err:?}"
+    );
+    assert_eq!(
+        all(&store, &s).await,
+        vec![
+            (1, Some(5), json!("before")),
+            (2, Some(6), json!("after")),
+            (3, Some(6), json!("again"))
+        ]
+    );
 }

@@ -32,6 +32,8 @@ pub(super) struct Record {
     pub(super) seq: Option<u64>,
     #[serde(default)]
     pub(super) token: Option<u64>,
+    #[serde(default)]
+    pub(super) owner: Option<String>,
 }
 
 /// An event line in full, parsed when a page is read.
@@ -64,25 +66,29 @@ pub(super) fn header_line(session: &SessionId, ts: u64) -> String {
     )
 }
 
-/// A token as a line holds it: the number, or `null` for an unfenced write.
-pub(super) fn token_json(token: Option<u64>) -> String {
-    token.map_or_else(|| "null".to_owned(), |t| t.to_string())
+/// A write's fence as a line holds it: `"token":…,"owner":"…"`, or
+/// `"token":null` for an unfenced write.
+pub(super) fn fence_json(fence: Option<(u64, &str)>) -> String {
+    match fence {
+        Some((token, owner)) => format!("\"token\":{token},\"owner\":{}", json_str(owner)),
+        None => "\"token\":null".to_owned(),
+    }
 }
 
 /// Appends one event line to `buf`:
-/// `{"t":"e","seq":…,"token":…,"ts":…,"payload":…}`, where `token` is
-/// [`token_json`]'s text and `payload` already serialised JSON.
-pub(super) fn push_event_line(buf: &mut String, seq: u64, token: &str, ts: u64, payload: &str) {
+/// `{"t":"e","seq":…,"token":…,"owner":…,"ts":…,"payload":…}`, where
+/// `fence` is [`fence_json`]'s text and `payload` already serialised JSON.
+pub(super) fn push_event_line(buf: &mut String, seq: u64, fence: &str, ts: u64, payload: &str) {
     let _ = writeln!(
         buf,
-        "{{\"t\":\"e\",\"seq\":{seq},\"token\":{token},\"ts\":{ts},\"payload\":{payload}}}"
+        "{{\"t\":\"e\",\"seq\":{seq},{fence},\"ts\":{ts},\"payload\":{payload}}}"
     );
 }
 
-/// A deletion line: `{"t":"d","token":…,"ts":…}`, where `token` is
-/// [`token_json`]'s text.
-pub(super) fn deletion_line(token: &str, ts: u64) -> String {
-    format!("{{\"t\":\"d\",\"token\":{token},\"ts\":{ts}}}\n")
+/// A deletion line: `{"t":"d","token":…,"owner":…,"ts":…}`, where `fence`
+/// is [`fence_json`]'s text.
+pub(super) fn deletion_line(fence: &str, ts: u64) -> String {
+    format!("{{\"t\":\"d\",{fence},\"ts\":{ts}}}\n")
 }
 
 /// The session id in the header of the file at `path`; `None` when the

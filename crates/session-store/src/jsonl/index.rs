@@ -22,9 +22,9 @@ pub(super) struct FileIndex {
     pub(super) id: Option<String>,
     pub(super) live: bool,
     pub(super) next_seq: u64,
-    /// The high-water token: the largest token on any line, deleted
-    /// incarnations included.
-    pub(super) high_water: Option<u64>,
+    /// The high-water mark: the largest token on any line, deleted
+    /// incarnations included, and the writer that first wrote it.
+    pub(super) high_water: Option<Mark>,
     /// The current incarnation's events.
     pub(super) events: Vec<EventSpan>,
     /// Bytes after `pos` with no line end: a torn write.
@@ -45,6 +45,29 @@ impl Default for FileIndex {
             events: Vec::new(),
             torn: 0,
             last_sync: None,
+        }
+    }
+}
+
+/// A session's high-water mark: the largest token accepted and the writer
+/// (owner) it belongs to — the first line that carried it. `owner` is
+/// `None` for a mark set by a line written before lines named their
+/// writer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Mark {
+    pub(super) token: u64,
+    pub(super) owner: Option<String>,
+}
+
+impl FileIndex {
+    /// Raises the mark to `token` (bound to `owner`) when higher; an equal
+    /// token leaves the mark with the writer that reached it first.
+    pub(super) fn raise_mark(&mut self, token: u64, owner: Option<&str>) {
+        if self.high_water.as_ref().is_none_or(|m| token > m.token) {
+            self.high_water = Some(Mark {
+                token,
+                owner: owner.map(str::to_owned),
+            });
         }
     }
 }
@@ -175,7 +198,7 @@ fn apply_line(
             });
             index.next_seq += 1;
             if let Some(t) = rec.token {
-                index.high_water = Some(index.high_water.map_or(t, |m| m.max(t)));
+                index.raise_mark(t, rec.owner.as_deref());
             }
         }
         "d" => {
@@ -185,7 +208,7 @@ fn apply_line(
             index.live = false;
             index.events.clear();
             if let Some(t) = rec.token {
-                index.high_water = Some(index.high_water.map_or(t, |m| m.max(t)));
+                index.raise_mark(t, rec.owner.as_deref());
             }
         }
         _ => return bad("unknown record type"),

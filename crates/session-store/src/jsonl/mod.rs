@@ -180,7 +180,7 @@ impl SessionStore for JsonlStore {
     ) -> Result<AppendReceipt, StoreError> {
         let payloads = validate_batch(events, self.core.opts.max_event_bytes)?;
         let session = session.clone();
-        self.run(move |core, wait| core.append(&session, fence, &payloads, wait))
+        self.run(move |core, wait| core.append(&session, &fence, &payloads, wait))
             .await
     }
 
@@ -204,7 +204,7 @@ impl SessionStore for JsonlStore {
 
     async fn delete(&self, session: &SessionId, fence: WriteFence) -> Result<(), StoreError> {
         let session = session.clone();
-        self.run(move |core, wait| core.delete(&session, fence, wait))
+        self.run(move |core, wait| core.delete(&session, &fence, wait))
             .await
     }
 

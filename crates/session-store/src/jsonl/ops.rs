@@ -9,39 +9,54 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, UNIX_EPOCH};
 
-use lease_port::{FencingToken, SessionId};
+use lease_port::{FencingToken, OwnerId, SessionId};
 use serde_json::Value;
 use tracing::warn;
 
-use super::format::{EventLine, deletion_line, header_line, push_event_line, token_json};
+use super::format::{EventLine, deletion_line, fence_json, header_line, push_event_line};
 use super::index::{EventSpan, FileIndex, page_end};
 use super::locking::{AttemptError, LockMode, Wait};
 use super::{FILE_SUFFIX, FsyncPolicy, StoreCore, lock, open_flags};
 use crate::{AppendReceipt, Page, StoreError, StoreErrorKind, StoredEvent, WriteFence};
 
 impl StoreCore {
-    pub(super) fn check_fence(
+    /// Checks `fence` against the session's mark: the token and owner to
+    /// write on the lines, or `None` for an accepted unfenced write.
+    pub(super) fn check_fence<'f>(
         &self,
         session: &SessionId,
-        fence: WriteFence,
+        fence: &'f WriteFence,
         index: &FileIndex,
-    ) -> Result<Option<u64>, StoreError> {
+    ) -> Result<Option<(u64, &'f str)>, StoreError> {
         match fence {
-            WriteFence::Token(t) => {
-                if let Some(high_water) = index.high_water.filter(|&m| t.get() < m) {
-                    return Err(StoreError::Fenced {
-                        session: session.clone(),
-                        presented: t,
-                        high_water: FencingToken::new(high_water),
-                    });
+            WriteFence::Fenced(f) => {
+                let (t, owner) = (f.token().get(), f.owner().as_str());
+                if let Some(mark) = &index.high_water {
+                    let refused =
+                        t < mark.token || (t == mark.token && mark.owner.as_deref() != Some(owner));
+                    if refused {
+                        return Err(StoreError::Fenced {
+                            session: session.clone(),
+                            presented: f.token(),
+                            presented_by: f.owner().clone(),
+                            high_water: FencingToken::new(mark.token),
+                            high_water_owner: mark
+                                .owner
+                                .as_deref()
+                                .and_then(|o| OwnerId::new(o).ok()),
+                        });
+                    }
                 }
-                Ok(Some(t.get()))
+                Ok(Some((t, owner)))
             }
             WriteFence::Unfenced => {
                 if !self.opts.allow_unfenced || index.high_water.is_some() {
                     return Err(StoreError::Unfenced {
                         session: session.clone(),
-                        high_water: index.high_water.map(FencingToken::new),
+                        high_water: index
+                            .high_water
+                            .as_ref()
+                            .map(|m| FencingToken::new(m.token)),
                     });
                 }
                 Ok(None)
@@ -144,7 +159,7 @@ impl StoreCore {
     pub(super) fn append(
         &self,
         session: &SessionId,
-        fence: WriteFence,
+        fence: &WriteFence,
         payloads: &[String],
         wait: Wait,
     ) -> Result<AppendReceipt, AttemptError> {
@@ -166,17 +181,17 @@ impl StoreCore {
                             session: session.clone(),
                         });
                     }
-                    let token = self.check_fence(session, fence, index)?;
+                    let fence = self.check_fence(session, fence, index)?;
                     self.repair(file, path, index)?;
                     let ts = self.now_ms();
-                    let token_text = token_json(token);
+                    let fence_text = fence_json(fence);
                     let total: usize = payloads.iter().map(|p| p.len() + 64).sum();
                     let mut buf = String::with_capacity(total);
                     let mut spans = Vec::with_capacity(payloads.len());
                     let first_seq = index.next_seq;
                     for (i, p) in payloads.iter().enumerate() {
                         let start = buf.len();
-                        push_event_line(&mut buf, first_seq + i as u64, &token_text, ts, p);
+                        push_event_line(&mut buf, first_seq + i as u64, &fence_text, ts, p);
                         spans.push((start as u64, (buf.len() - start) as u64));
                     }
                     self.write_end(file, path, index, buf.as_bytes())?;
@@ -190,8 +205,8 @@ impl StoreCore {
                     index.pos += buf.len() as u64;
                     index.lines += payloads.len() as u64;
                     index.next_seq = first_seq + payloads.len() as u64;
-                    if let Some(t) = token {
-                        index.high_water = Some(index.high_water.map_or(t, |m| m.max(t)));
+                    if let Some((t, owner)) = fence {
+                        index.raise_mark(t, Some(owner));
                     }
                     Ok(AppendReceipt {
                         first_seq,
@@ -205,7 +220,7 @@ impl StoreCore {
     pub(super) fn delete(
         &self,
         session: &SessionId,
-        fence: WriteFence,
+        fence: &WriteFence,
         wait: Wait,
     ) -> Result<(), AttemptError> {
         self.with_session(session, wait, |state, path| {
@@ -226,17 +241,17 @@ impl StoreCore {
                             session: session.clone(),
                         });
                     }
-                    let token = self.check_fence(session, fence, index)?;
+                    let fence = self.check_fence(session, fence, index)?;
                     self.repair(file, path, index)?;
-                    let token_text = token_json(token);
-                    let line = deletion_line(&token_text, self.now_ms());
+                    let fence_text = fence_json(fence);
+                    let line = deletion_line(&fence_text, self.now_ms());
                     self.write_end(file, path, index, line.as_bytes())?;
                     index.pos += line.len() as u64;
                     index.lines += 1;
                     index.live = false;
                     index.events.clear();
-                    if let Some(t) = token {
-                        index.high_water = Some(index.high_water.map_or(t, |m| m.max(t)));
+                    if let Some((t, owner)) = fence {
+                        index.raise_mark(t, Some(owner));
                     }
                     Ok(())
                 },
@@ -324,7 +339,10 @@ impl StoreCore {
                 return Ok(None);
             }
             self.locked(state, path, Some(session), LockMode::Shared, |_, index| {
-                Ok(index.high_water.map(FencingToken::new))
+                Ok(index
+                    .high_water
+                    .as_ref()
+                    .map(|m| FencingToken::new(m.token)))
             })
         })
     }

@@ -2,14 +2,18 @@
 
 use std::sync::atomic::Ordering;
 
-use lease_port::{FencingToken, SessionId};
+use lease_port::{FencingToken, OwnerId, SessionId};
 use serde_json::json;
 
 use super::{FsyncPolicy, JsonlOptions, JsonlStore};
 use crate::{SessionStore, StoreErrorKind, WriteFence};
 
+/// Token `t` of its one holder (each token here has exactly one).
 fn tok(t: u64) -> WriteFence {
-    WriteFence::Token(FencingToken::new(t))
+    WriteFence::new(
+        FencingToken::new(t),
+        OwnerId::new(format!("holder-of-{t}")).unwrap(),
+    )
 }
 
 async fn seqs(store: &JsonlStore, s: &SessionId) -> Vec<(u64, serde_json::Value)> {
