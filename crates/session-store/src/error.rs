@@ -4,7 +4,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use lease_port::{FencingToken, OwnerId, SessionId};
+use lease_port::{AuthorityId, FencingToken, OwnerId, SessionId};
 
 /// The coarse kind of a [`StoreError`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -32,6 +32,10 @@ pub enum StoreErrorKind {
     /// ([`JsonlOptions::lock_timeout`](crate::JsonlOptions::lock_timeout)).
     /// Nothing was done; retrying later is safe.
     Busy,
+    /// The store is fenced by another lease authority than the one offered
+    /// ([`SessionStore::bind_authority`](crate::SessionStore::bind_authority)):
+    /// the offered backend's tokens mean nothing to it.
+    AuthorityMismatch,
 }
 
 /// The error of every [`SessionStore`](crate::SessionStore) operation.
@@ -118,9 +122,34 @@ pub enum StoreError {
         /// How long the store waited for the lock.
         timeout: Duration,
     },
+    /// The store is fenced by another lease authority than the one offered.
+    #[error(
+        "store {location} is fenced by lease authority {recorded}, not {offered}: tokens of one authority mean nothing to another; serve it with the lease backend of authority {recorded}, or use another store"
+    )]
+    AuthorityMismatch {
+        /// Where the store keeps its record (the JSONL store: the file).
+        location: String,
+        /// The authority the store is fenced by.
+        recorded: AuthorityId,
+        /// The authority offered.
+        offered: AuthorityId,
+    },
 }
 
 impl StoreError {
+    /// `AuthorityMismatch` for the store at `location`.
+    pub fn authority_mismatch(
+        location: impl Into<String>,
+        recorded: AuthorityId,
+        offered: AuthorityId,
+    ) -> Self {
+        StoreError::AuthorityMismatch {
+            location: location.into(),
+            recorded,
+            offered,
+        }
+    }
+
     /// The kind of this error.
     pub fn kind(&self) -> StoreErrorKind {
         match self {
@@ -132,6 +161,7 @@ impl StoreError {
             StoreError::Corrupt { .. } => StoreErrorKind::Corrupt,
             StoreError::Io { .. } => StoreErrorKind::Io,
             StoreError::Busy { .. } => StoreErrorKind::Busy,
+            StoreError::AuthorityMismatch { .. } => StoreErrorKind::AuthorityMismatch,
         }
     }
 

@@ -91,10 +91,23 @@
 //!    [`StoreErrorKind`] `NotFound`, `AlreadyExists`, `Fenced`, `Unfenced`,
 //!    `Invalid`, `Corrupt` (with file, line and parse error), `Io` (with the
 //!    operation, path and OS error), `Busy` (the session stayed locked by
-//!    someone else past the store's deadline; nothing was done, retry).
+//!    someone else past the store's deadline; nothing was done, retry),
+//!    `AuthorityMismatch` (the store is fenced by another lease authority).
 //!    A write reported failed never appears later (see *Failed writes*
 //!    below for the one exception, which its error names).
-//! 6. **A store may bring its own leases**: [`SessionStore::session_lease`]
+//! 6. **A store records the lease authority that fences it**
+//!    ([`SessionStore::bind_authority`]): tokens mean something only
+//!    within one authority (one lease directory, etcd prefix, namespace or
+//!    lease service). The first binding records the
+//!    [`AuthorityId`](lease_port::AuthorityId) once and durably; later
+//!    ones, from any process, succeed only for the same id and otherwise
+//!    fail with [`StoreError::AuthorityMismatch`] naming the recorded one.
+//!    A server binds at start-up, before its first write. A store written
+//!    before it recorded an authority is bound by its first binding:
+//!    nothing in its data names the authority its tokens came from, and
+//!    refusing would leave such a store unusable; its marks keep fencing
+//!    (a lower token, or an equal one from another writer, stays refused).
+//! 7. **A store may bring its own leases**: [`SessionStore::session_lease`]
 //!    (default `None`; the JSONL store has none — the server puts
 //!    `flocklease` files in [`JsonlStore::lease_dir`]).
 //!
@@ -113,6 +126,13 @@
 //!   reads and [`list`](SessionStore::list) but its file (and mark) stays;
 //!   files are never unlinked or renamed over, because other processes may
 //!   hold them locked.
+//! - **The authority record** is `<dir>/.fencing-authority`
+//!   ([`AUTHORITY_FILE_NAME`]), one JSON line `{"v":1,"authority":…}`,
+//!   created by writing and syncing a private temporary file and
+//!   hard-linking it into place (a racing creator finds the name taken
+//!   and compares with what won), then syncing the directory. A record
+//!   that cannot be read is [`StoreError::Corrupt`], never taken for
+//!   "none".
 //! - **Creation** writes the header to a private temporary file and
 //!   hard-links it into place, so no process ever sees a file without its
 //!   header and an existing file is never replaced.
@@ -178,7 +198,7 @@ mod model;
 
 pub use error::{StoreError, StoreErrorKind};
 pub use jsonl::{
-    DEFAULT_LEASE_DIR_NAME, DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_OPEN,
-    DEFAULT_MAX_PAGE_BYTES, FILE_SUFFIX, FsyncPolicy, JsonlOptions, JsonlStore,
+    AUTHORITY_FILE_NAME, DEFAULT_LEASE_DIR_NAME, DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_EVENT_BYTES,
+    DEFAULT_MAX_OPEN, DEFAULT_MAX_PAGE_BYTES, FILE_SUFFIX, FsyncPolicy, JsonlOptions, JsonlStore,
 };
 pub use model::{AppendReceipt, Fence, Page, SessionStore, StoredEvent, WriteFence};

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use async_trait::async_trait;
-use lease_port::{FencingToken, Lease, OwnerId, SessionId, SessionLease};
+use lease_port::{AuthorityId, FencingToken, Lease, OwnerId, SessionId, SessionLease};
 use serde_json::Value;
 
 use crate::StoreError;
@@ -164,6 +164,30 @@ pub trait SessionStore: Send + Sync {
     /// The session's high-water mark: the highest token accepted, `None`
     /// when no fenced write ever was.
     async fn high_water(&self, session: &SessionId) -> Result<Option<FencingToken>, StoreError>;
+
+    /// Records that tokens of `authority` fence this store, or checks that
+    /// they do.
+    ///
+    /// The first call records the id, once and durably; every later call,
+    /// from any process, succeeds only for the same id and otherwise fails
+    /// with [`StoreError::AuthorityMismatch`] naming the recorded one. Two
+    /// racing first calls record exactly one id: the loser is answered as a
+    /// later call. A server calls it at start-up with its lease backend's
+    /// [`authority`](SessionLease::authority) before it writes.
+    ///
+    /// A store written before it recorded an authority (sessions, no
+    /// record) is bound by its first call: nothing in its data can name the
+    /// authority that fenced it.
+    ///
+    /// Implementations: a database keeps the id under one key and creates
+    /// it with a conditional write (Redis `SET NX`, an etcd transaction on
+    /// the key's absence, a Kubernetes object created or found), then
+    /// compares.
+    async fn bind_authority(&self, authority: &AuthorityId) -> Result<(), StoreError>;
+
+    /// The authority recorded by [`bind_authority`](Self::bind_authority),
+    /// `None` before the first binding.
+    async fn recorded_authority(&self) -> Result<Option<AuthorityId>, StoreError>;
 
     /// The store's own lease backend, when it offers one (a database with
     /// conditional writes can). `None` by default: the server then picks a

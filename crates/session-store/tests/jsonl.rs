@@ -9,7 +9,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_port::{FencingToken, LeaseErrorKind, ManualClock, OwnerId, SessionId, SessionLease};
+use lease_port::{
+    AuthorityId, FencingToken, LeaseErrorKind, ManualClock, OwnerId, SessionId, SessionLease,
+};
 use memlease::MemLease;
 use serde_json::{Value, json};
 use session_store::{
@@ -954,4 +956,160 @@ async fn a_mark_whose_writer_was_not_recorded_refuses_an_equal_token() {
             (3, Some(6), json!("again"))
         ]
     );
+}
+
+fn authority(s: &str) -> AuthorityId {
+    AuthorityId::new(s).unwrap()
+}
+
+/// The first binding records the authority once; later ones succeed only
+/// for the same id, from any store instance, and a store created before
+/// bindings existed (events, no record) binds on first use.
+#[tokio::test]
+async fn a_store_records_the_authority_that_fences_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    // Written before: a session with events, no record.
+    let s = sid("s");
+    store.create(&s).await.unwrap();
+    store.append(&s, tok(3), &[json!(1)]).await.unwrap();
+    assert_eq!(store.recorded_authority().await.unwrap(), None);
+
+    let (a, b) = (authority("flock:aaaa"), authority("flock:bbbb"));
+    store.bind_authority(&a).await.unwrap();
+    store.bind_authority(&a).await.unwrap();
+    let again = open(dir.path());
+    again.bind_authority(&a).await.unwrap();
+    assert_eq!(again.recorded_authority().await.unwrap(), Some(a.clone()));
+    for s in [&store, &again, &open(dir.path())] {
+        let err = s.bind_authority(&b).await.unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::AuthorityMismatch);
+        assert!(
+            matches!(&err, StoreError::AuthorityMismatch { recorded, offered, .. }
+                if *recorded == a && *offered == b),
+            "{err:?}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("flock:aaaa") && text.contains("flock:bbbb"),
+            "{text}"
+        );
+    }
+    // Binding neither hides nor changes sessions.
+    assert_eq!(again.list().await.unwrap(), vec![s.clone()]);
+    assert_eq!(all(&again, &s).await, vec![(1, Some(3), json!(1))]);
+}
+
+/// Racing first bindings from several store instances (processes): one id
+/// wins, every binder of it succeeds, every other fails naming it.
+#[test]
+fn racing_first_bindings_record_one_authority() {
+    for _ in 0..20 {
+        let dir = tempfile::tempdir().unwrap();
+        let barrier = Arc::new(std::sync::Barrier::new(6));
+        let threads: Vec<_> = (0..6)
+            .map(|i| {
+                let (dir, barrier) = (dir.path().to_owned(), Arc::clone(&barrier));
+                std::thread::spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .build()
+                        .unwrap();
+                    let store = open(&dir);
+                    let offered = authority(&format!("auth-{}", i % 2));
+                    barrier.wait();
+                    (offered.clone(), rt.block_on(store.bind_authority(&offered)))
+                })
+            })
+            .collect();
+        let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let winner = rt
+            .block_on(open(dir.path()).recorded_authority())
+            .unwrap()
+            .unwrap();
+        for (offered, result) in results {
+            match result {
+                Ok(()) => assert_eq!(offered, winner),
+                Err(StoreError::AuthorityMismatch { recorded, .. }) => {
+                    assert_ne!(offered, winner);
+                    assert_eq!(recorded, winner);
+                }
+                Err(e) => panic!("unexpected {e:?}"),
+            }
+        }
+        // Nothing but the record is left behind.
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+    }
+}
+
+/// A damaged record is never taken for "no record": it is `Corrupt`, with
+/// the file and what to do.
+#[tokio::test]
+async fn a_damaged_authority_record_is_corrupt_never_rebound() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    store.bind_authority(&authority("one")).await.unwrap();
+    let record = fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .next()
+        .unwrap();
+    assert_eq!(
+        fs::metadata(&record).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    fs::write(&record, "{\"v\":1,\"auth").unwrap();
+    for s in [&store, &open(dir.path())] {
+        let err = s.bind_authority(&authority("two")).await.unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{err}");
+        assert!(
+            err.to_string().contains(&*record.to_string_lossy()),
+            "{err}"
+        );
+        let err = s.bind_authority(&authority("one")).await.unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{err}");
+    }
+}
+
+/// Store instances of one process creating one session at once: one
+/// creates it, the others find it exists — never an I/O error from two
+/// creators sharing a temporary file name.
+#[test]
+fn racing_creators_in_one_process_never_share_a_temporary_file() {
+    for round in 0..20 {
+        let dir = tempfile::tempdir().unwrap();
+        let s = sid(&format!("s{round}"));
+        let barrier = Arc::new(std::sync::Barrier::new(4));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let (dir, barrier, s) = (dir.path().to_owned(), Arc::clone(&barrier), s.clone());
+                std::thread::spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .build()
+                        .unwrap();
+                    let store = open(&dir);
+                    barrier.wait();
+                    rt.block_on(store.create(&s)).map_err(|e| e.kind())
+                })
+            })
+            .collect();
+        let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        assert_eq!(
+            results.iter().filter(|r| r.is_ok()).count(),
+            1,
+            "{results:?}"
+        );
+        assert!(
+            results
+                .iter()
+                .all(|r| matches!(r, Ok(()) | Err(StoreErrorKind::AlreadyExists))),
+            "{results:?}"
+        );
+    }
 }

@@ -13,6 +13,7 @@
 // file, and are taken back on failure) and `ops` (the fenced operations
 // built from them).
 
+mod authority;
 mod cache;
 mod format;
 mod index;
@@ -32,11 +33,12 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use async_trait::async_trait;
-use lease_port::{FencingToken, SessionId};
+use lease_port::{AuthorityId, FencingToken, SessionId};
 use nix::fcntl::OFlag;
 use serde_json::Value;
 
 use crate::{AppendReceipt, Page, SessionStore, StoreError, WriteFence};
+pub use authority::AUTHORITY_FILE_NAME;
 use cache::OpenSession;
 use format::millis;
 use ops::validate_batch;
@@ -77,10 +79,21 @@ struct StoreCore {
     ///
     /// [`list`]: SessionStore::list
     names: Mutex<HashMap<String, SessionId>>,
-    tmp_counter: AtomicU64,
     /// Test hook: how many of the next data syncs fail.
     #[cfg(test)]
     fail_syncs: std::sync::atomic::AtomicU32,
+}
+
+/// Numbers the temporary files of this process: one counter for every
+/// store instance, so two instances on one directory never pick the same
+/// name (the name also holds the process id).
+static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// A temporary file name in the store directory, unique to this call:
+/// `.tmp-<what>-<pid>-<n>`.
+fn tmp_name(what: &str) -> String {
+    let n = TMP_COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!(".tmp-{what}-{}-{n}", std::process::id())
 }
 
 /// Locks a mutex, ignoring poisoning.
@@ -130,7 +143,6 @@ impl JsonlStore {
                 opts,
                 open_sessions: Mutex::default(),
                 names: Mutex::default(),
-                tmp_counter: AtomicU64::new(0),
                 #[cfg(test)]
                 fail_syncs: std::sync::atomic::AtomicU32::new(0),
             }),
@@ -151,6 +163,25 @@ impl JsonlStore {
     /// The file holding `session`.
     pub fn path_of(&self, session: &SessionId) -> PathBuf {
         self.core.path(&session_filename::stem(session))
+    }
+}
+
+impl JsonlStore {
+    /// Runs `f` on tokio's blocking pool (for rare calls that sync).
+    async fn blocking<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&StoreCore) -> Result<R, StoreError> + Send + 'static,
+    ) -> Result<R, StoreError> {
+        let core = Arc::clone(&self.core);
+        tokio::task::spawn_blocking(move || f(&core))
+            .await
+            .map_err(|e| {
+                StoreError::io(
+                    "running a blocking store task",
+                    &self.core.dir,
+                    io::Error::other(e.to_string()),
+                )
+            })?
     }
 }
 
@@ -212,5 +243,15 @@ impl SessionStore for JsonlStore {
         let session = session.clone();
         self.run(move |core, wait| core.high_water(&session, wait))
             .await
+    }
+
+    async fn bind_authority(&self, authority: &AuthorityId) -> Result<(), StoreError> {
+        let authority = authority.clone();
+        self.blocking(move |core| core.bind_authority(&authority))
+            .await
+    }
+
+    async fn recorded_authority(&self) -> Result<Option<AuthorityId>, StoreError> {
+        self.blocking(StoreCore::read_authority).await
     }
 }

@@ -6,7 +6,6 @@ use std::fs::OpenOptions;
 use std::io::{self, Write as _};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, UNIX_EPOCH};
 
 use lease_port::{FencingToken, OwnerId, SessionId};
@@ -16,7 +15,7 @@ use tracing::warn;
 use super::format::{EventLine, deletion_line, fence_json, header_line, push_event_line};
 use super::index::{EventSpan, FileIndex, page_end};
 use super::locking::{AttemptError, LockMode, Wait};
-use super::{FILE_SUFFIX, FsyncPolicy, StoreCore, lock, open_flags};
+use super::{FILE_SUFFIX, FsyncPolicy, StoreCore, lock, open_flags, tmp_name};
 use crate::{AppendReceipt, Page, StoreError, StoreErrorKind, StoredEvent, WriteFence};
 
 impl StoreCore {
@@ -115,11 +114,7 @@ impl StoreCore {
         path: &Path,
         header: &dyn Fn(u64) -> String,
     ) -> Result<bool, StoreError> {
-        let n = self.tmp_counter.fetch_add(1, Ordering::Relaxed);
-        let stem = session_filename::stem(session);
-        let tmp = self
-            .dir
-            .join(format!(".tmp-{stem}-{}-{n}", std::process::id()));
+        let tmp = self.dir.join(tmp_name(&session_filename::stem(session)));
         let result = (|| {
             let mut f = OpenOptions::new()
                 .write(true)
