@@ -160,7 +160,7 @@ fn append_offload(c: &mut Criterion) {
             b.iter_custom(|iters| {
                 n += 1;
                 let s = SessionId::new(format!("offload-{n}")).expect("valid");
-                let store = store.clone();
+                let (store, fence) = (store.clone(), fence.clone());
                 // Measured inside a task on a worker, as a server's call is.
                 rt.block_on(rt.spawn(async move {
                     let events = [payload()];
@@ -178,8 +178,9 @@ fn append_offload(c: &mut Criterion) {
                             }
                             "spawn_blocking" => {
                                 let (store, s, events) = (store.clone(), s.clone(), events.clone());
+                                let fence = fence.clone();
                                 let r = tokio::task::spawn_blocking(move || {
-                                    ready(store.append(&s, fence.clone(), &events))
+                                    ready(store.append(&s, fence, &events))
                                 });
                                 black_box(r.await.expect("join").expect("append"));
                             }

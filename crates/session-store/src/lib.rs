@@ -117,11 +117,19 @@
 //!   (safe, injective, case-fold-proof, bounded; long ids hashed). The first
 //!   line of every file is a header holding the full session id, compared on
 //!   every open, so a hashed name can never mix two sessions.
-//! - **Record lines**: header `{"t":"h","v":1,"id":…,"ts":…}`, event
+//! - **Record lines**: header `{"t":"h","v":2,"id":…,"ts":…}`, event
 //!   `{"t":"e","seq":…,"token":…,"owner":…,"ts":…,"payload":…}` (an
 //!   unfenced one `"token":null` and no owner), deletion
 //!   `{"t":"d","token":…,"owner":…,"ts":…}`; `ts` is milliseconds since the
 //!   Unix epoch. Files only ever grow, except when a torn tail is cut.
+//! - **Every write is framed**: its record lines are followed by a commit
+//!   line `{"t":"c","n":…,"len":…,"crc":…}` — how many lines, how many
+//!   bytes, their CRC-32 — and readers take the lines only with a commit
+//!   that matches them, so a batch is all or nothing across a crash too.
+//!   Files of format 1 (headers `"v":1`, no commit lines, every line
+//!   standing alone) are still read; the first write to one adds a framing
+//!   line `{"t":"f"}` and frames itself and every later write. Versions
+//!   before format 2 cannot read files written since.
 //! - **Deletion** appends a deletion record: the session disappears from
 //!   reads and [`list`](SessionStore::list) but its file (and mark) stays;
 //!   files are never unlinked or renamed over, because other processes may
@@ -157,22 +165,40 @@
 //!   Fencing across a machine crash holds for acknowledged writes under
 //!   `Always` only: a write lost by the crash also loses its token from
 //!   the mark.
+//!   Under `Always` at most one write per session (the one under way) is
+//!   not durable at any moment, so a crash damages at most the end of the
+//!   file; under `Interval` and `Never` several unsynced writes may be
+//!   damaged out of order on file systems that write pages back out of
+//!   order, and damage followed by a complete committed write is then
+//!   `Corrupt` (see *Crash safety*).
 //! - **Failed writes**: when a write, or the `fdatasync` after a complete
 //!   write, fails, the file is cut back (under the session's locks, so no
 //!   reader saw the lines) to where it ended before, and the store's view
 //!   of the file does not move: the write never appears, and the next one
-//!   takes its sequence numbers. Should the cut fail too, the error says
-//!   the write may be stored, and the store re-reads the file before the
-//!   next call, so sequence numbers still follow the file. Creating a new
+//!   takes its sequence numbers. Unless the policy is `Never`, the cut is
+//!   synced before the error is returned, so the write cannot reappear
+//!   after a machine crash either; should that sync fail, the error says
+//!   the write may reappear after a crash. Should the cut fail, the error
+//!   says the write may be stored, and the store re-reads the file before
+//!   the next call, so sequence numbers still follow the file. Creating a new
 //!   session file links it into place before syncing the directory; if
 //!   that directory sync fails the error says the session exists (other
 //!   processes may already use the file, so it is not taken back).
-//! - **Crash safety**: a final line without its line end is a *torn tail*:
-//!   readers ignore it and report it ([`Page::torn_tail`]); the next write
-//!   to the session cuts it off before appending (`O_APPEND` would
-//!   otherwise glue the new line to it). Earlier events are never affected.
-//!   A damaged line *before* the last one is [`StoreError::Corrupt`] naming
-//!   the file and line. A file truncated at a line end simply ends earlier.
+//! - **Crash safety**: everything after the last committed write that is
+//!   not itself committed — an incomplete line, lines without their commit
+//!   line, lines a commit does not match, zeros or bytes from elsewhere —
+//!   is a *torn tail*: readers ignore it and report it
+//!   ([`Page::torn_tail`]); the next write to the session cuts it off
+//!   before appending (`O_APPEND` would otherwise glue the new line to it).
+//!   Earlier events are never affected, and the session stays readable.
+//!   Damage *followed by* a committed write (a commit line matching the
+//!   lines before it; in a format-1 file, any record line) cannot be left
+//!   by a crash under `Always`: it is [`StoreError::Corrupt`] naming the
+//!   file and line. Damage confined to the last write cannot be told from
+//!   a torn write and is cut like one. A file truncated at a line end
+//!   simply ends earlier. The crate's crash simulation checks this on
+//!   every image a power loss may leave (any state since the last sync,
+//!   cut anywhere, sectors lost or holding other bytes).
 //! - **File safety**: the directory is created mode 0700, files 0600; files
 //!   are opened with `O_NOFOLLOW` (a symbolic link is `Corrupt`, never
 //!   followed) and must be regular files; [`list`](SessionStore::list)

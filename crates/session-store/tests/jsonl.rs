@@ -489,23 +489,26 @@ async fn a_damaged_line_before_the_last_is_corrupt() {
     let store = open(dir.path());
     let s = sid("s");
     store.create(&s).await.unwrap();
-    store
-        .append(&s, tok(1), &[json!("one"), json!("two"), json!("three")])
-        .await
-        .unwrap();
+    for event in ["one", "two", "three"] {
+        store.append(&s, tok(1), &[json!(event)]).await.unwrap();
+    }
+    // Lines: header, commit, then each event and its commit.
     let path = store.path_of(&s);
     let text = fs::read_to_string(&path).unwrap();
-    let damaged = text.replacen("\"two\"", "\"tw\u{0}\"", 1).replacen(
-        "\"t\":\"e\",\"seq\":2",
-        "\"t\":\"e\",\"seq\":9",
-        1,
-    );
-    fs::write(&path, damaged).unwrap();
+    let damage = |text: &str, from: &str| text.replacen(from, "\"tw\u{0}\"", 1);
+    fs::write(&path, damage(&text, "\"two\"")).unwrap();
     let err = open(dir.path()).read(&s, 1, 10).await.unwrap_err();
     match err {
-        StoreError::Corrupt { line, .. } => assert_eq!(line, Some(3)),
+        StoreError::Corrupt { line, .. } => assert_eq!(line, Some(5)),
         other => panic!("expected Corrupt, got {other:?}"),
     }
+    // Damage confined to the last write cannot be told from a write torn by
+    // a crash: it is a torn tail, and the earlier events stay readable.
+    fs::write(&path, damage(&text, "\"three\"")).unwrap();
+    let page = open(dir.path()).read(&s, 1, 10).await.unwrap();
+    assert!(page.torn_tail);
+    assert_eq!(page.events.len(), 2);
+    fs::write(&path, &text).unwrap();
 
     // A file whose header names another session (a hashed-name collision,
     // or a file copied under the wrong name) is refused too.
@@ -787,12 +790,11 @@ async fn list_skips_files_that_are_not_readable_sessions() {
     .unwrap();
     let c = sid("c");
     store.create(&c).await.unwrap();
-    OpenOptions::new()
-        .append(true)
-        .open(store.path_of(&c))
-        .unwrap()
-        .write_all(b"garbage\n{\"t\":\"d\",\"token\":null,\"ts\":1}\n")
-        .unwrap();
+    store.append(&c, tok(1), &[json!("first")]).await.unwrap();
+    store.append(&c, tok(1), &[json!("second")]).await.unwrap();
+    let text = fs::read_to_string(store.path_of(&c)).unwrap();
+    let first = text.lines().find(|l| l.contains("first")).unwrap();
+    fs::write(store.path_of(&c), text.replacen(first, "garbage", 1)).unwrap();
 
     for s in [store.clone(), open(dir.path())] {
         assert_eq!(s.list().await.unwrap(), vec![a.clone(), b.clone()]);
@@ -1112,4 +1114,50 @@ fn racing_creators_in_one_process_never_share_a_temporary_file() {
             "{results:?}"
         );
     }
+}
+
+/// A file of format 1 (no commit lines) is read as before; the next write
+/// adds a framing line and frames itself; a garbage final line of either
+/// kind is a torn tail, never `Corrupt`.
+#[tokio::test]
+async fn a_file_of_format_1_is_read_and_framed_from_its_next_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let s = sid("v1");
+    let old = "{\"t\":\"h\",\"v\":1,\"id\":\"v1\",\"ts\":1}\n\
+               {\"t\":\"e\",\"seq\":1,\"token\":2,\"ts\":2,\"payload\":\"old\"}\n";
+    fs::write(store.path_of(&s), format!("{old}\u{0}\u{7}garbage\n")).unwrap();
+    let page = store.read(&s, 1, 10).await.unwrap();
+    assert!(page.torn_tail);
+    assert_eq!(page.events.len(), 1);
+
+    store
+        .append(&s, tok(3), &[json!("new"), json!("newer")])
+        .await
+        .unwrap();
+    let text = fs::read_to_string(store.path_of(&s)).unwrap();
+    assert!(text.starts_with(old), "{text}");
+    let added: Vec<&str> = text[old.len()..].lines().collect();
+    assert_eq!(added.len(), 4, "{text}");
+    assert_eq!(added[0], "{\"t\":\"f\"}");
+    assert!(added[3].starts_with("{\"t\":\"c\",\"n\":3,"), "{text}");
+    let want = vec![
+        (1, Some(2), json!("old")),
+        (2, Some(3), json!("new")),
+        (3, Some(3), json!("newer")),
+    ];
+    assert_eq!(all(&open(dir.path()), &s).await, want);
+
+    // A later write torn by a crash (its commit missing) is cut, whole.
+    let before = fs::read(store.path_of(&s)).unwrap();
+    let next = "{\"t\":\"e\",\"seq\":4,\"token\":3,\"owner\":\"holder-of-3\",\"ts\":3,\"payload\":\"torn\"}\n";
+    fs::write(store.path_of(&s), [&before[..], next.as_bytes()].concat()).unwrap();
+    let fresh = open(dir.path());
+    let page = fresh.read(&s, 1, 10).await.unwrap();
+    assert!(page.torn_tail);
+    assert_eq!(page.events.len(), 3);
+    fresh.append(&s, tok(3), &[json!("after")]).await.unwrap();
+    let mut want = want;
+    want.push((4, Some(3), json!("after")));
+    assert_eq!(all(&open(dir.path()), &s).await, want);
 }

@@ -16,8 +16,14 @@ use serde_json::Value;
 use super::open_flags;
 use crate::StoreError;
 
-/// The `v` of every header this store writes and the only one it reads.
-pub(super) const FORMAT_VERSION: u64 = 1;
+/// The `v` of every header this store writes; it reads this one and 1
+/// (unframed: every line commits on its own).
+pub(super) const FORMAT_VERSION: u64 = 2;
+
+/// The framing line: written before the first framed write to a file
+/// whose lines are not framed yet (one written by format 1). From it on,
+/// lines commit only with a commit line.
+pub(super) const FRAMING_LINE: &str = "{\"t\":\"f\"}\n";
 
 /// The fields of any record line (header, event or deletion) that the
 /// index needs; the payload is left unparsed.
@@ -34,6 +40,35 @@ pub(super) struct Record {
     pub(super) token: Option<u64>,
     #[serde(default)]
     pub(super) owner: Option<String>,
+    #[serde(default)]
+    pub(super) n: Option<u64>,
+    #[serde(default)]
+    pub(super) len: Option<u64>,
+    #[serde(default)]
+    pub(super) crc: Option<u64>,
+}
+
+impl Record {
+    /// A framing line or a version-2 header: lines from it on are framed.
+    pub(super) fn starts_frame(&self) -> bool {
+        self.t == "f" || (self.t == "h" && self.v.is_some_and(|v| v >= 2))
+    }
+
+    /// A record type this store writes.
+    pub(super) fn is_known(&self) -> bool {
+        matches!(self.t.as_str(), "h" | "e" | "d" | "f" | "c")
+    }
+}
+
+/// Ends the write in `buf[from..]` (whole lines) with its commit line:
+/// `{"t":"c","n":…,"len":…,"crc":…}`, the number of lines, their length in
+/// bytes and their CRC-32. Readers take the lines only with it.
+pub(super) fn push_commit(buf: &mut String, from: usize) {
+    let lines = &buf.as_bytes()[from..];
+    let n = lines.iter().filter(|&&b| b == b'\n').count();
+    let len = lines.len();
+    let crc = crc32fast::hash(lines);
+    let _ = writeln!(buf, "{{\"t\":\"c\",\"n\":{n},\"len\":{len},\"crc\":{crc}}}");
 }
 
 /// An event line in full, parsed when a page is read.

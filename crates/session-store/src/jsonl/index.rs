@@ -27,8 +27,11 @@ pub(super) struct FileIndex {
     pub(super) high_water: Option<Mark>,
     /// The current incarnation's events.
     pub(super) events: Vec<EventSpan>,
-    /// Bytes after `pos` with no line end: a torn write.
+    /// Bytes after `pos` that are not committed records: a torn write.
     pub(super) torn: u64,
+    /// Writes to the file are framed (end in a commit line): since a
+    /// version-2 header or a framing line.
+    pub(super) framed: bool,
     pub(super) last_sync: Option<Instant>,
 }
 
@@ -44,6 +47,7 @@ impl Default for FileIndex {
             high_water: None,
             events: Vec::new(),
             torn: 0,
+            framed: false,
             last_sync: None,
         }
     }
@@ -121,20 +125,10 @@ pub(super) fn refresh(
         let mut buf = vec![0u8; (size - index.pos) as usize];
         file.read_exact_at(&mut buf, index.pos)
             .map_err(|e| StoreError::io("reading session file", path, e))?;
-        let mut at = 0usize;
-        while let Some(nl) = buf[at..].iter().position(|&b| b == b'\n') {
-            let line = &buf[at..at + nl];
-            let off = index.pos;
-            let no = index.lines + 1;
-            if let Err(e) = apply_line(line, off, no, index, path) {
-                index.valid = false;
-                return Err(e);
-            }
-            index.lines = no;
-            index.pos += nl as u64 + 1;
-            at += nl + 1;
+        if let Err(e) = scan(&buf, index, path) {
+            index.valid = false;
+            return Err(e);
         }
-        index.torn = (buf.len() - at) as u64;
     }
     if let (Some(expect), Some(id)) = (expect, &index.id) {
         if id != expect.as_str() {
@@ -151,30 +145,155 @@ pub(super) fn refresh(
     Ok(())
 }
 
-/// Applies complete line number `no`, found at offset `off`, to `index`.
+/// A record line read but not yet committed: where it starts in the
+/// buffer, its length with its line end, what it says.
+struct Pending {
+    at: usize,
+    len: usize,
+    rec: Record,
+}
+
+/// Applies to `index` every committed record in `buf` (the file from
+/// `index.pos` on) and sets `index.torn` to the bytes after the last one.
+///
+/// Unframed lines (files written before commits existed) commit one by
+/// one. A frame — from a framing line or a version-2 header on — commits
+/// as a whole at its commit line, when the line count, length and CRC-32
+/// of the lines before it match. Where the file stops making sense (a line
+/// that is not a record, a commit that does not match), what follows is a
+/// torn tail left by a crash — unless a later commit line matches the
+/// lines before it, or (unframed) a later line is a record: then stored
+/// data lies beyond the damage and the file is `Corrupt`.
+fn scan(buf: &[u8], index: &mut FileIndex, path: &Path) -> Result<(), StoreError> {
+    let base = index.pos;
+    let mut committed = 0usize;
+    let mut at = 0usize;
+    let mut pending: Vec<Pending> = Vec::new();
+    // (start of the damaged region, its line number, what is wrong,
+    // whether it lies outside any frame)
+    let mut damage: Option<(usize, u64, String, bool)> = None;
+    while let Some(nl) = buf[at..].iter().position(|&b| b == b'\n') {
+        let next = at + nl + 1;
+        let no = index.lines + pending.len() as u64 + 1;
+        let frame_start = pending.first().map_or(at, |p| p.at);
+        let rec: Record = match serde_json::from_slice(&buf[at..at + nl]) {
+            Ok(rec) => rec,
+            Err(e) => {
+                let unframed = !index.framed && pending.is_empty();
+                damage = Some((
+                    frame_start,
+                    no,
+                    format!("not a store record ({e})"),
+                    unframed,
+                ));
+                break;
+            }
+        };
+        let framed = index.framed || !pending.is_empty();
+        if !framed && !rec.starts_frame() {
+            apply_line(&rec, base + at as u64, nl as u64 + 1, no, index, path)?;
+            index.lines = no;
+            index.pos = base + next as u64;
+            committed = next;
+        } else if rec.t == "c" {
+            let first = index.lines + 1;
+            if !commits(&rec, &buf[frame_start..at], pending.len()) {
+                let what = "a write that does not match its commit line".to_owned();
+                damage = Some((frame_start, first, what, false));
+                break;
+            }
+            for (i, p) in pending.drain(..).enumerate() {
+                let off = base + p.at as u64;
+                apply_line(&p.rec, off, p.len as u64, first + i as u64, index, path)?;
+            }
+            index.lines = no;
+            index.pos = base + next as u64;
+            index.framed = true;
+            committed = next;
+        } else {
+            pending.push(Pending {
+                at,
+                len: nl + 1,
+                rec,
+            });
+        }
+        at = next;
+    }
+    if let Some((from, no, what, unframed)) = damage {
+        if stored_beyond(buf, from, unframed) {
+            return Err(StoreError::corrupt(
+                path,
+                Some(no),
+                format!("{what}, with stored records after it"),
+            ));
+        }
+    }
+    index.torn = (buf.len() - committed) as u64;
+    Ok(())
+}
+
+/// Whether the commit line `rec` commits `lines`, the `count` lines
+/// before it.
+fn commits(rec: &Record, lines: &[u8], count: usize) -> bool {
+    count > 0
+        && rec.n == Some(count as u64)
+        && rec.len == Some(lines.len() as u64)
+        && rec.crc == Some(u64::from(crc32fast::hash(lines)))
+}
+
+/// Whether stored data lies in `buf` after `from`: a commit line matching
+/// the lines before it (all after `from`), or — when `unframed` — any
+/// record line after the one at `from`.
+fn stored_beyond(buf: &[u8], from: usize, unframed: bool) -> bool {
+    let mut at = from;
+    let mut first = true;
+    while let Some(nl) = buf[at..].iter().position(|&b| b == b'\n') {
+        let next = at + nl + 1;
+        if let Ok(rec) = serde_json::from_slice::<Record>(&buf[at..at + nl]) {
+            if rec.t == "c" {
+                let committed = rec
+                    .len
+                    .and_then(|len| usize::try_from(len).ok())
+                    .and_then(|len| at.checked_sub(len))
+                    .filter(|&start| start >= from)
+                    .is_some_and(|start| {
+                        let lines = &buf[start..at];
+                        let count = lines.iter().filter(|&&b| b == b'\n').count();
+                        commits(&rec, lines, count)
+                    });
+                if committed {
+                    return true;
+                }
+            } else if unframed && !first && rec.is_known() {
+                return true;
+            }
+        }
+        first = false;
+        at = next;
+    }
+    false
+}
+
+/// Applies record line number `no`, found at offset `off` and `len` bytes
+/// long with its line end, to `index`.
 fn apply_line(
-    line: &[u8],
+    rec: &Record,
     off: u64,
+    len: u64,
     no: u64,
     index: &mut FileIndex,
     path: &Path,
 ) -> Result<(), StoreError> {
-    let rec: Record = serde_json::from_slice(line).map_err(|e| StoreError::Corrupt {
-        path: path.to_owned(),
-        line: Some(no),
-        message: "not a store record".to_owned(),
-        source: Some(e),
-    })?;
     let bad = |m: &str| Err(StoreError::corrupt(path, Some(no), m.to_owned()));
     if no == 1 && rec.t != "h" {
         return bad("the first line is not a header");
     }
     match rec.t.as_str() {
         "h" => {
-            if rec.v != Some(FORMAT_VERSION) {
+            if !rec.v.is_some_and(|v| (1..=FORMAT_VERSION).contains(&v)) {
                 return bad("unsupported format version");
             }
-            let Some(id) = rec.id else {
+            let Some(id) = rec.id.clone() else {
                 return bad("header without a session id");
             };
             if index.id.as_ref().is_some_and(|known| *known != id) {
@@ -194,7 +313,7 @@ fn apply_line(
             index.events.push(EventSpan {
                 seq: index.next_seq,
                 off,
-                len: line.len() as u64 + 1,
+                len,
             });
             index.next_seq += 1;
             if let Some(t) = rec.token {
@@ -211,6 +330,8 @@ fn apply_line(
                 index.raise_mark(t, rec.owner.as_deref());
             }
         }
+        // The framing line: what follows is committed by commit lines.
+        "f" => {}
         _ => return bad("unknown record type"),
     }
     Ok(())

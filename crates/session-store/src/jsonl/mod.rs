@@ -15,6 +15,8 @@
 
 mod authority;
 mod cache;
+#[cfg(test)]
+mod crash_sim;
 mod format;
 mod index;
 mod locking;

@@ -12,13 +12,43 @@ use lease_port::{FencingToken, OwnerId, SessionId};
 use serde_json::Value;
 use tracing::warn;
 
-use super::format::{EventLine, deletion_line, fence_json, header_line, push_event_line};
+use super::format::{
+    EventLine, FRAMING_LINE, deletion_line, fence_json, header_line, push_commit, push_event_line,
+};
 use super::index::{EventSpan, FileIndex, page_end};
 use super::locking::{AttemptError, LockMode, Wait};
 use super::{FILE_SUFFIX, FsyncPolicy, StoreCore, lock, open_flags, tmp_name};
 use crate::{AppendReceipt, Page, StoreError, StoreErrorKind, StoredEvent, WriteFence};
 
+/// The start of a write's buffer: the framing line when the file holds
+/// lines that are not framed (a file written by format 1), else nothing (a
+/// version-2 header, first in an empty file, starts the framing itself).
+fn framing(index: &FileIndex) -> String {
+    if index.framed || index.pos == 0 {
+        String::new()
+    } else {
+        FRAMING_LINE.to_owned()
+    }
+}
+
 impl StoreCore {
+    /// Writes the record lines in `buf` (whole lines) with their commit
+    /// line at the end of the file, then advances the index past them.
+    fn write_framed(
+        &self,
+        file: &std::fs::File,
+        path: &Path,
+        index: &mut FileIndex,
+        mut buf: String,
+    ) -> Result<(), StoreError> {
+        push_commit(&mut buf, 0);
+        self.write_end(file, path, index, buf.as_bytes())?;
+        index.pos += buf.len() as u64;
+        index.lines += buf.bytes().filter(|&b| b == b'\n').count() as u64;
+        index.framed = true;
+        Ok(())
+    }
+
     /// Checks `fence` against the session's mark: the token and owner to
     /// write on the lines, or `None` for an accepted unfenced write.
     pub(super) fn check_fence<'f>(
@@ -81,10 +111,9 @@ impl StoreCore {
                             }
                             // Deleted (or never completed): start a new incarnation.
                             self.repair(file, path, index)?;
-                            let line = header(self.now_ms());
-                            self.write_end(file, path, index, line.as_bytes())?;
-                            index.pos += line.len() as u64;
-                            index.lines += 1;
+                            let mut buf = framing(index);
+                            buf.push_str(&header(self.now_ms()));
+                            self.write_framed(file, path, index, buf)?;
                             index.id = Some(session.as_str().to_owned());
                             index.live = true;
                             index.events.clear();
@@ -123,14 +152,21 @@ impl StoreCore {
                 .custom_flags(open_flags())
                 .open(&tmp)
                 .map_err(|e| StoreError::io("creating session file", &tmp, e))?;
-            f.write_all(header(self.now_ms()).as_bytes())
+            let mut header = header(self.now_ms());
+            push_commit(&mut header, 0);
+            f.write_all(header.as_bytes())
                 .map_err(|e| StoreError::io("writing session header", &tmp, e))?;
+
             if self.opts.fsync != FsyncPolicy::Never {
                 f.sync_data()
                     .map_err(|e| StoreError::io("syncing session file", &tmp, e))?;
             }
             match std::fs::hard_link(&tmp, path) {
-                Ok(()) => Ok(true),
+                Ok(()) => {
+                    #[cfg(test)]
+                    super::crash_sim::record(path, super::crash_sim::Op::Created(header.into()));
+                    Ok(true)
+                }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
                 Err(e) => Err(StoreError::io("linking session file", path, e)),
             }
@@ -181,7 +217,8 @@ impl StoreCore {
                     let ts = self.now_ms();
                     let fence_text = fence_json(fence);
                     let total: usize = payloads.iter().map(|p| p.len() + 64).sum();
-                    let mut buf = String::with_capacity(total);
+                    let mut buf = framing(index);
+                    buf.reserve(total + 64);
                     let mut spans = Vec::with_capacity(payloads.len());
                     let first_seq = index.next_seq;
                     for (i, p) in payloads.iter().enumerate() {
@@ -189,16 +226,15 @@ impl StoreCore {
                         push_event_line(&mut buf, first_seq + i as u64, &fence_text, ts, p);
                         spans.push((start as u64, (buf.len() - start) as u64));
                     }
-                    self.write_end(file, path, index, buf.as_bytes())?;
+                    let at = index.pos;
+                    self.write_framed(file, path, index, buf)?;
                     for (i, (start, len)) in spans.into_iter().enumerate() {
                         index.events.push(EventSpan {
                             seq: first_seq + i as u64,
-                            off: index.pos + start,
+                            off: at + start,
                             len,
                         });
                     }
-                    index.pos += buf.len() as u64;
-                    index.lines += payloads.len() as u64;
                     index.next_seq = first_seq + payloads.len() as u64;
                     if let Some((t, owner)) = fence {
                         index.raise_mark(t, Some(owner));
@@ -239,10 +275,9 @@ impl StoreCore {
                     let fence = self.check_fence(session, fence, index)?;
                     self.repair(file, path, index)?;
                     let fence_text = fence_json(fence);
-                    let line = deletion_line(&fence_text, self.now_ms());
-                    self.write_end(file, path, index, line.as_bytes())?;
-                    index.pos += line.len() as u64;
-                    index.lines += 1;
+                    let mut buf = framing(index);
+                    buf.push_str(&deletion_line(&fence_text, self.now_ms()));
+                    self.write_framed(file, path, index, buf)?;
                     index.live = false;
                     index.events.clear();
                     if let Some((t, owner)) = fence {
