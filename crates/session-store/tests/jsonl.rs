@@ -526,24 +526,6 @@ async fn a_damaged_line_before_the_last_is_corrupt() {
     assert_eq!(err.kind(), StoreErrorKind::Corrupt);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fsync_always_runs_off_the_executor_and_persists() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = JsonlStore::open(dir.path(), JsonlOptions::default()).unwrap();
-    let s = sid("durable");
-    store.create(&s).await.unwrap();
-    store.append(&s, tok(4), &[json!(1)]).await.unwrap();
-    let store: Arc<dyn SessionStore> = Arc::new(store);
-    assert_eq!(
-        store.high_water(&s).await.unwrap(),
-        Some(FencingToken::new(4))
-    );
-    assert_eq!(
-        store.read(&s, 1, 1).await.unwrap().events[0].payload,
-        json!(1)
-    );
-}
-
 mod model {
     //! Random interleavings of two owners acquiring, appending, pausing
     //! (time passing without renewals) and resuming (writing with whatever

@@ -23,8 +23,9 @@ pub(super) enum Op {
     Append(Vec<u8>),
     /// The file cut to this length (not yet synced).
     SetLen(u64),
-    /// A successful `fdatasync`: the page cache is durable.
-    Sync,
+    /// A successful `fdatasync`: the page cache is durable. The thread it
+    /// ran on.
+    Sync(std::thread::ThreadId),
     /// The file linked into place with these bytes, synced.
     Created(Vec<u8>),
 }
@@ -41,7 +42,7 @@ pub(super) fn record(path: &Path, op: Op) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::collections::BTreeSet;
     use std::sync::atomic::Ordering;
 
@@ -53,7 +54,7 @@ mod tests {
     use crate::{SessionStore, StoreErrorKind, WriteFence};
 
     /// The operations logged for `path`, oldest first.
-    fn ops(path: &Path) -> Vec<Op> {
+    pub(in crate::jsonl) fn ops(path: &Path) -> Vec<Op> {
         log()
             .iter()
             .filter(|(p, _)| p == path)
@@ -63,7 +64,7 @@ mod tests {
 
     /// The file after `ops`: the states its page cache went through since
     /// the last sync, the durable one first.
-    fn states_since_sync(ops: &[Op]) -> Vec<Vec<u8>> {
+    pub(in crate::jsonl) fn states_since_sync(ops: &[Op]) -> Vec<Vec<u8>> {
         let mut cache = Vec::new();
         let mut states = vec![Vec::new()];
         for op in ops {
@@ -76,7 +77,7 @@ mod tests {
                     cache.resize(*len as usize, 0);
                     states.push(cache.clone());
                 }
-                Op::Sync => states = vec![cache.clone()],
+                Op::Sync(_) => states = vec![cache.clone()],
                 Op::Created(bytes) => {
                     cache = bytes.clone();
                     states = vec![cache.clone()];
@@ -334,7 +335,7 @@ mod tests {
                         all_ops.get(k.wrapping_sub(1)).map(|op| match op {
                             Op::Append(_) => "append",
                             Op::SetLen(_) => "cut",
-                            Op::Sync => "sync",
+                            Op::Sync(_) => "sync",
                             Op::Created(_) => "created",
                         }),
                         String::from_utf8_lossy(&image)

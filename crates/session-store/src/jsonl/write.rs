@@ -49,7 +49,10 @@ impl StoreCore {
         let _ = path;
         file.sync_data()?;
         #[cfg(test)]
-        super::crash_sim::record(path, super::crash_sim::Op::Sync);
+        super::crash_sim::record(
+            path,
+            super::crash_sim::Op::Sync(std::thread::current().id()),
+        );
         Ok(())
     }
 
