@@ -7,10 +7,12 @@ use std::time::SystemTime;
 use clap::Parser;
 use lease_port::OwnerId;
 use mecated::agent::{Agent, EchoAgent, ExecAgent};
-use mecated::config::{AgentKind, Cli, Command, FsyncChoice, LeaseChoice, LeasesArgs, ServeArgs};
+use mecated::config::{
+    AgentKind, Cli, Command, FsyncChoice, GcArgs, LeaseChoice, LeasesArgs, ServeArgs,
+};
 use mecated::server::default_owner;
 use mecated::{Server, ServerConfig};
-use session_store::DEFAULT_LEASE_DIR_NAME;
+use session_store::{DEFAULT_LEASE_DIR_NAME, JsonlOptions, JsonlStore};
 use tokio::signal::unix::{SignalKind, signal};
 
 fn main() -> ExitCode {
@@ -24,6 +26,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Some(Command::Leases(args)) => leases(&args),
+        Some(Command::Gc(args)) => gc(&args),
         None => tokio::runtime::Runtime::new()
             .map_err(|e| format!("cannot start the runtime: {e}"))
             .and_then(|rt| rt.block_on(serve(cli.serve))),
@@ -35,6 +38,35 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn gc(args: &GcArgs) -> Result<(), String> {
+    let store = JsonlStore::open(&args.store_dir, JsonlOptions::default()).map_err(|e| {
+        format!(
+            "cannot open {}: {}",
+            args.store_dir.display(),
+            mecated::error::error_chain(&e)
+        )
+    })?;
+    let report = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?
+        .block_on(store.reclaim_deleted(args.older_than))
+        .map_err(|e| mecated::error::error_chain(&e))?;
+    for session in &report.reclaimed {
+        println!("reclaimed {session}");
+    }
+    for session in &report.busy {
+        println!("busy {session} (locked; left for a later run)");
+    }
+    println!(
+        "{} session files reclaimed ({} bytes), {} busy, {} temporary files removed",
+        report.reclaimed.len(),
+        report.bytes,
+        report.busy.len(),
+        report.temporary_files
+    );
+    Ok(())
 }
 
 fn leases(args: &LeasesArgs) -> Result<(), String> {

@@ -131,9 +131,23 @@
 //!   line `{"t":"f"}` and frames itself and every later write. Versions
 //!   before format 2 cannot read files written since.
 //! - **Deletion** appends a deletion record: the session disappears from
-//!   reads and [`list`](SessionStore::list) but its file (and mark) stays;
-//!   files are never unlinked or renamed over, because other processes may
-//!   hold them locked.
+//!   reads and [`list`](SessionStore::list) but its file (and mark) stays.
+//!   Files are never renamed over, and unlinked only by
+//!   [`JsonlStore::reclaim_deleted`].
+//! - **Reclaiming** ([`JsonlStore::reclaim_deleted`], `mecated gc`) removes
+//!   the files of sessions deleted at least a given time ago. What fencing
+//!   needs stays: before a file is removed, its high-water mark (token and
+//!   writer) and next sequence number are appended, with a commit line and
+//!   `fdatasync`, to `<dir>/.graveyard` ([`GRAVEYARD_FILE_NAME`]); a
+//!   session file made again starts from them (its header carries them),
+//!   and [`high_water`](SessionStore::high_water) of a reclaimed session
+//!   answers from them. So a re-created session never accepts an old token
+//!   nor reuses a sequence number. A file is removed only under its
+//!   exclusive `flock`, after checking that it is still deleted; every
+//!   call checks after locking that the file it holds open is still linked
+//!   and otherwise reopens it by name. Sessions locked elsewhere are left
+//!   for a later run. The graveyard only grows, by one line (about 150
+//!   bytes) per reclaimed file. Lease files are never touched.
 //! - **The authority record** is `<dir>/.fencing-authority`
 //!   ([`AUTHORITY_FILE_NAME`]), one JSON line `{"v":1,"authority":…}`,
 //!   created by writing and syncing a private temporary file and
@@ -225,6 +239,7 @@ mod model;
 pub use error::{StoreError, StoreErrorKind};
 pub use jsonl::{
     AUTHORITY_FILE_NAME, DEFAULT_LEASE_DIR_NAME, DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_EVENT_BYTES,
-    DEFAULT_MAX_OPEN, DEFAULT_MAX_PAGE_BYTES, FILE_SUFFIX, FsyncPolicy, JsonlOptions, JsonlStore,
+    DEFAULT_MAX_OPEN, DEFAULT_MAX_PAGE_BYTES, FILE_SUFFIX, FsyncPolicy, GRAVEYARD_FILE_NAME,
+    JsonlOptions, JsonlStore, ReclaimReport,
 };
 pub use model::{AppendReceipt, Fence, Page, SessionStore, StoredEvent, WriteFence};

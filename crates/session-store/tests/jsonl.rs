@@ -1143,3 +1143,107 @@ async fn a_file_of_format_1_is_read_and_framed_from_its_next_write() {
     want.push((4, Some(3), json!("after")));
     assert_eq!(all(&open(dir.path()), &s).await, want);
 }
+
+/// `reclaim_deleted` removes the files of sessions deleted long enough
+/// ago, and only those; what fencing needs (the mark and its writer, the
+/// next sequence number) stays in the graveyard, so a re-created session
+/// refuses old tokens — also through another store instance that had the
+/// removed file open.
+#[tokio::test]
+async fn reclaimed_sessions_free_their_files_and_keep_their_marks() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new();
+    let with_clock =
+        || JsonlStore::open(dir.path(), opts().clock(Arc::new(clock.clone()))).unwrap();
+    let store = with_clock();
+    let (a, b, c) = (sid("a"), sid("b"), sid("c"));
+    for s in [&a, &b, &c] {
+        store.create(s).await.unwrap();
+    }
+    store
+        .append(&a, tok(5), &[json!(1), json!(2), json!(3)])
+        .await
+        .unwrap();
+    store.delete(&a, tok(6)).await.unwrap();
+    store.append(&b, tok(1), &[json!("live")]).await.unwrap();
+    clock.advance(Duration::from_secs(7200));
+    store.delete(&c, tok(1)).await.unwrap(); // deleted recently
+    // Another process has a's file open, its view cached.
+    let other = with_clock();
+    assert_eq!(
+        other.high_water(&a).await.unwrap(),
+        Some(FencingToken::new(6))
+    );
+
+    let report = store
+        .reclaim_deleted(Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert_eq!(report.reclaimed, vec![a.clone()]);
+    assert!(report.bytes > 0);
+    assert!(!store.path_of(&a).exists());
+    assert!(store.path_of(&b).exists() && store.path_of(&c).exists());
+    assert_eq!(store.list().await.unwrap(), vec![b.clone()]);
+    // Nothing more to do the second time.
+    let again = store
+        .reclaim_deleted(Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert!(again.reclaimed.is_empty());
+
+    // The mark survives, for every instance.
+    for s in [&store, &other, &with_clock()] {
+        assert_eq!(s.high_water(&a).await.unwrap(), Some(FencingToken::new(6)));
+    }
+    other.create(&a).await.unwrap();
+    assert!(store.path_of(&a).exists());
+    let err = other
+        .append(&a, tok(5), &[json!("stale")])
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Fenced);
+    let twin = WriteFence::new(FencingToken::new(6), OwnerId::new("twin").unwrap());
+    let err = store.append(&a, twin, &[json!("twin")]).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Fenced);
+    let r = store.append(&a, tok(6), &[json!("new")]).await.unwrap();
+    assert_eq!(r.first_seq, 4, "sequence numbers are never reused");
+    assert_eq!(
+        all(&with_clock(), &a).await,
+        vec![(4, Some(6), json!("new"))]
+    );
+
+    // Reclaimed again: the graveyard keeps the newest mark.
+    store.delete(&a, tok(7)).await.unwrap();
+    clock.advance(Duration::from_secs(7200));
+    let report = other
+        .reclaim_deleted(Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert_eq!(report.reclaimed, vec![a.clone(), c.clone()]);
+    store.create(&a).await.unwrap();
+    assert_eq!(
+        with_clock().high_water(&a).await.unwrap(),
+        Some(FencingToken::new(7))
+    );
+    let r = store.append(&a, tok(7), &[json!("newer")]).await.unwrap();
+    assert_eq!(r.first_seq, 5);
+}
+
+/// A deleted session whose file is locked elsewhere is left for a later
+/// run, never removed under its holder.
+#[tokio::test]
+async fn reclaiming_skips_a_session_locked_elsewhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let s = sid("held");
+    store.create(&s).await.unwrap();
+    store.delete(&s, tok(1)).await.unwrap();
+    let holder = lock_elsewhere(&store, &s);
+    let report = store.reclaim_deleted(Duration::ZERO).await.unwrap();
+    assert!(report.reclaimed.is_empty());
+    assert_eq!(report.busy, vec![s.clone()]);
+    assert!(store.path_of(&s).exists());
+    drop(holder);
+    let report = store.reclaim_deleted(Duration::ZERO).await.unwrap();
+    assert_eq!(report.reclaimed, vec![s]);
+}

@@ -13,6 +13,7 @@ use lease_port::SessionId;
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::index::Mark;
 use super::open_flags;
 use crate::StoreError;
 
@@ -46,6 +47,8 @@ pub(super) struct Record {
     pub(super) len: Option<u64>,
     #[serde(default)]
     pub(super) crc: Option<u64>,
+    #[serde(default)]
+    pub(super) ts: Option<u64>,
 }
 
 impl Record {
@@ -93,12 +96,51 @@ fn json_str(s: &str) -> String {
 }
 
 /// The header line that opens every incarnation of a session:
-/// `{"t":"h","v":1,"id":…,"ts":…}`.
-pub(super) fn header_line(session: &SessionId, ts: u64) -> String {
-    format!(
-        "{{\"t\":\"h\",\"v\":{FORMAT_VERSION},\"id\":{},\"ts\":{ts}}}\n",
+/// `{"t":"h","v":2,"id":…,"ts":…}`, and when the session's previous file
+/// was reclaimed, what the graveyard kept of it:
+/// `…,"token":…,"owner":…,"seq":<next sequence number>}`.
+pub(super) fn header_line(session: &SessionId, ts: u64, grave: Option<&Grave>) -> String {
+    let mut line = format!(
+        "{{\"t\":\"h\",\"v\":{FORMAT_VERSION},\"id\":{},\"ts\":{ts}",
         json_str(session.as_str())
-    )
+    );
+    if let Some(grave) = grave {
+        if let Some(mark) = &grave.mark {
+            let _ = write!(line, ",\"token\":{}", mark.token);
+            if let Some(owner) = &mark.owner {
+                let _ = write!(line, ",\"owner\":{}", json_str(owner));
+            }
+        }
+        let _ = write!(line, ",\"seq\":{}", grave.next_seq);
+    }
+    line.push_str("}\n");
+    line
+}
+
+/// What the graveyard keeps of a reclaimed session file: what fencing and
+/// sequence numbers need.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct Grave {
+    /// The session's high-water mark and its writer.
+    pub(super) mark: Option<Mark>,
+    /// The next sequence number the session would have used.
+    pub(super) next_seq: u64,
+}
+
+/// A graveyard line: `{"t":"g","id":…,"token":…,"owner":…,"seq":…,"ts":…}`.
+pub(super) fn grave_line(session: &SessionId, grave: &Grave, ts: u64) -> String {
+    let mut line = format!("{{\"t\":\"g\",\"id\":{}", json_str(session.as_str()));
+    match &grave.mark {
+        Some(mark) => {
+            let _ = write!(line, ",\"token\":{}", mark.token);
+            if let Some(owner) = &mark.owner {
+                let _ = write!(line, ",\"owner\":{}", json_str(owner));
+            }
+        }
+        None => line.push_str(",\"token\":null"),
+    }
+    let _ = writeln!(line, ",\"seq\":{},\"ts\":{ts}}}", grave.next_seq);
+    line
 }
 
 /// A write's fence as a line holds it: `"token":…,"owner":"…"`, or

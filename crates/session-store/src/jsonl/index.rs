@@ -27,6 +27,9 @@ pub(super) struct FileIndex {
     pub(super) high_water: Option<Mark>,
     /// The current incarnation's events.
     pub(super) events: Vec<EventSpan>,
+    /// When the session was deleted (`ts` of its deletion record, ms since
+    /// the Unix epoch), while it is.
+    pub(super) deleted_at: Option<u64>,
     /// Bytes after `pos` that are not committed records: a torn write.
     pub(super) torn: u64,
     /// Writes to the file are framed (end in a commit line): since a
@@ -46,6 +49,7 @@ impl Default for FileIndex {
             next_seq: 1,
             high_water: None,
             events: Vec::new(),
+            deleted_at: None,
             torn: 0,
             framed: false,
             last_sync: None,
@@ -234,7 +238,7 @@ fn scan(buf: &[u8], index: &mut FileIndex, path: &Path) -> Result<(), StoreError
 
 /// Whether the commit line `rec` commits `lines`, the `count` lines
 /// before it.
-fn commits(rec: &Record, lines: &[u8], count: usize) -> bool {
+pub(super) fn commits(rec: &Record, lines: &[u8], count: usize) -> bool {
     count > 0
         && rec.n == Some(count as u64)
         && rec.len == Some(lines.len() as u64)
@@ -244,7 +248,7 @@ fn commits(rec: &Record, lines: &[u8], count: usize) -> bool {
 /// Whether stored data lies in `buf` after `from`: a commit line matching
 /// the lines before it (all after `from`), or — when `unframed` — any
 /// record line after the one at `from`.
-fn stored_beyond(buf: &[u8], from: usize, unframed: bool) -> bool {
+pub(super) fn stored_beyond(buf: &[u8], from: usize, unframed: bool) -> bool {
     let mut at = from;
     let mut first = true;
     while let Some(nl) = buf[at..].iter().position(|&b| b == b'\n') {
@@ -301,7 +305,16 @@ fn apply_line(
             }
             index.id = Some(id);
             index.live = true;
+            index.deleted_at = None;
             index.events.clear();
+            // Carried over from the graveyard when the file was made
+            // again after its predecessor was reclaimed.
+            if let Some(t) = rec.token {
+                index.raise_mark(t, rec.owner.as_deref());
+            }
+            if let Some(next) = rec.seq {
+                index.next_seq = index.next_seq.max(next);
+            }
         }
         "e" => {
             if !index.live {
@@ -325,6 +338,7 @@ fn apply_line(
                 return bad("a deletion of a deleted session");
             }
             index.live = false;
+            index.deleted_at = Some(rec.ts.unwrap_or(0));
             index.events.clear();
             if let Some(t) = rec.token {
                 index.raise_mark(t, rec.owner.as_deref());

@@ -18,6 +18,7 @@ mod cache;
 #[cfg(test)]
 mod crash_sim;
 mod format;
+mod graveyard;
 mod index;
 mod locking;
 mod ops;
@@ -43,6 +44,7 @@ use crate::{AppendReceipt, Page, SessionStore, StoreError, WriteFence};
 pub use authority::AUTHORITY_FILE_NAME;
 use cache::OpenSession;
 use format::millis;
+pub use graveyard::{GRAVEYARD_FILE_NAME, ReclaimReport};
 use ops::validate_batch;
 pub use options::{
     DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_OPEN, DEFAULT_MAX_PAGE_BYTES,

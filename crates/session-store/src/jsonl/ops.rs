@@ -94,7 +94,7 @@ impl StoreCore {
     }
 
     pub(super) fn create(&self, session: &SessionId, wait: Wait) -> Result<(), AttemptError> {
-        let header = |ts: u64| header_line(session, ts);
+        let header = |ts: u64| header_line(session, ts, None);
         self.with_session(session, wait, |state, path| {
             for _ in 0..2 {
                 if self.ensure_open(state, path)? {
@@ -116,11 +116,17 @@ impl StoreCore {
                             self.write_framed(file, path, index, buf)?;
                             index.id = Some(session.as_str().to_owned());
                             index.live = true;
+                            index.deleted_at = None;
                             index.events.clear();
                             Ok(())
                         },
                     );
                 }
+                // A new file: it starts from what the graveyard kept of a
+                // reclaimed predecessor, read after the file was seen
+                // missing (entries are durable before files are removed).
+                let grave = self.grave(session)?;
+                let header = |ts: u64| header_line(session, ts, grave.as_ref());
                 if self.create_file(session, path, &header)? {
                     return Ok(());
                 }
@@ -275,9 +281,11 @@ impl StoreCore {
                     let fence = self.check_fence(session, fence, index)?;
                     self.repair(file, path, index)?;
                     let fence_text = fence_json(fence);
+                    let ts = self.now_ms();
                     let mut buf = framing(index);
-                    buf.push_str(&deletion_line(&fence_text, self.now_ms()));
+                    buf.push_str(&deletion_line(&fence_text, ts));
                     self.write_framed(file, path, index, buf)?;
+                    index.deleted_at = Some(ts);
                     index.live = false;
                     index.events.clear();
                     if let Some((t, owner)) = fence {
@@ -366,7 +374,11 @@ impl StoreCore {
     ) -> Result<Option<FencingToken>, AttemptError> {
         self.with_session(session, wait, |state, path| {
             if !self.ensure_open(state, path)? {
-                return Ok(None);
+                // Reclaimed (or never created): the graveyard knows.
+                let grave = self.grave(session)?;
+                return Ok(grave
+                    .and_then(|g| g.mark)
+                    .map(|m| FencingToken::new(m.token)));
             }
             self.locked(state, path, Some(session), LockMode::Shared, |_, index| {
                 Ok(index
