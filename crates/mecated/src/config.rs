@@ -29,6 +29,21 @@ pub enum Command {
     /// List the file leases in a directory (session, holder, token,
     /// expiry), or repair one.
     Leases(LeasesArgs),
+    /// Remove the files of sessions deleted long enough ago, keeping their
+    /// high-water marks (in the store's graveyard) so a re-created session
+    /// still refuses old tokens. Safe while servers run.
+    Gc(GcArgs),
+}
+
+/// What `mecated gc` reclaims.
+#[derive(Debug, Args)]
+pub struct GcArgs {
+    /// The store directory.
+    #[arg(long, env = "MECATED_STORE_DIR")]
+    pub store_dir: PathBuf,
+    /// Only sessions deleted at least this long ago (250ms, 15s, 2m, 1h).
+    #[arg(long, default_value = "24h", value_parser = parse_duration)]
+    pub older_than: Duration,
 }
 
 /// Where `mecated leases` looks.

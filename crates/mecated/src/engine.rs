@@ -351,7 +351,7 @@ impl Engine {
         }
         let token = guard.token();
         Span::current().record("token", token.map(|t| t.get()));
-        let fence = WriteFence::from(token);
+        let fence = WriteFence::from(guard.lease().as_ref());
         // Claim the session in the store before anything else: the first
         // write raises the high-water mark to our token, so from here on no
         // earlier owner can write, whether or not our agent ever emits.
@@ -460,7 +460,7 @@ impl Engine {
         let mut sink = StoreSink {
             store: Arc::clone(&self.inner.store),
             session: session.clone(),
-            fence: WriteFence::from(token),
+            fence: WriteFence::from(guard.lease().as_ref()),
             gate: guard.write_gate(),
             tx,
             lagged,
@@ -588,7 +588,7 @@ impl Engine {
         let (store, session, fence) = (
             Arc::clone(&self.inner.store),
             session.clone(),
-            WriteFence::from(guard.token()),
+            WriteFence::from(guard.lease().as_ref()),
         );
         let result = Detached::new(async move {
             let result = store.delete(&session, fence).await;
@@ -653,7 +653,7 @@ impl EventSink for StoreSink {
             &self.gate,
             Arc::clone(&self.store),
             self.session.clone(),
-            self.fence,
+            self.fence.clone(),
             event,
         ) {
             Ok(write) => write,

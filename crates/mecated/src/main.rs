@@ -8,10 +8,10 @@ use clap::Parser;
 use lease_port::{OwnerId, SessionId};
 use mecated::agent::{Agent, EchoAgent, ExecAgent};
 use mecated::backend::LeaseChoice;
-use mecated::config::{AgentKind, Cli, Command, LeasesAction, LeasesArgs, ServeArgs};
+use mecated::config::{AgentKind, Cli, Command, GcArgs, LeasesAction, LeasesArgs, ServeArgs};
 use mecated::server::default_owner;
 use mecated::{Server, ServerConfig};
-use session_store::DEFAULT_LEASE_DIR_NAME;
+use session_store::{DEFAULT_LEASE_DIR_NAME, JsonlOptions, JsonlStore};
 use tokio::signal::unix::{SignalKind, signal};
 
 fn main() -> ExitCode {
@@ -25,6 +25,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Some(Command::Leases(args)) => leases(&args),
+        Some(Command::Gc(args)) => gc(&args),
         None => tokio::runtime::Runtime::new()
             .map_err(|e| format!("cannot start the runtime: {e}"))
             .and_then(|rt| rt.block_on(serve(cli.serve))),
@@ -36,6 +37,35 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn gc(args: &GcArgs) -> Result<(), String> {
+    let store = JsonlStore::open(&args.store_dir, JsonlOptions::default()).map_err(|e| {
+        format!(
+            "cannot open {}: {}",
+            args.store_dir.display(),
+            mecated::error::error_chain(&e)
+        )
+    })?;
+    let report = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?
+        .block_on(store.reclaim_deleted(args.older_than))
+        .map_err(|e| mecated::error::error_chain(&e))?;
+    for session in &report.reclaimed {
+        println!("reclaimed {session}");
+    }
+    for session in &report.busy {
+        println!("busy {session} (locked; left for a later run)");
+    }
+    println!(
+        "{} session files reclaimed ({} bytes), {} busy, {} temporary files removed",
+        report.reclaimed.len(),
+        report.bytes,
+        report.busy.len(),
+        report.temporary_files
+    );
+    Ok(())
 }
 
 fn leases(args: &LeasesArgs) -> Result<(), String> {

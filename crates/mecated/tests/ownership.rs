@@ -75,6 +75,12 @@ impl SessionStore for GatedStore {
     async fn create(&self, session: &SessionId) -> Result<(), StoreError> {
         self.inner.create(session).await
     }
+    async fn bind_authority(&self, authority: &AuthorityId) -> Result<(), StoreError> {
+        self.inner.bind_authority(authority).await
+    }
+    async fn recorded_authority(&self) -> Result<Option<AuthorityId>, StoreError> {
+        self.inner.recorded_authority().await
+    }
     async fn append(
         &self,
         session: &SessionId,

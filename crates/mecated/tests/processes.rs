@@ -785,3 +785,52 @@ async fn two_processes_cannot_share_an_owner_id() {
     // A different owner on the same store is fine.
     let _b = Mecated::start(dir.path(), "other-owner", &[]);
 }
+
+/// `mecated gc` removes the file of a deleted session and keeps its mark;
+/// live sessions and the lease directory are left alone.
+#[tokio::test]
+async fn gc_reclaims_deleted_sessions_and_keeps_their_marks() {
+    use lease_port::{FencingToken, OwnerId, SessionId};
+    use session_store::{JsonlOptions, JsonlStore, SessionStore, WriteFence};
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = JsonlStore::open(dir.path(), JsonlOptions::default()).unwrap();
+    let fence = WriteFence::new(FencingToken::new(9), OwnerId::new("w").unwrap());
+    let (gone, kept) = (
+        SessionId::new("gone").unwrap(),
+        SessionId::new("kept").unwrap(),
+    );
+    for s in [&gone, &kept] {
+        store.create(s).await.unwrap();
+        store.append(s, fence.clone(), &[json!(1)]).await.unwrap();
+    }
+    store.delete(&gone, fence.clone()).await.unwrap();
+    let leases = dir.path().join(session_store::DEFAULT_LEASE_DIR_NAME);
+    std::fs::create_dir(&leases).unwrap();
+    std::fs::write(leases.join("lease-file"), "not ours").unwrap();
+
+    let out = Command::new(env!("CARGO_BIN_EXE_mecated"))
+        .args(["gc", "--older-than", "0s", "--store-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("reclaimed gone"), "{stdout}");
+    assert!(!store.path_of(&gone).exists());
+    assert!(store.path_of(&kept).exists());
+    assert!(leases.join("lease-file").exists());
+
+    let fresh = JsonlStore::open(dir.path(), JsonlOptions::default()).unwrap();
+    assert_eq!(
+        fresh.high_water(&gone).await.unwrap(),
+        Some(FencingToken::new(9))
+    );
+    fresh.create(&gone).await.unwrap();
+    let stale = WriteFence::new(FencingToken::new(8), OwnerId::new("old").unwrap());
+    assert!(fresh.append(&gone, stale, &[json!(2)]).await.is_err());
+}

@@ -538,6 +538,14 @@ impl SessionStore for FaultyStore {
         self.fault()?;
         self.inner.high_water(session).await
     }
+    async fn bind_authority(&self, authority: &AuthorityId) -> Result<(), StoreError> {
+        self.fault()?;
+        self.inner.bind_authority(authority).await
+    }
+    async fn recorded_authority(&self) -> Result<Option<AuthorityId>, StoreError> {
+        self.fault()?;
+        self.inner.recorded_authority().await
+    }
 }
 
 /// Emits one progress event, then waits until the test opens the gate.

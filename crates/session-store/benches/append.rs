@@ -28,7 +28,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use lease_port::{FencingToken, SessionId};
+use lease_port::{FencingToken, OwnerId, SessionId};
 use serde_json::{Value, json};
 use session_store::{FsyncPolicy, JsonlOptions, JsonlStore, SessionStore, WriteFence};
 
@@ -68,7 +68,7 @@ fn inline_group(c: &mut Criterion, group: &str, cross_process: bool) {
         .fsync(FsyncPolicy::Never)
         .cross_process(cross_process);
     let store = JsonlStore::open(dir.path().join("store"), opts).expect("store");
-    let fence = WriteFence::Token(FencingToken::new(7));
+    let fence = WriteFence::new(FencingToken::new(7), OwnerId::new("bench").expect("owner"));
     let events = [payload()];
     let mut n = 0u64;
     let mut g = c.benchmark_group(group);
@@ -80,7 +80,7 @@ fn inline_group(c: &mut Criterion, group: &str, cross_process: bool) {
             ready(store.create(&s)).expect("create");
             let start = Instant::now();
             for _ in 0..iters {
-                black_box(ready(store.append(&s, fence, &events)).expect("append"));
+                black_box(ready(store.append(&s, fence.clone(), &events)).expect("append"));
             }
             start.elapsed()
         })
@@ -109,7 +109,7 @@ fn append_fsync(c: &mut Criterion) {
         .expect("runtime");
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir");
     let store = JsonlStore::open(dir.path().join("store"), JsonlOptions::default()).expect("store");
-    let fence = WriteFence::Token(FencingToken::new(7));
+    let fence = WriteFence::new(FencingToken::new(7), OwnerId::new("bench").expect("owner"));
     let events = [payload()];
     let mut n = 0u64;
     let mut g = c.benchmark_group("session-store/append-fsync");
@@ -121,7 +121,12 @@ fn append_fsync(c: &mut Criterion) {
                 store.create(&s).await.expect("create");
                 let start = Instant::now();
                 for _ in 0..iters {
-                    black_box(store.append(&s, fence, &events).await.expect("append"));
+                    black_box(
+                        store
+                            .append(&s, fence.clone(), &events)
+                            .await
+                            .expect("append"),
+                    );
                 }
                 start.elapsed()
             })
@@ -147,7 +152,7 @@ fn append_offload(c: &mut Criterion) {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir");
     let opts = JsonlOptions::default().fsync(FsyncPolicy::Never);
     let store = JsonlStore::open(dir.path().join("store"), opts).expect("store");
-    let fence = WriteFence::Token(FencingToken::new(7));
+    let fence = WriteFence::new(FencingToken::new(7), OwnerId::new("bench").expect("owner"));
     let mut n = 0u64;
     let mut g = c.benchmark_group("session-store/append-offload");
     for how in ["inline", "spawn_blocking", "block_in_place"] {
@@ -155,7 +160,7 @@ fn append_offload(c: &mut Criterion) {
             b.iter_custom(|iters| {
                 n += 1;
                 let s = SessionId::new(format!("offload-{n}")).expect("valid");
-                let store = store.clone();
+                let (store, fence) = (store.clone(), fence.clone());
                 // Measured inside a task on a worker, as a server's call is.
                 rt.block_on(rt.spawn(async move {
                     let events = [payload()];
@@ -164,10 +169,16 @@ fn append_offload(c: &mut Criterion) {
                     for _ in 0..iters {
                         match how {
                             "inline" => {
-                                black_box(store.append(&s, fence, &events).await.expect("append"));
+                                black_box(
+                                    store
+                                        .append(&s, fence.clone(), &events)
+                                        .await
+                                        .expect("append"),
+                                );
                             }
                             "spawn_blocking" => {
                                 let (store, s, events) = (store.clone(), s.clone(), events.clone());
+                                let fence = fence.clone();
                                 let r = tokio::task::spawn_blocking(move || {
                                     ready(store.append(&s, fence, &events))
                                 });
@@ -176,7 +187,7 @@ fn append_offload(c: &mut Criterion) {
                             _ => {
                                 black_box(
                                     tokio::task::block_in_place(|| {
-                                        ready(store.append(&s, fence, &events))
+                                        ready(store.append(&s, fence.clone(), &events))
                                     })
                                     .expect("append"),
                                 );

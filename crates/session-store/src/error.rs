@@ -4,7 +4,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use lease_port::{FencingToken, SessionId};
+use lease_port::{AuthorityId, FencingToken, OwnerId, SessionId};
 
 /// The coarse kind of a [`StoreError`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -14,8 +14,10 @@ pub enum StoreErrorKind {
     NotFound,
     /// `create` of a session that exists.
     AlreadyExists,
-    /// The write carried a token below the session's high-water mark: the
-    /// writer lost ownership to a later owner. Stop acting for the session.
+    /// The write carried a token below the session's high-water mark, or
+    /// equal to it from another writer than the mark's: the writer lost
+    /// ownership to a later owner (or holds a token of another lease
+    /// authority). Stop acting for the session.
     Fenced,
     /// An unfenced write (no token) the store does not accept.
     Unfenced,
@@ -30,6 +32,10 @@ pub enum StoreErrorKind {
     /// ([`JsonlOptions::lock_timeout`](crate::JsonlOptions::lock_timeout)).
     /// Nothing was done; retrying later is safe.
     Busy,
+    /// The store is fenced by another lease authority than the one offered
+    /// ([`SessionStore::bind_authority`](crate::SessionStore::bind_authority)):
+    /// the offered backend's tokens mean nothing to it.
+    AuthorityMismatch,
 }
 
 /// The error of every [`SessionStore`](crate::SessionStore) operation.
@@ -48,17 +54,22 @@ pub enum StoreError {
         /// The session asked for.
         session: SessionId,
     },
-    /// Refused: the presented token is below the session's high-water mark.
-    #[error(
-        "write to session {session} fenced: token {presented} is below the high-water mark {high_water}"
-    )]
+    /// Refused: the presented token is below the session's high-water
+    /// mark, or equal to it while the mark belongs to another writer.
+    #[error("write to session {session} fenced: {}", fenced_reason(*presented, presented_by, *high_water, high_water_owner.as_ref()))]
     Fenced {
         /// The session written to.
         session: SessionId,
         /// The token the writer presented.
         presented: FencingToken,
+        /// The writer that presented it.
+        presented_by: OwnerId,
         /// The highest token the store has accepted for the session.
         high_water: FencingToken,
+        /// The writer the mark belongs to; `None` when the mark was set
+        /// before the store recorded writers (an equal token is then
+        /// refused from everyone).
+        high_water_owner: Option<OwnerId>,
     },
     /// Refused: the write carried no token, and the store does not allow
     /// unfenced writes, or a fenced write was already accepted.
@@ -111,9 +122,34 @@ pub enum StoreError {
         /// How long the store waited for the lock.
         timeout: Duration,
     },
+    /// The store is fenced by another lease authority than the one offered.
+    #[error(
+        "store {location} is fenced by lease authority {recorded}, not {offered}: tokens of one authority mean nothing to another; serve it with the lease backend of authority {recorded}, or use another store"
+    )]
+    AuthorityMismatch {
+        /// Where the store keeps its record (the JSONL store: the file).
+        location: String,
+        /// The authority the store is fenced by.
+        recorded: AuthorityId,
+        /// The authority offered.
+        offered: AuthorityId,
+    },
 }
 
 impl StoreError {
+    /// `AuthorityMismatch` for the store at `location`.
+    pub fn authority_mismatch(
+        location: impl Into<String>,
+        recorded: AuthorityId,
+        offered: AuthorityId,
+    ) -> Self {
+        StoreError::AuthorityMismatch {
+            location: location.into(),
+            recorded,
+            offered,
+        }
+    }
+
     /// The kind of this error.
     pub fn kind(&self) -> StoreErrorKind {
         match self {
@@ -125,6 +161,7 @@ impl StoreError {
             StoreError::Corrupt { .. } => StoreErrorKind::Corrupt,
             StoreError::Io { .. } => StoreErrorKind::Io,
             StoreError::Busy { .. } => StoreErrorKind::Busy,
+            StoreError::AuthorityMismatch { .. } => StoreErrorKind::AuthorityMismatch,
         }
     }
 
@@ -153,5 +190,24 @@ impl StoreError {
             message: message.into(),
             source: None,
         }
+    }
+}
+
+fn fenced_reason(
+    presented: FencingToken,
+    by: &OwnerId,
+    high_water: FencingToken,
+    owner: Option<&OwnerId>,
+) -> String {
+    if presented < high_water {
+        return format!("token {presented} of {by} is below the high-water mark {high_water}");
+    }
+    match owner {
+        Some(owner) => format!(
+            "token {presented} of {by} equals the high-water mark, which belongs to writer {owner}"
+        ),
+        None => format!(
+            "token {presented} of {by} equals the high-water mark, whose writer is not recorded (set before writers were)"
+        ),
     }
 }

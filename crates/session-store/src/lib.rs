@@ -22,9 +22,11 @@
 //! # Example
 //!
 //! ```
-//! use lease_port::{FencingToken, SessionId};
+//! use lease_port::{FencingToken, OwnerId, SessionId};
 //! use serde_json::json;
-//! use session_store::{FsyncPolicy, JsonlOptions, JsonlStore, SessionStore, StoreErrorKind};
+//! use session_store::{
+//!     FsyncPolicy, JsonlOptions, JsonlStore, SessionStore, StoreErrorKind, WriteFence,
+//! };
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -34,14 +36,20 @@
 //! store.create(&chat).await?;
 //!
 //! // Owner A holds token 3 and writes; B takes over with token 4 and writes.
-//! store.append(&chat, FencingToken::new(3).into(), &[json!({"text": "hi from A"})]).await?;
-//! store.append(&chat, FencingToken::new(4).into(), &[json!({"text": "hi from B"})]).await?;
+//! let (a, b) = (OwnerId::new("a")?, OwnerId::new("b")?);
+//! let fence_a = WriteFence::new(FencingToken::new(3), a);
+//! let fence_b = WriteFence::new(FencingToken::new(4), b);
+//! store.append(&chat, fence_a.clone(), &[json!({"text": "hi from A"})]).await?;
+//! store.append(&chat, fence_b, &[json!({"text": "hi from B"})]).await?;
 //!
 //! // A resumes after a pause: refused, atomically with the write.
-//! let err = store
-//!     .append(&chat, FencingToken::new(3).into(), &[json!({"text": "late"})])
-//!     .await
-//!     .unwrap_err();
+//! let err = store.append(&chat, fence_a, &[json!({"text": "late"})]).await.unwrap_err();
+//! assert_eq!(err.kind(), StoreErrorKind::Fenced);
+//!
+//! // Token 4 of another lease authority, presented by another writer:
+//! // refused too, the mark belongs to B.
+//! let c = WriteFence::new(FencingToken::new(4), OwnerId::new("c")?);
+//! let err = store.append(&chat, c, &[json!({"text": "twin"})]).await.unwrap_err();
 //! assert_eq!(err.kind(), StoreErrorKind::Fenced);
 //!
 //! let page = store.read(&chat, 1, 100).await?;
@@ -52,13 +60,18 @@
 //!
 //! # The rules
 //!
-//! 1. **Every write is fenced.** [`append`](SessionStore::append) and
-//!    [`delete`](SessionStore::delete) take a [`WriteFence`]. The store
-//!    keeps a per-session *high-water mark* — the highest token it ever
-//!    accepted — and refuses a lower token with [`StoreError::Fenced`]
-//!    (`presented`, `high_water`), atomically with the write: the check and
+//! 1. **Every write is fenced, and the fence binds the writer.**
+//!    [`append`](SessionStore::append) and [`delete`](SessionStore::delete)
+//!    take a [`WriteFence`]: the lease token *and* the owner it was issued
+//!    to ([`Fence`]). The store keeps a per-session *high-water mark* — the
+//!    highest token it ever accepted, and the owner that first wrote it —
+//!    and refuses with [`StoreError::Fenced`] a lower token, and an equal
+//!    token from any other owner (two lease authorities both hand out
+//!    token 1; owners are unique per process incarnation). The check and
 //!    the write happen under one per-session lock, across processes too.
-//!    Equal and higher tokens are accepted; a higher one raises the mark.
+//!    A higher token is accepted and binds the mark to its owner. A mark
+//!    read from lines written before writers were recorded has no owner:
+//!    an equal token is then refused from everyone.
 //! 2. **Unfenced writes** ([`WriteFence::Unfenced`], for a deployment whose
 //!    lease backend answered `Unsupported`) are refused with
 //!    [`StoreError::Unfenced`] unless the store is configured to allow them
@@ -78,10 +91,23 @@
 //!    [`StoreErrorKind`] `NotFound`, `AlreadyExists`, `Fenced`, `Unfenced`,
 //!    `Invalid`, `Corrupt` (with file, line and parse error), `Io` (with the
 //!    operation, path and OS error), `Busy` (the session stayed locked by
-//!    someone else past the store's deadline; nothing was done, retry).
+//!    someone else past the store's deadline; nothing was done, retry),
+//!    `AuthorityMismatch` (the store is fenced by another lease authority).
 //!    A write reported failed never appears later (see *Failed writes*
 //!    below for the one exception, which its error names).
-//! 6. **A store may bring its own leases**: [`SessionStore::session_lease`]
+//! 6. **A store records the lease authority that fences it**
+//!    ([`SessionStore::bind_authority`]): tokens mean something only
+//!    within one authority (one lease directory, etcd prefix, namespace or
+//!    lease service). The first binding records the
+//!    [`AuthorityId`](lease_port::AuthorityId) once and durably; later
+//!    ones, from any process, succeed only for the same id and otherwise
+//!    fail with [`StoreError::AuthorityMismatch`] naming the recorded one.
+//!    A server binds at start-up, before its first write. A store written
+//!    before it recorded an authority is bound by its first binding:
+//!    nothing in its data names the authority its tokens came from, and
+//!    refusing would leave such a store unusable; its marks keep fencing
+//!    (a lower token, or an equal one from another writer, stays refused).
+//! 7. **A store may bring its own leases**: [`SessionStore::session_lease`]
 //!    (default `None`; the JSONL store has none — the server puts
 //!    `flocklease` files in [`JsonlStore::lease_dir`]).
 //!
@@ -91,14 +117,44 @@
 //!   (safe, injective, case-fold-proof, bounded; long ids hashed). The first
 //!   line of every file is a header holding the full session id, compared on
 //!   every open, so a hashed name can never mix two sessions.
-//! - **Record lines**: header `{"t":"h","v":1,"id":…,"ts":…}`, event
-//!   `{"t":"e","seq":…,"token":…|null,"ts":…,"payload":…}`, deletion
-//!   `{"t":"d","token":…,"ts":…}`; `ts` is milliseconds since the Unix
-//!   epoch. Files only ever grow, except when a torn tail is cut.
+//! - **Record lines**: header `{"t":"h","v":2,"id":…,"ts":…}`, event
+//!   `{"t":"e","seq":…,"token":…,"owner":…,"ts":…,"payload":…}` (an
+//!   unfenced one `"token":null` and no owner), deletion
+//!   `{"t":"d","token":…,"owner":…,"ts":…}`; `ts` is milliseconds since the
+//!   Unix epoch. Files only ever grow, except when a torn tail is cut.
+//! - **Every write is framed**: its record lines are followed by a commit
+//!   line `{"t":"c","n":…,"len":…,"crc":…}` — how many lines, how many
+//!   bytes, their CRC-32 — and readers take the lines only with a commit
+//!   that matches them, so a batch is all or nothing across a crash too.
+//!   Files of format 1 (headers `"v":1`, no commit lines, every line
+//!   standing alone) are still read; the first write to one adds a framing
+//!   line `{"t":"f"}` and frames itself and every later write. Versions
+//!   before format 2 cannot read files written since.
 //! - **Deletion** appends a deletion record: the session disappears from
-//!   reads and [`list`](SessionStore::list) but its file (and mark) stays;
-//!   files are never unlinked or renamed over, because other processes may
-//!   hold them locked.
+//!   reads and [`list`](SessionStore::list) but its file (and mark) stays.
+//!   Files are never renamed over, and unlinked only by
+//!   [`JsonlStore::reclaim_deleted`].
+//! - **Reclaiming** ([`JsonlStore::reclaim_deleted`], `mecated gc`) removes
+//!   the files of sessions deleted at least a given time ago. What fencing
+//!   needs stays: before a file is removed, its high-water mark (token and
+//!   writer) and next sequence number are appended, with a commit line and
+//!   `fdatasync`, to `<dir>/.graveyard` ([`GRAVEYARD_FILE_NAME`]); a
+//!   session file made again starts from them (its header carries them),
+//!   and [`high_water`](SessionStore::high_water) of a reclaimed session
+//!   answers from them. So a re-created session never accepts an old token
+//!   nor reuses a sequence number. A file is removed only under its
+//!   exclusive `flock`, after checking that it is still deleted; every
+//!   call checks after locking that the file it holds open is still linked
+//!   and otherwise reopens it by name. Sessions locked elsewhere are left
+//!   for a later run. The graveyard only grows, by one line (about 150
+//!   bytes) per reclaimed file. Lease files are never touched.
+//! - **The authority record** is `<dir>/.fencing-authority`
+//!   ([`AUTHORITY_FILE_NAME`]), one JSON line `{"v":1,"authority":…}`,
+//!   created by writing and syncing a private temporary file and
+//!   hard-linking it into place (a racing creator finds the name taken
+//!   and compares with what won), then syncing the directory. A record
+//!   that cannot be read is [`StoreError::Corrupt`], never taken for
+//!   "none".
 //! - **Creation** writes the header to a private temporary file and
 //!   hard-links it into place, so no process ever sees a file without its
 //!   header and an existing file is never replaced.
@@ -123,22 +179,40 @@
 //!   Fencing across a machine crash holds for acknowledged writes under
 //!   `Always` only: a write lost by the crash also loses its token from
 //!   the mark.
+//!   Under `Always` at most one write per session (the one under way) is
+//!   not durable at any moment, so a crash damages at most the end of the
+//!   file; under `Interval` and `Never` several unsynced writes may be
+//!   damaged out of order on file systems that write pages back out of
+//!   order, and damage followed by a complete committed write is then
+//!   `Corrupt` (see *Crash safety*).
 //! - **Failed writes**: when a write, or the `fdatasync` after a complete
 //!   write, fails, the file is cut back (under the session's locks, so no
 //!   reader saw the lines) to where it ended before, and the store's view
 //!   of the file does not move: the write never appears, and the next one
-//!   takes its sequence numbers. Should the cut fail too, the error says
-//!   the write may be stored, and the store re-reads the file before the
-//!   next call, so sequence numbers still follow the file. Creating a new
+//!   takes its sequence numbers. Unless the policy is `Never`, the cut is
+//!   synced before the error is returned, so the write cannot reappear
+//!   after a machine crash either; should that sync fail, the error says
+//!   the write may reappear after a crash. Should the cut fail, the error
+//!   says the write may be stored, and the store re-reads the file before
+//!   the next call, so sequence numbers still follow the file. Creating a new
 //!   session file links it into place before syncing the directory; if
 //!   that directory sync fails the error says the session exists (other
 //!   processes may already use the file, so it is not taken back).
-//! - **Crash safety**: a final line without its line end is a *torn tail*:
-//!   readers ignore it and report it ([`Page::torn_tail`]); the next write
-//!   to the session cuts it off before appending (`O_APPEND` would
-//!   otherwise glue the new line to it). Earlier events are never affected.
-//!   A damaged line *before* the last one is [`StoreError::Corrupt`] naming
-//!   the file and line. A file truncated at a line end simply ends earlier.
+//! - **Crash safety**: everything after the last committed write that is
+//!   not itself committed — an incomplete line, lines without their commit
+//!   line, lines a commit does not match, zeros or bytes from elsewhere —
+//!   is a *torn tail*: readers ignore it and report it
+//!   ([`Page::torn_tail`]); the next write to the session cuts it off
+//!   before appending (`O_APPEND` would otherwise glue the new line to it).
+//!   Earlier events are never affected, and the session stays readable.
+//!   Damage *followed by* a committed write (a commit line matching the
+//!   lines before it; in a format-1 file, any record line) cannot be left
+//!   by a crash under `Always`: it is [`StoreError::Corrupt`] naming the
+//!   file and line. Damage confined to the last write cannot be told from
+//!   a torn write and is cut like one. A file truncated at a line end
+//!   simply ends earlier. The crate's crash simulation checks this on
+//!   every image a power loss may leave (any state since the last sync,
+//!   cut anywhere, sectors lost or holding other bytes).
 //! - **File safety**: the directory is created mode 0700, files 0600; files
 //!   are opened with `O_NOFOLLOW` (a symbolic link is `Corrupt`, never
 //!   followed) and must be regular files; [`list`](SessionStore::list)
@@ -164,7 +238,8 @@ mod model;
 
 pub use error::{StoreError, StoreErrorKind};
 pub use jsonl::{
-    DEFAULT_LEASE_DIR_NAME, DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_OPEN,
-    DEFAULT_MAX_PAGE_BYTES, FILE_SUFFIX, FsyncPolicy, JsonlOptions, JsonlStore,
+    AUTHORITY_FILE_NAME, DEFAULT_LEASE_DIR_NAME, DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_EVENT_BYTES,
+    DEFAULT_MAX_OPEN, DEFAULT_MAX_PAGE_BYTES, FILE_SUFFIX, FsyncPolicy, GRAVEYARD_FILE_NAME,
+    JsonlOptions, JsonlStore, ReclaimReport,
 };
-pub use model::{AppendReceipt, Page, SessionStore, StoredEvent, WriteFence};
+pub use model::{AppendReceipt, Fence, Page, SessionStore, StoredEvent, WriteFence};

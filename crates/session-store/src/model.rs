@@ -4,34 +4,85 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use async_trait::async_trait;
-use lease_port::{FencingToken, SessionId, SessionLease};
+use lease_port::{AuthorityId, FencingToken, Lease, OwnerId, SessionId, SessionLease};
 use serde_json::Value;
 
 use crate::StoreError;
 
+/// A writer's proof of its right to change a session: its lease token
+/// *and* the owner the lease was issued to.
+///
+/// A token alone is not enough: two lease authorities (two lease
+/// directories, say) both hand out token 1, and a store must not let two
+/// writers share a mark. The store binds its high-water mark to the
+/// writer that set it and refuses an equal token from anyone else.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Fence {
+    token: FencingToken,
+    owner: OwnerId,
+}
+
+impl Fence {
+    /// The fence of `owner` holding a lease with `token`.
+    pub fn new(token: FencingToken, owner: OwnerId) -> Self {
+        Self { token, owner }
+    }
+
+    /// The lease token.
+    pub fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// The owner (one process incarnation) the lease was issued to.
+    pub fn owner(&self) -> &OwnerId {
+        &self.owner
+    }
+}
+
+impl From<&Lease> for Fence {
+    fn from(lease: &Lease) -> Self {
+        Fence::new(lease.token(), lease.owner().clone())
+    }
+}
+
 /// How a write proves its right to change a session.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum WriteFence {
-    /// The writer's lease token. Refused when below the session's
-    /// high-water mark; otherwise accepted and raises the mark.
-    Token(FencingToken),
+    /// The writer's lease token and owner. Refused when the token is below
+    /// the session's high-water mark, or equal to it while the mark belongs
+    /// to another owner; otherwise accepted, and a higher token raises the
+    /// mark and binds it to this owner.
+    Fenced(Fence),
     /// No token: the deployment runs unleased. Accepted only by a store
     /// configured to allow it, and only while the session has never
     /// accepted a fenced write.
     Unfenced,
 }
 
-impl From<FencingToken> for WriteFence {
-    fn from(token: FencingToken) -> Self {
-        WriteFence::Token(token)
+impl WriteFence {
+    /// The fence of `owner` holding a lease with `token`.
+    pub fn new(token: FencingToken, owner: OwnerId) -> Self {
+        WriteFence::Fenced(Fence::new(token, owner))
     }
 }
 
-/// `Some(token)` → [`WriteFence::Token`], `None` → [`WriteFence::Unfenced`]:
-/// what a lease guard's `token()` maps to.
-impl From<Option<FencingToken>> for WriteFence {
-    fn from(token: Option<FencingToken>) -> Self {
-        token.map_or(WriteFence::Unfenced, WriteFence::Token)
+impl From<Fence> for WriteFence {
+    fn from(fence: Fence) -> Self {
+        WriteFence::Fenced(fence)
+    }
+}
+
+impl From<&Lease> for WriteFence {
+    fn from(lease: &Lease) -> Self {
+        WriteFence::Fenced(lease.into())
+    }
+}
+
+/// `Some(lease)` → [`WriteFence::Fenced`], `None` → [`WriteFence::Unfenced`]:
+/// what a lease guard's `lease()` maps to.
+impl From<Option<&Lease>> for WriteFence {
+    fn from(lease: Option<&Lease>) -> Self {
+        lease.map_or(WriteFence::Unfenced, WriteFence::from)
     }
 }
 
@@ -84,9 +135,10 @@ pub trait SessionStore: Send + Sync {
     /// Appends `events` (at least one) as one batch: all or nothing.
     ///
     /// Checks `fence` against the session's high-water mark atomically with
-    /// the write: a token below it is refused with
-    /// [`StoreError::Fenced`] and nothing is written; an accepted token
-    /// becomes the new mark when higher.
+    /// the write: a token below it, or equal to it from another owner than
+    /// the one the mark belongs to, is refused with [`StoreError::Fenced`]
+    /// and nothing is written; an accepted higher token becomes the new
+    /// mark, bound to its owner.
     async fn append(
         &self,
         session: &SessionId,
@@ -112,6 +164,30 @@ pub trait SessionStore: Send + Sync {
     /// The session's high-water mark: the highest token accepted, `None`
     /// when no fenced write ever was.
     async fn high_water(&self, session: &SessionId) -> Result<Option<FencingToken>, StoreError>;
+
+    /// Records that tokens of `authority` fence this store, or checks that
+    /// they do.
+    ///
+    /// The first call records the id, once and durably; every later call,
+    /// from any process, succeeds only for the same id and otherwise fails
+    /// with [`StoreError::AuthorityMismatch`] naming the recorded one. Two
+    /// racing first calls record exactly one id: the loser is answered as a
+    /// later call. A server calls it at start-up with its lease backend's
+    /// [`authority`](SessionLease::authority) before it writes.
+    ///
+    /// A store written before it recorded an authority (sessions, no
+    /// record) is bound by its first call: nothing in its data can name the
+    /// authority that fenced it.
+    ///
+    /// Implementations: a database keeps the id under one key and creates
+    /// it with a conditional write (Redis `SET NX`, an etcd transaction on
+    /// the key's absence, a Kubernetes object created or found), then
+    /// compares.
+    async fn bind_authority(&self, authority: &AuthorityId) -> Result<(), StoreError>;
+
+    /// The authority recorded by [`bind_authority`](Self::bind_authority),
+    /// `None` before the first binding.
+    async fn recorded_authority(&self) -> Result<Option<AuthorityId>, StoreError>;
 
     /// The store's own lease backend, when it offers one (a database with
     /// conditional writes can). `None` by default: the server then picks a

@@ -9,7 +9,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_port::{FencingToken, LeaseErrorKind, ManualClock, OwnerId, SessionId, SessionLease};
+use lease_port::{
+    AuthorityId, FencingToken, LeaseErrorKind, ManualClock, OwnerId, SessionId, SessionLease,
+};
 use memlease::MemLease;
 use serde_json::{Value, json};
 use session_store::{
@@ -21,8 +23,12 @@ fn sid(s: &str) -> SessionId {
     SessionId::new(s).unwrap()
 }
 
+/// Token `t` of its one holder (each token here has exactly one).
 fn tok(t: u64) -> WriteFence {
-    WriteFence::Token(FencingToken::new(t))
+    WriteFence::new(
+        FencingToken::new(t),
+        OwnerId::new(format!("holder-of-{t}")).unwrap(),
+    )
 }
 
 fn opts() -> JsonlOptions {
@@ -240,7 +246,7 @@ async fn unfenced_writes_only_when_allowed_and_never_after_a_fenced_one() {
     ));
 
     let lax = JsonlStore::open(dir.path(), opts().allow_unfenced(true)).unwrap();
-    lax.append(&s, None::<FencingToken>.into(), &[json!(1)])
+    lax.append(&s, None::<&lease_port::Lease>.into(), &[json!(1)])
         .await
         .unwrap();
     lax.append(&s, tok(3), &[json!(2)]).await.unwrap();
@@ -276,7 +282,7 @@ async fn a_resumed_owner_is_fenced_after_a_takeover() {
         .await
         .unwrap();
     store_a
-        .append(&s, a.token().into(), &[json!({"by": "a", "n": 1})])
+        .append(&s, (&a).into(), &[json!({"by": "a", "n": 1})])
         .await
         .unwrap();
 
@@ -287,13 +293,13 @@ async fn a_resumed_owner_is_fenced_after_a_takeover() {
         .unwrap();
     assert!(b.token() > a.token());
     store_b
-        .append(&s, b.token().into(), &[json!({"by": "b", "n": 1})])
+        .append(&s, (&b).into(), &[json!({"by": "b", "n": 1})])
         .await
         .unwrap();
 
     // A resumes, unaware; its renewal would fail, but its write comes first.
     let err = store_a
-        .append(&s, a.token().into(), &[json!({"by": "a", "n": 2})])
+        .append(&s, (&a).into(), &[json!({"by": "a", "n": 2})])
         .await
         .unwrap_err();
     match err {
@@ -305,11 +311,7 @@ async fn a_resumed_owner_is_fenced_after_a_takeover() {
         other => panic!("expected Fenced, got {other:?}"),
     }
     assert_eq!(
-        store_a
-            .delete(&s, a.token().into())
-            .await
-            .unwrap_err()
-            .kind(),
+        store_a.delete(&s, (&a).into()).await.unwrap_err().kind(),
         StoreErrorKind::Fenced
     );
     assert_eq!(
@@ -317,7 +319,7 @@ async fn a_resumed_owner_is_fenced_after_a_takeover() {
         LeaseErrorKind::Held
     );
     store_b
-        .append(&s, b.token().into(), &[json!({"by": "b", "n": 2})])
+        .append(&s, (&b).into(), &[json!({"by": "b", "n": 2})])
         .await
         .unwrap();
 
@@ -487,23 +489,26 @@ async fn a_damaged_line_before_the_last_is_corrupt() {
     let store = open(dir.path());
     let s = sid("s");
     store.create(&s).await.unwrap();
-    store
-        .append(&s, tok(1), &[json!("one"), json!("two"), json!("three")])
-        .await
-        .unwrap();
+    for event in ["one", "two", "three"] {
+        store.append(&s, tok(1), &[json!(event)]).await.unwrap();
+    }
+    // Lines: header, commit, then each event and its commit.
     let path = store.path_of(&s);
     let text = fs::read_to_string(&path).unwrap();
-    let damaged = text.replacen("\"two\"", "\"tw\u{0}\"", 1).replacen(
-        "\"t\":\"e\",\"seq\":2",
-        "\"t\":\"e\",\"seq\":9",
-        1,
-    );
-    fs::write(&path, damaged).unwrap();
+    let damage = |text: &str, from: &str| text.replacen(from, "\"tw\u{0}\"", 1);
+    fs::write(&path, damage(&text, "\"two\"")).unwrap();
     let err = open(dir.path()).read(&s, 1, 10).await.unwrap_err();
     match err {
-        StoreError::Corrupt { line, .. } => assert_eq!(line, Some(3)),
+        StoreError::Corrupt { line, .. } => assert_eq!(line, Some(5)),
         other => panic!("expected Corrupt, got {other:?}"),
     }
+    // Damage confined to the last write cannot be told from a write torn by
+    // a crash: it is a torn tail, and the earlier events stay readable.
+    fs::write(&path, damage(&text, "\"three\"")).unwrap();
+    let page = open(dir.path()).read(&s, 1, 10).await.unwrap();
+    assert!(page.torn_tail);
+    assert_eq!(page.events.len(), 2);
+    fs::write(&path, &text).unwrap();
 
     // A file whose header names another session (a hashed-name collision,
     // or a file copied under the wrong name) is refused too.
@@ -519,24 +524,6 @@ async fn a_damaged_line_before_the_last_is_corrupt() {
         .await
         .unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Corrupt);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fsync_always_runs_off_the_executor_and_persists() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = JsonlStore::open(dir.path(), JsonlOptions::default()).unwrap();
-    let s = sid("durable");
-    store.create(&s).await.unwrap();
-    store.append(&s, tok(4), &[json!(1)]).await.unwrap();
-    let store: Arc<dyn SessionStore> = Arc::new(store);
-    assert_eq!(
-        store.high_water(&s).await.unwrap(),
-        Some(FencingToken::new(4))
-    );
-    assert_eq!(
-        store.read(&s, 1, 1).await.unwrap().events[0].payload,
-        json!(1)
-    );
 }
 
 mod model {
@@ -601,7 +588,7 @@ mod model {
                         Op::Append(i) => {
                             let Some(l) = &held[i] else { continue };
                             let t = l.token().get();
-                            match stores[i].append(&s, l.token().into(), &[json!({"owner": i, "t": t})]).await {
+                            match stores[i].append(&s, l.into(), &[json!({"owner": i, "t": t})]).await {
                                 Ok(_) => {
                                     prop_assert!(max_accepted.is_none_or(|m| t >= m),
                                         "accepted {t} after {max_accepted:?}");
@@ -785,12 +772,11 @@ async fn list_skips_files_that_are_not_readable_sessions() {
     .unwrap();
     let c = sid("c");
     store.create(&c).await.unwrap();
-    OpenOptions::new()
-        .append(true)
-        .open(store.path_of(&c))
-        .unwrap()
-        .write_all(b"garbage\n{\"t\":\"d\",\"token\":null,\"ts\":1}\n")
-        .unwrap();
+    store.append(&c, tok(1), &[json!("first")]).await.unwrap();
+    store.append(&c, tok(1), &[json!("second")]).await.unwrap();
+    let text = fs::read_to_string(store.path_of(&c)).unwrap();
+    let first = text.lines().find(|l| l.contains("first")).unwrap();
+    fs::write(store.path_of(&c), text.replacen(first, "garbage", 1)).unwrap();
 
     for s in [store.clone(), open(dir.path())] {
         assert_eq!(s.list().await.unwrap(), vec![a.clone(), b.clone()]);
@@ -856,4 +842,408 @@ async fn pages_are_bounded_by_bytes_as_well_as_count() {
     // The default budget leaves small pages to the count alone.
     let page = open(dir.path()).read(&s, 1, 100).await.unwrap();
     assert_eq!((page.events.len(), page.next_seq), (7, None));
+}
+
+/// Two lease authorities (two lease directories, say) both hand out token 1
+/// for one session; two processes write through their own store instances
+/// on one directory. The second writer's equal token must be refused, or
+/// both runs complete and their events interleave.
+#[tokio::test]
+async fn an_equal_token_from_another_writer_is_fenced() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = sid("shared");
+    let (store_a, store_b) = (open(dir.path()), open(dir.path()));
+    store_a.create(&s).await.unwrap();
+    let lease_a = MemLease::new(Duration::from_secs(10))
+        .acquire(&s, &OwnerId::new("a").unwrap())
+        .await
+        .unwrap();
+    let lease_b = MemLease::new(Duration::from_secs(10))
+        .acquire(&s, &OwnerId::new("b").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(lease_a.token(), lease_b.token());
+
+    store_a
+        .append(&s, (&lease_a).into(), &[json!({"by": "a"})])
+        .await
+        .unwrap();
+    let err = store_b
+        .append(&s, (&lease_b).into(), &[json!({"by": "b"})])
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Fenced, "{err}");
+    assert_eq!(
+        store_b
+            .delete(&s, (&lease_b).into())
+            .await
+            .unwrap_err()
+            .kind(),
+        StoreErrorKind::Fenced
+    );
+    // The mark's own writer goes on; a restarted store knows the writer too.
+    store_a
+        .append(&s, (&lease_a).into(), &[json!({"by": "a"})])
+        .await
+        .unwrap();
+    let err = open(dir.path())
+        .append(&s, (&lease_b).into(), &[json!({"by": "b"})])
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Fenced, "{err}");
+    let events = all(&store_a, &s).await;
+    assert!(events.iter().all(|e| e.2["by"] == "a"), "{events:?}");
+}
+
+/// A file written before lines named their writer: its mark has no
+/// recorded writer, so an equal token is refused from everyone, while a
+/// higher one is accepted and binds the mark to its writer.
+#[tokio::test]
+async fn a_mark_whose_writer_was_not_recorded_refuses_an_equal_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let s = sid("old");
+    fs::write(
+        store.path_of(&s),
+        "{\"t\":\"h\",\"v\":1,\"id\":\"old\",\"ts\":1}\n\
+         {\"t\":\"e\",\"seq\":1,\"token\":5,\"ts\":2,\"payload\":\"before\"}\n",
+    )
+    .unwrap();
+    let err = store
+        .append(&s, tok(5), &[json!("same")])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::Fenced { high_water, high_water_owner: None, .. } if high_water.get() == 5
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("not recorded"), "{err}");
+    store.append(&s, tok(6), &[json!("after")]).await.unwrap();
+    store.append(&s, tok(6), &[json!("again")]).await.unwrap();
+    let other = WriteFence::new(FencingToken::new(6), OwnerId::new("other").unwrap());
+    let err = open(dir.path())
+        .append(&s, other, &[json!("twin")])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Fenced { high_water_owner: Some(o), .. } if o.as_str() == "holder-of-6"),
+        "{err:?}"
+    );
+    assert_eq!(
+        all(&store, &s).await,
+        vec![
+            (1, Some(5), json!("before")),
+            (2, Some(6), json!("after")),
+            (3, Some(6), json!("again"))
+        ]
+    );
+}
+
+fn authority(s: &str) -> AuthorityId {
+    AuthorityId::new(s).unwrap()
+}
+
+/// The first binding records the authority once; later ones succeed only
+/// for the same id, from any store instance, and a store created before
+/// bindings existed (events, no record) binds on first use.
+#[tokio::test]
+async fn a_store_records_the_authority_that_fences_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    // Written before: a session with events, no record.
+    let s = sid("s");
+    store.create(&s).await.unwrap();
+    store.append(&s, tok(3), &[json!(1)]).await.unwrap();
+    assert_eq!(store.recorded_authority().await.unwrap(), None);
+
+    let (a, b) = (authority("flock:aaaa"), authority("flock:bbbb"));
+    store.bind_authority(&a).await.unwrap();
+    store.bind_authority(&a).await.unwrap();
+    let again = open(dir.path());
+    again.bind_authority(&a).await.unwrap();
+    assert_eq!(again.recorded_authority().await.unwrap(), Some(a.clone()));
+    for s in [&store, &again, &open(dir.path())] {
+        let err = s.bind_authority(&b).await.unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::AuthorityMismatch);
+        assert!(
+            matches!(&err, StoreError::AuthorityMismatch { recorded, offered, .. }
+                if *recorded == a && *offered == b),
+            "{err:?}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("flock:aaaa") && text.contains("flock:bbbb"),
+            "{text}"
+        );
+    }
+    // Binding neither hides nor changes sessions.
+    assert_eq!(again.list().await.unwrap(), vec![s.clone()]);
+    assert_eq!(all(&again, &s).await, vec![(1, Some(3), json!(1))]);
+}
+
+/// Racing first bindings from several store instances (processes): one id
+/// wins, every binder of it succeeds, every other fails naming it.
+#[test]
+fn racing_first_bindings_record_one_authority() {
+    for _ in 0..20 {
+        let dir = tempfile::tempdir().unwrap();
+        let barrier = Arc::new(std::sync::Barrier::new(6));
+        let threads: Vec<_> = (0..6)
+            .map(|i| {
+                let (dir, barrier) = (dir.path().to_owned(), Arc::clone(&barrier));
+                std::thread::spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .build()
+                        .unwrap();
+                    let store = open(&dir);
+                    let offered = authority(&format!("auth-{}", i % 2));
+                    barrier.wait();
+                    (offered.clone(), rt.block_on(store.bind_authority(&offered)))
+                })
+            })
+            .collect();
+        let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let winner = rt
+            .block_on(open(dir.path()).recorded_authority())
+            .unwrap()
+            .unwrap();
+        for (offered, result) in results {
+            match result {
+                Ok(()) => assert_eq!(offered, winner),
+                Err(StoreError::AuthorityMismatch { recorded, .. }) => {
+                    assert_ne!(offered, winner);
+                    assert_eq!(recorded, winner);
+                }
+                Err(e) => panic!("unexpected {e:?}"),
+            }
+        }
+        // Nothing but the record is left behind.
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+    }
+}
+
+/// A damaged record is never taken for "no record": it is `Corrupt`, with
+/// the file and what to do.
+#[tokio::test]
+async fn a_damaged_authority_record_is_corrupt_never_rebound() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    store.bind_authority(&authority("one")).await.unwrap();
+    let record = fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .next()
+        .unwrap();
+    assert_eq!(
+        fs::metadata(&record).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    fs::write(&record, "{\"v\":1,\"auth").unwrap();
+    for s in [&store, &open(dir.path())] {
+        let err = s.bind_authority(&authority("two")).await.unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{err}");
+        assert!(
+            err.to_string().contains(&*record.to_string_lossy()),
+            "{err}"
+        );
+        let err = s.bind_authority(&authority("one")).await.unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{err}");
+    }
+}
+
+/// Store instances of one process creating one session at once: one
+/// creates it, the others find it exists — never an I/O error from two
+/// creators sharing a temporary file name.
+#[test]
+fn racing_creators_in_one_process_never_share_a_temporary_file() {
+    for round in 0..20 {
+        let dir = tempfile::tempdir().unwrap();
+        let s = sid(&format!("s{round}"));
+        let barrier = Arc::new(std::sync::Barrier::new(4));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let (dir, barrier, s) = (dir.path().to_owned(), Arc::clone(&barrier), s.clone());
+                std::thread::spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .build()
+                        .unwrap();
+                    let store = open(&dir);
+                    barrier.wait();
+                    rt.block_on(store.create(&s)).map_err(|e| e.kind())
+                })
+            })
+            .collect();
+        let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        assert_eq!(
+            results.iter().filter(|r| r.is_ok()).count(),
+            1,
+            "{results:?}"
+        );
+        assert!(
+            results
+                .iter()
+                .all(|r| matches!(r, Ok(()) | Err(StoreErrorKind::AlreadyExists))),
+            "{results:?}"
+        );
+    }
+}
+
+/// A file of format 1 (no commit lines) is read as before; the next write
+/// adds a framing line and frames itself; a garbage final line of either
+/// kind is a torn tail, never `Corrupt`.
+#[tokio::test]
+async fn a_file_of_format_1_is_read_and_framed_from_its_next_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let s = sid("v1");
+    let old = "{\"t\":\"h\",\"v\":1,\"id\":\"v1\",\"ts\":1}\n\
+               {\"t\":\"e\",\"seq\":1,\"token\":2,\"ts\":2,\"payload\":\"old\"}\n";
+    fs::write(store.path_of(&s), format!("{old}\u{0}\u{7}garbage\n")).unwrap();
+    let page = store.read(&s, 1, 10).await.unwrap();
+    assert!(page.torn_tail);
+    assert_eq!(page.events.len(), 1);
+
+    store
+        .append(&s, tok(3), &[json!("new"), json!("newer")])
+        .await
+        .unwrap();
+    let text = fs::read_to_string(store.path_of(&s)).unwrap();
+    assert!(text.starts_with(old), "{text}");
+    let added: Vec<&str> = text[old.len()..].lines().collect();
+    assert_eq!(added.len(), 4, "{text}");
+    assert_eq!(added[0], "{\"t\":\"f\"}");
+    assert!(added[3].starts_with("{\"t\":\"c\",\"n\":3,"), "{text}");
+    let want = vec![
+        (1, Some(2), json!("old")),
+        (2, Some(3), json!("new")),
+        (3, Some(3), json!("newer")),
+    ];
+    assert_eq!(all(&open(dir.path()), &s).await, want);
+
+    // A later write torn by a crash (its commit missing) is cut, whole.
+    let before = fs::read(store.path_of(&s)).unwrap();
+    let next = "{\"t\":\"e\",\"seq\":4,\"token\":3,\"owner\":\"holder-of-3\",\"ts\":3,\"payload\":\"torn\"}\n";
+    fs::write(store.path_of(&s), [&before[..], next.as_bytes()].concat()).unwrap();
+    let fresh = open(dir.path());
+    let page = fresh.read(&s, 1, 10).await.unwrap();
+    assert!(page.torn_tail);
+    assert_eq!(page.events.len(), 3);
+    fresh.append(&s, tok(3), &[json!("after")]).await.unwrap();
+    let mut want = want;
+    want.push((4, Some(3), json!("after")));
+    assert_eq!(all(&open(dir.path()), &s).await, want);
+}
+
+/// `reclaim_deleted` removes the files of sessions deleted long enough
+/// ago, and only those; what fencing needs (the mark and its writer, the
+/// next sequence number) stays in the graveyard, so a re-created session
+/// refuses old tokens — also through another store instance that had the
+/// removed file open.
+#[tokio::test]
+async fn reclaimed_sessions_free_their_files_and_keep_their_marks() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new();
+    let with_clock =
+        || JsonlStore::open(dir.path(), opts().clock(Arc::new(clock.clone()))).unwrap();
+    let store = with_clock();
+    let (a, b, c) = (sid("a"), sid("b"), sid("c"));
+    for s in [&a, &b, &c] {
+        store.create(s).await.unwrap();
+    }
+    store
+        .append(&a, tok(5), &[json!(1), json!(2), json!(3)])
+        .await
+        .unwrap();
+    store.delete(&a, tok(6)).await.unwrap();
+    store.append(&b, tok(1), &[json!("live")]).await.unwrap();
+    clock.advance(Duration::from_secs(7200));
+    store.delete(&c, tok(1)).await.unwrap(); // deleted recently
+    // Another process has a's file open, its view cached.
+    let other = with_clock();
+    assert_eq!(
+        other.high_water(&a).await.unwrap(),
+        Some(FencingToken::new(6))
+    );
+
+    let report = store
+        .reclaim_deleted(Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert_eq!(report.reclaimed, vec![a.clone()]);
+    assert!(report.bytes > 0);
+    assert!(!store.path_of(&a).exists());
+    assert!(store.path_of(&b).exists() && store.path_of(&c).exists());
+    assert_eq!(store.list().await.unwrap(), vec![b.clone()]);
+    // Nothing more to do the second time.
+    let again = store
+        .reclaim_deleted(Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert!(again.reclaimed.is_empty());
+
+    // The mark survives, for every instance.
+    for s in [&store, &other, &with_clock()] {
+        assert_eq!(s.high_water(&a).await.unwrap(), Some(FencingToken::new(6)));
+    }
+    other.create(&a).await.unwrap();
+    assert!(store.path_of(&a).exists());
+    let err = other
+        .append(&a, tok(5), &[json!("stale")])
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Fenced);
+    let twin = WriteFence::new(FencingToken::new(6), OwnerId::new("twin").unwrap());
+    let err = store.append(&a, twin, &[json!("twin")]).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Fenced);
+    let r = store.append(&a, tok(6), &[json!("new")]).await.unwrap();
+    assert_eq!(r.first_seq, 4, "sequence numbers are never reused");
+    assert_eq!(
+        all(&with_clock(), &a).await,
+        vec![(4, Some(6), json!("new"))]
+    );
+
+    // Reclaimed again: the graveyard keeps the newest mark.
+    store.delete(&a, tok(7)).await.unwrap();
+    clock.advance(Duration::from_secs(7200));
+    let report = other
+        .reclaim_deleted(Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert_eq!(report.reclaimed, vec![a.clone(), c.clone()]);
+    store.create(&a).await.unwrap();
+    assert_eq!(
+        with_clock().high_water(&a).await.unwrap(),
+        Some(FencingToken::new(7))
+    );
+    let r = store.append(&a, tok(7), &[json!("newer")]).await.unwrap();
+    assert_eq!(r.first_seq, 5);
+}
+
+/// A deleted session whose file is locked elsewhere is left for a later
+/// run, never removed under its holder.
+#[tokio::test]
+async fn reclaiming_skips_a_session_locked_elsewhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let s = sid("held");
+    store.create(&s).await.unwrap();
+    store.delete(&s, tok(1)).await.unwrap();
+    let holder = lock_elsewhere(&store, &s);
+    let report = store.reclaim_deleted(Duration::ZERO).await.unwrap();
+    assert!(report.reclaimed.is_empty());
+    assert_eq!(report.busy, vec![s.clone()]);
+    assert!(store.path_of(&s).exists());
+    drop(holder);
+    let report = store.reclaim_deleted(Duration::ZERO).await.unwrap();
+    assert_eq!(report.reclaimed, vec![s]);
 }

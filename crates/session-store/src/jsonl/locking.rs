@@ -6,6 +6,7 @@
 
 use std::fs::File;
 use std::io::{self, Seek, SeekFrom};
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::{Arc, TryLockError};
 use std::time::{Duration, Instant};
@@ -179,6 +180,10 @@ impl StoreCore {
             f(file, index)
         };
         if !self.opts.cross_process {
+            if removed(&file) {
+                state.index = FileIndex::default();
+                return Err(AttemptError::Contended);
+            }
             let r = run(&file, index);
             state.file = Some(file);
             return Ok(r?);
@@ -203,6 +208,13 @@ impl StoreCore {
                 }
             }
         };
+        if removed(&locked) {
+            // Reclaimed by someone else since we opened it: forget it and
+            // look again by name (nothing was done).
+            drop(locked);
+            state.index = FileIndex::default();
+            return Err(AttemptError::Contended);
+        }
         let r = run(&locked, index);
         match locked.unlock() {
             Ok(f) => state.file = Some(f),
@@ -214,4 +226,10 @@ impl StoreCore {
         }
         Ok(r?)
     }
+}
+
+/// True when the open file is no longer linked into the directory (a
+/// reclaimed session file): the caller must reopen it by name.
+fn removed(file: &File) -> bool {
+    file.metadata().is_ok_and(|m| m.nlink() == 0)
 }

@@ -13,8 +13,12 @@
 // file, and are taken back on failure) and `ops` (the fenced operations
 // built from them).
 
+mod authority;
 mod cache;
+#[cfg(test)]
+mod crash_sim;
 mod format;
+mod graveyard;
 mod index;
 mod locking;
 mod ops;
@@ -32,13 +36,15 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use async_trait::async_trait;
-use lease_port::{FencingToken, SessionId};
+use lease_port::{AuthorityId, FencingToken, SessionId};
 use nix::fcntl::OFlag;
 use serde_json::Value;
 
 use crate::{AppendReceipt, Page, SessionStore, StoreError, WriteFence};
+pub use authority::AUTHORITY_FILE_NAME;
 use cache::OpenSession;
 use format::millis;
+pub use graveyard::{GRAVEYARD_FILE_NAME, ReclaimReport};
 use ops::validate_batch;
 pub use options::{
     DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_OPEN, DEFAULT_MAX_PAGE_BYTES,
@@ -77,10 +83,21 @@ struct StoreCore {
     ///
     /// [`list`]: SessionStore::list
     names: Mutex<HashMap<String, SessionId>>,
-    tmp_counter: AtomicU64,
     /// Test hook: how many of the next data syncs fail.
     #[cfg(test)]
     fail_syncs: std::sync::atomic::AtomicU32,
+}
+
+/// Numbers the temporary files of this process: one counter for every
+/// store instance, so two instances on one directory never pick the same
+/// name (the name also holds the process id).
+static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// A temporary file name in the store directory, unique to this call:
+/// `.tmp-<what>-<pid>-<n>`.
+fn tmp_name(what: &str) -> String {
+    let n = TMP_COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!(".tmp-{what}-{}-{n}", std::process::id())
 }
 
 /// Locks a mutex, ignoring poisoning.
@@ -130,7 +147,6 @@ impl JsonlStore {
                 opts,
                 open_sessions: Mutex::default(),
                 names: Mutex::default(),
-                tmp_counter: AtomicU64::new(0),
                 #[cfg(test)]
                 fail_syncs: std::sync::atomic::AtomicU32::new(0),
             }),
@@ -151,6 +167,25 @@ impl JsonlStore {
     /// The file holding `session`.
     pub fn path_of(&self, session: &SessionId) -> PathBuf {
         self.core.path(&session_filename::stem(session))
+    }
+}
+
+impl JsonlStore {
+    /// Runs `f` on tokio's blocking pool (for rare calls that sync).
+    async fn blocking<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&StoreCore) -> Result<R, StoreError> + Send + 'static,
+    ) -> Result<R, StoreError> {
+        let core = Arc::clone(&self.core);
+        tokio::task::spawn_blocking(move || f(&core))
+            .await
+            .map_err(|e| {
+                StoreError::io(
+                    "running a blocking store task",
+                    &self.core.dir,
+                    io::Error::other(e.to_string()),
+                )
+            })?
     }
 }
 
@@ -180,7 +215,7 @@ impl SessionStore for JsonlStore {
     ) -> Result<AppendReceipt, StoreError> {
         let payloads = validate_batch(events, self.core.opts.max_event_bytes)?;
         let session = session.clone();
-        self.run(move |core, wait| core.append(&session, fence, &payloads, wait))
+        self.run(move |core, wait| core.append(&session, &fence, &payloads, wait))
             .await
     }
 
@@ -204,7 +239,7 @@ impl SessionStore for JsonlStore {
 
     async fn delete(&self, session: &SessionId, fence: WriteFence) -> Result<(), StoreError> {
         let session = session.clone();
-        self.run(move |core, wait| core.delete(&session, fence, wait))
+        self.run(move |core, wait| core.delete(&session, &fence, wait))
             .await
     }
 
@@ -212,5 +247,15 @@ impl SessionStore for JsonlStore {
         let session = session.clone();
         self.run(move |core, wait| core.high_water(&session, wait))
             .await
+    }
+
+    async fn bind_authority(&self, authority: &AuthorityId) -> Result<(), StoreError> {
+        let authority = authority.clone();
+        self.blocking(move |core| core.bind_authority(&authority))
+            .await
+    }
+
+    async fn recorded_authority(&self) -> Result<Option<AuthorityId>, StoreError> {
+        self.blocking(StoreCore::read_authority).await
     }
 }

@@ -6,42 +6,86 @@ use std::fs::OpenOptions;
 use std::io::{self, Write as _};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, UNIX_EPOCH};
 
-use lease_port::{FencingToken, SessionId};
+use lease_port::{FencingToken, OwnerId, SessionId};
 use serde_json::Value;
 use tracing::warn;
 
-use super::format::{EventLine, deletion_line, header_line, push_event_line, token_json};
+use super::format::{
+    EventLine, FRAMING_LINE, deletion_line, fence_json, header_line, push_commit, push_event_line,
+};
 use super::index::{EventSpan, FileIndex, page_end};
 use super::locking::{AttemptError, LockMode, Wait};
-use super::{FILE_SUFFIX, FsyncPolicy, StoreCore, lock, open_flags};
+use super::{FILE_SUFFIX, FsyncPolicy, StoreCore, lock, open_flags, tmp_name};
 use crate::{AppendReceipt, Page, StoreError, StoreErrorKind, StoredEvent, WriteFence};
 
+/// The start of a write's buffer: the framing line when the file holds
+/// lines that are not framed (a file written by format 1), else nothing (a
+/// version-2 header, first in an empty file, starts the framing itself).
+fn framing(index: &FileIndex) -> String {
+    if index.framed || index.pos == 0 {
+        String::new()
+    } else {
+        FRAMING_LINE.to_owned()
+    }
+}
+
 impl StoreCore {
-    pub(super) fn check_fence(
+    /// Writes the record lines in `buf` (whole lines) with their commit
+    /// line at the end of the file, then advances the index past them.
+    fn write_framed(
+        &self,
+        file: &std::fs::File,
+        path: &Path,
+        index: &mut FileIndex,
+        mut buf: String,
+    ) -> Result<(), StoreError> {
+        push_commit(&mut buf, 0);
+        self.write_end(file, path, index, buf.as_bytes())?;
+        index.pos += buf.len() as u64;
+        index.lines += buf.bytes().filter(|&b| b == b'\n').count() as u64;
+        index.framed = true;
+        Ok(())
+    }
+
+    /// Checks `fence` against the session's mark: the token and owner to
+    /// write on the lines, or `None` for an accepted unfenced write.
+    pub(super) fn check_fence<'f>(
         &self,
         session: &SessionId,
-        fence: WriteFence,
+        fence: &'f WriteFence,
         index: &FileIndex,
-    ) -> Result<Option<u64>, StoreError> {
+    ) -> Result<Option<(u64, &'f str)>, StoreError> {
         match fence {
-            WriteFence::Token(t) => {
-                if let Some(high_water) = index.high_water.filter(|&m| t.get() < m) {
-                    return Err(StoreError::Fenced {
-                        session: session.clone(),
-                        presented: t,
-                        high_water: FencingToken::new(high_water),
-                    });
+            WriteFence::Fenced(f) => {
+                let (t, owner) = (f.token().get(), f.owner().as_str());
+                if let Some(mark) = &index.high_water {
+                    let refused =
+                        t < mark.token || (t == mark.token && mark.owner.as_deref() != Some(owner));
+                    if refused {
+                        return Err(StoreError::Fenced {
+                            session: session.clone(),
+                            presented: f.token(),
+                            presented_by: f.owner().clone(),
+                            high_water: FencingToken::new(mark.token),
+                            high_water_owner: mark
+                                .owner
+                                .as_deref()
+                                .and_then(|o| OwnerId::new(o).ok()),
+                        });
+                    }
                 }
-                Ok(Some(t.get()))
+                Ok(Some((t, owner)))
             }
             WriteFence::Unfenced => {
                 if !self.opts.allow_unfenced || index.high_water.is_some() {
                     return Err(StoreError::Unfenced {
                         session: session.clone(),
-                        high_water: index.high_water.map(FencingToken::new),
+                        high_water: index
+                            .high_water
+                            .as_ref()
+                            .map(|m| FencingToken::new(m.token)),
                     });
                 }
                 Ok(None)
@@ -50,7 +94,7 @@ impl StoreCore {
     }
 
     pub(super) fn create(&self, session: &SessionId, wait: Wait) -> Result<(), AttemptError> {
-        let header = |ts: u64| header_line(session, ts);
+        let header = |ts: u64| header_line(session, ts, None);
         self.with_session(session, wait, |state, path| {
             for _ in 0..2 {
                 if self.ensure_open(state, path)? {
@@ -67,17 +111,22 @@ impl StoreCore {
                             }
                             // Deleted (or never completed): start a new incarnation.
                             self.repair(file, path, index)?;
-                            let line = header(self.now_ms());
-                            self.write_end(file, path, index, line.as_bytes())?;
-                            index.pos += line.len() as u64;
-                            index.lines += 1;
+                            let mut buf = framing(index);
+                            buf.push_str(&header(self.now_ms()));
+                            self.write_framed(file, path, index, buf)?;
                             index.id = Some(session.as_str().to_owned());
                             index.live = true;
+                            index.deleted_at = None;
                             index.events.clear();
                             Ok(())
                         },
                     );
                 }
+                // A new file: it starts from what the graveyard kept of a
+                // reclaimed predecessor, read after the file was seen
+                // missing (entries are durable before files are removed).
+                let grave = self.grave(session)?;
+                let header = |ts: u64| header_line(session, ts, grave.as_ref());
                 if self.create_file(session, path, &header)? {
                     return Ok(());
                 }
@@ -100,11 +149,7 @@ impl StoreCore {
         path: &Path,
         header: &dyn Fn(u64) -> String,
     ) -> Result<bool, StoreError> {
-        let n = self.tmp_counter.fetch_add(1, Ordering::Relaxed);
-        let stem = session_filename::stem(session);
-        let tmp = self
-            .dir
-            .join(format!(".tmp-{stem}-{}-{n}", std::process::id()));
+        let tmp = self.dir.join(tmp_name(&session_filename::stem(session)));
         let result = (|| {
             let mut f = OpenOptions::new()
                 .write(true)
@@ -113,14 +158,21 @@ impl StoreCore {
                 .custom_flags(open_flags())
                 .open(&tmp)
                 .map_err(|e| StoreError::io("creating session file", &tmp, e))?;
-            f.write_all(header(self.now_ms()).as_bytes())
+            let mut header = header(self.now_ms());
+            push_commit(&mut header, 0);
+            f.write_all(header.as_bytes())
                 .map_err(|e| StoreError::io("writing session header", &tmp, e))?;
+
             if self.opts.fsync != FsyncPolicy::Never {
                 f.sync_data()
                     .map_err(|e| StoreError::io("syncing session file", &tmp, e))?;
             }
             match std::fs::hard_link(&tmp, path) {
-                Ok(()) => Ok(true),
+                Ok(()) => {
+                    #[cfg(test)]
+                    super::crash_sim::record(path, super::crash_sim::Op::Created(header.into()));
+                    Ok(true)
+                }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
                 Err(e) => Err(StoreError::io("linking session file", path, e)),
             }
@@ -144,7 +196,7 @@ impl StoreCore {
     pub(super) fn append(
         &self,
         session: &SessionId,
-        fence: WriteFence,
+        fence: &WriteFence,
         payloads: &[String],
         wait: Wait,
     ) -> Result<AppendReceipt, AttemptError> {
@@ -166,32 +218,32 @@ impl StoreCore {
                             session: session.clone(),
                         });
                     }
-                    let token = self.check_fence(session, fence, index)?;
+                    let fence = self.check_fence(session, fence, index)?;
                     self.repair(file, path, index)?;
                     let ts = self.now_ms();
-                    let token_text = token_json(token);
+                    let fence_text = fence_json(fence);
                     let total: usize = payloads.iter().map(|p| p.len() + 64).sum();
-                    let mut buf = String::with_capacity(total);
+                    let mut buf = framing(index);
+                    buf.reserve(total + 64);
                     let mut spans = Vec::with_capacity(payloads.len());
                     let first_seq = index.next_seq;
                     for (i, p) in payloads.iter().enumerate() {
                         let start = buf.len();
-                        push_event_line(&mut buf, first_seq + i as u64, &token_text, ts, p);
+                        push_event_line(&mut buf, first_seq + i as u64, &fence_text, ts, p);
                         spans.push((start as u64, (buf.len() - start) as u64));
                     }
-                    self.write_end(file, path, index, buf.as_bytes())?;
+                    let at = index.pos;
+                    self.write_framed(file, path, index, buf)?;
                     for (i, (start, len)) in spans.into_iter().enumerate() {
                         index.events.push(EventSpan {
                             seq: first_seq + i as u64,
-                            off: index.pos + start,
+                            off: at + start,
                             len,
                         });
                     }
-                    index.pos += buf.len() as u64;
-                    index.lines += payloads.len() as u64;
                     index.next_seq = first_seq + payloads.len() as u64;
-                    if let Some(t) = token {
-                        index.high_water = Some(index.high_water.map_or(t, |m| m.max(t)));
+                    if let Some((t, owner)) = fence {
+                        index.raise_mark(t, Some(owner));
                     }
                     Ok(AppendReceipt {
                         first_seq,
@@ -205,7 +257,7 @@ impl StoreCore {
     pub(super) fn delete(
         &self,
         session: &SessionId,
-        fence: WriteFence,
+        fence: &WriteFence,
         wait: Wait,
     ) -> Result<(), AttemptError> {
         self.with_session(session, wait, |state, path| {
@@ -226,17 +278,18 @@ impl StoreCore {
                             session: session.clone(),
                         });
                     }
-                    let token = self.check_fence(session, fence, index)?;
+                    let fence = self.check_fence(session, fence, index)?;
                     self.repair(file, path, index)?;
-                    let token_text = token_json(token);
-                    let line = deletion_line(&token_text, self.now_ms());
-                    self.write_end(file, path, index, line.as_bytes())?;
-                    index.pos += line.len() as u64;
-                    index.lines += 1;
+                    let fence_text = fence_json(fence);
+                    let ts = self.now_ms();
+                    let mut buf = framing(index);
+                    buf.push_str(&deletion_line(&fence_text, ts));
+                    self.write_framed(file, path, index, buf)?;
+                    index.deleted_at = Some(ts);
                     index.live = false;
                     index.events.clear();
-                    if let Some(t) = token {
-                        index.high_water = Some(index.high_water.map_or(t, |m| m.max(t)));
+                    if let Some((t, owner)) = fence {
+                        index.raise_mark(t, Some(owner));
                     }
                     Ok(())
                 },
@@ -321,10 +374,17 @@ impl StoreCore {
     ) -> Result<Option<FencingToken>, AttemptError> {
         self.with_session(session, wait, |state, path| {
             if !self.ensure_open(state, path)? {
-                return Ok(None);
+                // Reclaimed (or never created): the graveyard knows.
+                let grave = self.grave(session)?;
+                return Ok(grave
+                    .and_then(|g| g.mark)
+                    .map(|m| FencingToken::new(m.token)));
             }
             self.locked(state, path, Some(session), LockMode::Shared, |_, index| {
-                Ok(index.high_water.map(FencingToken::new))
+                Ok(index
+                    .high_water
+                    .as_ref()
+                    .map(|m| FencingToken::new(m.token)))
             })
         })
     }

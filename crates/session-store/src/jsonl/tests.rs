@@ -2,14 +2,18 @@
 
 use std::sync::atomic::Ordering;
 
-use lease_port::{FencingToken, SessionId};
+use lease_port::{FencingToken, OwnerId, SessionId};
 use serde_json::json;
 
 use super::{FsyncPolicy, JsonlOptions, JsonlStore};
 use crate::{SessionStore, StoreErrorKind, WriteFence};
 
+/// Token `t` of its one holder (each token here has exactly one).
 fn tok(t: u64) -> WriteFence {
-    WriteFence::Token(FencingToken::new(t))
+    WriteFence::new(
+        FencingToken::new(t),
+        OwnerId::new(format!("holder-of-{t}")).unwrap(),
+    )
 }
 
 async fn seqs(store: &JsonlStore, s: &SessionId) -> Vec<(u64, serde_json::Value)> {
@@ -86,4 +90,52 @@ async fn a_write_whose_sync_failed_is_cut_back_and_never_appears() {
             1
         );
     }
+}
+
+/// What one append showed under `policy`, on a current-thread runtime
+/// (whose only worker is the calling thread): whether every `fdatasync`
+/// ran on another thread (the blocking pool), and whether the event was
+/// durable when the append returned — the durable image the crash model
+/// builds from the logged operations holds it, and a fresh store reading
+/// the file finds it.
+fn observe(policy: FsyncPolicy) -> (bool, bool) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let worker = std::thread::current().id();
+    let dir = tempfile::tempdir().unwrap();
+    let store = JsonlStore::open(dir.path(), JsonlOptions::default().fsync(policy)).unwrap();
+    let s = SessionId::new("durable").unwrap();
+    rt.block_on(store.create(&s)).unwrap();
+    rt.block_on(store.append(&s, tok(4), &[json!("kept")]))
+        .unwrap();
+    let ops = super::crash_sim::tests::ops(&store.path_of(&s));
+    let syncs: Vec<_> = ops
+        .iter()
+        .filter_map(|op| match op {
+            super::crash_sim::Op::Sync(thread) => Some(*thread),
+            _ => None,
+        })
+        .collect();
+    let off_worker = !syncs.is_empty() && syncs.iter().all(|t| *t != worker);
+    let states = super::crash_sim::tests::states_since_sync(&ops);
+    let durable = String::from_utf8_lossy(&states[0]).into_owned();
+    let fresh = JsonlStore::open(dir.path(), JsonlOptions::default()).unwrap();
+    let page = rt.block_on(fresh.read(&s, 1, 10)).unwrap();
+    let read_back = page.events.len() == 1 && page.events[0].payload == json!("kept");
+    (off_worker, read_back && durable.contains("\"kept\""))
+}
+
+/// `Always`: the sync runs on the blocking pool, never on the async
+/// worker, and the write is durable before the call returns. The same
+/// observation tells the broken variants apart: `Interval` syncs inline on
+/// the worker, `Never` leaves the write in the page cache only.
+#[test]
+fn fsync_always_runs_off_the_executor_and_persists() {
+    assert_eq!(observe(FsyncPolicy::Always), (true, true));
+    assert_eq!(
+        observe(FsyncPolicy::Interval(std::time::Duration::ZERO)),
+        (false, true)
+    );
+    assert!(!observe(FsyncPolicy::Never).1);
 }
