@@ -22,7 +22,9 @@ use lease_port::{
     AuthorityId, Lease, LeaseError, LeaseErrorKind, OwnerId, SessionId, SessionLease,
 };
 use nix::fcntl::{Flock, FlockArg};
-use session_store::{DEFAULT_LEASE_DIR_NAME, FsyncPolicy, JsonlOptions, JsonlStore, SessionStore};
+use session_store::{
+    DEFAULT_LEASE_DIR_NAME, FsyncPolicy, JsonlOptions, JsonlStore, SessionStore, StoreError,
+};
 use tracing::warn;
 
 use crate::config::{FsyncChoice, ServeArgs};
@@ -96,6 +98,17 @@ impl LeaseChoice {
     }
 }
 
+impl LeaseChoice {
+    /// The flag that selects this backend, for messages that say what to
+    /// fix.
+    pub fn flag(&self) -> &'static str {
+        match self {
+            LeaseChoice::Dir(_) => "--session-lease-dir",
+            LeaseChoice::Unleased => "--no-session-lease",
+        }
+    }
+}
+
 /// A store and a lease backend, opened and checked against each other.
 pub(crate) struct Opened {
     pub(crate) store: Arc<dyn SessionStore>,
@@ -146,6 +159,7 @@ pub(crate) async fn open(
 
     // A store that leases its own sessions wins over any lease flag.
     if let Some(own) = store.session_lease() {
+        bind_authority(&*store, &*own, "the store's own leases").await?;
         return Ok(Opened {
             store,
             leases: own,
@@ -169,6 +183,7 @@ pub(crate) async fn open(
                 );
             }
             let owner_lock = owner_lock(&leases, owner)?;
+            bind_authority(&*store, &leases, lease.flag()).await?;
             (
                 Arc::new(leases),
                 Exclusivity::Leased,
@@ -195,6 +210,42 @@ pub(crate) async fn open(
         exclusivity,
         process_lock,
     })
+}
+
+/// Ties the store to the lease authority whose tokens fence it: recorded on
+/// the first leased start, compared on every later one. Tokens of two
+/// authorities are unrelated numbers (two lease directories both issue
+/// token 1), so a server whose backend is not the store's authority must not
+/// write a single event.
+async fn bind_authority(
+    store: &dyn SessionStore,
+    leases: &dyn SessionLease,
+    configured_by: &str,
+) -> Result<(), StartError> {
+    let authority = leases
+        .authority()
+        .await
+        .map_err(|source| StartError::Lease {
+            backend: format!("the lease authority of {configured_by}"),
+            source,
+        })?;
+    match store.bind_authority(&authority).await {
+        Ok(()) => Ok(()),
+        Err(StoreError::AuthorityMismatch {
+            location,
+            recorded,
+            offered,
+        }) => Err(StartError::AuthorityMismatch {
+            location,
+            recorded,
+            offered,
+            flag: configured_by.to_owned(),
+        }),
+        Err(source) => Err(StartError::Store {
+            store: "binding its lease authority".into(),
+            source,
+        }),
+    }
 }
 
 /// The lease backend of an unleased deployment: answers `Unsupported`, so

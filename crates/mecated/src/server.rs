@@ -77,6 +77,25 @@ pub enum StartError {
         #[source]
         source: LeaseError,
     },
+    /// The store is fenced by another lease authority than the configured
+    /// backend: their tokens are unrelated, so serving would let two owners
+    /// write one session.
+    #[error(
+        "the store ({location}) is fenced by lease authority {recorded}, but {flag} names \
+         authority {offered}: point {flag} at the lease backend that fences this store \
+         (for file leases, the directory whose .authority file holds {recorded}; by default \
+         <STORE_DIR>/.session-leases), or serve another --store-dir"
+    )]
+    AuthorityMismatch {
+        /// Where the store records its authority.
+        location: String,
+        /// The authority the store is fenced by.
+        recorded: lease_port::AuthorityId,
+        /// The configured backend's authority.
+        offered: lease_port::AuthorityId,
+        /// The flag that chose the backend.
+        flag: String,
+    },
     /// The lease keeper rejected its configuration.
     #[error("invalid lease configuration")]
     Keeper(#[source] lease_keeper::KeeperError),

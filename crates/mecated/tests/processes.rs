@@ -1,6 +1,7 @@
 //! Real processes: the built `mecated` binary started twice on one store
 //! directory, driven over HTTP, stopped with real signals.
 
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -72,6 +73,32 @@ impl Mecated {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+}
+
+/// Starts mecated expecting it to refuse: its exit status and stderr. Fails
+/// if it starts serving instead.
+fn refused_start(store: &Path, owner: &str, extra: &[&OsStr]) -> String {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mecated"))
+        .args(["--listen", "127.0.0.1:0", "--owner", owner, "--store-dir"])
+        .arg(store)
+        .args(extra)
+        .env("MECATED_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start mecated");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout piped"))
+        .read_line(&mut line)
+        .expect("read stdout");
+    if !line.is_empty() {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("mecated started when it should have refused: {line:?}");
+    }
+    let out = child.wait_with_output().expect("wait for mecated");
+    assert!(!out.status.success(), "refused, yet exited 0");
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 impl Drop for Mecated {
@@ -833,4 +860,41 @@ async fn gc_reclaims_deleted_sessions_and_keeps_their_marks() {
     fresh.create(&gone).await.unwrap();
     let stale = WriteFence::new(FencingToken::new(8), OwnerId::new("old").unwrap());
     assert!(fresh.append(&gone, stale, &[json!(2)]).await.is_err());
+}
+
+/// The reproduced hole: two lease directories on one store both issue
+/// token 1, so their owners would write one session at once. The store is
+/// fenced by the authority of the first; the second refuses to start and
+/// says which flag to fix, while another spelling of the right directory
+/// starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_lease_authority_on_one_store_refuses_to_start() {
+    let store = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let a = Mecated::start(store.path(), "proc-a", &[]);
+    create(&a, "s").await;
+    let (status, body) = run(&a, "s", json!("first")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+
+    let stderr = refused_start(
+        store.path(),
+        "proc-b",
+        &[
+            OsStr::new("--session-lease-dir"),
+            elsewhere.path().as_os_str(),
+        ],
+    );
+    assert!(stderr.contains("fenced by lease authority"), "{stderr}");
+    assert!(stderr.contains("--session-lease-dir"), "{stderr}");
+
+    let mut same = store.path().join(".session-leases").into_os_string();
+    same.push("/");
+    let b = Mecated::start(
+        store.path(),
+        "proc-b",
+        &["--session-lease-dir", same.to_str().unwrap()],
+    );
+    drop(a);
+    let taken = run_when_free(&b, "s", json!("second")).await;
+    assert_eq!(taken["status"], "completed", "{taken}");
 }
