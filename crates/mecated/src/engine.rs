@@ -15,10 +15,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lease_keeper::{KeeperError, KeeperErrorKind, LeaseGuard, LeaseKeeper, WriteGate};
-use lease_port::{FencingToken, SessionId};
+use lease_port::{FencingToken, OwnerId, SessionId};
 use serde_json::{Value, json};
 use session_store::{
-    AppendReceipt, Page, SessionStore, StoreError, StoreErrorKind, StoredEvent, WriteFence,
+    AppendReceipt, Fence, Page, SessionStore, StoreError, StoreErrorKind, StoredEvent, WriteFence,
 };
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
@@ -70,6 +70,30 @@ struct EngineInner {
     shutting_down: CancellationToken,
     leased: bool,
     single_process: bool,
+    /// The writer this process's fenced writes name: the lease owner plus
+    /// an id of this incarnation. Owner ids are often stable across
+    /// restarts (`--owner $POD_NAME`), and a backend hands a live lease back
+    /// to its owner with the same token; the store refuses an equal token
+    /// from another writer, so a second incarnation under one owner id can
+    /// never write beside the first under one token.
+    writer: OwnerId,
+}
+
+/// `owner#<random>`: the owner id extended by an id of this incarnation.
+fn incarnation_writer(owner: &OwnerId) -> OwnerId {
+    let nonce = std::hash::BuildHasher::hash_one(
+        &std::hash::RandomState::new(),
+        (std::process::id(), std::time::SystemTime::now()),
+    );
+    // An owner id near the length limit keeps its nonce by giving up its
+    // tail: the writer must differ between incarnations, not read nicely.
+    let mut writer = owner.as_str().to_owned();
+    let suffix = format!("#{nonce:016x}");
+    while writer.len() + suffix.len() > lease_port::MAX_ID_LEN {
+        writer.pop();
+    }
+    writer.push_str(&suffix);
+    OwnerId::new(writer).expect("an owner id with a hex suffix is valid")
 }
 
 /// How the process proved, or failed to prove, that it alone serves its
@@ -195,6 +219,7 @@ impl Engine {
         metrics: Arc<Metrics>,
         exclusivity: Exclusivity,
     ) -> Self {
+        let writer = incarnation_writer(keeper.owner());
         Self {
             inner: Arc::new(EngineInner {
                 store,
@@ -206,6 +231,7 @@ impl Engine {
                 shutting_down: CancellationToken::new(),
                 leased: exclusivity == Exclusivity::Leased,
                 single_process: exclusivity == Exclusivity::ProvenSingleProcess,
+                writer,
             }),
         }
     }
@@ -245,6 +271,15 @@ impl Engine {
     /// or `None`. Readiness reports it.
     pub fn lease_backend_fault(&self) -> Option<String> {
         self.inner.keeper.backend_fault()
+    }
+
+    /// The fence of a run's writes: its lease's token, and this
+    /// incarnation as the writer; unfenced when the run is unleased.
+    fn fence(&self, guard: &LeaseGuard) -> WriteFence {
+        match guard.lease() {
+            Some(lease) => WriteFence::from(Fence::new(lease.token(), self.inner.writer.clone())),
+            None => WriteFence::Unfenced,
+        }
     }
 
     /// The process metrics.
@@ -351,7 +386,7 @@ impl Engine {
         }
         let token = guard.token();
         Span::current().record("token", token.map(|t| t.get()));
-        let fence = WriteFence::from(guard.lease().as_ref());
+        let fence = self.fence(&guard);
         // Claim the session in the store before anything else: the first
         // write raises the high-water mark to our token, so from here on no
         // earlier owner can write, whether or not our agent ever emits.
@@ -460,7 +495,7 @@ impl Engine {
         let mut sink = StoreSink {
             store: Arc::clone(&self.inner.store),
             session: session.clone(),
-            fence: WriteFence::from(guard.lease().as_ref()),
+            fence: self.fence(&guard),
             gate: guard.write_gate(),
             tx,
             lagged,
@@ -588,7 +623,7 @@ impl Engine {
         let (store, session, fence) = (
             Arc::clone(&self.inner.store),
             session.clone(),
-            WriteFence::from(guard.lease().as_ref()),
+            self.fence(&guard),
         );
         let result = Detached::new(async move {
             let result = store.delete(&session, fence).await;
