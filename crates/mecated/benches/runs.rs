@@ -1,58 +1,177 @@
-//! End-to-end runs over HTTP: the same server with file leases (`ours`)
-//! and with leases disabled (`limit`), measured in one run, so the ratio is
-//! what leasing adds to a run.
+//! End-to-end runs over HTTP. Each group measures two servers in the same
+//! run, so the ratio `ours / limit` is what the one difference between them
+//! costs a run:
+//!
+//! - `mecated/run`, `mecated/run-nofsync`, `mecated/run-8-concurrent`:
+//!   `ours` leases every run from file leases (the default); `limit` is the
+//!   same server leasing through [`InstantLease`], a backend that grants at
+//!   once and never touches the disk. Same keeper, same tokens, same fenced
+//!   store: the limit is a leased run with a free lease, a true lower bound
+//!   of `ours`, and the ratio is what file leases cost.
+//! - `mecated/run-nofsync-vs-unleased`: `limit` runs with leases disabled
+//!   (no lease taken, unfenced writes under the single-process lock): what
+//!   leasing costs against not leasing at all.
+//!
+//! A run reads its session's whole transcript before the agent starts, so
+//! it costs more the longer the session is (about a microsecond per stored
+//! event here). Measured on ever-growing sessions, whichever function ran
+//! second would pay for the runs of the first. Sessions are therefore
+//! deleted and created again, untimed, every [`ROUNDS`] runs (and before
+//! each sample of the concurrent group), so both functions of a group see
+//! the same session lengths.
 
 // `criterion_group!` generates an undocumented `pub fn`.
 #![allow(missing_docs)]
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
+use async_trait::async_trait;
 use criterion::{Criterion, criterion_group, criterion_main};
-use mecated::backend::{LeaseChoice, StoreChoice};
+use lease_port::{AuthorityId, FencingToken, Lease, LeaseError, OwnerId, SessionId, SessionLease};
+use mecated::backend::{LeaseBackend, LeaseChoice, StoreChoice};
 use mecated::{Server, ServerConfig};
 use serde_json::{Value, json};
 
 const SESSIONS: usize = 64;
+/// Runs of a session before it is created afresh: a run finds 0 to
+/// `2 × (ROUNDS − 1)` events in its session.
+const ROUNDS: u32 = 16;
+const TTL: Duration = Duration::from_secs(15);
+
+/// Grants every acquire at once with the next token, renews and releases
+/// without doing anything, and never touches the disk: the cheapest backend
+/// a keeper can lease through.
+#[derive(Default)]
+struct InstantLease {
+    last: AtomicU64,
+}
+
+#[async_trait]
+impl SessionLease for InstantLease {
+    async fn acquire(&self, session: &SessionId, owner: &OwnerId) -> Result<Lease, LeaseError> {
+        let token = FencingToken::new(self.last.fetch_add(1, Ordering::Relaxed) + 1);
+        Ok(Lease::new(
+            session.clone(),
+            owner.clone(),
+            token,
+            SystemTime::now() + TTL,
+        ))
+    }
+    async fn renew(&self, lease: &Lease) -> Result<Lease, LeaseError> {
+        Ok(lease.with_expiry(SystemTime::now() + TTL))
+    }
+    async fn release(&self, _: &Lease) -> Result<(), LeaseError> {
+        Ok(())
+    }
+    async fn authority(&self) -> Result<AuthorityId, LeaseError> {
+        AuthorityId::new("bench:instant")
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Leases {
+    /// File leases beside the store: the default.
+    Files,
+    /// [`InstantLease`].
+    Instant,
+    /// Leases disabled.
+    Unleased,
+}
 
 struct Target {
     base: String,
+    /// Runs of each session since it was last created.
+    runs: Mutex<Vec<u32>>,
+    /// Runs started, which picks the next session of a paired group.
+    next: AtomicUsize,
     _server: Server,
     _dir: tempfile::TempDir,
 }
 
-async fn start(leased: bool, fsync: bool) -> Target {
+fn session(i: usize) -> String {
+    format!("bench-{}", i % SESSIONS)
+}
+
+async fn create(client: &reqwest::Client, base: &str, id: &str) {
+    let r = client
+        .post(format!("{base}/v1/sessions"))
+        .json(&json!({ "id": id }))
+        .send()
+        .await
+        .expect("create");
+    assert!(r.status().is_success(), "create {id}: {}", r.status());
+}
+
+async fn start(leases: Leases, fsync: bool) -> Target {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut config = ServerConfig::for_store(dir.path());
+    config.lease_ttl = TTL;
     config.store = StoreChoice::Jsonl {
         dir: dir.path().to_path_buf(),
         fsync,
     };
-    if !leased {
-        config.lease = LeaseChoice::Unleased;
+    match leases {
+        Leases::Files => {}
+        Leases::Instant => {
+            config.lease = LeaseChoice::Backend(LeaseBackend(Arc::new(InstantLease::default())));
+        }
+        Leases::Unleased => config.lease = LeaseChoice::Unleased,
     }
     let server = Server::start(config).await.expect("server");
     let base = format!("http://{}", server.local_addr());
     let client = reqwest::Client::new();
     for i in 0..SESSIONS {
-        let r = client
-            .post(format!("{base}/v1/sessions"))
-            .json(&json!({"id": format!("bench-{i}")}))
-            .send()
-            .await
-            .expect("create");
-        assert!(r.status().is_success());
+        create(&client, &base, &session(i)).await;
     }
     Target {
         base,
+        runs: Mutex::new(vec![0; SESSIONS]),
+        next: AtomicUsize::new(0),
         _server: server,
         _dir: dir,
     }
 }
 
+impl Target {
+    /// Deletes session `i` and creates it again: empty, its lease free.
+    async fn recreate(&self, client: &reqwest::Client, i: usize) {
+        let id = session(i);
+        let r = client
+            .delete(format!("{}/v1/sessions/{id}", self.base))
+            .send()
+            .await
+            .expect("delete");
+        assert!(r.status().is_success(), "delete {id}: {}", r.status());
+        create(client, &self.base, &id).await;
+        self.runs.lock().unwrap()[i % SESSIONS] = 0;
+    }
+
+    /// Counts a run of session `i`, first creating the session afresh when
+    /// it has had [`ROUNDS`] runs. Untimed.
+    async fn prepare(&self, client: &reqwest::Client, i: usize) {
+        let full = self.runs.lock().unwrap()[i % SESSIONS] >= ROUNDS;
+        if full {
+            self.recreate(client, i).await;
+        }
+        self.runs.lock().unwrap()[i % SESSIONS] += 1;
+    }
+
+    /// Creates afresh every session that has been run. Untimed.
+    async fn reset(&self, client: &reqwest::Client) {
+        for i in 0..SESSIONS {
+            let used = self.runs.lock().unwrap()[i] > 0;
+            if used {
+                self.recreate(client, i).await;
+            }
+        }
+    }
+}
+
 async fn one_run(client: &reqwest::Client, base: &str, i: usize) {
     let r: Value = client
-        .post(format!("{base}/v1/sessions/bench-{}/runs", i % SESSIONS))
+        .post(format!("{base}/v1/sessions/{}/runs", session(i)))
         .json(&json!({"input": "ping"}))
         .send()
         .await
@@ -63,45 +182,65 @@ async fn one_run(client: &reqwest::Client, base: &str, i: usize) {
     assert_eq!(r["status"], "completed", "{r}");
 }
 
+/// Runs the next session of `other` (untimed), then the next of `timed`
+/// (timed): both functions of a group see the same mix of work, so drift on
+/// this shared machine hits them alike.
+async fn paired(client: &reqwest::Client, timed: &Target, other: &Target) -> Duration {
+    let i = other.next.fetch_add(1, Ordering::Relaxed);
+    other.prepare(client, i).await;
+    one_run(client, &other.base, i).await;
+    let i = timed.next.fetch_add(1, Ordering::Relaxed);
+    timed.prepare(client, i).await;
+    let start = Instant::now();
+    one_run(client, &timed.base, i).await;
+    start.elapsed()
+}
+
 fn runs(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
-    let (leased, unleased, leased_nosync, unleased_nosync) = rt.block_on(async {
+    let (files, instant, files_nosync, instant_nosync, unleased_nosync) = rt.block_on(async {
         (
-            start(true, true).await,
-            start(false, true).await,
-            start(true, false).await,
-            start(false, false).await,
+            start(Leases::Files, true).await,
+            start(Leases::Instant, true).await,
+            start(Leases::Files, false).await,
+            start(Leases::Instant, false).await,
+            start(Leases::Unleased, false).await,
         )
     });
+    let (files, instant) = (Arc::new(files), Arc::new(instant));
+    let (files_nosync, instant_nosync, unleased_nosync) = (
+        Arc::new(files_nosync),
+        Arc::new(instant_nosync),
+        Arc::new(unleased_nosync),
+    );
     let client = reqwest::Client::new();
 
     // The default configuration (appends synced), then without store syncs,
-    // where the lease's own cost is a larger share of a run. Each measured
-    // run is paired with an unmeasured run on the other server, so both
-    // sides see the same mix of work and drift on this shared machine hits
-    // them alike.
-    for (group, leased, unleased) in [
-        ("mecated/run", &leased, &unleased),
-        ("mecated/run-nofsync", &leased_nosync, &unleased_nosync),
+    // where the lease's own cost is a larger share of a run; then against
+    // no leases at all.
+    for (group, ours, limit) in [
+        ("mecated/run", &files, &instant),
+        ("mecated/run-nofsync", &files_nosync, &instant_nosync),
+        (
+            "mecated/run-nofsync-vs-unleased",
+            &files_nosync,
+            &unleased_nosync,
+        ),
     ] {
         let mut g = c.benchmark_group(group);
-        for (name, timed, other) in [("ours", leased, unleased), ("limit", unleased, leased)] {
-            let (timed, other) = (Arc::new(timed.base.clone()), Arc::new(other.base.clone()));
+        for (name, timed, other) in [("ours", ours, limit), ("limit", limit, ours)] {
             g.bench_function(name, |b| {
                 b.to_async(&rt).iter_custom(|iters| {
                     let (client, timed, other) =
-                        (client.clone(), Arc::clone(&timed), Arc::clone(&other));
+                        (client.clone(), Arc::clone(timed), Arc::clone(other));
                     async move {
                         let mut total = Duration::ZERO;
-                        for i in 0..iters as usize {
-                            one_run(&client, &other, i).await;
-                            let start = Instant::now();
-                            one_run(&client, &timed, i).await;
-                            total += start.elapsed();
+                        for _ in 0..iters {
+                            total += paired(&client, &timed, &other).await;
                         }
                         total
                     }
@@ -112,22 +251,23 @@ fn runs(c: &mut Criterion) {
     }
 
     // Throughput: 8 clients at once on distinct sessions; time per run.
+    // Every sample starts on empty sessions.
     let mut g = c.benchmark_group("mecated/run-8-concurrent");
-    for (name, target) in [("ours", &leased), ("limit", &unleased)] {
-        let base = Arc::new(target.base.clone());
+    for (name, target) in [("ours", &files), ("limit", &instant)] {
         g.bench_function(name, |b| {
             b.to_async(&rt).iter_custom(|iters| {
-                let (client, base) = (client.clone(), Arc::clone(&base));
+                let (client, target) = (client.clone(), Arc::clone(target));
                 async move {
-                    let start = Instant::now();
+                    target.reset(&client).await;
                     let per_client = iters.div_ceil(8) as usize;
+                    let start = Instant::now();
                     let tasks: Vec<_> = (0..8)
                         .map(|c| {
-                            let (client, base) = (client.clone(), Arc::clone(&base));
+                            let (client, target) = (client.clone(), Arc::clone(&target));
                             tokio::spawn(async move {
                                 for k in 0..per_client {
                                     // Client c only touches sessions ≡ c (mod 8).
-                                    one_run(&client, &base, c + 8 * k).await;
+                                    one_run(&client, &target.base, c + 8 * k).await;
                                 }
                             })
                         })
@@ -135,9 +275,14 @@ fn runs(c: &mut Criterion) {
                     for t in tasks {
                         t.await.expect("client task");
                     }
-                    start
-                        .elapsed()
-                        .mul_f64(iters as f64 / (per_client * 8) as f64)
+                    let elapsed = start.elapsed();
+                    let mut runs = target.runs.lock().unwrap();
+                    for c in 0..8 {
+                        for k in 0..per_client {
+                            runs[(c + 8 * k) % SESSIONS] += 1;
+                        }
+                    }
+                    elapsed.mul_f64(iters as f64 / (per_client * 8) as f64)
                 }
             })
         });

@@ -81,7 +81,31 @@ pub enum LeaseChoice {
     /// No lease backend: runs are unleased, and writes need the
     /// single-process proof.
     Unleased,
+    /// A backend the embedding program built itself (a test double, a
+    /// backend this module does not wire): runs are leased through it and
+    /// every write is fenced, exactly as with file leases. No flag selects
+    /// it.
+    Backend(LeaseBackend),
 }
+
+/// A lease backend handed to the server in-process, for
+/// [`LeaseChoice::Backend`]. Two are equal when they share one backend.
+#[derive(Clone)]
+pub struct LeaseBackend(pub Arc<dyn SessionLease>);
+
+impl std::fmt::Debug for LeaseBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LeaseBackend(..)")
+    }
+}
+
+impl PartialEq for LeaseBackend {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for LeaseBackend {}
 
 impl LeaseChoice {
     /// The lease backend these flags select, or why they contradict each
@@ -189,6 +213,9 @@ pub(crate) async fn open(
                 Exclusivity::Leased,
                 Some(ProcessLock::Owner(owner_lock)),
             )
+        }
+        LeaseChoice::Backend(LeaseBackend(leases)) => {
+            (Arc::clone(leases), Exclusivity::Leased, None)
         }
         LeaseChoice::Unleased => {
             let lock = exclusive_lock(store_dir.join(SINGLE_PROCESS_LOCK))?;
@@ -308,8 +335,105 @@ fn exclusive_lock(path: PathBuf) -> Result<Option<Flock<File>>, StartError> {
 #[cfg(test)]
 mod tests {
     use std::path::Path;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use lease_port::FencingToken;
+    use session_store::{StoreErrorKind, WriteFence};
 
     use super::*;
+    use crate::{Server, ServerConfig};
+
+    /// Grants every acquire with the next token; counts calls.
+    #[derive(Default)]
+    struct Counting {
+        acquired: AtomicU64,
+        released: AtomicU64,
+    }
+
+    #[async_trait]
+    impl SessionLease for Counting {
+        async fn acquire(&self, session: &SessionId, owner: &OwnerId) -> Result<Lease, LeaseError> {
+            let n = self.acquired.fetch_add(1, Ordering::SeqCst) + 1;
+            let expiry = std::time::SystemTime::now() + Duration::from_secs(15);
+            Ok(Lease::new(
+                session.clone(),
+                owner.clone(),
+                FencingToken::new(100 + n),
+                expiry,
+            ))
+        }
+        async fn renew(&self, lease: &Lease) -> Result<Lease, LeaseError> {
+            Ok(lease.clone())
+        }
+        async fn release(&self, _: &Lease) -> Result<(), LeaseError> {
+            self.released.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+        async fn authority(&self) -> Result<AuthorityId, LeaseError> {
+            AuthorityId::new("counting")
+        }
+    }
+
+    /// A backend given in-process is used like file leases: the store
+    /// refuses unfenced writes, and every run is acquired, written under
+    /// the backend's token and released.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_given_backend_leases_every_run_and_fences_its_writes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let counting = Arc::new(Counting::default());
+        let choice = LeaseChoice::Backend(LeaseBackend(counting.clone()));
+        let store = StoreChoice::Jsonl {
+            dir: tmp.path().to_path_buf(),
+            fsync: false,
+        };
+        let owner = OwnerId::new("host/test").unwrap();
+        let opened = open(&store, &choice, Duration::from_secs(15), &owner)
+            .await
+            .unwrap();
+        assert_eq!(opened.exclusivity, Exclusivity::Leased);
+        let probe = SessionId::new("probe").unwrap();
+        opened.store.create(&probe).await.unwrap();
+        let unfenced = opened
+            .store
+            .append(&probe, WriteFence::Unfenced, &[serde_json::json!({})])
+            .await
+            .unwrap_err();
+        assert_eq!(unfenced.kind(), StoreErrorKind::Unfenced);
+        drop(opened);
+
+        let mut config = ServerConfig::for_store(tmp.path());
+        config.store = store;
+        config.lease = choice;
+        let server = Server::start(config).await.unwrap();
+        let base = format!("http://{}", server.local_addr());
+        let client = reqwest::Client::new();
+        let created = client
+            .post(format!("{base}/v1/sessions"))
+            .json(&serde_json::json!({"id": "s"}))
+            .send()
+            .await
+            .unwrap();
+        assert!(created.status().is_success());
+        for expected in [101, 102] {
+            let run: serde_json::Value = client
+                .post(format!("{base}/v1/sessions/s/runs"))
+                .json(&serde_json::json!({"input": "hi"}))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            assert_eq!(run["status"], "completed", "{run}");
+            assert_eq!(run["token"], expected, "{run}");
+            let events = run["events"].as_array().unwrap();
+            assert!(events.len() >= 2, "{run}");
+            assert!(events.iter().all(|e| e["token"] == expected), "{run}");
+        }
+        assert_eq!(counting.acquired.load(Ordering::SeqCst), 2);
+        assert_eq!(counting.released.load(Ordering::SeqCst), 2);
+        assert!(server.shutdown().await);
+    }
 
     /// One lease directory spelled two ways (a trailing slash, a symlinked
     /// parent) is one directory: a second process under the same owner id
