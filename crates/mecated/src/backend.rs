@@ -129,6 +129,7 @@ impl LeaseChoice {
         match self {
             LeaseChoice::Dir(_) => "--session-lease-dir",
             LeaseChoice::Unleased => "--no-session-lease",
+            LeaseChoice::Backend(_) => "the in-process lease backend",
         }
     }
 }
@@ -215,6 +216,7 @@ pub(crate) async fn open(
             )
         }
         LeaseChoice::Backend(LeaseBackend(leases)) => {
+            bind_authority(&*store, &**leases, lease.flag()).await?;
             (Arc::clone(leases), Exclusivity::Leased, None)
         }
         LeaseChoice::Unleased => {
