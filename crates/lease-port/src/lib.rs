@@ -83,6 +83,10 @@
 //! 5. **Isolation**: different sessions never block or affect each other.
 //! 6. **Exclusion**: at most one live owner per session at any instant, under
 //!    any interleaving of calls from any number of tasks and processes.
+//! 7. **One authority**: every client of one backend names the same
+//!    [`AuthorityId`] through [`SessionLease::authority`], before and after
+//!    restarts; another backend (another lease directory, namespace, service)
+//!    names another.
 //!
 //! A lease is live while the backend's clock reads strictly before its
 //! [`expiry`](Lease::expiry).
@@ -101,8 +105,13 @@
 //! A holder can pause (GC, SIGSTOP, a swapped-out VM) longer than its TTL and
 //! resume believing it still owns the session. No lease protocol can prevent
 //! that. What prevents damage is the store: every write carries
-//! [`Lease::token`], and the store refuses, atomically with the write, a token
-//! below the highest it has accepted for that session.
+//! [`Lease::token`] and its writer, and the store refuses, atomically with the
+//! write, a token below the highest it has accepted for that session, and an
+//! equal token from another writer.
+//!
+//! A token is a number only within its [`AuthorityId`]: two lease
+//! directories both issue token 1. A store records the authority that fences
+//! it, and a server whose backend names another refuses to start.
 //!
 //! # Time
 //!
