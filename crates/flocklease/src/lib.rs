@@ -96,7 +96,7 @@
 //! | 24 | 8 | expiry, nanoseconds since the Unix epoch (0 when free) |
 //! | 32 | 8 | reservation ceiling, ≥ token (see "Durability") |
 //! | 40 | 8 | expiry on `CLOCK_MONOTONIC` of the writing boot, nanoseconds (0 when free) |
-//! | 48 | 16 | boot id of the writing boot (`/proc/sys/kernel/random/boot_id`; zero when unknown) |
+//! | 48 | 16 | clock domain of the writer: its boot id (`/proc/sys/kernel/random/boot_id`) with the last 8 bytes XORed with its time namespace's inode; zero when unknown |
 //! | 64 | 256 | full session id, UTF-8, zero-padded |
 //! | 320 | 188 | zero |
 //! | 508 | 4 | CRC-32 (IEEE) of bytes 0..508 |
@@ -242,13 +242,16 @@
 //!
 //! Expiry on one host is immune to wall-clock steps. Every write records
 //! the expiry twice: on the wall clock, and on `CLOCK_MONOTONIC` together
-//! with the boot id. A record written in the current boot is judged on the
-//! monotonic clock alone (read through the injected [`Clock`]'s
+//! with the writer's clock domain (the boot id and the time namespace: a
+//! process in another time namespace — `unshare --time`, a CRIU restore —
+//! reads an offset `CLOCK_MONOTONIC` in the same boot). A record written in
+//! the current boot and time namespace is judged on the monotonic clock alone (read through the injected [`Clock`]'s
 //! [`instant`](Clock::instant), which is `CLOCK_MONOTONIC` for
 //! [`SystemClock`]), so an NTP step forward never ends a live lease early
 //! and a step back never keeps a dead holder's lease alive. The wall clock
-//! is used only for records of an earlier boot (whose holders are gone),
-//! for version 1 and 2 records, and when the boot id cannot be read. The
+//! is used only for records of an earlier boot (whose holders are gone) or
+//! of another time namespace, for version 1 and 2 records, and when the
+//! boot id cannot be read. The
 //! monotonic clock is the one [`Lease`] keepers count their renew deadlines
 //! on, so it stops with them during a suspend; `CLOCK_BOOTTIME` would let a
 //! lease lapse across a suspend its holder's keeper never saw. The

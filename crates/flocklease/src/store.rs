@@ -42,7 +42,8 @@ pub(crate) struct Store {
     pub(crate) reservation: u64,
     /// The in-memory file system (tmpfs, ramfs) the directory is on.
     pub(crate) volatile: Option<&'static str>,
-    /// This boot's id (`/proc/sys/kernel/random/boot_id`); zero when
+    /// This process's clock domain ([`read_clock_domain`]: the boot id
+    /// mixed with the time namespace); zero when
     /// unknown, and then expiry is judged on the wall clock.
     pub(crate) boot_id: [u8; 16],
     /// `CLOCK_MONOTONIC` in nanoseconds, read right beside `mono_anchor`:
@@ -223,9 +224,37 @@ fn mono_anchor(dir: &Path) -> Result<(Instant, u64), LeaseFileError> {
     Ok(*ANCHOR.get_or_init(|| (instant, raw)))
 }
 
+/// The id of this process's monotonic clock: the boot id mixed with the
+/// time namespace. Processes share `CLOCK_MONOTONIC` only when both match:
+/// a time namespace (`unshare --time`, a CRIU restore) offsets the clock
+/// within one boot. All zero when the boot id cannot be read; then every
+/// record is judged on the wall clock.
+pub(crate) fn read_clock_domain() -> [u8; 16] {
+    let mut id = read_boot_id();
+    if id == [0; 16] {
+        return id;
+    }
+    // Kernels without time namespaces (before 5.6) have no such link, and
+    // all their processes share one monotonic clock per boot.
+    if let Some(ns) = time_namespace() {
+        for (byte, mix) in id[8..].iter_mut().zip(ns.to_le_bytes()) {
+            *byte ^= mix;
+        }
+    }
+    id
+}
+
+/// The inode of this process's time namespace (`/proc/self/ns/time` reads
+/// `time:[INODE]`).
+fn time_namespace() -> Option<u64> {
+    let link = std::fs::read_link("/proc/self/ns/time").ok()?;
+    let text = link.to_str()?;
+    text.strip_prefix("time:[")?.strip_suffix(']')?.parse().ok()
+}
+
 /// This boot's id, from `/proc/sys/kernel/random/boot_id` (a UUID); all
 /// zero when it cannot be read.
-pub(crate) fn read_boot_id() -> [u8; 16] {
+fn read_boot_id() -> [u8; 16] {
     let mut id = [0u8; 16];
     let Ok(text) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") else {
         return id;
@@ -282,7 +311,7 @@ impl Store {
             epoch: Instant::now(),
             reservation,
             volatile,
-            boot_id: read_boot_id(),
+            boot_id: read_clock_domain(),
             mono_base,
             mono_anchor,
             armed: Mutex::new(HashMap::new()),

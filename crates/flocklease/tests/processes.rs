@@ -26,6 +26,10 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         "sigkilled_holder_is_taken_over_after_expiry",
         sigkill_takeover,
     ),
+    (
+        "a_process_in_another_time_namespace_honours_a_live_lease",
+        other_time_namespace,
+    ),
 ];
 
 fn main() -> ExitCode {
@@ -106,6 +110,7 @@ fn child(role: &str) -> ExitCode {
     let result = match role {
         "race" => rt.block_on(child_race()),
         "hold" => rt.block_on(child_hold()),
+        "try" => rt.block_on(child_try()),
         other => Err(format!("unknown role {other}")),
     };
     match result {
@@ -365,4 +370,57 @@ fn sigkill_takeover() {
     let info = listed[0].lease.as_ref().unwrap();
     assert_eq!(info.owner.as_ref(), Some(&me));
     println!("  {held_answers} Held answers before the takeover");
+}
+
+// ---- another time namespace ---------------------------------------------------
+
+/// One acquire attempt; prints `held` or `granted TOKEN`.
+async fn child_try() -> Result<(), String> {
+    let leases =
+        FlockLease::open(env("DIR"), Duration::from_secs(60)).map_err(|e| e.to_string())?;
+    let session = SessionId::new(env("SESSION")).unwrap();
+    let me = OwnerId::new(format!("try-{}", std::process::id())).unwrap();
+    match leases.acquire(&session, &me).await {
+        Ok(lease) => println!("granted {}", lease.token()),
+        Err(e) if e.kind() == LeaseErrorKind::Held => println!("held"),
+        Err(e) => return Err(format!("acquire: {e:?}")),
+    }
+    Ok(())
+}
+
+/// Processes in different time namespaces (`unshare --time`, a CRIU
+/// restore) share the boot id but not `CLOCK_MONOTONIC`: a competitor whose
+/// monotonic clock runs 100,000 s ahead must still see the live lease as
+/// live.
+fn other_time_namespace() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let leases = FlockLease::open(dir.path(), Duration::from_secs(60)).unwrap();
+    let session = SessionId::new("ns/1").unwrap();
+    let held = rt
+        .block_on(leases.acquire(&session, &OwnerId::new("parent").unwrap()))
+        .unwrap();
+    let out = Command::new("unshare")
+        .args(["--time", "--monotonic", "100000", "--fork"])
+        .arg(std::env::current_exe().expect("own executable"))
+        .env(ROLE, "try")
+        .env("DIR", dir.path())
+        .env("SESSION", "ns/1")
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run unshare (util-linux)");
+    assert!(
+        out.status.success(),
+        "the competitor in a new time namespace did not run: {out:?}"
+    );
+    let said = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert_eq!(
+        said,
+        "held",
+        "a process whose monotonic clock is offset took a lease live until {:?}",
+        held.expiry()
+    );
 }
