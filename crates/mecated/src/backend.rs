@@ -139,26 +139,30 @@ pub(crate) struct Opened {
     pub(crate) store: Arc<dyn SessionStore>,
     pub(crate) leases: Arc<dyn SessionLease>,
     pub(crate) exclusivity: Exclusivity,
-    /// The single-process lock (unleased) or the owner lock (file leases),
-    /// held for the server's life.
-    pub(crate) process_lock: Option<ProcessLock>,
+    /// Locks held for the server's life: the store's single-process lock
+    /// (exclusive when unleased, shared when leased) and the owner lock
+    /// (file leases).
+    pub(crate) process_locks: Vec<ProcessLock>,
 }
 
 /// A lock held for the server's life; released when dropped.
 #[derive(Debug)]
 pub enum ProcessLock {
-    /// The store's single-process lock (unleased).
-    Single(Flock<File>),
+    /// The store's single-process lock: exclusive for the one unleased
+    /// server, shared by leased servers, so the two never serve one store.
+    Store(Flock<File>),
     /// This process's owner id on the lease directory (file leases).
     Owner(OwnerLock),
 }
 
-/// Opens `store` and `lease` for `owner`.
+/// Opens `store` and `lease` for `owner`. A lease directory on tmpfs or
+/// ramfs is refused unless `allow_volatile_lease_dir`.
 pub(crate) async fn open(
     store: &StoreChoice,
     lease: &LeaseChoice,
     ttl: Duration,
     owner: &OwnerId,
+    allow_volatile_lease_dir: bool,
 ) -> Result<Opened, StartError> {
     let unleased = *lease == LeaseChoice::Unleased;
     let StoreChoice::Jsonl {
@@ -182,6 +186,33 @@ pub(crate) async fn open(
     })?;
     let store: Arc<dyn SessionStore> = Arc::new(jsonl);
 
+    let lock_path = store_dir.join(SINGLE_PROCESS_LOCK);
+    if unleased {
+        // Unfenced writes are accepted only on sessions no lease ever
+        // fenced; a store bound to an authority is served leased or not at
+        // all.
+        if let Some(authority) =
+            store
+                .recorded_authority()
+                .await
+                .map_err(|source| StartError::Store {
+                    store: store_dir.display().to_string(),
+                    source,
+                })?
+        {
+            return Err(StartError::UnleasedOnFencedStore { authority });
+        }
+    }
+    let mut process_locks = Vec::new();
+    if !unleased {
+        // Shared with every other leased server; an unleased server holds
+        // it exclusively, and the two must never serve one store.
+        match flock_file(lock_path.clone(), FlockArg::LockSharedNonblock)? {
+            Some(lock) => process_locks.push(ProcessLock::Store(lock)),
+            None => return Err(StartError::UnleasedServerPresent { lock: lock_path }),
+        }
+    }
+
     // A store that leases its own sessions wins over any lease flag.
     if let Some(own) = store.session_lease() {
         bind_authority(&*store, &*own, "the store's own leases").await?;
@@ -189,55 +220,54 @@ pub(crate) async fn open(
             store,
             leases: own,
             exclusivity: Exclusivity::Leased,
-            process_lock: None,
+            process_locks,
         });
     }
-    let (leases, exclusivity, process_lock): (Arc<dyn SessionLease>, _, _) = match lease {
+    let (leases, exclusivity): (Arc<dyn SessionLease>, _) = match lease {
         LeaseChoice::Dir(dir) => {
             let leases = FlockLease::open(dir, ttl).map_err(|source| StartError::Lease {
                 backend: format!("file leases in {}", dir.display()),
                 source,
             })?;
             if leases.is_volatile() {
+                if !allow_volatile_lease_dir {
+                    return Err(StartError::VolatileLeaseDir { dir: dir.clone() });
+                }
                 warn!(
                     dir = %dir.display(),
                     "the session lease directory is on tmpfs or ramfs: a reboot \
-                     empties it and restarts every session's fencing tokens below \
-                     the store's marks, so sessions are refused after a reboot; \
-                     put it on a disk"
+                     empties it, and this store then refuses to start with it \
+                     (its authority is gone); allowed by --allow-volatile-lease-dir"
                 );
             }
-            let owner_lock = owner_lock(&leases, owner)?;
+            process_locks.push(ProcessLock::Owner(owner_lock(&leases, owner)?));
             bind_authority(&*store, &leases, lease.flag()).await?;
-            (
-                Arc::new(leases),
-                Exclusivity::Leased,
-                Some(ProcessLock::Owner(owner_lock)),
-            )
+            (Arc::new(leases), Exclusivity::Leased)
         }
         LeaseChoice::Backend(LeaseBackend(leases)) => {
             bind_authority(&*store, &**leases, lease.flag()).await?;
-            (Arc::clone(leases), Exclusivity::Leased, None)
+            (Arc::clone(leases), Exclusivity::Leased)
         }
         LeaseChoice::Unleased => {
-            let lock = exclusive_lock(store_dir.join(SINGLE_PROCESS_LOCK))?;
+            let lock = flock_file(lock_path, FlockArg::LockExclusiveNonblock)?;
             let proof = if lock.is_some() {
                 Exclusivity::ProvenSingleProcess
             } else {
                 warn!(
-                    "another unleased process holds the store's single-process lock: \
-                     this one serves reads only"
+                    "another server holds the store's single-process lock (an unleased \
+                     one exclusively, or leased ones): this one serves reads only"
                 );
                 Exclusivity::Unproven
             };
-            (Arc::new(Unleased), proof, lock.map(ProcessLock::Single))
+            process_locks.extend(lock.map(ProcessLock::Store));
+            (Arc::new(Unleased), proof)
         }
     };
     Ok(Opened {
         store,
         leases,
         exclusivity,
-        process_lock,
+        process_locks,
     })
 }
 
@@ -321,7 +351,9 @@ fn owner_lock(leases: &FlockLease, owner: &OwnerId) -> Result<OwnerLock, StartEr
     })
 }
 
-fn exclusive_lock(path: PathBuf) -> Result<Option<Flock<File>>, StartError> {
+/// Opens `path` (created if absent) and takes `how` on it without waiting;
+/// `None` when another process holds a conflicting lock.
+fn flock_file(path: PathBuf, how: FlockArg) -> Result<Option<Flock<File>>, StartError> {
     let file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -331,7 +363,7 @@ fn exclusive_lock(path: PathBuf) -> Result<Option<Flock<File>>, StartError> {
         .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
         .open(&path)
         .map_err(|source| StartError::LockFile { path, source })?;
-    Ok(Flock::lock(file, FlockArg::LockExclusiveNonblock).ok())
+    Ok(Flock::lock(file, how).ok())
 }
 
 #[cfg(test)]
@@ -389,7 +421,7 @@ mod tests {
             fsync: false,
         };
         let owner = OwnerId::new("host/test").unwrap();
-        let opened = open(&store, &choice, Duration::from_secs(15), &owner)
+        let opened = open(&store, &choice, Duration::from_secs(15), &owner, false)
             .await
             .unwrap();
         assert_eq!(opened.exclusivity, Exclusivity::Leased);
@@ -460,5 +492,97 @@ mod tests {
                 other.display()
             );
         }
+    }
+
+    fn jsonl(dir: &Path) -> StoreChoice {
+        StoreChoice::Jsonl {
+            dir: dir.to_path_buf(),
+            fsync: false,
+        }
+    }
+
+    async fn start(store: &Path, lease: &LeaseChoice, owner: &str) -> Result<Opened, StartError> {
+        let owner = OwnerId::new(owner).unwrap();
+        open(&jsonl(store), lease, Duration::from_secs(15), &owner, false).await
+    }
+
+    /// Unfenced writes would land on sessions a lease fences; leased and
+    /// unleased servers never serve one store together, whichever came
+    /// first.
+    #[tokio::test]
+    async fn leased_and_unleased_servers_never_share_a_store() {
+        let tmp = tempfile::tempdir().unwrap();
+        let files = LeaseChoice::Dir(tmp.path().join(DEFAULT_LEASE_DIR_NAME));
+
+        let unleased = start(tmp.path(), &LeaseChoice::Unleased, "u")
+            .await
+            .unwrap();
+        assert_eq!(unleased.exclusivity, Exclusivity::ProvenSingleProcess);
+        let refused = start(tmp.path(), &files, "l").await.err();
+        assert!(
+            matches!(refused, Some(StartError::UnleasedServerPresent { .. })),
+            "{refused:?}"
+        );
+        drop(unleased);
+
+        let leased = start(tmp.path(), &files, "l").await.unwrap();
+        let second = start(tmp.path(), &files, "l2").await.unwrap();
+        // While leased servers run, an unleased one cannot prove it is alone.
+        drop(leased);
+        drop(second);
+        // Once a lease authority fences the store, it is never served unleased.
+        let refused = start(tmp.path(), &LeaseChoice::Unleased, "u").await.err();
+        assert!(
+            matches!(refused, Some(StartError::UnleasedOnFencedStore { .. })),
+            "{refused:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_leased_server_holds_off_the_single_process_proof() {
+        let tmp = tempfile::tempdir().unwrap();
+        let files = LeaseChoice::Dir(tmp.path().join(DEFAULT_LEASE_DIR_NAME));
+        let _leased = start(tmp.path(), &files, "l").await.unwrap();
+        let lock = flock_file(
+            tmp.path().join(SINGLE_PROCESS_LOCK),
+            FlockArg::LockExclusiveNonblock,
+        )
+        .unwrap();
+        assert!(
+            lock.is_none(),
+            "an exclusive lock was granted beside a leased server"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_lease_directory_on_tmpfs_is_refused_unless_allowed() {
+        let shm = Path::new("/dev/shm");
+        assert!(shm.is_dir(), "this test needs /dev/shm (tmpfs)");
+        let volatile = tempfile::tempdir_in(shm).unwrap();
+        let store = tempfile::tempdir().unwrap();
+        let lease = LeaseChoice::Dir(volatile.path().join("leases"));
+        let owner = OwnerId::new("v").unwrap();
+        let refused = open(
+            &jsonl(store.path()),
+            &lease,
+            Duration::from_secs(15),
+            &owner,
+            false,
+        )
+        .await
+        .err();
+        assert!(
+            matches!(refused, Some(StartError::VolatileLeaseDir { .. })),
+            "{refused:?}"
+        );
+        open(
+            &jsonl(store.path()),
+            &lease,
+            Duration::from_secs(15),
+            &owner,
+            true,
+        )
+        .await
+        .unwrap();
     }
 }

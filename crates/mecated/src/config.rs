@@ -169,6 +169,12 @@ pub struct ServeArgs {
     #[arg(long, env = "MECATED_MAX_BODY_BYTES", default_value_t = 1 << 20)]
     pub max_body_bytes: usize,
 
+    /// Accept a session lease directory on tmpfs or ramfs. A reboot empties
+    /// it, and the store it fences then refuses to start with it: only for
+    /// stores that do not outlive a reboot either.
+    #[arg(long, env = "MECATED_ALLOW_VOLATILE_LEASE_DIR")]
+    pub allow_volatile_lease_dir: bool,
+
     /// How long shutdown waits for runs to finish and leases to be released.
     #[arg(long, env = "MECATED_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,

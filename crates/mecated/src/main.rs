@@ -175,6 +175,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         agent,
         max_body_bytes: args.max_body_bytes,
         shutdown_timeout: args.shutdown_timeout,
+        allow_volatile_lease_dir: args.allow_volatile_lease_dir,
     };
     let server = Server::start(config)
         .await

@@ -35,6 +35,8 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// Bound on graceful shutdown.
     pub shutdown_timeout: Duration,
+    /// Accept a lease directory on tmpfs or ramfs (lost on reboot).
+    pub allow_volatile_lease_dir: bool,
 }
 
 impl ServerConfig {
@@ -52,6 +54,7 @@ impl ServerConfig {
             agent: Arc::new(EchoAgent::default()),
             max_body_bytes: 1 << 20,
             shutdown_timeout: Duration::from_secs(10),
+            allow_volatile_lease_dir: false,
         }
     }
 }
@@ -95,6 +98,35 @@ pub enum StartError {
         offered: lease_port::AuthorityId,
         /// The flag that chose the backend.
         flag: String,
+    },
+    /// An unleased server was asked to serve a store that a lease authority
+    /// fences.
+    #[error(
+        "the store is fenced by lease authority {authority}: serve it leased (drop \
+         --no-session-lease, and give the lease backend of that authority)"
+    )]
+    UnleasedOnFencedStore {
+        /// The store's authority.
+        authority: lease_port::AuthorityId,
+    },
+    /// A leased server was asked to serve a store an unleased server serves.
+    #[error(
+        "an unleased server serves this store (it holds {lock} exclusively): stop it, or \
+         serve the store unleased"
+    )]
+    UnleasedServerPresent {
+        /// The store's single-process lock file.
+        lock: PathBuf,
+    },
+    /// The lease directory is on tmpfs or ramfs.
+    #[error(
+        "the session lease directory {dir} is on tmpfs or ramfs: a reboot empties it, and \
+         with it the authority that fences the store, so the store could not be served \
+         again; put it on a disk, or pass --allow-volatile-lease-dir"
+    )]
+    VolatileLeaseDir {
+        /// The lease directory.
+        dir: PathBuf,
     },
     /// The lease keeper rejected its configuration.
     #[error("invalid lease configuration")]
@@ -153,7 +185,7 @@ pub struct Server {
     shutdown_timeout: Duration,
     /// The single-process lock (unleased) or the owner lock (file leases),
     /// held for the server's life.
-    _process_lock: Option<backend::ProcessLock>,
+    _process_locks: Vec<backend::ProcessLock>,
 }
 
 impl std::fmt::Debug for Server {
@@ -171,12 +203,13 @@ impl Server {
             store,
             leases,
             exclusivity,
-            process_lock,
+            process_locks,
         } = backend::open(
             &config.store,
             &config.lease,
             config.lease_ttl,
             &config.owner,
+            config.allow_volatile_lease_dir,
         )
         .await?;
         let metrics = Arc::new(Metrics::default());
@@ -214,7 +247,7 @@ impl Server {
             addr,
             serve,
             shutdown_timeout: config.shutdown_timeout,
-            _process_lock: process_lock,
+            _process_locks: process_locks,
         })
     }
 
