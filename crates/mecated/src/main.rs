@@ -11,7 +11,7 @@ use mecated::backend::LeaseChoice;
 use mecated::config::{AgentKind, Cli, Command, GcArgs, LeasesAction, LeasesArgs, ServeArgs};
 use mecated::server::default_owner;
 use mecated::{Server, ServerConfig};
-use session_store::{DEFAULT_LEASE_DIR_NAME, JsonlOptions, JsonlStore};
+use session_store::{DEFAULT_LEASE_DIR_NAME, JsonlOptions, JsonlStore, SessionStore};
 use tokio::signal::unix::{SignalKind, signal};
 
 fn main() -> ExitCode {
@@ -68,6 +68,24 @@ fn gc(args: &GcArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// The highest token `store_dir`'s store accepted for `session` (0 when
+/// none).
+fn store_high_water(store_dir: &std::path::Path, session: &SessionId) -> Result<u64, String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    rt.block_on(async {
+        let store = JsonlStore::open(store_dir, JsonlOptions::default())
+            .map_err(|e| format!("cannot open the store {}: {e}", store_dir.display()))?;
+        let high_water = store
+            .high_water(session)
+            .await
+            .map_err(|e| format!("cannot read {session}'s high-water token: {e}"))?;
+        Ok(high_water.map_or(0, |t| t.get()))
+    })
+}
+
 fn leases(args: &LeasesArgs) -> Result<(), String> {
     let dir = match (&args.session_lease_dir, &args.store_dir) {
         (Some(dir), _) => dir.clone(),
@@ -76,7 +94,26 @@ fn leases(args: &LeasesArgs) -> Result<(), String> {
     };
     if let Some(LeasesAction::Repair { session, min_token }) = &args.action {
         let session = SessionId::new(session).map_err(|e| format!("--session: {e}"))?;
-        let token = flocklease::repair(&dir, &session, *min_token).map_err(|e| {
+        // Only a directory a server leased from: a wrong path must not
+        // sprout lease files.
+        if !dir.join(flocklease::AUTHORITY_FILE).is_file() {
+            return Err(format!(
+                "{} holds no {}: not a lease directory a server has used",
+                dir.display(),
+                flocklease::AUTHORITY_FILE
+            ));
+        }
+        // Never below what the store accepted: the next owner's writes
+        // would be refused for good.
+        let mut min_token = *min_token;
+        if let Some(store_dir) = &args.store_dir {
+            let high_water = store_high_water(store_dir, &session)?;
+            if high_water > min_token {
+                println!("the store accepted token {high_water} for {session}: repairing above it");
+                min_token = high_water;
+            }
+        }
+        let token = flocklease::repair(&dir, &session, min_token).map_err(|e| {
             format!(
                 "cannot repair the lease of {session} in {}: {}",
                 dir.display(),

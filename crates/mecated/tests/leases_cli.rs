@@ -7,13 +7,18 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use flocklease::FlockLease;
-use lease_port::{OwnerId, SessionId, SessionLease};
+use lease_port::{FencingToken, OwnerId, SessionId, SessionLease};
 use serde_json::Value;
+use session_store::{Fence, JsonlOptions, JsonlStore, SessionStore, WriteFence};
 
 fn mecated(dir: &Path, args: &[&str]) -> Output {
+    mecated_with(&["--session-lease-dir"], dir, args)
+}
+
+fn mecated_with(flag: &[&str], dir: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_mecated"))
         .arg("leases")
-        .arg("--session-lease-dir")
+        .args(flag)
         .arg(dir)
         .args(args)
         .env_remove("MECATED_STORE_DIR")
@@ -35,6 +40,16 @@ fn listed_token(dir: &Path, session: &str) -> Option<u64> {
 async fn an_unreadable_record_is_repaired_above_the_given_token_and_never_reset() {
     let dir = tempfile::tempdir().unwrap();
     let leases = FlockLease::open(dir.path(), Duration::from_secs(15)).unwrap();
+    // Not yet a directory any server leased from: repair refuses to write.
+    let stray = mecated(
+        dir.path(),
+        &["repair", "--session", "chat-1", "--min-token", "5"],
+    );
+    assert!(
+        !stray.status.success(),
+        "repair wrote into a directory without .authority"
+    );
+    leases.authority().await.unwrap();
     let (session, owner) = (
         SessionId::new("chat-1").unwrap(),
         OwnerId::new("a").unwrap(),
@@ -74,6 +89,52 @@ async fn an_unreadable_record_is_repaired_above_the_given_token_and_never_reset(
     assert!(
         next.token().get() > 41,
         "token {} after repair",
+        next.token().get()
+    );
+}
+
+#[tokio::test]
+async fn repair_with_the_store_never_goes_below_its_high_water_token() {
+    let store_dir = tempfile::tempdir().unwrap();
+    let lease_dir = store_dir.path().join(session_store::DEFAULT_LEASE_DIR_NAME);
+    let leases = FlockLease::open(&lease_dir, Duration::from_secs(15)).unwrap();
+    leases.authority().await.unwrap();
+    let (session, owner) = (
+        SessionId::new("chat-2").unwrap(),
+        OwnerId::new("a").unwrap(),
+    );
+    let lease = leases.acquire(&session, &owner).await.unwrap();
+    leases.release(&lease).await.unwrap();
+
+    // The store accepted token 5000 (a lease directory restored from an old
+    // backup would have issued far less).
+    let store = JsonlStore::open(store_dir.path(), JsonlOptions::default()).unwrap();
+    store.create(&session).await.unwrap();
+    let fence = Fence::new(FencingToken::new(5000), owner.clone());
+    store
+        .append(
+            &session,
+            WriteFence::from(fence),
+            &[serde_json::json!({"type": "x"})],
+        )
+        .await
+        .unwrap();
+
+    let file = lease_dir.join(format!("{}.lease", session_filename::stem(&session)));
+    let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+    f.write_all_at(&[0xA5; 512], 0).unwrap();
+    drop(f);
+
+    let repaired = mecated_with(
+        &["--store-dir"],
+        store_dir.path(),
+        &["repair", "--session", "chat-2", "--min-token", "3"],
+    );
+    assert!(repaired.status.success(), "{repaired:?}");
+    let next = leases.acquire(&session, &owner).await.unwrap();
+    assert!(
+        next.token().get() > 5000,
+        "token {} is below the store's mark",
         next.token().get()
     );
 }
