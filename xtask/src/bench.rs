@@ -86,7 +86,7 @@ pub(crate) fn bench(args: &[String]) -> Result {
     println!("\n{table}");
     if filter.is_empty() {
         let header = format!(
-            "Measured by `cargo xtask bench{}` on commit `{}`, {} ({} cores). Criterion \
+            "Measured by `cargo xtask bench{}` on commit {}, {} ({} cores). Criterion \
              medians; each limit is measured in the same run as the row it bounds.",
             if quick { " --quick" } else { "" },
             commit()?,
@@ -143,9 +143,9 @@ fn commit() -> Result<String> {
     let hash = out(&["rev-parse", "--short=10", "HEAD"])?;
     let dirty = !out(&["status", "--porcelain", "--untracked-files=no"])?.is_empty();
     Ok(if dirty {
-        format!("{hash}` plus uncommitted changes `")
+        format!("`{hash}` with uncommitted changes")
     } else {
-        hash
+        format!("`{hash}`")
     })
 }
 

@@ -24,12 +24,7 @@ struct Mecated {
 
 impl Mecated {
     fn start(store: &Path, owner: &str, extra: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_mecated"))
-            .args(["--listen", "127.0.0.1:0", "--owner", owner, "--store-dir"])
-            .arg(store)
-            .args(extra)
-            .env("MECATED_LOG", "warn")
-            .stdout(Stdio::piped())
+        let mut child = server_command(store, owner, extra)
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start mecated");
@@ -75,15 +70,22 @@ impl Mecated {
     }
 }
 
-/// Starts mecated expecting it to refuse: its exit status and stderr. Fails
-/// if it starts serving instead.
-fn refused_start(store: &Path, owner: &str, extra: &[&OsStr]) -> String {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mecated"))
-        .args(["--listen", "127.0.0.1:0", "--owner", owner, "--store-dir"])
+/// The server on `store` as `owner` on a free port, stdout piped (its
+/// first line is the address it listens on).
+fn server_command(store: &Path, owner: &str, extra: &[impl AsRef<OsStr>]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mecated"));
+    cmd.args(["--listen", "127.0.0.1:0", "--owner", owner, "--store-dir"])
         .arg(store)
         .args(extra)
         .env("MECATED_LOG", "warn")
-        .stdout(Stdio::piped())
+        .stdout(Stdio::piped());
+    cmd
+}
+
+/// Starts mecated expecting it to refuse: its exit status and stderr. Fails
+/// if it starts serving instead.
+fn refused_start(store: &Path, owner: &str, extra: &[&OsStr]) -> String {
+    let mut child = server_command(store, owner, extra)
         .stderr(Stdio::piped())
         .spawn()
         .expect("start mecated");
