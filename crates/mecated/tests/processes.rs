@@ -900,3 +900,71 @@ async fn a_second_lease_authority_on_one_store_refuses_to_start() {
     let taken = run_when_free(&b, "s", json!("second")).await;
     assert_eq!(taken["status"], "completed", "{taken}");
 }
+
+/// Opens a connection to `m`, sends a run request for `id`, waits `after`
+/// and resets the connection (RST, not FIN), as a client that crashed or
+/// was killed mid-request would.
+fn reset_mid_request(m: &Mecated, id: &str, after: Duration) {
+    use std::io::Write;
+    let addr = m.base.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    let body = r#"{"input":"reset"}"#;
+    let request = format!(
+        "POST /v1/sessions/{id}/runs HTTP/1.1\r\nHost: {addr}\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).expect("send");
+    std::thread::sleep(after);
+    // SO_LINGER 0: closing sends RST and drops whatever was queued.
+    nix::sys::socket::setsockopt(
+        &stream,
+        nix::sys::socket::sockopt::Linger,
+        &nix::libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        },
+    )
+    .expect("SO_LINGER");
+    drop(stream);
+}
+
+/// The reproduced half-start: clients resetting the connection while their
+/// run was starting left `run_started` logged and no outcome. Whatever the
+/// moment of the reset, a session's log holds no run, or a run that ran to
+/// its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_reset_never_half_starts_a_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Mecated::start(dir.path(), "proc-a", &[]);
+    const RUNS: u64 = 40;
+    for i in 0..RUNS {
+        let id = format!("reset-{i}");
+        create(&a, &id).await;
+        // From at once to a few milliseconds: before, during and after the
+        // claim.
+        let after = Duration::from_micros(i * 100);
+        let a_ref = &a;
+        tokio::task::block_in_place(|| reset_mid_request(a_ref, &id, after));
+    }
+    let start = Instant::now();
+    for i in 0..RUNS {
+        let id = format!("reset-{i}");
+        loop {
+            let log = events(&a, &id).await;
+            let started = log.iter().any(|e| e["payload"]["type"] == "run_started");
+            let answered = log.iter().any(|e| e["payload"]["type"] == "message");
+            if !started || answered {
+                break;
+            }
+            assert!(
+                start.elapsed() < PATIENCE,
+                "{id}: run_started logged, but the run never ran: {log:#?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // And nothing is left held: every session runs again at once.
+    let (status, body) = run(&a, "reset-0", json!("after")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
