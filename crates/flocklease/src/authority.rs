@@ -27,14 +27,37 @@ const PREFIX: &str = "flock:";
 /// written and synced under a private name, then linked to
 /// [`AUTHORITY_FILE`] (`link` fails if another instance won the race, and we
 /// read theirs), and the directory is synced so the name survives a crash.
+///
+/// The file also names the directory it was created in (device and inode):
+/// a copy of the directory (a restored backup, a baked image, `cp -a`)
+/// carries the id but not the identity, and is refused until an operator
+/// [`adopt`]s it — two copies serving beside each other would issue
+/// unrelated tokens under one authority.
 pub(crate) fn read_or_create(dir: &Path) -> Result<AuthorityId, LeaseError> {
     let path = dir.join(AUTHORITY_FILE);
+    let here = identity(dir)?;
     match read(&path) {
         Err(e) if e.kind() == ErrorKind::NotFound => {}
         other => {
-            return other
-                .map_err(|e| io_error("read", &path, e))
-                .and_then(|t| parse(&path, &t));
+            let text = other.map_err(|e| io_error("read", &path, e))?;
+            let (id, made_in) = parse(&path, &text)?;
+            if let Some(made_in) = made_in.filter(|m| *m != here) {
+                return Err(LeaseError::invalid(format!(
+                    "{} was created in another directory (device {}, inode {}; this one is \
+                     device {}, inode {}): this lease directory is a copy, and a copy's tokens \
+                     may lag the store's or run beside the original's. If the original is \
+                     retired for good, adopt the copy (`mecated leases adopt \
+                     --session-lease-dir {}`, or flocklease::adopt), then repair any session \
+                     the store refuses",
+                    path.display(),
+                    made_in.0,
+                    made_in.1,
+                    here.0,
+                    here.1,
+                    dir.display()
+                )));
+            }
+            return Ok(id);
         }
     }
     let id = format!("{PREFIX}{}", random_hex()?);
@@ -47,7 +70,7 @@ pub(crate) fn read_or_create(dir: &Path) -> Result<AuthorityId, LeaseError> {
             .create_new(true)
             .mode(0o644)
             .open(&tmp)?;
-        f.write_all(format!("{id}\n").as_bytes())?;
+        f.write_all(content(&id, here).as_bytes())?;
         f.sync_all()?;
         match fs::hard_link(&tmp, &path) {
             Ok(()) => File::open(dir)?.sync_all(),
@@ -58,7 +81,53 @@ pub(crate) fn read_or_create(dir: &Path) -> Result<AuthorityId, LeaseError> {
     let _ = fs::remove_file(&tmp);
     result.map_err(|e| io_error("create", &path, e))?;
     let text = read(&path).map_err(|e| io_error("read", &path, e))?;
-    parse(&path, &text)
+    parse(&path, &text).map(|(id, _)| id)
+}
+
+/// Makes a copied lease directory (see [`read_or_create`]) its authority's
+/// directory: keeps the id and records this directory's identity. For an
+/// operator whose original directory is retired for good (moved to another
+/// disk, restored from a backup); never while the original still serves.
+/// Tokens of a restored backup may lag what the store accepted: repair the
+/// sessions it refuses with a minimum token.
+pub fn adopt(dir: impl AsRef<Path>) -> Result<AuthorityId, LeaseError> {
+    let dir = dir.as_ref();
+    let path = dir.join(AUTHORITY_FILE);
+    let text = read(&path).map_err(|e| io_error("read", &path, e))?;
+    let (id, _) = parse(&path, &text)?;
+    let here = identity(dir)?;
+    let tmp = dir.join(format!("{AUTHORITY_FILE}.adopt.{}.tmp", std::process::id()));
+    let result = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o644)
+            .open(&tmp)?;
+        f.write_all(content(id.as_str(), here).as_bytes())?;
+        f.sync_all()?;
+        // Readers read the file whole, so replacing it is atomic for them.
+        fs::rename(&tmp, &path)?;
+        File::open(dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result.map_err(|e| io_error("adopt", &path, e))?;
+    Ok(id)
+}
+
+/// A directory's identity: device and inode.
+type Identity = (u64, u64);
+
+fn identity(dir: &Path) -> Result<Identity, LeaseError> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = fs::metadata(dir).map_err(|e| io_error("inspect", dir, e))?;
+    Ok((meta.dev(), meta.ino()))
+}
+
+fn content(id: &str, (dev, ino): Identity) -> String {
+    format!("{id}\ndir {dev} {ino}\n")
 }
 
 fn read(path: &Path) -> std::io::Result<String> {
@@ -67,8 +136,28 @@ fn read(path: &Path) -> std::io::Result<String> {
     Ok(text)
 }
 
-fn parse(path: &Path, text: &str) -> Result<AuthorityId, LeaseError> {
-    let id = text.trim_end_matches('\n');
+/// The id, and the identity of the directory it was made in when the file
+/// names one.
+fn parse(path: &Path, text: &str) -> Result<(AuthorityId, Option<Identity>), LeaseError> {
+    let mut lines = text.lines();
+    let id = lines.next().unwrap_or_default();
+    let made_in = match lines.next() {
+        None => None,
+        Some(line) => {
+            let mut parts = line.split(' ');
+            match (parts.next(), parts.next(), parts.next(), parts.next()) {
+                (Some("dir"), Some(dev), Some(ino), None) => dev.parse().ok().zip(ino.parse().ok()),
+                _ => None,
+            }
+            .ok_or_else(|| {
+                LeaseError::invalid(format!(
+                    "{} has a damaged directory line ({line:?}); restore it",
+                    path.display()
+                ))
+            })
+            .map(Some)?
+        }
+    };
     let well_formed = id
         .strip_prefix(PREFIX)
         .is_some_and(|hex| hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_hexdigit()));
@@ -81,7 +170,7 @@ fn parse(path: &Path, text: &str) -> Result<AuthorityId, LeaseError> {
             path.display()
         )));
     }
-    AuthorityId::new(id)
+    Ok((AuthorityId::new(id)?, made_in))
 }
 
 fn random_hex() -> Result<String, LeaseError> {
@@ -128,6 +217,29 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(leftovers, [AUTHORITY_FILE], "temporary files left behind");
+    }
+
+    #[test]
+    fn a_copied_directory_is_refused_until_adopted() {
+        let root = tempfile::tempdir().unwrap();
+        let (original, copy) = (root.path().join("a"), root.path().join("copy"));
+        fs::create_dir(&original).unwrap();
+        fs::create_dir(&copy).unwrap();
+        let id = read_or_create(&original).unwrap();
+        fs::copy(original.join(AUTHORITY_FILE), copy.join(AUTHORITY_FILE)).unwrap();
+
+        let err = read_or_create(&copy).unwrap_err();
+        assert_eq!(err.kind(), lease_port::LeaseErrorKind::Invalid);
+        assert!(err.message().contains("is a copy"), "{err}");
+        // The original is not disturbed.
+        assert_eq!(read_or_create(&original).unwrap(), id);
+
+        assert_eq!(adopt(&copy).unwrap(), id);
+        assert_eq!(read_or_create(&copy).unwrap(), id);
+        // A directory moved within its file system keeps its identity.
+        let moved = root.path().join("moved");
+        fs::rename(&original, &moved).unwrap();
+        assert_eq!(read_or_create(&moved).unwrap(), id);
     }
 
     #[test]

@@ -284,7 +284,7 @@ use lease_port::{
     AuthorityId, Clock, Lease, LeaseError, OwnerId, SessionId, SessionLease, SystemClock,
 };
 
-pub use authority::AUTHORITY_FILE;
+pub use authority::{AUTHORITY_FILE, adopt};
 pub use error::LeaseFileError;
 pub use inspect::{LeaseEntry, LeaseInfo, LeaseState, list_leases, repair};
 pub use record::{FORMAT_VERSION, MAGIC, RECORD_LEN};

@@ -80,6 +80,11 @@ pub enum LeasesAction {
         #[arg(long, default_value_t = 0)]
         min_token: u64,
     },
+    /// Make a copied lease directory (a restored backup, a move to another
+    /// disk) the one its authority lives in. Only once the original is
+    /// retired for good: a copy serving beside the original would issue
+    /// unrelated tokens. Then repair any session the store refuses.
+    Adopt,
 }
 
 /// Which agent drives runs.

@@ -92,6 +92,17 @@ fn leases(args: &LeasesArgs) -> Result<(), String> {
         (None, Some(store)) => store.join(DEFAULT_LEASE_DIR_NAME),
         (None, None) => return Err("give --session-lease-dir or --store-dir".into()),
     };
+    if let Some(LeasesAction::Adopt) = &args.action {
+        let authority = flocklease::adopt(&dir).map_err(|e| {
+            format!(
+                "cannot adopt {}: {}",
+                dir.display(),
+                mecated::error::error_chain(&e)
+            )
+        })?;
+        println!("{} now holds lease authority {authority}", dir.display());
+        return Ok(());
+    }
     if let Some(LeasesAction::Repair { session, min_token }) = &args.action {
         let session = SessionId::new(session).map_err(|e| format!("--session: {e}"))?;
         // Only a directory a server leased from: a wrong path must not

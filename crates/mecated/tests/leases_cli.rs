@@ -138,3 +138,24 @@ async fn repair_with_the_store_never_goes_below_its_high_water_token() {
         next.token().get()
     );
 }
+
+#[tokio::test]
+async fn a_copied_lease_directory_serves_only_once_adopted() {
+    let root = tempfile::tempdir().unwrap();
+    let (original, copy) = (root.path().join("leases"), root.path().join("copy"));
+    let leases = FlockLease::open(&original, Duration::from_secs(15)).unwrap();
+    let authority = leases.authority().await.unwrap();
+    std::fs::create_dir(&copy).unwrap();
+    std::fs::copy(
+        original.join(flocklease::AUTHORITY_FILE),
+        copy.join(flocklease::AUTHORITY_FILE),
+    )
+    .unwrap();
+    let copied = FlockLease::open(&copy, Duration::from_secs(15)).unwrap();
+    let err = copied.authority().await.unwrap_err();
+    assert!(err.message().contains("is a copy"), "{err}");
+
+    let adopted = mecated(&copy, &["adopt"]);
+    assert!(adopted.status.success(), "{adopted:?}");
+    assert_eq!(copied.authority().await.unwrap(), authority);
+}
