@@ -84,7 +84,7 @@ pub(crate) fn read_or_create(dir: &Path) -> Result<AuthorityId, LeaseError> {
     parse(&path, &text).map(|(id, _)| id)
 }
 
-/// Makes a copied lease directory (see [`read_or_create`]) its authority's
+/// Makes a copied lease directory (refused by the authority check) its authority's
 /// directory: keeps the id and records this directory's identity. For an
 /// operator whose original directory is retired for good (moved to another
 /// disk, restored from a backup); never while the original still serves.
