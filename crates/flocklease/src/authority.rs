@@ -46,9 +46,9 @@ pub(crate) fn read_or_create(dir: &Path) -> Result<AuthorityId, LeaseError> {
                     "{} was created in another directory (device {}, inode {}; this one is \
                      device {}, inode {}): this lease directory is a copy, and a copy's tokens \
                      may lag the store's or run beside the original's. If the original is \
-                     retired for good, adopt the copy (`mecated leases adopt \
-                     --session-lease-dir {}`, or flocklease::adopt), then repair any session \
-                     the store refuses",
+                     retired for good, adopt the copy with every server of the store stopped \
+                     (`mecated leases --session-lease-dir {} adopt --store-dir STORE`, or \
+                     flocklease::adopt), then repair any session the store refuses",
                     path.display(),
                     made_in.0,
                     made_in.1,
@@ -56,6 +56,11 @@ pub(crate) fn read_or_create(dir: &Path) -> Result<AuthorityId, LeaseError> {
                     here.1,
                     dir.display()
                 )));
+            }
+            if made_in.is_none() {
+                // Written before files named their directory: name this one
+                // now, so a later copy of it is told apart.
+                write_identity(dir, &id, here)?;
             }
             return Ok(id);
         }
@@ -95,26 +100,34 @@ pub fn adopt(dir: impl AsRef<Path>) -> Result<AuthorityId, LeaseError> {
     let path = dir.join(AUTHORITY_FILE);
     let text = read(&path).map_err(|e| io_error("read", &path, e))?;
     let (id, _) = parse(&path, &text)?;
-    let here = identity(dir)?;
-    let tmp = dir.join(format!("{AUTHORITY_FILE}.adopt.{}.tmp", std::process::id()));
+    write_identity(dir, &id, identity(dir)?)?;
+    Ok(id)
+}
+
+/// Rewrites `dir`'s authority file as `id` made in `here`: a private file,
+/// synced, renamed over (readers read the file whole), the directory synced.
+fn write_identity(dir: &Path, id: &AuthorityId, here: Identity) -> Result<(), LeaseError> {
+    let path = dir.join(AUTHORITY_FILE);
+    let tmp = dir.join(format!(
+        "{AUTHORITY_FILE}.{}.{}.tmp",
+        std::process::id(),
+        random_hex()?
+    ));
     let result = (|| {
         let mut f = OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .mode(0o644)
             .open(&tmp)?;
         f.write_all(content(id.as_str(), here).as_bytes())?;
         f.sync_all()?;
-        // Readers read the file whole, so replacing it is atomic for them.
         fs::rename(&tmp, &path)?;
         File::open(dir)?.sync_all()
     })();
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
     }
-    result.map_err(|e| io_error("adopt", &path, e))?;
-    Ok(id)
+    result.map_err(|e| io_error("rewrite", &path, e))
 }
 
 /// A directory's identity: device and inode.
@@ -240,6 +253,22 @@ mod tests {
         let moved = root.path().join("moved");
         fs::rename(&original, &moved).unwrap();
         assert_eq!(read_or_create(&moved).unwrap(), id);
+    }
+
+    #[test]
+    fn a_file_naming_no_directory_is_given_this_one() {
+        let root = tempfile::tempdir().unwrap();
+        let (original, copy) = (root.path().join("a"), root.path().join("copy"));
+        fs::create_dir(&original).unwrap();
+        fs::create_dir(&copy).unwrap();
+        let id = "flock:0123456789abcdef0123456789abcdef";
+        fs::write(original.join(AUTHORITY_FILE), format!("{id}\n")).unwrap();
+        assert_eq!(read_or_create(&original).unwrap().as_str(), id);
+        fs::copy(original.join(AUTHORITY_FILE), copy.join(AUTHORITY_FILE)).unwrap();
+        assert!(
+            read_or_create(&copy).is_err(),
+            "a copy made after the upgrade passed"
+        );
     }
 
     #[test]

@@ -241,7 +241,25 @@ pub(crate) fn read_clock_domain() -> [u8; 16] {
             *byte ^= mix;
         }
     }
+    // Namespace inodes are reused once a namespace is gone; its offset
+    // tells two namespaces with one inode apart (zero in the initial one).
+    if let Some(offset) = monotonic_offset() {
+        for (byte, mix) in id[..8].iter_mut().zip(offset.to_le_bytes()) {
+            *byte ^= mix;
+        }
+    }
     id
+}
+
+/// This time namespace's `CLOCK_MONOTONIC` offset, folded into 64 bits,
+/// from `/proc/self/timens_offsets` (`monotonic SECS NANOS`).
+fn monotonic_offset() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/timens_offsets").ok()?;
+    let line = text.lines().find(|l| l.starts_with("monotonic"))?;
+    let mut fields = line.split_whitespace().skip(1);
+    let secs: i64 = fields.next()?.parse().ok()?;
+    let nanos: u64 = fields.next()?.parse().ok()?;
+    Some((secs as u64).rotate_left(30) ^ nanos)
 }
 
 /// The inode of this process's time namespace (`/proc/self/ns/time` reads

@@ -69,11 +69,16 @@ pub enum LeasesAction {
     /// Rewrite a session's lease record as free, with its next token above
     /// `--min-token` — the remedy for a record that cannot be read (a
     /// checksum failure after a crash). Never lowers a token that can still
-    /// be read; ends a live hold, so stop its holder first.
+    /// be read. A live hold is refused unless `--force`: stop its holder
+    /// first.
     Repair {
         /// The session whose record to repair.
         #[arg(long)]
         session: String,
+        /// End a live hold too (its holder's later writes are then refused
+        /// by the store, its run cancelled).
+        #[arg(long)]
+        force: bool,
         /// At least the highest token the session's store has accepted (its
         /// `high_water_token`), so the next owner's writes are accepted and
         /// no token is issued twice. Required for an unreadable record.
@@ -83,8 +88,14 @@ pub enum LeasesAction {
     /// Make a copied lease directory (a restored backup, a move to another
     /// disk) the one its authority lives in. Only once the original is
     /// retired for good: a copy serving beside the original would issue
-    /// unrelated tokens. Then repair any session the store refuses.
-    Adopt,
+    /// unrelated tokens. Refused while any server serves the store. Then
+    /// repair any session the store refuses.
+    Adopt {
+        /// The store the lease directory fences (no server may be running
+        /// on it); default: the `--store-dir` given to `leases`.
+        #[arg(long = "store-dir", id = "adopt_store_dir")]
+        store_dir: Option<PathBuf>,
+    },
 }
 
 /// Which agent drives runs.

@@ -362,57 +362,80 @@ impl Engine {
         input: Value,
         started: oneshot::Sender<Result<StartedRun, EngineError>>,
     ) {
-        // A run of this session already in this process: answer at once
-        // rather than queue behind it.
-        let guard = match self
-            .inner
-            .keeper
-            .acquire_within(&session, Duration::ZERO)
-            .await
-        {
-            Ok(guard) => guard,
-            Err(e) => {
-                let _ = started.send(Err(e.into()));
+        // At most two tries: the second only after the store refused our
+        // claim because an earlier incarnation under our owner id wrote
+        // under the very token the backend handed back to us.
+        let mut retried = false;
+        let (guard, token, first_seq) = loop {
+            // A run of this session already in this process: answer at
+            // once rather than queue behind it (on the retry, wait for our
+            // own release).
+            let wait = if retried {
+                self.inner.keeper.ttl()
+            } else {
+                Duration::ZERO
+            };
+            let guard = match self.inner.keeper.acquire_within(&session, wait).await {
+                Ok(guard) => guard,
+                Err(e) => {
+                    let _ = started.send(Err(e.into()));
+                    return;
+                }
+            };
+            if started.is_closed() {
+                // The client went away before anything was claimed: give
+                // the session back rather than start a run nobody waits for.
+                // (From the claim on, the run is ours whatever the client
+                // does.)
+                info!("the client left before the run was claimed; not started");
+                drop(guard);
                 return;
             }
-        };
-        if started.is_closed() {
-            // The client went away before anything was claimed: give the
-            // session back rather than start a run nobody waits for. (From
-            // the claim on, the run is ours whatever the client does.)
-            info!("the client left before the run was claimed; not started");
-            drop(guard);
-            return;
-        }
-        let token = guard.token();
-        Span::current().record("token", token.map(|t| t.get()));
-        let fence = self.fence(&guard);
-        // Claim the session in the store before anything else: the first
-        // write raises the high-water mark to our token, so from here on no
-        // earlier owner can write, whether or not our agent ever emits.
-        let claim = json!({
-            "type": "run_started",
-            "owner": self.inner.keeper.owner().as_str(),
-            "token": token.map(|t| t.get()),
-        });
-        let claimed = match tracked_append(
-            &guard.write_gate(),
-            Arc::clone(&self.inner.store),
-            session.clone(),
-            fence,
-            claim,
-        ) {
-            Ok(write) => write.await.map_err(EngineError::from),
-            Err(e) => Err(e.into()),
-        };
-        let first_seq = match claimed {
-            Ok(receipt) => receipt.first_seq,
-            Err(e) => {
-                // Not ours to write: lost between acquire and write. Release
-                // (the keeper never releases a value it knows is lost).
-                drop(guard);
-                let _ = started.send(Err(e));
-                return;
+            let token = guard.token();
+            Span::current().record("token", token.map(|t| t.get()));
+            let fence = self.fence(&guard);
+            // Claim the session in the store before anything else: the
+            // first write raises the high-water mark to our token, so from
+            // here on no earlier owner can write, whether or not our agent
+            // ever emits.
+            let claim = json!({
+                "type": "run_started",
+                "owner": self.inner.keeper.owner().as_str(),
+                "token": token.map(|t| t.get()),
+            });
+            let claimed = match tracked_append(
+                &guard.write_gate(),
+                Arc::clone(&self.inner.store),
+                session.clone(),
+                fence,
+                claim,
+            ) {
+                Ok(write) => write.await.map_err(EngineError::from),
+                Err(e) => Err(e.into()),
+            };
+            match claimed {
+                Ok(receipt) => break (guard, token, receipt.first_seq),
+                Err(EngineError::Store(StoreError::Fenced {
+                    presented,
+                    high_water,
+                    ..
+                })) if !retried && presented == high_water => {
+                    // The lease was handed back to our owner id with the
+                    // token a previous incarnation (a restarted process)
+                    // wrote under. Give it back; the next acquisition is a
+                    // takeover with a greater token.
+                    info!(%presented, "the store's mark is an earlier incarnation's; acquiring anew");
+                    retried = true;
+                    let _ = guard.finish().await;
+                }
+                Err(e) => {
+                    // Not ours to write: lost between acquire and write.
+                    // Release (the keeper never releases a value it knows
+                    // is lost).
+                    drop(guard);
+                    let _ = started.send(Err(e));
+                    return;
+                }
             }
         };
         // From here the run is claimed: it runs to an outcome whatever

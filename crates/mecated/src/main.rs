@@ -68,6 +68,26 @@ fn gc(args: &GcArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// Takes `store`'s single-process lock exclusively without waiting: held,
+/// no server serves the store.
+fn lock_quiet_store(store: &std::path::Path) -> Result<nix::fcntl::Flock<std::fs::File>, String> {
+    let path = store.join(mecated::backend::SINGLE_PROCESS_LOCK);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|_| {
+        format!(
+            "a server is serving {} (it holds {}): stop every server of this store first",
+            store.display(),
+            path.display()
+        )
+    })
+}
+
 /// The highest token `store_dir`'s store accepted for `session` (0 when
 /// none).
 fn store_high_water(store_dir: &std::path::Path, session: &SessionId) -> Result<u64, String> {
@@ -92,7 +112,14 @@ fn leases(args: &LeasesArgs) -> Result<(), String> {
         (None, Some(store)) => store.join(DEFAULT_LEASE_DIR_NAME),
         (None, None) => return Err("give --session-lease-dir or --store-dir".into()),
     };
-    if let Some(LeasesAction::Adopt) = &args.action {
+    if let Some(LeasesAction::Adopt { store_dir }) = &args.action {
+        let store = store_dir
+            .as_ref()
+            .or(args.store_dir.as_ref())
+            .ok_or("adopt needs the store the directory fences: --store-dir")?;
+        // Servers of the store hold its single-process lock (shared when
+        // leased): while one runs, its directory is not retired.
+        let _quiet = lock_quiet_store(store)?;
         let authority = flocklease::adopt(&dir).map_err(|e| {
             format!(
                 "cannot adopt {}: {}",
@@ -103,8 +130,30 @@ fn leases(args: &LeasesArgs) -> Result<(), String> {
         println!("{} now holds lease authority {authority}", dir.display());
         return Ok(());
     }
-    if let Some(LeasesAction::Repair { session, min_token }) = &args.action {
+    if let Some(LeasesAction::Repair {
+        session,
+        min_token,
+        force,
+    }) = &args.action
+    {
         let session = SessionId::new(session).map_err(|e| format!("--session: {e}"))?;
+        if !force {
+            let live = flocklease::list_leases(&dir, SystemTime::now())
+                .map_err(|e| format!("cannot list {}: {e}", dir.display()))?
+                .into_iter()
+                .filter_map(|entry| entry.lease.ok())
+                .find(|l| l.session.as_ref() == Some(&session))
+                .filter(|l| l.state == flocklease::LeaseState::Live);
+            if let Some(live) = live {
+                return Err(format!(
+                    "{session} is held live by {}: stop its holder first (or --force, which \
+                     ends the hold)",
+                    live.owner
+                        .as_ref()
+                        .map_or("an unknown holder", |o| o.as_str())
+                ));
+            }
+        }
         // Only a directory a server leased from: a wrong path must not
         // sprout lease files.
         if !dir.join(flocklease::AUTHORITY_FILE).is_file() {

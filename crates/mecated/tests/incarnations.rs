@@ -10,11 +10,11 @@ use async_trait::async_trait;
 use lease_keeper::LeaseKeeper;
 use lease_port::{OwnerId, SessionId, SessionLease};
 use mecated::agent::{Agent, AgentError, EventSink, Turn};
-use mecated::engine::{Engine, EngineError, Exclusivity};
+use mecated::engine::{Engine, Exclusivity};
 use mecated::metrics::Metrics;
 use memlease::MemLease;
 use serde_json::json;
-use session_store::{FsyncPolicy, JsonlOptions, JsonlStore, SessionStore, StoreErrorKind};
+use session_store::{FsyncPolicy, JsonlOptions, JsonlStore, SessionStore};
 use tokio::sync::Semaphore;
 
 const TTL: Duration = Duration::from_secs(15);
@@ -76,34 +76,51 @@ async fn a_second_incarnation_under_one_owner_id_cannot_write_beside_the_first()
     running.events.recv().await.expect("run_started");
     running.events.recv().await.expect("working");
 
-    // The same owner id asks again: the backend hands back the live lease
-    // with the same token, and the store must refuse the other writer.
-    match second.start_run(s.clone(), json!("second")).await {
-        Err(EngineError::Store(e)) => assert_eq!(e.kind(), StoreErrorKind::Fenced, "{e}"),
-        Err(other) => panic!("expected the store to fence the second incarnation, got {other}"),
-        Ok(run) => panic!(
-            "the second incarnation started a run under token {:?}",
-            run.token
-        ),
-    }
+    // The same owner id asks again (a restarted process): the backend hands
+    // back the live lease with the same token, the store refuses the other
+    // writer, and the second incarnation takes the session over with a
+    // greater token — never writing under the first one's.
+    let mut second_run = second
+        .start_run(s.clone(), json!("second"))
+        .await
+        .expect("the second incarnation takes over");
+    let first_token = running.token.expect("leased");
+    let second_token = second_run.token.expect("leased");
+    assert!(
+        second_token > first_token,
+        "{second_token} not above {first_token}"
+    );
+    second_run.events.recv().await.expect("run_started");
     release.add_permits(2);
     let _ = running.end.await;
+    let _ = second_run.end.await;
 
     let store = JsonlStore::open(dir.path(), JsonlOptions::default()).unwrap();
     let log = store.read(&s, 1, 100).await.unwrap().events;
-    let inputs: Vec<_> = log
+    let takeover = log
         .iter()
-        .filter(|e| e.payload["type"] == "working")
-        .map(|e| e.payload["input"].clone())
-        .collect();
-    assert_eq!(
-        inputs,
-        [json!("first")],
-        "both incarnations wrote: {log:#?}"
+        .position(|e| {
+            e.payload["type"] == "run_started" && e.token.map(|t| t.get()) == Some(second_token)
+        })
+        .expect("the second incarnation's claim");
+    assert!(
+        log[..takeover]
+            .iter()
+            .all(|e| e.token.map(|t| t.get()) == Some(first_token)),
+        "{log:#?}"
     );
-    let claims = log
+    assert!(
+        log[takeover..]
+            .iter()
+            .all(|e| e.token.map(|t| t.get()) == Some(second_token)),
+        "the first incarnation wrote after the takeover: {log:#?}"
+    );
+    let firsts = log
         .iter()
-        .filter(|e| e.payload["type"] == "run_started")
+        .filter(|e| e.token.map(|t| t.get()) == Some(first_token))
         .count();
-    assert_eq!(claims, 1, "{log:#?}");
+    assert_eq!(
+        firsts, 2,
+        "the first incarnation's claim and one event: {log:#?}"
+    );
 }

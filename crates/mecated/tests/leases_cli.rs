@@ -155,7 +155,51 @@ async fn a_copied_lease_directory_serves_only_once_adopted() {
     let err = copied.authority().await.unwrap_err();
     assert!(err.message().contains("is a copy"), "{err}");
 
-    let adopted = mecated(&copy, &["adopt"]);
+    // Not while a server serves the store (leased servers share its lock).
+    let store = root.path().join("store");
+    std::fs::create_dir(&store).unwrap();
+    let lock_path = store.join(mecated::backend::SINGLE_PROCESS_LOCK);
+    let serving = nix::fcntl::Flock::lock(
+        std::fs::File::create(&lock_path).unwrap(),
+        nix::fcntl::FlockArg::LockSharedNonblock,
+    )
+    .unwrap();
+    let store_arg = store.to_str().unwrap();
+    let refused = mecated(&copy, &["adopt", "--store-dir", store_arg]);
+    assert!(!refused.status.success(), "adopted while a server ran");
+    assert!(copied.authority().await.is_err());
+    drop(serving);
+
+    let adopted = mecated(&copy, &["adopt", "--store-dir", store_arg]);
     assert!(adopted.status.success(), "{adopted:?}");
     assert_eq!(copied.authority().await.unwrap(), authority);
+}
+
+#[tokio::test]
+async fn repair_refuses_a_live_hold_unless_forced() {
+    let dir = tempfile::tempdir().unwrap();
+    let leases = FlockLease::open(dir.path(), Duration::from_secs(60)).unwrap();
+    leases.authority().await.unwrap();
+    let (session, owner) = (SessionId::new("live").unwrap(), OwnerId::new("a").unwrap());
+    let held = leases.acquire(&session, &owner).await.unwrap();
+
+    let refused = mecated(
+        dir.path(),
+        &["repair", "--session", "live", "--min-token", "9"],
+    );
+    assert!(!refused.status.success(), "repair ended a live hold");
+    leases
+        .renew(&held)
+        .await
+        .expect("the holder still holds its lease");
+
+    let forced = mecated(
+        dir.path(),
+        &["repair", "--session", "live", "--min-token", "9", "--force"],
+    );
+    assert!(forced.status.success(), "{forced:?}");
+    assert!(
+        leases.renew(&held).await.is_err(),
+        "the forced repair left the hold"
+    );
 }
