@@ -65,26 +65,13 @@ pub(crate) fn read_or_create(dir: &Path) -> Result<AuthorityId, LeaseError> {
             return Ok(id);
         }
     }
-    let id = format!("{PREFIX}{}", random_hex()?);
-    // Private to this call: the id's own randomness keeps racing creators,
-    // in this process or another, off each other's file.
-    let tmp = dir.join(format!("{AUTHORITY_FILE}.{}.tmp", &id[PREFIX.len()..]));
-    let result = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .open(&tmp)?;
-        f.write_all(content(&id, here).as_bytes())?;
-        f.sync_all()?;
-        match fs::hard_link(&tmp, &path) {
-            Ok(()) => File::open(dir)?.sync_all(),
-            Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(()),
-            Err(e) => Err(e),
-        }
-    })();
-    let _ = fs::remove_file(&tmp);
-    result.map_err(|e| io_error("create", &path, e))?;
+    let id = AuthorityId::new(format!("{PREFIX}{}", random_hex()?))?;
+    // `link` fails when a racing creator won: then theirs is the id.
+    place(dir, &id, here, |tmp, path| match fs::hard_link(tmp, path) {
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(()),
+        other => other,
+    })
+    .map_err(|e| io_error("create", &path, e))?;
     let text = read(&path).map_err(|e| io_error("read", &path, e))?;
     parse(&path, &text).map(|(id, _)| id)
 }
@@ -104,15 +91,27 @@ pub fn adopt(dir: impl AsRef<Path>) -> Result<AuthorityId, LeaseError> {
     Ok(id)
 }
 
-/// Rewrites `dir`'s authority file as `id` made in `here`: a private file,
-/// synced, renamed over (readers read the file whole), the directory synced.
+/// Rewrites `dir`'s authority file as `id` made in `here`; readers read
+/// the file whole, so replacing it is atomic for them.
 fn write_identity(dir: &Path, id: &AuthorityId, here: Identity) -> Result<(), LeaseError> {
+    place(dir, id, here, |tmp, path| fs::rename(tmp, path))
+        .map_err(|e| io_error("rewrite", &dir.join(AUTHORITY_FILE), e))
+}
+
+/// Writes the authority file's content to a private file, syncs it, puts
+/// it in place with `put(private, final)`, and syncs the directory so the
+/// name is durable before anyone relies on it.
+fn place(
+    dir: &Path,
+    id: &AuthorityId,
+    here: Identity,
+    put: impl FnOnce(&Path, &Path) -> std::io::Result<()>,
+) -> std::io::Result<()> {
     let path = dir.join(AUTHORITY_FILE);
-    let tmp = dir.join(format!(
-        "{AUTHORITY_FILE}.{}.{}.tmp",
-        std::process::id(),
-        random_hex()?
-    ));
+    // Private to this call: random, so racing writers in this process or
+    // another never share it.
+    let suffix = random_hex().map_err(|e| std::io::Error::other(e.to_string()))?;
+    let tmp = dir.join(format!("{AUTHORITY_FILE}.{suffix}.tmp"));
     let result = (|| {
         let mut f = OpenOptions::new()
             .write(true)
@@ -121,13 +120,11 @@ fn write_identity(dir: &Path, id: &AuthorityId, here: Identity) -> Result<(), Le
             .open(&tmp)?;
         f.write_all(content(id.as_str(), here).as_bytes())?;
         f.sync_all()?;
-        fs::rename(&tmp, &path)?;
+        put(&tmp, &path)?;
         File::open(dir)?.sync_all()
     })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result.map_err(|e| io_error("rewrite", &path, e))
+    let _ = fs::remove_file(&tmp);
+    result
 }
 
 /// A directory's identity: device and inode.
