@@ -2,7 +2,7 @@
 //! list — each one a fence check and a write (or a read) under the
 //! session's locks, built from the pieces in the sibling modules.
 
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
 use std::io::{self, Write as _};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
@@ -193,13 +193,19 @@ impl StoreCore {
         Ok(linked)
     }
 
-    pub(super) fn append(
+    /// Runs `write` on a live session's file under its exclusive lock,
+    /// after the fence check (atomic with the write: the lock is held
+    /// throughout) and the repair of a torn tail; `write` gets the accepted
+    /// fence and the framing the file's tail needs. Raises the mark after a
+    /// write that succeeded. `write` may run again when the session's file
+    /// had to be reopened.
+    fn fenced_write<R>(
         &self,
         session: &SessionId,
         fence: &WriteFence,
-        payloads: &[String],
         wait: Wait,
-    ) -> Result<AppendReceipt, AttemptError> {
+        mut write: impl FnMut(&File, &Path, &mut FileIndex, &str, String) -> Result<R, StoreError>,
+    ) -> Result<R, AttemptError> {
         self.with_session(session, wait, |state, path| {
             if !self.ensure_open(state, path)? {
                 return Err(StoreError::NotFound {
@@ -220,38 +226,55 @@ impl StoreCore {
                     }
                     let fence = self.check_fence(session, fence, index)?;
                     self.repair(file, path, index)?;
-                    let ts = self.now_ms();
-                    let fence_text = fence_json(fence);
-                    let total: usize = payloads.iter().map(|p| p.len() + 64).sum();
-                    let mut buf = framing(index);
-                    buf.reserve(total + 64);
-                    let mut spans = Vec::with_capacity(payloads.len());
-                    let first_seq = index.next_seq;
-                    for (i, p) in payloads.iter().enumerate() {
-                        let start = buf.len();
-                        push_event_line(&mut buf, first_seq + i as u64, &fence_text, ts, p);
-                        spans.push((start as u64, (buf.len() - start) as u64));
-                    }
-                    let at = index.pos;
-                    self.write_framed(file, path, index, buf)?;
-                    for (i, (start, len)) in spans.into_iter().enumerate() {
-                        index.events.push(EventSpan {
-                            seq: first_seq + i as u64,
-                            off: at + start,
-                            len,
-                        });
-                    }
-                    index.next_seq = first_seq + payloads.len() as u64;
+                    let framing = framing(index);
+                    let written = write(file, path, index, &fence_json(fence), framing)?;
                     if let Some((t, owner)) = fence {
                         index.raise_mark(t, Some(owner));
                     }
-                    Ok(AppendReceipt {
-                        first_seq,
-                        last_seq: index.next_seq - 1,
-                    })
+                    Ok(written)
                 },
             )
         })
+    }
+
+    pub(super) fn append(
+        &self,
+        session: &SessionId,
+        fence: &WriteFence,
+        payloads: &[String],
+        wait: Wait,
+    ) -> Result<AppendReceipt, AttemptError> {
+        self.fenced_write(
+            session,
+            fence,
+            wait,
+            |file, path, index, fence_text, mut buf| {
+                let ts = self.now_ms();
+                let total: usize = payloads.iter().map(|p| p.len() + 64).sum();
+                buf.reserve(total + 64);
+                let mut spans = Vec::with_capacity(payloads.len());
+                let first_seq = index.next_seq;
+                for (i, p) in payloads.iter().enumerate() {
+                    let start = buf.len();
+                    push_event_line(&mut buf, first_seq + i as u64, fence_text, ts, p);
+                    spans.push((start as u64, (buf.len() - start) as u64));
+                }
+                let at = index.pos;
+                self.write_framed(file, path, index, buf)?;
+                for (i, (start, len)) in spans.into_iter().enumerate() {
+                    index.events.push(EventSpan {
+                        seq: first_seq + i as u64,
+                        off: at + start,
+                        len,
+                    });
+                }
+                index.next_seq = first_seq + payloads.len() as u64;
+                Ok(AppendReceipt {
+                    first_seq,
+                    last_seq: index.next_seq - 1,
+                })
+            },
+        )
     }
 
     pub(super) fn delete(
@@ -260,41 +283,20 @@ impl StoreCore {
         fence: &WriteFence,
         wait: Wait,
     ) -> Result<(), AttemptError> {
-        self.with_session(session, wait, |state, path| {
-            if !self.ensure_open(state, path)? {
-                return Err(StoreError::NotFound {
-                    session: session.clone(),
-                }
-                .into());
-            }
-            self.locked(
-                state,
-                path,
-                Some(session),
-                LockMode::Exclusive,
-                |file, index| {
-                    if !index.live {
-                        return Err(StoreError::NotFound {
-                            session: session.clone(),
-                        });
-                    }
-                    let fence = self.check_fence(session, fence, index)?;
-                    self.repair(file, path, index)?;
-                    let fence_text = fence_json(fence);
-                    let ts = self.now_ms();
-                    let mut buf = framing(index);
-                    buf.push_str(&deletion_line(&fence_text, ts));
-                    self.write_framed(file, path, index, buf)?;
-                    index.deleted_at = Some(ts);
-                    index.live = false;
-                    index.events.clear();
-                    if let Some((t, owner)) = fence {
-                        index.raise_mark(t, Some(owner));
-                    }
-                    Ok(())
-                },
-            )
-        })
+        self.fenced_write(
+            session,
+            fence,
+            wait,
+            |file, path, index, fence_text, mut buf| {
+                let ts = self.now_ms();
+                buf.push_str(&deletion_line(fence_text, ts));
+                self.write_framed(file, path, index, buf)?;
+                index.deleted_at = Some(ts);
+                index.live = false;
+                index.events.clear();
+                Ok(())
+            },
+        )
     }
 
     pub(super) fn read(
