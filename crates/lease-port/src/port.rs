@@ -53,6 +53,30 @@ pub trait SessionLease: Send + Sync {
     /// May need a round trip (a network backend asks its service); a
     /// passing fault is [`LeaseErrorKind::Transient`](crate::LeaseErrorKind::Transient).
     async fn authority(&self) -> Result<AuthorityId, LeaseError>;
+
+    /// Renews several leases together, answering one result per lease, in
+    /// the order given. Each result follows [`renew`](Self::renew)'s rules
+    /// for its lease; one lease's loss never fails another's renewal.
+    ///
+    /// The default renews them one after another. A backend that can renew
+    /// many leases in one exchange (a batch call, a shared stream, a shared
+    /// server-side lease) overrides this and [`renews_in_batches`](Self::renews_in_batches),
+    /// so a process holding many sessions pays for one exchange per
+    /// renewal period instead of one per session.
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LeaseError>> {
+        let mut out = Vec::with_capacity(leases.len());
+        for lease in leases {
+            out.push(self.renew(lease).await);
+        }
+        out
+    }
+
+    /// True when [`renew_many`](Self::renew_many) costs fewer exchanges than
+    /// renewing one lease at a time. Callers batch renewals only then; the
+    /// default is `false`.
+    fn renews_in_batches(&self) -> bool {
+        false
+    }
 }
 
 macro_rules! forward {
@@ -70,6 +94,12 @@ macro_rules! forward {
             }
             async fn authority(&self) -> Result<AuthorityId, LeaseError> {
                 (**self).authority().await
+            }
+            async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LeaseError>> {
+                (**self).renew_many(leases).await
+            }
+            fn renews_in_batches(&self) -> bool {
+                (**self).renews_in_batches()
             }
         }
     )*};

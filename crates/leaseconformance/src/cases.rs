@@ -497,3 +497,67 @@ pub async fn authority_stable<F: LeaseFactory>(f: &F) {
         assert_eq!(after, first, "the authority changed across a restart");
     }
 }
+
+/// Batch renewal answers one result per lease, in the order given, each by
+/// the rules of a single renew: live leases keep their token and move their
+/// expiry, a lost lease is `Held` without failing its neighbours, and an
+/// empty batch is no error.
+pub async fn renew_many<F: LeaseFactory>(f: &F) {
+    let (ca, cb) = (f.client().await, f.client().await);
+    let (a, b) = (owner("a"), owner("b"));
+    assert!(
+        ca.renew_many(&[]).await.is_empty(),
+        "an empty batch answered something"
+    );
+    let sessions: Vec<_> = (0..5).map(|i| session(&format!("batch-{i}"))).collect();
+    let mut held = Vec::new();
+    for s in &sessions {
+        held.push(must("acquire for the batch", ca.acquire(s, &a).await));
+    }
+    // The middle lease is taken over (released, then acquired by b) so the
+    // batch mixes live leases with a lost one.
+    must("release the middle lease", ca.release(&held[2]).await);
+    let taken = must(
+        "b takes the middle session",
+        cb.acquire(&sessions[2], &b).await,
+    );
+    advance(f, f.ttl() / 2).await;
+    // Out of acquisition order, to catch answers matched by position in
+    // some other list.
+    let batch: Vec<Lease> = [4, 2, 0, 3, 1].iter().map(|&i| held[i].clone()).collect();
+    let answers = ca.renew_many(&batch).await;
+    assert_eq!(answers.len(), batch.len(), "one answer per lease");
+    for (lease, answer) in batch.iter().zip(answers) {
+        if lease.session_id() == &sessions[2] {
+            must_be_held("the lost lease in a batch", answer, Some(&b));
+            continue;
+        }
+        let renewed = must("a live lease in a batch", answer);
+        check_grant(
+            f,
+            "a live lease in a batch",
+            &renewed,
+            lease.session_id(),
+            &a,
+        );
+        assert_eq!(
+            renewed.token(),
+            lease.token(),
+            "batch renewal changed a token"
+        );
+        assert!(
+            renewed.expiry() > lease.expiry(),
+            "batch renewal did not move {}'s expiry later",
+            lease.session_id()
+        );
+    }
+    // Past the first grants' expiry: the batch, not the acquire, keeps
+    // a's sessions; b's session was never disturbed.
+    advance(f, f.ttl() * 3 / 5).await;
+    must_be_held(
+        "b after the batch",
+        cb.acquire(&sessions[0], &b).await,
+        Some(&a),
+    );
+    must("b renews the session it took", cb.renew(&taken).await);
+}

@@ -127,6 +127,7 @@ macro_rules! __with_cases {
             concurrent_exclusion
             invalid_input
             authority_stable
+            renew_many
             model_check
         }
     };

@@ -42,6 +42,11 @@ enum Flaw {
     /// Each client names an authority of its own, so a store cannot tell
     /// whether two clients' tokens are comparable.
     AuthorityPerClient,
+    /// Batch renewal answers in the order the leases were acquired, not
+    /// the order they were given.
+    BatchOutOfOrder,
+    /// Batch renewal fails every lease when one of them is lost.
+    BatchAllOrNothing,
 }
 
 #[derive(Debug, Clone)]
@@ -172,6 +177,25 @@ impl SessionLease for Broken {
         };
         AuthorityId::new(id)
     }
+
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LeaseError>> {
+        let mut order: Vec<&Lease> = leases.iter().collect();
+        if self.flaw == Flaw::BatchOutOfOrder {
+            order.sort_by(|x, y| x.session_id().as_str().cmp(y.session_id().as_str()));
+        }
+        let mut out = Vec::with_capacity(leases.len());
+        for lease in order {
+            out.push(self.renew(lease).await);
+        }
+        if self.flaw == Flaw::BatchAllOrNothing && out.iter().any(Result::is_err) {
+            return leases.iter().map(|_| Err(LeaseError::held(None))).collect();
+        }
+        out
+    }
+
+    fn renews_in_batches(&self) -> bool {
+        true
+    }
 }
 
 struct Factory(Broken, AtomicU64);
@@ -241,6 +265,8 @@ async fn every_flaw_is_caught_by_the_case_made_for_it() {
         (Flaw::CheckThenAct, "concurrent_race"),
         (Flaw::RenewAfterRelease, "renew_after_loss"),
         (Flaw::AuthorityPerClient, "authority_stable"),
+        (Flaw::BatchOutOfOrder, "renew_many"),
+        (Flaw::BatchAllOrNothing, "renew_many"),
     ];
     let mut missed = Vec::new();
     for (flaw, case) in expectations {
