@@ -543,15 +543,15 @@ impl Store {
     pub(crate) fn plan(&self, file: &File, name: &str, op: &Op) -> Result<Plan, LeaseError> {
         self.check_dir_if_due()?;
         let record = self.read(file, name)?;
-        if let Some(r) = &record {
-            if r.session != *op.session() {
-                return Err(LeaseFileError::SessionMismatch {
-                    path: self.path(name),
-                    found: r.session.to_string(),
-                    expected: op.session().to_string(),
-                }
-                .into());
+        if let Some(r) = &record
+            && r.session != *op.session()
+        {
+            return Err(LeaseFileError::SessionMismatch {
+                path: self.path(name),
+                found: r.session.to_string(),
+                expected: op.session().to_string(),
             }
+            .into());
         }
         let now_time = self.clock.now();
         let now = to_nanos(now_time)?;

@@ -578,11 +578,10 @@ mod model {
                             }
                         }
                         Op::Renew(i) => {
-                            if let Some(l) = &held[i] {
-                                if let Ok(l) = leases.renew(l).await {
+                            if let Some(l) = &held[i]
+                                && let Ok(l) = leases.renew(l).await {
                                     held[i] = Some(l);
                                 }
-                            }
                         }
                         Op::Pause(secs) => clock.advance(Duration::from_secs(secs)),
                         Op::Append(i) => {

@@ -92,13 +92,13 @@ impl StoreCore {
                 continue;
             }
             let grave = found.get_or_insert_with(Grave::default);
-            if let Some(token) = rec.token {
-                if grave.mark.as_ref().is_none_or(|m| token > m.token) {
-                    grave.mark = Some(Mark {
-                        token,
-                        owner: rec.owner.clone(),
-                    });
-                }
+            if let Some(token) = rec.token
+                && grave.mark.as_ref().is_none_or(|m| token > m.token)
+            {
+                grave.mark = Some(Mark {
+                    token,
+                    owner: rec.owner.clone(),
+                });
             }
             grave.next_seq = grave.next_seq.max(rec.seq.unwrap_or(1));
         }

@@ -134,17 +134,17 @@ pub(super) fn refresh(
             return Err(e);
         }
     }
-    if let (Some(expect), Some(id)) = (expect, &index.id) {
-        if id != expect.as_str() {
-            return Err(StoreError::corrupt(
-                path,
-                Some(1),
-                format!(
-                    "the file belongs to session {id:?}, not {:?}",
-                    expect.as_str()
-                ),
-            ));
-        }
+    if let (Some(expect), Some(id)) = (expect, &index.id)
+        && id != expect.as_str()
+    {
+        return Err(StoreError::corrupt(
+            path,
+            Some(1),
+            format!(
+                "the file belongs to session {id:?}, not {:?}",
+                expect.as_str()
+            ),
+        ));
     }
     Ok(())
 }
@@ -223,14 +223,14 @@ fn scan(buf: &[u8], index: &mut FileIndex, path: &Path) -> Result<(), StoreError
         }
         at = next;
     }
-    if let Some((from, no, what, unframed)) = damage {
-        if stored_beyond(buf, from, unframed) {
-            return Err(StoreError::corrupt(
-                path,
-                Some(no),
-                format!("{what}, with stored records after it"),
-            ));
-        }
+    if let Some((from, no, what, unframed)) = damage
+        && stored_beyond(buf, from, unframed)
+    {
+        return Err(StoreError::corrupt(
+            path,
+            Some(no),
+            format!("{what}, with stored records after it"),
+        ));
     }
     index.torn = (buf.len() - committed) as u64;
     Ok(())

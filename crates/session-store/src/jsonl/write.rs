@@ -121,16 +121,16 @@ impl StoreCore {
         }
         // The cut must be as durable as the write could have been: else a
         // machine crash could bring back bytes the write left on disk.
-        if self.opts.fsync != FsyncPolicy::Never {
-            if let Err(sync) = self.sync_file(file, path) {
-                warn!(path = %path.display(), %sync, "cannot sync the cut-back of a failed write");
-                let op = if op == "syncing session file" {
-                    "syncing session file (cut back, but the cut could not be synced: after a machine crash the write may reappear)"
-                } else {
-                    "appending to session file (cut back, but the cut could not be synced: after a machine crash the write may reappear)"
-                };
-                return Err(StoreError::io(op, path, source));
-            }
+        if self.opts.fsync != FsyncPolicy::Never
+            && let Err(sync) = self.sync_file(file, path)
+        {
+            warn!(path = %path.display(), %sync, "cannot sync the cut-back of a failed write");
+            let op = if op == "syncing session file" {
+                "syncing session file (cut back, but the cut could not be synced: after a machine crash the write may reappear)"
+            } else {
+                "appending to session file (cut back, but the cut could not be synced: after a machine crash the write may reappear)"
+            };
+            return Err(StoreError::io(op, path, source));
         }
         Err(StoreError::io(op, path, source))
     }
