@@ -54,6 +54,23 @@ pub trait SessionLease: Send + Sync {
     /// passing fault is [`LeaseErrorKind::Transient`](crate::LeaseErrorKind::Transient).
     async fn authority(&self) -> Result<AuthorityId, LeaseError>;
 
+    /// The live grant on `session`, if any: who holds it, under which token,
+    /// until when. A snapshot for diagnostics and for telling a refused
+    /// caller when to retry; it proves nothing by the time it arrives, so
+    /// never act for a session on it — acquire instead.
+    ///
+    /// Optional. The default answers
+    /// [`LeaseErrorKind::Unsupported`](crate::LeaseErrorKind::Unsupported),
+    /// which here means only that this backend does not report holders; it
+    /// says nothing about whether it can lease (callers of `current` must
+    /// not turn that answer into running unleased).
+    async fn current(&self, session: &SessionId) -> Result<Option<Lease>, LeaseError> {
+        let _ = session;
+        Err(LeaseError::unsupported(
+            "this lease backend does not report current holders",
+        ))
+    }
+
     /// Renews several leases together, answering one result per lease, in
     /// the order given. Each result follows [`renew`](Self::renew)'s rules
     /// for its lease; one lease's loss never fails another's renewal.
@@ -94,6 +111,9 @@ macro_rules! forward {
             }
             async fn authority(&self) -> Result<AuthorityId, LeaseError> {
                 (**self).authority().await
+            }
+            async fn current(&self, session: &SessionId) -> Result<Option<Lease>, LeaseError> {
+                (**self).current(session).await
             }
             async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LeaseError>> {
                 (**self).renew_many(leases).await

@@ -280,6 +280,13 @@ impl MemLease {
         }
     }
 
+    fn current_now(&self, session: &SessionId) -> Option<Lease> {
+        let now = self.table.clock.now();
+        let (hash, mut shard) = self.shard(session);
+        let h = shard.find(hash, session)?;
+        (now < h.expiry).then(|| Lease::new(session.clone(), h.owner.clone(), h.token, h.expiry))
+    }
+
     fn release_now(&self, lease: &Lease) {
         let (hash, mut shard) = self.shard(lease.session_id());
         let ours = |h: &Holder| {
@@ -343,6 +350,10 @@ impl SessionLease for MemLease {
         Ok(())
     }
 
+    async fn current(&self, session: &SessionId) -> Result<Option<Lease>, LeaseError> {
+        Ok(self.current_now(session))
+    }
+
     /// Unique to this table: its tokens start over in any other.
     async fn authority(&self) -> Result<AuthorityId, LeaseError> {
         Ok(self.table.authority.clone())
@@ -391,6 +402,20 @@ mod tests {
         leases.acquire(&s, &a).await.unwrap();
         leases.acquire(&t, &b).await.unwrap();
         assert_eq!(leases.live_count(), 2);
+    }
+
+    #[tokio::test]
+    async fn current_reports_only_a_live_holder() {
+        let (leases, clock) = setup();
+        let (s, a, _) = ids();
+        assert_eq!(leases.current(&s).await.unwrap(), None);
+        let lease = leases.acquire(&s, &a).await.unwrap();
+        assert_eq!(leases.current(&s).await.unwrap(), Some(lease.clone()));
+        clock.advance(leases.ttl());
+        assert_eq!(leases.current(&s).await.unwrap(), None, "expired");
+        let lease = leases.acquire(&s, &a).await.unwrap();
+        leases.release(&lease).await.unwrap();
+        assert_eq!(leases.current(&s).await.unwrap(), None, "released");
     }
 
     #[tokio::test]
