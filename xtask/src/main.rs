@@ -8,11 +8,14 @@
 //!                                     install what the tests start (Redis, etcd, …)
 //! cargo xtask bench [--quick] [FILTER]
 //!                                     criterion benches, then one table of ours / limit ratios
+//! cargo xtask proto [--check | --bless]
+//!                                     regenerate the gRPC code; check it and wire compatibility
 //! ```
 
 mod backends;
 mod bench;
 mod ci;
+mod proto;
 mod services;
 #[cfg(test)]
 mod tidy;
@@ -24,7 +27,8 @@ use std::process::{Command, ExitCode};
 type Result<T = ()> = std::result::Result<T, String>;
 
 const USAGE: &str = "usage: cargo xtask <ci | conformance [--backend NAME] | \
-                     services [--backend NAME] | bench [--quick] [FILTER]>";
+                     services [--backend NAME] | bench [--quick] [FILTER] | \
+                     proto [--check | --bless]>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = env::args().skip(1).collect();
@@ -33,6 +37,7 @@ fn main() -> ExitCode {
         Some("conformance") => conformance(&args[1..]),
         Some("services") => services(&args[1..]),
         Some("bench") => bench::bench(&args[1..]),
+        Some("proto") => proto::proto(&args[1..]),
         _ => {
             eprintln!("{USAGE}");
             return ExitCode::from(2);

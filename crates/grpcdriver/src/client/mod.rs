@@ -1,0 +1,378 @@
+//! The client: a [`SessionLease`] whose leases live in a remote lease
+//! service.
+
+mod config;
+mod keepalive;
+
+use std::future::Future;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use lease_port::{AuthorityId, Clock, Lease, LeaseError, OwnerId, SessionId, SessionLease};
+use tokio::time::Instant;
+use tonic::metadata::MetadataValue;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+use tonic::{Code, Request, Status};
+
+#[cfg(feature = "tls")]
+pub use config::ClientTls;
+pub use config::{
+    DEFAULT_ATTEMPTS, DEFAULT_CALL_TIMEOUT, DEFAULT_CLIENT_BATCH, DEFAULT_CONNECT_TIMEOUT,
+    GrpcLeaseBuilder,
+};
+
+use crate::convert::{lease_from_wire, lease_ref};
+use crate::pb::{self, lease_service_client::LeaseServiceClient, renew_result::Outcome};
+use crate::status::{Refusal, from_failure, from_status};
+use keepalive::KeepAliveLink;
+
+pub(crate) type Client = LeaseServiceClient<InterceptedService<Channel, Credentials>>;
+
+/// Adds the bearer token to every call, when one is configured.
+#[derive(Clone)]
+pub(crate) struct Credentials(Option<MetadataValue<tonic::metadata::Ascii>>);
+
+impl tonic::service::Interceptor for Credentials {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(v) = &self.0 {
+            request.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// How batches of renewals reach the server; a server that lacks a way is
+/// asked the next way from then on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum BatchWay {
+    KeepAlive = 0,
+    BatchRenew = 1,
+    OneByOne = 2,
+}
+
+/// A [`SessionLease`] backed by a remote lease service (`mecatl-leased`,
+/// or any server of the `mecatl.lease.v1` contract).
+///
+/// Cheap to clone; clones share one connection and one KeepAlive stream.
+#[derive(Clone)]
+pub struct GrpcLease {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    address: String,
+    clock: Arc<dyn Clock>,
+    call_timeout: Duration,
+    attempts: u32,
+    max_batch: usize,
+    batch_way: AtomicU8,
+    keepalive: KeepAliveLink,
+}
+
+impl std::fmt::Debug for GrpcLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrpcLease")
+            .field("address", &self.inner.address)
+            .field("call_timeout", &self.inner.call_timeout)
+            .field("batch_way", &self.batch_way())
+            .finish_non_exhaustive()
+    }
+}
+
+impl GrpcLease {
+    /// Starts configuring a client of the service at `address`
+    /// (`host:port`, or a `http://` / `https://` URI).
+    pub fn builder(address: impl Into<String>) -> GrpcLeaseBuilder {
+        GrpcLeaseBuilder::new(address)
+    }
+
+    /// A client of `address` with every default (plain text, no token).
+    /// Connects lazily: a server that is down is an error of each call, not
+    /// of this constructor.
+    pub fn connect(address: impl Into<String>) -> Result<Self, LeaseError> {
+        Self::builder(address).build()
+    }
+
+    fn batch_way(&self) -> BatchWay {
+        match self.inner.batch_way.load(Ordering::Relaxed) {
+            0 => BatchWay::KeepAlive,
+            1 => BatchWay::BatchRenew,
+            _ => BatchWay::OneByOne,
+        }
+    }
+
+    fn fall_back(&self, from: BatchWay) {
+        let to = match from {
+            BatchWay::KeepAlive => BatchWay::BatchRenew,
+            _ => BatchWay::OneByOne,
+        };
+        tracing::info!(address = %self.inner.address, ?from, ?to, "the lease service lacks a batch method; falling back");
+        self.inner.batch_way.fetch_max(to as u8, Ordering::Relaxed);
+    }
+
+    /// Calls `f` until it answers, is refused with anything but
+    /// UNAVAILABLE, the attempts run out, or the call's deadline passes.
+    /// Every call this client makes is idempotent under the contract (see
+    /// the crate docs on retries), so every one may be retried.
+    async fn call<T, F, Fut>(&self, optional: bool, mut f: F) -> Result<T, Refusal>
+    where
+        F: FnMut(Client, Duration) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let deadline = Instant::now() + self.inner.call_timeout;
+        let mut backoff = Duration::from_millis(20);
+        let mut attempt = 1;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Refusal::Lease(LeaseError::transient(format!(
+                    "the lease service at {} did not answer within {:?}",
+                    self.inner.address, self.inner.call_timeout
+                ))));
+            }
+            let answer = tokio::time::timeout(left, f(self.inner.client.clone(), left)).await;
+            let status = match answer {
+                Ok(Ok(response)) => return Ok(response.into_inner()),
+                Ok(Err(status)) => status,
+                Err(_) => Status::deadline_exceeded("the call's deadline passed"),
+            };
+            let pause = jittered(backoff);
+            let retry = status.code() == Code::Unavailable
+                && attempt < self.inner.attempts
+                && Instant::now() + pause < deadline;
+            if !retry {
+                return Err(from_status(&status, optional));
+            }
+            tracing::debug!(attempt, code = ?status.code(), "lease call unavailable; retrying");
+            tokio::time::sleep(pause).await;
+            backoff = (backoff * 2).min(Duration::from_millis(500));
+            attempt += 1;
+        }
+    }
+
+    fn renewed(
+        &self,
+        lease: &Lease,
+        wire: Option<&pb::Lease>,
+        sent: SystemTime,
+    ) -> Result<Lease, LeaseError> {
+        let renewed = lease_from_wire(wire, lease.session_id(), lease.owner(), sent)?;
+        if renewed.token() != lease.token() {
+            return Err(LeaseError::invalid(format!(
+                "the lease service changed the token of {} on renewal ({} to {})",
+                lease.session_id(),
+                lease.token(),
+                renewed.token()
+            )));
+        }
+        Ok(renewed)
+    }
+
+    fn batch_results(
+        &self,
+        leases: &[Lease],
+        results: Vec<pb::RenewResult>,
+        sent: SystemTime,
+    ) -> Vec<Result<Lease, LeaseError>> {
+        let mut results = results.into_iter();
+        leases
+            .iter()
+            .map(|lease| match results.next().and_then(|r| r.outcome) {
+                Some(Outcome::Lease(wire)) => self.renewed(lease, Some(&wire), sent),
+                Some(Outcome::Failure(f)) => Err(from_failure(&f)),
+                None => Err(LeaseError::transient(
+                    "the lease service answered too few renewals",
+                )),
+            })
+            .collect()
+    }
+
+    async fn renew_chunk(&self, leases: &[Lease]) -> Vec<Result<Lease, LeaseError>> {
+        loop {
+            let way = self.batch_way();
+            let sent = self.inner.clock.now();
+            let refs: Vec<pb::LeaseRef> = leases.iter().map(lease_ref).collect();
+            let answer = match way {
+                BatchWay::KeepAlive => {
+                    self.inner
+                        .keepalive
+                        .renew(&self.inner.client, refs, self.inner.call_timeout)
+                        .await
+                }
+                BatchWay::BatchRenew => self
+                    .call(true, |mut c, left| {
+                        let mut req = Request::new(pb::BatchRenewRequest {
+                            leases: refs.clone(),
+                        });
+                        req.set_timeout(left);
+                        async move { c.batch_renew(req).await }
+                    })
+                    .await
+                    .map(|r| r.results),
+                BatchWay::OneByOne => {
+                    let all = leases.iter().map(|l| self.renew(l));
+                    return futures_util::future::join_all(all).await;
+                }
+            };
+            match answer {
+                Ok(results) => return self.batch_results(leases, results, sent),
+                Err(Refusal::MethodMissing) => self.fall_back(way),
+                Err(Refusal::Lease(e)) => {
+                    let message = e.to_string();
+                    return leases
+                        .iter()
+                        .map(|_| Err(LeaseError::new(e.kind(), message.clone())))
+                        .collect();
+                }
+            }
+        }
+    }
+}
+
+/// A pause between `d/2` and `d`, so many clients retrying after one fault
+/// do not all come back at once.
+fn jittered(d: Duration) -> Duration {
+    let r = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    let fraction = 0.5 + (r % 1000) as f64 / 2000.0;
+    d.mul_f64(fraction)
+}
+
+impl GrpcLeaseBuilder {
+    /// The client. Connects lazily.
+    pub fn build(self) -> Result<GrpcLease, LeaseError> {
+        let channel = self.channel()?;
+        let credentials =
+            match &self.bearer {
+                Some(token) => Some(format!("Bearer {token}").parse().map_err(|_| {
+                    LeaseError::invalid("the bearer token is not valid header text")
+                })?),
+                None => None,
+            };
+        let client = LeaseServiceClient::with_interceptor(channel, Credentials(credentials));
+        Ok(GrpcLease {
+            inner: Arc::new(Inner {
+                client,
+                address: self.address.clone(),
+                clock: self.clock,
+                call_timeout: self.call_timeout,
+                attempts: self.attempts,
+                max_batch: self.max_batch,
+                batch_way: AtomicU8::new(BatchWay::KeepAlive as u8),
+                keepalive: KeepAliveLink::default(),
+            }),
+        })
+    }
+}
+
+fn refusal(r: Refusal, method: &str) -> LeaseError {
+    match r {
+        Refusal::Lease(e) => e,
+        Refusal::MethodMissing => LeaseError::invalid(format!(
+            "the server does not serve {method} of {}",
+            pb::SERVICE_NAME
+        )),
+    }
+}
+
+#[async_trait]
+impl SessionLease for GrpcLease {
+    async fn acquire(&self, session: &SessionId, owner: &OwnerId) -> Result<Lease, LeaseError> {
+        let sent = self.inner.clock.now();
+        let answer = self
+            .call(false, |mut c, left| {
+                let mut req = Request::new(pb::AcquireRequest {
+                    session_id: session.as_str().to_owned(),
+                    owner: owner.as_str().to_owned(),
+                });
+                req.set_timeout(left);
+                async move { c.acquire(req).await }
+            })
+            .await
+            .map_err(|r| refusal(r, "Acquire"))?;
+        lease_from_wire(answer.lease.as_ref(), session, owner, sent)
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<Lease, LeaseError> {
+        let sent = self.inner.clock.now();
+        let answer = self
+            .call(false, |mut c, left| {
+                let mut req = Request::new(pb::RenewRequest {
+                    lease: Some(lease_ref(lease)),
+                });
+                req.set_timeout(left);
+                async move { c.renew(req).await }
+            })
+            .await
+            .map_err(|r| refusal(r, "Renew"))?;
+        self.renewed(lease, answer.lease.as_ref(), sent)
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), LeaseError> {
+        self.call(false, |mut c, left| {
+            let mut req = Request::new(pb::ReleaseRequest {
+                lease: Some(lease_ref(lease)),
+            });
+            req.set_timeout(left);
+            async move { c.release(req).await }
+        })
+        .await
+        .map(|_| ())
+        .map_err(|r| refusal(r, "Release"))
+    }
+
+    async fn authority(&self) -> Result<AuthorityId, LeaseError> {
+        let answer = self
+            .call(false, |mut c, left| {
+                let mut req = Request::new(pb::GetAuthorityRequest {});
+                req.set_timeout(left);
+                async move { c.get_authority(req).await }
+            })
+            .await
+            .map_err(|r| refusal(r, "GetAuthority"))?;
+        AuthorityId::new(&answer.authority)
+    }
+
+    async fn current(&self, session: &SessionId) -> Result<Option<Lease>, LeaseError> {
+        let sent = self.inner.clock.now();
+        let answer = self
+            .call(true, |mut c, left| {
+                let mut req = Request::new(pb::GetRequest {
+                    session_id: session.as_str().to_owned(),
+                });
+                req.set_timeout(left);
+                async move { c.get(req).await }
+            })
+            .await
+            .map_err(|r| match r {
+                Refusal::Lease(e) => e,
+                Refusal::MethodMissing => {
+                    LeaseError::unsupported("the lease service does not report current holders")
+                }
+            })?;
+        let Some(wire) = answer.lease else {
+            return Ok(None);
+        };
+        let owner = OwnerId::new(&wire.owner)?;
+        lease_from_wire(Some(&wire), session, &owner, sent).map(Some)
+    }
+
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LeaseError>> {
+        let mut out = Vec::with_capacity(leases.len());
+        for chunk in leases.chunks(self.inner.max_batch) {
+            out.extend(self.renew_chunk(chunk).await);
+        }
+        out
+    }
+
+    fn renews_in_batches(&self) -> bool {
+        true
+    }
+}

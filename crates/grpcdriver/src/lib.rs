@@ -1,0 +1,130 @@
+//! Session leases over gRPC: a [`SessionLease`] client for a remote lease
+//! service, and a server that exposes any backend as that service.
+//!
+//! # What it is for
+//!
+//! Processes on several hosts that must agree on who owns a session share
+//! one lease service. The service runs a real lease backend (in memory, a
+//! lease directory, etcd, …); every process reaches it through
+//! [`GrpcLease`], which implements the same contract as every other
+//! backend, so the lease keeper and the fenced store work unchanged.
+//!
+//! Choose it when the processes are on several hosts and no shared engine
+//! (etcd, Kubernetes) is reachable from all of them, or to put one lease
+//! service in front of such an engine for clients that should not speak
+//! to it directly. On one host, a lease directory (`flocklease`) is
+//! simpler and has no service to run.
+//!
+//! # Example
+//!
+//! A server over an in-memory backend on loopback, and a client of it:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use grpcdriver::{GrpcLease, LeaseServer};
+//! use lease_port::{OwnerId, SessionId, SessionLease};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let backend = Arc::new(memlease::MemLease::new(Duration::from_secs(10)));
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! let addr = listener.local_addr()?;
+//! let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+//! let server = tokio::spawn(
+//!     LeaseServer::new(backend).serve(listener, async { stopped.await.ok(); }),
+//! );
+//!
+//! let leases = GrpcLease::connect(addr.to_string())?;
+//! let session = SessionId::new("chat-42")?;
+//! let lease = leases.acquire(&session, &OwnerId::new("host-a#1")?).await?;
+//! // Tag every write to the session's store with `lease.token()`.
+//! let lease = leases.renew(&lease).await?;
+//! leases.release(&lease).await?;
+//!
+//! stop.send(()).ok();
+//! server.await??;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # The contract on the wire
+//!
+//! `proto/mecatl/lease/v1/lease.proto` (its generated code is checked in:
+//! no `protoc` is needed to build this crate). Tokens are `uint64`; the
+//! server answers the *remaining* time of a grant, never a wall-clock
+//! time, and the client counts it from when it sent the request, so a
+//! delayed reply never lengthens the ownership it believes it has, and
+//! the two hosts' clocks never need to agree.
+//!
+//! Errors are gRPC statuses carrying `google.rpc.ErrorInfo` with domain
+//! [`ERROR_DOMAIN`]; the client decides on the reason:
+//!
+//! | backend answer | status | reason | client's [`LeaseErrorKind`](lease_port::LeaseErrorKind) |
+//! |---|---|---|---|
+//! | held elsewhere (acquire) | `FAILED_PRECONDITION` | `HELD_ELSEWHERE` | `Held` (with holder) |
+//! | lease lost (renew, stale token) | `ABORTED` | `LEASE_LOST` | `Held` |
+//! | bad input | `INVALID_ARGUMENT` | `INVALID` | `Invalid` |
+//! | passing fault | `UNAVAILABLE` | `UNAVAILABLE` | `Transient` |
+//! | backend cannot lease at all | `UNIMPLEMENTED` | `BACKEND_UNSUPPORTED` | `Unsupported` |
+//! | optional method missing | `UNIMPLEMENTED` | `METHOD_UNSUPPORTED` (or none) | falls back |
+//! | no or wrong credentials | `UNAUTHENTICATED` | `UNAUTHENTICATED` | `Invalid` |
+//!
+//! A status without our `ErrorInfo` (from a proxy, a load balancer, a
+//! different server) is never read as `Held` or `Unsupported`: it is
+//! `Transient`, except `INVALID_ARGUMENT`/`OUT_OF_RANGE` and the auth
+//! codes (`Invalid`), and `UNIMPLEMENTED` of a required method (`Invalid`:
+//! the address serves something else).
+//!
+//! # Deadlines and retries
+//!
+//! Each call has one deadline ([`GrpcLeaseBuilder::call_timeout`]), sent to
+//! the server as `grpc-timeout`, covering every attempt. Only `UNAVAILABLE`
+//! is retried, with jittered exponential backoff, at most
+//! [`GrpcLeaseBuilder::attempts`] times. Every call of the contract is
+//! idempotent, so a retry after a lost reply is safe: renew and release
+//! name one grant by token; acquire by the same owner while it holds the
+//! lease returns that owner's lease again (with the same or a greater
+//! token), so a retried acquire whose first attempt took the lease gets
+//! it, and the first answer, never seen, gave nothing to anyone else.
+//!
+//! # Many leases, one stream
+//!
+//! [`SessionLease::renew_many`] sends every lease of a batch over one
+//! long-lived KeepAlive stream, so a process holding many sessions pays one
+//! exchange per renewal period, not one call per session. A server without
+//! KeepAlive is asked with BatchRenew, and one without either lease by
+//! lease; the fallback is decided once, from the server's answer.
+//!
+//! # The server
+//!
+//! [`LeaseServer`] serves any `Arc<dyn SessionLease>`, with the standard
+//! health service and reflection beside it. It refuses to listen on a
+//! non-loopback address without authentication (a bearer token, or client
+//! certificates) unless told otherwise, bounds request size, batch size,
+//! calls per connection and call time, and answers oversized or malformed
+//! requests with `INVALID_ARGUMENT`. The `mecatl-leased` daemon is this
+//! server with flags.
+
+mod client;
+mod convert;
+pub mod pb;
+mod server;
+mod status;
+
+#[cfg(feature = "tls")]
+pub use client::ClientTls;
+pub use client::{
+    DEFAULT_ATTEMPTS, DEFAULT_CALL_TIMEOUT, DEFAULT_CLIENT_BATCH, DEFAULT_CONNECT_TIMEOUT,
+    GrpcLease, GrpcLeaseBuilder,
+};
+#[cfg(feature = "tls")]
+pub use server::ServerTls;
+pub use server::{
+    DEFAULT_CALL_TIMEOUT as DEFAULT_SERVER_CALL_TIMEOUT, DEFAULT_CONCURRENCY_PER_CONNECTION,
+    DEFAULT_MAX_BATCH, DEFAULT_MAX_MESSAGE_BYTES, LeaseServer, ServeError, ServerStats,
+};
+pub use status::ERROR_DOMAIN;
+
+#[cfg(doc)]
+use lease_port::SessionLease;

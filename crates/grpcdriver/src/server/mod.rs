@@ -1,0 +1,332 @@
+//! The server: any [`SessionLease`] behind the lease service, with the
+//! standard health and reflection services beside it.
+
+mod auth;
+mod service;
+mod stats;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_port::{Clock, SessionLease, SystemClock};
+use tokio::net::TcpListener;
+use tonic::codegen::http;
+use tonic::transport::server::TcpIncoming;
+use tracing::{info, warn};
+
+pub use stats::ServerStats;
+
+use crate::pb::{self, lease_service_server::LeaseServiceServer};
+use auth::BearerCheck;
+use service::LeaseService;
+
+/// The most leases one batch may carry, unless configured otherwise.
+pub const DEFAULT_MAX_BATCH: usize = 4096;
+/// The largest request message accepted, unless configured otherwise: a
+/// full batch of leases with the longest ids fits.
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+/// Concurrent calls per connection, unless configured otherwise.
+pub const DEFAULT_CONCURRENCY_PER_CONNECTION: usize = 256;
+/// The longest a call may run on the server, whatever deadline its client
+/// sent.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a server could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// The address is reachable from other hosts and no authentication is
+    /// configured; pass [`LeaseServer::allow_insecure`] to accept that.
+    #[error(
+        "refusing to serve leases on {0} without authentication: configure a bearer token or \
+         client certificates, listen on loopback, or allow insecure serving explicitly"
+    )]
+    Unauthenticated(SocketAddr),
+    /// The TLS configuration was refused.
+    #[error("TLS configuration: {0}")]
+    Tls(#[source] tonic::transport::Error),
+    /// Reflection could not read the contract's descriptors.
+    #[error("reflection: {0}")]
+    Reflection(#[source] tonic_reflection::server::Error),
+    /// The listener failed.
+    #[error("listener: {0}")]
+    Io(#[source] std::io::Error),
+    /// The transport failed while serving.
+    #[error("serving: {0}")]
+    Transport(#[source] tonic::transport::Error),
+}
+
+/// Server-side TLS: a certificate and key, and optionally the CA whose
+/// client certificates are required (mutual TLS).
+#[cfg(feature = "tls")]
+#[derive(Clone)]
+pub struct ServerTls {
+    cert_pem: Vec<u8>,
+    key_pem: Vec<u8>,
+    client_ca_pem: Option<Vec<u8>>,
+}
+
+#[cfg(feature = "tls")]
+impl std::fmt::Debug for ServerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerTls")
+            .field("mutual", &self.client_ca_pem.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(feature = "tls")]
+impl ServerTls {
+    /// Serves TLS with this PEM certificate chain and PEM private key.
+    pub fn new(cert_pem: impl Into<Vec<u8>>, key_pem: impl Into<Vec<u8>>) -> Self {
+        Self {
+            cert_pem: cert_pem.into(),
+            key_pem: key_pem.into(),
+            client_ca_pem: None,
+        }
+    }
+
+    /// Requires every client to present a certificate signed by this PEM
+    /// CA (mutual TLS); a client without one fails the handshake.
+    pub fn require_client_certs(mut self, ca_pem: impl Into<Vec<u8>>) -> Self {
+        self.client_ca_pem = Some(ca_pem.into());
+        self
+    }
+
+    fn config(&self) -> tonic::transport::ServerTlsConfig {
+        use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+        let mut c =
+            ServerTlsConfig::new().identity(Identity::from_pem(&self.cert_pem, &self.key_pem));
+        if let Some(ca) = &self.client_ca_pem {
+            c = c.client_ca_root(Certificate::from_pem(ca));
+        }
+        c
+    }
+}
+
+/// A lease service over one backend, configured and ready to serve.
+///
+/// Health (`grpc.health.v1.Health`, reporting `mecatl.lease.v1.LeaseService`)
+/// and reflection (v1 and v1alpha) are served beside it without
+/// authentication, so probes and tools such as `grpcurl` can find it; the
+/// lease service itself requires the configured bearer token and/or client
+/// certificate.
+pub struct LeaseServer {
+    backend: Arc<dyn SessionLease>,
+    clock: Arc<dyn Clock>,
+    bearer: Option<Arc<str>>,
+    #[cfg(feature = "tls")]
+    tls: Option<ServerTls>,
+    allow_insecure: bool,
+    max_batch: usize,
+    max_message_bytes: usize,
+    concurrency_per_connection: usize,
+    call_timeout: Duration,
+    stats: Arc<ServerStats>,
+}
+
+impl std::fmt::Debug for LeaseServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseServer")
+            .field("bearer", &self.bearer.as_ref().map(|_| "<set>"))
+            .field("allow_insecure", &self.allow_insecure)
+            .field("max_batch", &self.max_batch)
+            .field("max_message_bytes", &self.max_message_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LeaseServer {
+    /// Serves `backend` with every default: no authentication (loopback
+    /// only), no TLS, the limits above.
+    pub fn new(backend: Arc<dyn SessionLease>) -> Self {
+        Self {
+            backend,
+            clock: Arc::new(SystemClock),
+            bearer: None,
+            #[cfg(feature = "tls")]
+            tls: None,
+            allow_insecure: false,
+            max_batch: DEFAULT_MAX_BATCH,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            concurrency_per_connection: DEFAULT_CONCURRENCY_PER_CONNECTION,
+            call_timeout: DEFAULT_CALL_TIMEOUT,
+            stats: Arc::default(),
+        }
+    }
+
+    /// The clock the backend's expiries are read against when turning them
+    /// into remaining time (the backend's own clock).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Requires `authorization: Bearer <token>` on every lease call.
+    pub fn bearer_token(mut self, token: impl Into<String>) -> Self {
+        self.bearer = Some(Arc::from(token.into()));
+        self
+    }
+
+    /// Serves TLS (and mutual TLS when the config requires client
+    /// certificates).
+    #[cfg(feature = "tls")]
+    pub fn tls(mut self, tls: ServerTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// Accepts serving on a non-loopback address without authentication.
+    /// Anyone who can reach the port can then take or release any lease.
+    pub fn allow_insecure(mut self, allow: bool) -> Self {
+        self.allow_insecure = allow;
+        self
+    }
+
+    /// The most leases one BatchRenew call or KeepAlive batch may carry.
+    pub fn max_batch(mut self, n: usize) -> Self {
+        self.max_batch = n.max(1);
+        self
+    }
+
+    /// The largest request message accepted; larger ones are refused with
+    /// INVALID_ARGUMENT before they are read.
+    pub fn max_message_bytes(mut self, n: usize) -> Self {
+        self.max_message_bytes = n;
+        self
+    }
+
+    /// Concurrent calls per connection; more wait their turn.
+    pub fn concurrency_per_connection(mut self, n: usize) -> Self {
+        self.concurrency_per_connection = n.max(1);
+        self
+    }
+
+    /// The longest a call may run, whatever deadline its client sent.
+    pub fn call_timeout(mut self, d: Duration) -> Self {
+        self.call_timeout = d;
+        self
+    }
+
+    /// The server's counters (shared: keep the handle to read them while
+    /// it serves, e.g. for a metrics endpoint).
+    pub fn stats(&self) -> Arc<ServerStats> {
+        Arc::clone(&self.stats)
+    }
+
+    fn authenticated(&self) -> bool {
+        #[cfg(feature = "tls")]
+        let mutual = self.tls.as_ref().is_some_and(|t| t.client_ca_pem.is_some());
+        #[cfg(not(feature = "tls"))]
+        let mutual = false;
+        self.bearer.is_some() || mutual
+    }
+
+    fn encrypted(&self) -> bool {
+        #[cfg(feature = "tls")]
+        return self.tls.is_some();
+        #[cfg(not(feature = "tls"))]
+        false
+    }
+
+    /// Refuses an exposed address without authentication (unless allowed).
+    pub fn check_exposure(&self, addr: SocketAddr) -> Result<(), ServeError> {
+        if addr.ip().is_loopback() {
+            return Ok(());
+        }
+        if !self.authenticated() {
+            if self.allow_insecure {
+                warn!(%addr, "serving leases without authentication on a non-loopback address");
+                return Ok(());
+            }
+            return Err(ServeError::Unauthenticated(addr));
+        }
+        if self.bearer.is_some() && !self.encrypted() {
+            warn!(%addr, "the bearer token crosses the network in clear text: configure TLS");
+        }
+        Ok(())
+    }
+
+    /// Serves on `listener` until `shutdown` completes, then stops taking
+    /// calls and lets those in flight finish.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), ServeError> {
+        let addr = listener.local_addr().map_err(ServeError::Io)?;
+        self.check_exposure(addr)?;
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health
+            .set_service_status(pb::SERVICE_NAME, tonic_health::ServingStatus::Serving)
+            .await;
+        let reflection_v1 = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .map_err(ServeError::Reflection)?;
+        let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+            .build_v1alpha()
+            .map_err(ServeError::Reflection)?;
+        let leases = LeaseServiceServer::new(LeaseService {
+            backend: Arc::clone(&self.backend),
+            clock: Arc::clone(&self.clock),
+            max_batch: self.max_batch,
+            stats: Arc::clone(&self.stats),
+        })
+        .max_decoding_message_size(self.max_message_bytes);
+        let leases = tonic::service::interceptor::InterceptedService::new(
+            leases,
+            BearerCheck::new(self.bearer.clone()),
+        );
+
+        let builder = tonic::transport::Server::builder()
+            .concurrency_limit_per_connection(self.concurrency_per_connection)
+            .timeout(self.call_timeout)
+            .http2_keepalive_interval(Some(Duration::from_secs(20)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(10)));
+        #[cfg(feature = "tls")]
+        let builder = match &self.tls {
+            Some(tls) => builder.tls_config(tls.config()).map_err(ServeError::Tls)?,
+            None => builder,
+        };
+        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+        info!(%addr, authenticated = self.authenticated(), "serving leases");
+        let mut builder =
+            builder.layer(tower::util::MapResponseLayer::new(input_errors_as_invalid));
+        builder
+            .add_service(health_service)
+            .add_service(reflection_v1)
+            .add_service(reflection_v1alpha)
+            .add_service(leases)
+            .serve_with_incoming_shutdown(incoming, shutdown)
+            .await
+            .map_err(ServeError::Transport)
+    }
+}
+
+/// gRPC's codec answers a request larger than the limit with OUT_OF_RANGE
+/// and an undecodable one with INTERNAL, before any handler runs. Both are
+/// the caller's bad input, and the contract promises INVALID_ARGUMENT for
+/// bad input; handlers never answer either code themselves, so a response
+/// that carries one in its headers (a trailers-only answer) came from the
+/// codec.
+fn input_errors_as_invalid(
+    mut response: http::Response<tonic::body::Body>,
+) -> http::Response<tonic::body::Body> {
+    let headers = response.headers_mut();
+    let codec_refusal = match headers.get("grpc-status").map(http::HeaderValue::as_bytes) {
+        Some(b"11") => true,
+        Some(b"13") => headers.get("grpc-message").is_some_and(|m| {
+            m.as_bytes().starts_with(b"failed%20to%20decode")
+                || m.as_bytes().starts_with(b"failed to decode")
+        }),
+        _ => false,
+    };
+    if codec_refusal {
+        headers.insert("grpc-status", http::HeaderValue::from_static("3"));
+    }
+    response
+}

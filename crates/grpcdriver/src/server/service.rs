@@ -1,0 +1,265 @@
+//! The lease service: each call validated, handed to the backend, and its
+//! answer put on the wire.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures_util::Stream;
+use lease_port::{Clock, Lease, LeaseError, OwnerId, SessionId, SessionLease};
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::stats::{Method, ServerStats};
+use crate::convert::{lease_from_ref, lease_to_wire};
+use crate::pb::{self, lease_service_server::LeaseService as Service, renew_result::Outcome};
+use crate::status::{Call, reason_status, to_failure, to_status};
+
+/// Answers one batch at a time per KeepAlive stream; a client that sends
+/// faster than the backend renews waits on this many queued answers.
+const KEEPALIVE_QUEUE: usize = 4;
+
+pub(crate) struct LeaseService {
+    pub(crate) backend: Arc<dyn SessionLease>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) max_batch: usize,
+    pub(crate) stats: Arc<ServerStats>,
+}
+
+impl LeaseService {
+    fn invalid(e: &LeaseError) -> Status {
+        reason_status(pb::Reason::Invalid, e.message(), None)
+    }
+
+    fn check_batch(&self, n: usize) -> Result<(), Status> {
+        if n > self.max_batch {
+            return Err(reason_status(
+                pb::Reason::Invalid,
+                &format!("{n} leases in one batch; the limit is {}", self.max_batch),
+                None,
+            ));
+        }
+        Ok(())
+    }
+
+    /// Renews a batch; one result per lease, in order. Malformed entries
+    /// fail alone, as INVALID.
+    async fn renew_batch(&self, refs: &[pb::LeaseRef]) -> Vec<pb::RenewResult> {
+        let now = self.clock.now();
+        let parsed: Vec<Result<Lease, LeaseError>> =
+            refs.iter().map(|r| lease_from_ref(Some(r), now)).collect();
+        let valid: Vec<Lease> = parsed
+            .iter()
+            .filter_map(|p| p.as_ref().ok().cloned())
+            .collect();
+        let mut answers = self.backend.renew_many(&valid).await.into_iter();
+        let now = self.clock.now();
+        parsed
+            .into_iter()
+            .map(|p| {
+                let answer = match p {
+                    Ok(_) => answers.next().unwrap_or_else(|| {
+                        Err(LeaseError::transient(
+                            "the backend answered too few renewals",
+                        ))
+                    }),
+                    Err(e) => Err(e),
+                };
+                let outcome = match answer {
+                    Ok(lease) => Outcome::Lease(lease_to_wire(&lease, now)),
+                    Err(e) => Outcome::Failure(to_failure(&e)),
+                };
+                pb::RenewResult {
+                    outcome: Some(outcome),
+                }
+            })
+            .collect()
+    }
+
+    fn timed<T>(&self, method: Method, started: Instant, r: &Result<T, Status>) {
+        let code = match r {
+            Ok(_) => tonic::Code::Ok,
+            Err(s) => s.code(),
+        };
+        self.stats.record(method, code, started.elapsed());
+    }
+}
+
+fn ids(session: &str, owner: &str) -> Result<(SessionId, OwnerId), LeaseError> {
+    Ok((SessionId::new(session)?, OwnerId::new(owner)?))
+}
+
+type KeepAliveStream = Pin<Box<dyn Stream<Item = Result<pb::KeepAliveResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Service for LeaseService {
+    async fn acquire(
+        &self,
+        request: Request<pb::AcquireRequest>,
+    ) -> Result<Response<pb::AcquireResponse>, Status> {
+        let started = Instant::now();
+        let r = async {
+            let req = request.into_inner();
+            let (session, owner) =
+                ids(&req.session_id, &req.owner).map_err(|e| Self::invalid(&e))?;
+            let lease = self
+                .backend
+                .acquire(&session, &owner)
+                .await
+                .map_err(|e| to_status(Call::Acquire, &e))?;
+            Ok(Response::new(pb::AcquireResponse {
+                lease: Some(lease_to_wire(&lease, self.clock.now())),
+            }))
+        }
+        .await;
+        self.timed(Method::Acquire, started, &r);
+        r
+    }
+
+    async fn renew(
+        &self,
+        request: Request<pb::RenewRequest>,
+    ) -> Result<Response<pb::RenewResponse>, Status> {
+        let started = Instant::now();
+        let r = async {
+            let req = request.into_inner();
+            let lease = lease_from_ref(req.lease.as_ref(), self.clock.now())
+                .map_err(|e| Self::invalid(&e))?;
+            let renewed = self
+                .backend
+                .renew(&lease)
+                .await
+                .map_err(|e| to_status(Call::Renew, &e))?;
+            Ok(Response::new(pb::RenewResponse {
+                lease: Some(lease_to_wire(&renewed, self.clock.now())),
+            }))
+        }
+        .await;
+        self.timed(Method::Renew, started, &r);
+        r
+    }
+
+    async fn release(
+        &self,
+        request: Request<pb::ReleaseRequest>,
+    ) -> Result<Response<pb::ReleaseResponse>, Status> {
+        let started = Instant::now();
+        let r = async {
+            let req = request.into_inner();
+            let lease = lease_from_ref(req.lease.as_ref(), self.clock.now())
+                .map_err(|e| Self::invalid(&e))?;
+            self.backend
+                .release(&lease)
+                .await
+                .map_err(|e| to_status(Call::Release, &e))?;
+            Ok(Response::new(pb::ReleaseResponse {}))
+        }
+        .await;
+        self.timed(Method::Release, started, &r);
+        r
+    }
+
+    async fn get(
+        &self,
+        request: Request<pb::GetRequest>,
+    ) -> Result<Response<pb::GetResponse>, Status> {
+        let started = Instant::now();
+        let r = async {
+            let req = request.into_inner();
+            let session = SessionId::new(&req.session_id).map_err(|e| Self::invalid(&e))?;
+            let current = self
+                .backend
+                .current(&session)
+                .await
+                .map_err(|e| to_status(Call::Get, &e))?;
+            let now = self.clock.now();
+            Ok(Response::new(pb::GetResponse {
+                lease: current.map(|l| lease_to_wire(&l, now)),
+            }))
+        }
+        .await;
+        self.timed(Method::Get, started, &r);
+        r
+    }
+
+    async fn batch_renew(
+        &self,
+        request: Request<pb::BatchRenewRequest>,
+    ) -> Result<Response<pb::BatchRenewResponse>, Status> {
+        let started = Instant::now();
+        let r = async {
+            let req = request.into_inner();
+            self.check_batch(req.leases.len())?;
+            Ok(Response::new(pb::BatchRenewResponse {
+                results: self.renew_batch(&req.leases).await,
+            }))
+        }
+        .await;
+        self.timed(Method::BatchRenew, started, &r);
+        r
+    }
+
+    type KeepAliveStream = KeepAliveStream;
+
+    async fn keep_alive(
+        &self,
+        request: Request<Streaming<pb::KeepAliveRequest>>,
+    ) -> Result<Response<Self::KeepAliveStream>, Status> {
+        let mut inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(KEEPALIVE_QUEUE);
+        let this = LeaseService {
+            backend: Arc::clone(&self.backend),
+            clock: Arc::clone(&self.clock),
+            max_batch: self.max_batch,
+            stats: Arc::clone(&self.stats),
+        };
+        self.stats.stream_opened();
+        // The stream's work runs on its own task so the handler can answer
+        // headers at once; it ends when the client closes its side, the
+        // connection breaks, or nobody reads the answers any more.
+        tokio::spawn(async move {
+            while let Some(next) = inbound.next().await {
+                let started = Instant::now();
+                let answer = match next {
+                    Ok(batch) => match this.check_batch(batch.leases.len()) {
+                        Ok(()) => Ok(pb::KeepAliveResponse {
+                            batch_id: batch.batch_id,
+                            results: this.renew_batch(&batch.leases).await,
+                        }),
+                        Err(status) => Err(status),
+                    },
+                    // The client's side broke; nothing more will come.
+                    Err(_) => break,
+                };
+                this.timed(Method::KeepAliveBatch, started, &answer);
+                let fatal = answer.is_err();
+                if tx.send(answer).await.is_err() || fatal {
+                    break;
+                }
+            }
+            this.stats.stream_closed();
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn get_authority(
+        &self,
+        _request: Request<pb::GetAuthorityRequest>,
+    ) -> Result<Response<pb::GetAuthorityResponse>, Status> {
+        let started = Instant::now();
+        let r = self
+            .backend
+            .authority()
+            .await
+            .map(|a| {
+                Response::new(pb::GetAuthorityResponse {
+                    authority: a.as_str().to_owned(),
+                })
+            })
+            .map_err(|e| to_status(Call::Authority, &e));
+        self.timed(Method::GetAuthority, started, &r);
+        r
+    }
+}

@@ -1,0 +1,213 @@
+//! What the server counts: calls by method and status code, their
+//! latency, and open KeepAlive streams — rendered in Prometheus' text
+//! format by [`ServerStats::render_prometheus`].
+
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+/// A method of the lease service, as counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum Method {
+    Acquire,
+    Renew,
+    Release,
+    Get,
+    BatchRenew,
+    KeepAliveBatch,
+    GetAuthority,
+}
+
+impl Method {
+    const ALL: [Method; 7] = [
+        Method::Acquire,
+        Method::Renew,
+        Method::Release,
+        Method::Get,
+        Method::BatchRenew,
+        Method::KeepAliveBatch,
+        Method::GetAuthority,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Method::Acquire => "Acquire",
+            Method::Renew => "Renew",
+            Method::Release => "Release",
+            Method::Get => "Get",
+            Method::BatchRenew => "BatchRenew",
+            Method::KeepAliveBatch => "KeepAlive",
+            Method::GetAuthority => "GetAuthority",
+        }
+    }
+}
+
+/// Upper bounds of the latency buckets, in seconds.
+const BUCKETS: [f64; 12] = [
+    0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
+
+#[derive(Debug, Default, Clone)]
+struct PerMethod {
+    /// Calls by gRPC status code (index = code as i32).
+    by_code: [u64; 17],
+    /// Cumulative counts per bucket, plus +Inf last.
+    buckets: [u64; BUCKETS.len() + 1],
+    sum_seconds: f64,
+}
+
+/// Counters of a lease server, shared by all its connections.
+#[derive(Debug, Default)]
+pub struct ServerStats {
+    methods: Mutex<[PerMethod; Method::ALL.len()]>,
+    open_streams: AtomicI64,
+}
+
+impl ServerStats {
+    pub(crate) fn record(&self, method: Method, code: tonic::Code, took: Duration) {
+        let secs = took.as_secs_f64();
+        let mut all = self
+            .methods
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let m = &mut all[method as usize];
+        if let Some(n) = m.by_code.get_mut(code as usize) {
+            *n += 1;
+        }
+        for (i, bound) in BUCKETS.iter().enumerate() {
+            if secs <= *bound {
+                m.buckets[i] += 1;
+            }
+        }
+        m.buckets[BUCKETS.len()] += 1;
+        m.sum_seconds += secs;
+    }
+
+    pub(crate) fn stream_opened(&self) {
+        self.open_streams.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn stream_closed(&self) {
+        self.open_streams.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Calls answered so far by `method` (its gRPC name, e.g. `"Renew"`)
+    /// with `code`.
+    pub fn calls(&self, method: &str, code: tonic::Code) -> u64 {
+        let all = self
+            .methods
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Method::ALL
+            .iter()
+            .find(|m| m.name() == method)
+            .map_or(0, |m| all[*m as usize].by_code[code as usize])
+    }
+
+    /// KeepAlive streams open now.
+    pub fn open_streams(&self) -> i64 {
+        self.open_streams.load(Ordering::Relaxed)
+    }
+
+    /// Every counter in Prometheus' text exposition format.
+    pub fn render_prometheus(&self) -> String {
+        let all = self
+            .methods
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let mut out = String::new();
+        out.push_str("# HELP mecatl_lease_calls_total Lease service calls (KeepAlive: batches) by method and status code.\n");
+        out.push_str("# TYPE mecatl_lease_calls_total counter\n");
+        for m in Method::ALL {
+            for (code, n) in all[m as usize].by_code.iter().enumerate() {
+                if *n > 0 {
+                    let code = tonic::Code::from_i32(i32::try_from(code).unwrap_or(2));
+                    let _ = writeln!(
+                        out,
+                        "mecatl_lease_calls_total{{method=\"{}\",code=\"{code:?}\"}} {n}",
+                        m.name()
+                    );
+                }
+            }
+        }
+        out.push_str(
+            "# HELP mecatl_lease_call_seconds Time to answer a call (KeepAlive: a batch).\n",
+        );
+        out.push_str("# TYPE mecatl_lease_call_seconds histogram\n");
+        for m in Method::ALL {
+            let pm = &all[m as usize];
+            let total = pm.buckets[BUCKETS.len()];
+            if total == 0 {
+                continue;
+            }
+            for (i, bound) in BUCKETS.iter().enumerate() {
+                let _ = writeln!(
+                    out,
+                    "mecatl_lease_call_seconds_bucket{{method=\"{}\",le=\"{bound}\"}} {}",
+                    m.name(),
+                    pm.buckets[i]
+                );
+            }
+            let _ = writeln!(
+                out,
+                "mecatl_lease_call_seconds_bucket{{method=\"{}\",le=\"+Inf\"}} {total}",
+                m.name()
+            );
+            let _ = writeln!(
+                out,
+                "mecatl_lease_call_seconds_sum{{method=\"{}\"}} {}",
+                m.name(),
+                pm.sum_seconds
+            );
+            let _ = writeln!(
+                out,
+                "mecatl_lease_call_seconds_count{{method=\"{}\"}} {total}",
+                m.name()
+            );
+        }
+        out.push_str("# HELP mecatl_lease_keepalive_streams KeepAlive streams open now.\n");
+        out.push_str("# TYPE mecatl_lease_keepalive_streams gauge\n");
+        let _ = writeln!(
+            out,
+            "mecatl_lease_keepalive_streams {}",
+            self.open_streams()
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calls_are_counted_by_method_and_code_and_rendered() {
+        let stats = ServerStats::default();
+        stats.record(Method::Renew, tonic::Code::Ok, Duration::from_micros(200));
+        stats.record(
+            Method::Renew,
+            tonic::Code::Aborted,
+            Duration::from_millis(2),
+        );
+        stats.stream_opened();
+        assert_eq!(stats.calls("Renew", tonic::Code::Ok), 1);
+        assert_eq!(stats.calls("Renew", tonic::Code::Aborted), 1);
+        assert_eq!(stats.calls("Acquire", tonic::Code::Ok), 0);
+        let text = stats.render_prometheus();
+        assert!(
+            text.contains("mecatl_lease_calls_total{method=\"Renew\",code=\"Aborted\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("mecatl_lease_call_seconds_bucket{method=\"Renew\",le=\"0.00025\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("mecatl_lease_call_seconds_count{method=\"Renew\"} 2"),
+            "{text}"
+        );
+        assert!(text.contains("mecatl_lease_keepalive_streams 1"), "{text}");
+    }
+}
