@@ -48,6 +48,19 @@ pub(crate) fn ci() -> Result {
             ])
             .env("RUSTDOCFLAGS", "-D warnings"),
     )?;
+    run(
+        "gRPC contract: generated code fresh, wire-compatible with its baseline",
+        cargo().args([
+            "run",
+            "--locked",
+            "--quiet",
+            "--package",
+            "xtask",
+            "--",
+            "proto",
+            "--check",
+        ]),
+    )?;
     deny_on_fresh_cargo_home(&deny)?;
     run(
         "package every publishable crate",

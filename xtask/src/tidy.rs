@@ -10,7 +10,7 @@ use std::process::Command;
 use crate::backends::BACKENDS;
 
 /// Crates allowed to depend on backends: the shipped servers choose one.
-const SERVERS: &[&str] = &["mecated"];
+const SERVERS: &[&str] = &["mecated", "mecatl-leased"];
 
 /// The crate that defines the trait (its blanket impls are not a backend).
 const PORT: &str = "lease-port";
