@@ -1,0 +1,168 @@
+//! The daemon's flags. Every flag has an environment variable of the same
+//! name (`MECATL_LEASED_…`), so a container can be configured either way.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+/// A lease service: session leases over gRPC (`mecatl.lease.v1`) for
+/// processes on many hosts.
+///
+/// Every process that serves a session asks this service for the
+/// session's lease before it acts and tags its writes with the lease's
+/// fencing token. Run several replicas over a shared distributed backend
+/// to avoid a single point of failure; over `memory` or `dir:` the service
+/// is one process on one host.
+#[derive(Debug, Parser)]
+#[command(name = "mecatl-leased", version)]
+pub(crate) struct Cli {
+    /// Address to serve gRPC on. A non-loopback address needs a bearer
+    /// token or client certificates (or --allow-insecure). Port 0 picks a
+    /// free port; the chosen address is printed on standard output.
+    #[arg(long, env = "MECATL_LEASED_LISTEN", default_value = "127.0.0.1:50151")]
+    pub(crate) listen: SocketAddr,
+
+    /// Where leases live.
+    ///
+    /// `memory`: in this process; every lease and token is lost on exit,
+    /// and the service names a new authority each start (so a store fenced
+    /// by the old one refuses the new one's tokens).
+    /// `dir:PATH`: a lease directory on this host; tokens survive restarts
+    /// and other processes on the host may share the directory.
+    #[arg(long, env = "MECATL_LEASED_BACKEND", value_parser = parse_backend)]
+    pub(crate) backend: BackendSpec,
+
+    /// How long a grant lives without renewal (memory and dir backends).
+    #[arg(long, env = "MECATL_LEASED_TTL", default_value = "10s", value_parser = parse_duration)]
+    pub(crate) ttl: Duration,
+
+    /// Accept a lease directory on a file system that does not survive a
+    /// reboot (tmpfs): tokens would restart after one.
+    #[arg(long, env = "MECATL_LEASED_ALLOW_VOLATILE_LEASE_DIR")]
+    pub(crate) allow_volatile_lease_dir: bool,
+
+    /// File holding the bearer token every lease call must present
+    /// (`authorization: Bearer <token>`). Read once at start; surrounding
+    /// whitespace is ignored. Prefer it to --bearer-token, which other
+    /// users of the host can see in the process list.
+    #[arg(
+        long,
+        env = "MECATL_LEASED_BEARER_TOKEN_FILE",
+        conflicts_with = "bearer_token"
+    )]
+    pub(crate) bearer_token_file: Option<PathBuf>,
+
+    /// The bearer token itself (see --bearer-token-file).
+    #[arg(long, env = "MECATL_LEASED_BEARER_TOKEN", hide_env_values = true)]
+    pub(crate) bearer_token: Option<String>,
+
+    /// PEM certificate chain to serve TLS with (needs --tls-key).
+    #[arg(long, env = "MECATL_LEASED_TLS_CERT", requires = "tls_key")]
+    pub(crate) tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "MECATL_LEASED_TLS_KEY", requires = "tls_cert")]
+    pub(crate) tls_key: Option<PathBuf>,
+
+    /// PEM CA whose client certificates are required (mutual TLS; needs
+    /// --tls-cert).
+    #[arg(long, env = "MECATL_LEASED_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub(crate) tls_client_ca: Option<PathBuf>,
+
+    /// Serve on a non-loopback address without authentication. Anyone who
+    /// reaches the port can then take or release any session's lease.
+    #[arg(long, env = "MECATL_LEASED_ALLOW_INSECURE")]
+    pub(crate) allow_insecure: bool,
+
+    /// Address for Prometheus metrics (`/metrics`) and a liveness probe
+    /// (`/healthz`), plain HTTP. Off unless given. Port 0 picks a free
+    /// port; the chosen address is printed on standard output.
+    #[arg(long, env = "MECATL_LEASED_METRICS_LISTEN")]
+    pub(crate) metrics_listen: Option<SocketAddr>,
+
+    /// The most leases one batch renewal may carry.
+    #[arg(long, env = "MECATL_LEASED_MAX_BATCH", default_value_t = grpcdriver::DEFAULT_MAX_BATCH)]
+    pub(crate) max_batch: usize,
+
+    /// The largest request accepted, in bytes; larger ones are refused with
+    /// INVALID_ARGUMENT.
+    #[arg(long, env = "MECATL_LEASED_MAX_MESSAGE_BYTES", default_value_t = grpcdriver::DEFAULT_MAX_MESSAGE_BYTES)]
+    pub(crate) max_message_bytes: usize,
+
+    /// Concurrent calls per client connection; more wait their turn.
+    #[arg(long, env = "MECATL_LEASED_CONCURRENCY_PER_CONNECTION", default_value_t = grpcdriver::DEFAULT_CONCURRENCY_PER_CONNECTION)]
+    pub(crate) concurrency_per_connection: usize,
+
+    /// On SIGTERM or SIGINT: how long to let calls in flight finish before
+    /// exiting anyway (KeepAlive streams are cut at the end of it; their
+    /// clients reconnect).
+    #[arg(long, env = "MECATL_LEASED_SHUTDOWN_GRACE", default_value = "5s", value_parser = parse_duration)]
+    pub(crate) shutdown_grace: Duration,
+
+    /// Log format on standard error. The level comes from
+    /// MECATL_LEASED_LOG (e.g. `info`, `debug`, `grpcdriver=debug`).
+    #[arg(long, env = "MECATL_LEASED_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub(crate) log_format: LogFormat,
+}
+
+/// Where the service keeps its leases.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum BackendSpec {
+    Memory,
+    Dir(PathBuf),
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum LogFormat {
+    /// For people.
+    Text,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
+
+fn parse_backend(text: &str) -> Result<BackendSpec, String> {
+    match text.split_once(':') {
+        None if text == "memory" => Ok(BackendSpec::Memory),
+        Some(("dir", path)) if !path.is_empty() => Ok(BackendSpec::Dir(PathBuf::from(path))),
+        _ => Err(format!("{text:?}: expected `memory` or `dir:PATH`")),
+    }
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text).map_err(|e| format!("{text:?}: {e} (try 10s, 500ms, 2m)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backends_parse_or_are_refused() {
+        assert_eq!(parse_backend("memory"), Ok(BackendSpec::Memory));
+        assert_eq!(
+            parse_backend("dir:/var/lib/x"),
+            Ok(BackendSpec::Dir("/var/lib/x".into()))
+        );
+        for bad in ["", "dir:", "memory:x", "etcd", "file:/x"] {
+            assert!(parse_backend(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn flags_contradicting_each_other_are_refused() {
+        let parse = |args: &[&str]| {
+            Cli::try_parse_from([&["mecatl-leased", "--backend", "memory"], args].concat())
+        };
+        assert!(parse(&[]).is_ok());
+        assert!(parse(&["--tls-cert", "c.pem"]).is_err(), "cert without key");
+        assert!(
+            parse(&["--tls-client-ca", "ca.pem"]).is_err(),
+            "client CA without a cert"
+        );
+        assert!(parse(&["--bearer-token", "x", "--bearer-token-file", "f"]).is_err());
+        assert!(parse(&["--ttl", "ten"]).is_err());
+    }
+}

@@ -1,0 +1,202 @@
+//! `mecatl-leased`: the lease service daemon. See `--help`, and the README
+//! for calling it from other languages.
+
+mod cli;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use grpcdriver::{LeaseServer, ServerStats};
+use lease_port::SessionLease;
+use tokio::net::TcpListener;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
+use tracing::{error, info, warn};
+
+use cli::{BackendSpec, Cli, LogFormat};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    let result = tokio::runtime::Runtime::new()
+        .map_err(|e| format!("cannot start the runtime: {e}"))
+        .and_then(|rt| rt.block_on(run(cli)));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!("{e}");
+            eprintln!("mecatl-leased: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("MECATL_LEASED_LOG")
+        .unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn open_backend(cli: &Cli) -> Result<Arc<dyn SessionLease>, String> {
+    Ok(match &cli.backend {
+        BackendSpec::Memory => {
+            warn!("memory backend: leases and tokens are lost when this process exits");
+            Arc::new(memlease::MemLease::new(cli.ttl))
+        }
+        BackendSpec::Dir(path) => Arc::new(
+            flocklease::FlockLease::builder(path)
+                .ttl(cli.ttl)
+                .refuse_volatile(!cli.allow_volatile_lease_dir)
+                .open()
+                .map_err(|e| format!("lease directory {}: {e}", path.display()))?,
+        ),
+    })
+}
+
+fn read(path: &std::path::Path, what: &str) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|e| format!("cannot read the {what} {}: {e}", path.display()))
+}
+
+fn configure(cli: &Cli, backend: Arc<dyn SessionLease>) -> Result<LeaseServer, String> {
+    let mut server = LeaseServer::new(backend)
+        .allow_insecure(cli.allow_insecure)
+        .max_batch(cli.max_batch)
+        .max_message_bytes(cli.max_message_bytes)
+        .concurrency_per_connection(cli.concurrency_per_connection);
+    let token = match (&cli.bearer_token, &cli.bearer_token_file) {
+        (Some(t), _) => Some(t.trim().to_owned()),
+        (None, Some(path)) => Some(
+            String::from_utf8(read(path, "bearer token file")?)
+                .map_err(|_| format!("{} is not UTF-8", path.display()))?
+                .trim()
+                .to_owned(),
+        ),
+        (None, None) => None,
+    };
+    if let Some(token) = token {
+        if token.is_empty() {
+            return Err("the bearer token is empty".into());
+        }
+        server = server.bearer_token(token);
+    }
+    if let (Some(cert), Some(key)) = (&cli.tls_cert, &cli.tls_key) {
+        let mut tls =
+            grpcdriver::ServerTls::new(read(cert, "TLS certificate")?, read(key, "TLS key")?);
+        if let Some(ca) = &cli.tls_client_ca {
+            tls = tls.require_client_certs(read(ca, "client CA")?);
+        }
+        server = server.tls(tls);
+    }
+    Ok(server)
+}
+
+async fn run(cli: Cli) -> Result<(), String> {
+    let backend = open_backend(&cli)?;
+    let authority = backend
+        .authority()
+        .await
+        .map_err(|e| format!("the backend names no authority: {e}"))?;
+    let server = configure(&cli, Arc::clone(&backend))?;
+    server
+        .check_exposure(cli.listen)
+        .map_err(|e| e.to_string())?;
+    let stats = server.stats();
+
+    let listener = TcpListener::bind(cli.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", cli.listen))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+
+    let metrics = match cli.metrics_listen {
+        Some(at) => {
+            let l = TcpListener::bind(at)
+                .await
+                .map_err(|e| format!("cannot listen for metrics on {at}: {e}"))?;
+            let maddr = l.local_addr().map_err(|e| e.to_string())?;
+            println!("mecatl-leased metrics on http://{maddr}/metrics");
+            Some(tokio::spawn(serve_metrics(l, stats, stop_rx.clone())))
+        }
+        None => None,
+    };
+
+    // Machine-readable: tests and scripts started with port 0 read it.
+    println!("mecatl-leased listening on {addr}");
+    info!(%addr, %authority, backend = ?cli.backend, ttl = ?cli.ttl, "lease service started");
+
+    let mut stopped = stop_rx.clone();
+    let mut serving = tokio::spawn(server.serve(listener, async move {
+        let _ = stopped.wait_for(|s| *s).await;
+    }));
+    let signal_name = tokio::select! {
+        name = shutdown_signal() => name?,
+        ended = &mut serving => {
+            return match ended {
+                Ok(Ok(())) => Err("the server stopped on its own".into()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(e) => Err(format!("the server task failed: {e}")),
+            };
+        }
+    };
+    info!(signal = signal_name, grace = ?cli.shutdown_grace, "shutting down: no new calls, letting calls in flight finish");
+    let _ = stop_tx.send(true);
+    match tokio::time::timeout(cli.shutdown_grace, &mut serving).await {
+        Ok(Ok(Ok(()))) => info!("all calls finished"),
+        Ok(Ok(Err(e))) => return Err(e.to_string()),
+        Ok(Err(e)) => return Err(format!("the server task failed: {e}")),
+        Err(_) => {
+            warn!("calls still open after the grace period (KeepAlive streams); closing them");
+            serving.abort();
+        }
+    }
+    if let Some(m) = metrics {
+        m.abort();
+    }
+    Ok(())
+}
+
+async fn shutdown_signal() -> Result<&'static str, String> {
+    let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
+    let mut int = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
+    Ok(tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    })
+}
+
+async fn serve_metrics(
+    listener: TcpListener,
+    stats: Arc<ServerStats>,
+    mut stop: watch::Receiver<bool>,
+) {
+    use axum::routing::get;
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let stats = Arc::clone(&stats);
+                async move {
+                    (
+                        [("content-type", "text/plain; version=0.0.4")],
+                        stats.render_prometheus(),
+                    )
+                }
+            }),
+        )
+        .route("/healthz", get(|| async { "ok\n" }));
+    let served = axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            let _ = stop.wait_for(|s| *s).await;
+        })
+        .await;
+    if let Err(e) = served {
+        warn!(error = %e, "the metrics endpoint stopped");
+    }
+}

@@ -1,0 +1,186 @@
+//! The daemon as users run it: a real process, reached over gRPC.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use grpcdriver::GrpcLease;
+use lease_port::{LeaseErrorKind, OwnerId, SessionId, SessionLease};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+struct Daemon {
+    child: Child,
+    addr: String,
+    metrics: Option<String>,
+}
+
+impl Daemon {
+    async fn start(args: &[&str]) -> Daemon {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_mecatl-leased"))
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args)
+            .env("MECATL_LEASED_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start mecatl-leased");
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let mut metrics = None;
+        loop {
+            let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+                .await
+                .expect("the daemon announces itself")
+                .expect("read stdout")
+                .expect("the daemon exited before listening");
+            if let Some(m) = line.strip_prefix("mecatl-leased metrics on ") {
+                metrics = Some(m.to_owned());
+            }
+            if let Some(addr) = line.strip_prefix("mecatl-leased listening on ") {
+                return Daemon {
+                    child,
+                    addr: addr.to_owned(),
+                    metrics,
+                };
+            }
+        }
+    }
+
+    fn client(&self) -> GrpcLease {
+        GrpcLease::connect(self.addr.clone()).expect("client")
+    }
+
+    fn signal(&self, s: Signal) {
+        let pid = self.child.id().expect("running");
+        kill(Pid::from_raw(i32::try_from(pid).unwrap()), s).expect("signal the daemon");
+    }
+
+    async fn wait(mut self) -> std::process::ExitStatus {
+        tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .expect("the daemon exits")
+            .expect("wait")
+    }
+}
+
+fn ids() -> (SessionId, OwnerId, OwnerId) {
+    (
+        SessionId::new("chat/42").unwrap(),
+        OwnerId::new("host-a#1").unwrap(),
+        OwnerId::new("host-b#1").unwrap(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_backed_daemon_keeps_tokens_rising_and_its_authority_across_a_kill() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = format!("dir:{}", dir.path().display());
+    let (s, a, b) = ids();
+
+    let first = Daemon::start(&["--backend", &backend, "--allow-volatile-lease-dir"]).await;
+    let c = first.client();
+    let authority = c.authority().await.unwrap();
+    let la = c.acquire(&s, &a).await.unwrap();
+    let held = c.acquire(&s, &b).await.unwrap_err();
+    assert_eq!(held.kind(), LeaseErrorKind::Held);
+    assert_eq!(held.holder(), Some(&a));
+    c.release(&la).await.unwrap();
+    first.signal(Signal::SIGKILL);
+    first.wait().await;
+
+    let second = Daemon::start(&["--backend", &backend, "--allow-volatile-lease-dir"]).await;
+    let c = second.client();
+    assert_eq!(
+        c.authority().await.unwrap(),
+        authority,
+        "authority changed across a restart"
+    );
+    let lb = c.acquire(&s, &b).await.unwrap();
+    assert!(
+        lb.token() > la.token(),
+        "token went back across a restart: {la:?} then {lb:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_daemon_names_a_new_authority_each_start() {
+    let first = Daemon::start(&["--backend", "memory"]).await;
+    let one = first.client().authority().await.unwrap();
+    first.signal(Signal::SIGKILL);
+    first.wait().await;
+    let second = Daemon::start(&["--backend", "memory"]).await;
+    let two = second.client().authority().await.unwrap();
+    assert_ne!(
+        one, two,
+        "tokens restart with a memory backend; the authority must too"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exposed_address_without_authentication_is_refused() {
+    let out = Command::new(env!("CARGO_BIN_EXE_mecatl-leased"))
+        .args(["--listen", "0.0.0.0:0", "--backend", "memory"])
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("without authentication"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bearer_token_from_a_file_is_required() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("token");
+    std::fs::write(&file, "s3cret\n").unwrap();
+    let daemon = Daemon::start(&[
+        "--backend",
+        "memory",
+        "--bearer-token-file",
+        file.to_str().unwrap(),
+    ])
+    .await;
+    let (s, a, _) = ids();
+    let anonymous = daemon.client().acquire(&s, &a).await.unwrap_err();
+    assert_eq!(anonymous.kind(), LeaseErrorKind::Invalid);
+    assert!(anonymous.to_string().contains("credentials"), "{anonymous}");
+    let with_token = GrpcLease::builder(daemon.addr.clone())
+        .bearer_token("s3cret")
+        .build()
+        .unwrap();
+    with_token.acquire(&s, &a).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_calls_and_sigterm_exits_cleanly() {
+    let daemon = Daemon::start(&["--backend", "memory", "--metrics-listen", "127.0.0.1:0"]).await;
+    let (s, a, b) = ids();
+    let c = daemon.client();
+    let lease = c.acquire(&s, &a).await.unwrap();
+    c.acquire(&s, &b).await.unwrap_err();
+    c.renew_many(std::slice::from_ref(&lease))
+        .await
+        .pop()
+        .unwrap()
+        .unwrap();
+    let text = reqwest::get(daemon.metrics.clone().expect("metrics address"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for expected in [
+        "mecatl_lease_calls_total{method=\"Acquire\",code=\"Ok\"} 1",
+        "mecatl_lease_calls_total{method=\"Acquire\",code=\"FailedPrecondition\"} 1",
+        "mecatl_lease_calls_total{method=\"KeepAlive\",code=\"Ok\"} 1",
+        "mecatl_lease_keepalive_streams 1",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in\n{text}");
+    }
+    drop(c);
+    daemon.signal(Signal::SIGTERM);
+    let status = daemon.wait().await;
+    assert!(status.success(), "{status:?}");
+}
