@@ -164,8 +164,8 @@ mod metrics;
 
 pub use error::{KeeperError, KeeperErrorKind};
 pub use keeper::{
-    DEFAULT_JITTER, DEFAULT_LOCK_WAIT, DEFAULT_RELEASE_TIMEOUT, DEFAULT_RENEW_FRACTION,
-    DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_WRITE_WAIT, KeeperBuilder, LeaseGuard, LeaseKeeper,
-    LossReason, ShutdownReport, WriteGate, WritePermit,
+    DEFAULT_JITTER, DEFAULT_LOCK_WAIT, DEFAULT_RELEASE_TIMEOUT, DEFAULT_RENEW_BATCH_LIMIT,
+    DEFAULT_RENEW_FRACTION, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_WRITE_WAIT, KeeperBuilder,
+    LeaseGuard, LeaseKeeper, LossReason, ShutdownReport, WriteGate, WritePermit,
 };
 pub use metrics::{KeeperMetrics, NoMetrics, RenewOutcome};
