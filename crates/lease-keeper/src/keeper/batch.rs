@@ -92,13 +92,22 @@ fn send_due(core: &Arc<KeeperCore>) -> Option<Instant> {
             } else if now >= slot.deadline {
                 expired.push(Arc::clone(&slot.run));
                 false
-            } else if slot.due <= horizon {
-                due.push((Arc::clone(&slot.run), slot.deadline));
-                false
             } else {
                 true
             }
         });
+        // Only a run that is due now starts a batch; the others due within
+        // the window merely join it.
+        if slots.values().any(|slot| slot.due <= now) {
+            slots.retain(|_, slot| {
+                if slot.due <= horizon {
+                    due.push((Arc::clone(&slot.run), slot.deadline));
+                    false
+                } else {
+                    true
+                }
+            });
+        }
         slots.values().map(|s| s.due.min(s.deadline)).min()
     };
     for run in expired {
