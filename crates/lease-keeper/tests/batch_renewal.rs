@@ -17,7 +17,7 @@ use lease_port::{
 };
 use memlease::MemLease;
 use tokio::sync::Notify;
-use tokio::time::{Instant, sleep, timeout};
+use tokio::time::{Instant, sleep, sleep_until, timeout};
 
 const TTL: Duration = Duration::from_secs(30);
 const INTERVAL: Duration = Duration::from_secs(10);
@@ -40,6 +40,8 @@ struct Faults {
     hang: bool,
     /// The next batch renews for real, then answers only once notified.
     hold_answer: Option<Arc<Notify>>,
+    /// The next batch renews for real, then answers at this instant.
+    answer_at: Option<Instant>,
     /// Every batch answers one result fewer than it was sent.
     short_answer: bool,
 }
@@ -106,9 +108,14 @@ impl SessionLease for Batcher {
             });
             batches.len() - 1
         };
-        let (hang, hold, short) = {
+        let (hang, hold, answer_at, short) = {
             let mut f = self.faults();
-            (f.hang, f.hold_answer.take(), f.short_answer)
+            (
+                f.hang,
+                f.hold_answer.take(),
+                f.answer_at.take(),
+                f.short_answer,
+            )
         };
         if hang {
             pending::<()>().await;
@@ -133,6 +140,9 @@ impl SessionLease for Batcher {
         }
         if let Some(gate) = hold {
             gate.notified().await;
+        }
+        if let Some(at) = answer_at {
+            sleep_until(at).await;
         }
         if short {
             out.pop();
@@ -466,6 +476,35 @@ async fn a_hung_batch_loses_each_run_at_its_own_deadline() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_late_batch_answer_counts_only_for_the_runs_whose_deadline_has_not_passed() {
+    let w = world();
+    let k = keeper(&w, 0.0);
+    let start = Instant::now();
+    // One batch at 10 s carries deadlines 30 s and 32 s, and answers at
+    // 30 s: too late for the first run (its lease may have lapsed at that
+    // instant), in time for the second.
+    w.batcher.faults().answer_at = Some(start + TTL);
+    let early = k.acquire(&sid("early")).await.unwrap();
+    pass(&w, Duration::from_secs(2)).await;
+    let late = k.acquire(&sid("late")).await.unwrap();
+    let guards = [early, late];
+    let times = loss_times(&guards);
+
+    sleep_until(start + TTL + Duration::from_secs(1)).await;
+    let batches = w.batcher.batches();
+    assert_eq!(batches[0].at, start + INTERVAL);
+    assert_eq!(batches[0].sessions.len(), 2);
+    assert_eq!(batches[0].answers, vec![None, None], "both renewed");
+    assert_eq!(times.lock().unwrap()[0], Some(start + TTL));
+    assert_eq!(guards[0].loss(), Some(LossReason::Expired));
+    assert_eq!(k.held_leases(), 1);
+    // Renewed by the batch sent at 10 s: it lives on past its old deadline.
+    sleep(Duration::from_secs(20)).await;
+    assert_eq!(times.lock().unwrap()[1], None);
+    assert!(!guards[1].is_lost());
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_run_released_while_its_batch_is_in_flight_is_not_renewed_back() {
     let w = world();
     let k = keeper(&w, 0.0);
@@ -477,8 +516,9 @@ async fn a_run_released_while_its_batch_is_in_flight_is_not_renewed_back() {
     let before = ended.lease().unwrap();
     let seen = ended.watch();
 
-    // The batch has renewed both at the backend and not answered yet.
-    sleep(INTERVAL + Duration::from_secs(1)).await;
+    // The batch has renewed both at the backend (to a later expiry) and not
+    // answered yet.
+    pass(&w, INTERVAL + Duration::from_secs(1)).await;
     assert_eq!(w.batcher.batches().len(), 1);
     let released_at = Instant::now();
     ended.finish().await.unwrap();
@@ -492,7 +532,7 @@ async fn a_run_released_while_its_batch_is_in_flight_is_not_renewed_back() {
     let theirs = w.backend.acquire(&sid("ended"), &owner("b")).await.unwrap();
 
     gate.notify_one();
-    sleep(TTL * 2).await;
+    pass(&w, TTL * 2).await;
     assert_eq!(*seen.borrow(), Some(before), "renewed back into the run");
     assert_eq!(k.held_leases(), 1);
     let batches = w.batcher.batches();
