@@ -44,8 +44,37 @@ pub(super) struct BatchSlot {
     pub(super) due: Instant,
 }
 
-/// The runs waiting for their next batch, keyed by run id.
-pub(super) type BatchSlots = HashMap<u64, BatchSlot>;
+/// The runs waiting for their next batch, and when the driver means to
+/// look at them next.
+#[derive(Default)]
+pub(super) struct BatchSchedule {
+    /// Keyed by run id.
+    slots: HashMap<u64, BatchSlot>,
+    /// When the driver wakes next on its own; `None` while nothing is
+    /// scheduled. A run due earlier must wake it.
+    wake_at: Option<Instant>,
+}
+
+impl BatchSchedule {
+    /// Schedules `slot`; true when the driver must be woken to see it in
+    /// time. Most runs are due after the driver's next wake, so scheduling
+    /// one costs no wake-up and no scan.
+    pub(super) fn insert(&mut self, slot: BatchSlot) -> bool {
+        let at = slot.due.min(slot.deadline);
+        self.slots.insert(slot.run.id, slot);
+        match self.wake_at {
+            Some(wake_at) if wake_at <= at => false,
+            _ => {
+                self.wake_at = Some(at);
+                true
+            }
+        }
+    }
+
+    pub(super) fn remove(&mut self, run: u64) {
+        self.slots.remove(&run);
+    }
+}
 
 /// One run's place in a batch in flight.
 struct Member {
@@ -85,7 +114,8 @@ fn send_due(core: &Arc<KeeperCore>) -> Option<Instant> {
     let mut expired = Vec::new();
     let mut due = Vec::new();
     let next_wake = {
-        let mut slots = lock(&core.batch_slots);
+        let mut schedule = lock(&core.batch_schedule);
+        let slots = &mut schedule.slots;
         slots.retain(|_, slot| {
             if slot.run.stop.is_cancelled() {
                 false
@@ -108,7 +138,9 @@ fn send_due(core: &Arc<KeeperCore>) -> Option<Instant> {
                 }
             });
         }
-        slots.values().map(|s| s.due.min(s.deadline)).min()
+        let next_wake = slots.values().map(|s| s.due.min(s.deadline)).min();
+        schedule.wake_at = next_wake;
+        next_wake
     };
     for run in expired {
         run.lose(core, LossReason::Expired);

@@ -205,7 +205,7 @@ impl KeeperBuilder {
                 driver_started: AtomicBool::new(false),
                 batched,
                 batch_limit: self.renew_batch_limit,
-                batch_slots: Mutex::default(),
+                batch_schedule: Mutex::default(),
                 batch_wake: Arc::default(),
                 unreleased: Mutex::default(),
             }),

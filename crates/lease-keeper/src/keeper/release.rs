@@ -93,7 +93,7 @@ async fn release_run(core: &Arc<KeeperCore>, run: &Arc<Run>) -> Result<(), Keepe
         lock(&core.pending).remove(&run.id);
         // A batch in flight with this run's lease is not waited for: its
         // answer for the run is ignored once `stop` is cancelled.
-        lock(&core.batch_slots).remove(&run.id);
+        lock(&core.batch_schedule).remove(run.id);
         if let Some(task) = lock(&run.renew_task).take() {
             task.abort();
         }

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::batch::{BatchSlot, BatchSlots, batch_driver};
+use super::batch::{BatchSchedule, BatchSlot, batch_driver};
 use super::lock;
 use super::renew::renew_driver;
 use super::run::Run;
@@ -69,7 +69,7 @@ pub(super) struct KeeperCore {
     /// Most leases in one `renew_many` call.
     pub(super) batch_limit: usize,
     /// Batched runs waiting for their next renewal.
-    pub(super) batch_slots: Mutex<BatchSlots>,
+    pub(super) batch_schedule: Mutex<BatchSchedule>,
     /// Wakes the batch driver when its schedule changed.
     pub(super) batch_wake: Arc<Notify>,
     /// Per session, the highest token of a lease this keeper did not
@@ -140,15 +140,18 @@ impl KeeperCore {
     /// began: checked under the schedule's lock, which the release takes
     /// after cancelling `stop`, so an ended run is never left on it.
     pub(super) fn reschedule(&self, slots: impl IntoIterator<Item = BatchSlot>) {
+        let mut wake = false;
         {
-            let mut schedule = lock(&self.batch_slots);
+            let mut schedule = lock(&self.batch_schedule);
             for slot in slots {
                 if !slot.run.stop.is_cancelled() {
-                    schedule.insert(slot.run.id, slot);
+                    wake |= schedule.insert(slot);
                 }
             }
         }
-        self.batch_wake.notify_one();
+        if wake {
+            self.batch_wake.notify_one();
+        }
     }
 
     pub(super) fn retry_interval(&self) -> Duration {
