@@ -86,6 +86,9 @@
 //!    answer ([`LeaseGuard::lease`], [`LeaseGuard::watch`]). A run's renew
 //!    task is started by one keeper-wide driver task shortly before the
 //!    first renewal can be due, so runs shorter than that cost no task.
+//!    A backend that renews many leases in one exchange gets them in
+//!    batches instead, under the same rules (see [Batch
+//!    renewal](#batch-renewal)).
 //! 5. **`Held` on renew is loss, at once.** The loss signal fires
 //!    ([`LeaseGuard::lost`], [`LeaseGuard::loss_token`]) with
 //!    [`LossReason::Held`], and the stale value is never released.
@@ -129,9 +132,57 @@
 //!     waits for all releases at most the shutdown bound.
 //! 11. **Observability.** [`KeeperMetrics`] hooks (default [`NoMetrics`]):
 //!     held-leases gauge, acquisitions and failures, losses with reason, renew
-//!     latency with outcome, releases. `tracing` spans
+//!     latency with outcome (per lease, batched or not), batch sizes,
+//!     releases. `tracing` spans
 //!     `lease_keeper.acquire`, `lease_keeper.renew`, `lease_keeper.release`,
 //!     `lease_keeper.shutdown` carry the session (and token).
+//!
+//! # Batch renewal
+//!
+//! When the backend says [`renews_in_batches`](lease_port::SessionLease::renews_in_batches)
+//! — a lease service client sending one call for every session a process
+//! holds, an etcd backend sharing one KeepAlive — a keeper holding many
+//! runs pays for a few exchanges per renew interval instead of one per run.
+//! Otherwise renewals go one by one, each run on its own task, exactly as
+//! above.
+//!
+//! **What goes together, and when.** One keeper-wide task wakes when the
+//! earliest renewal is due and sends, in one
+//! [`renew_many`](lease_port::SessionLease::renew_many) call, every run
+//! whose renewal is due now *or within a quarter of the renew interval*
+//! (at most [`KeeperBuilder::renew_batch_limit`] leases a call; more go
+//! out in several calls at the same moment). Runs whose renewal is in
+//! flight are not waited for, nor is any later run. So:
+//!
+//! - a run is renewed at most a quarter interval early and never later
+//!   than its due time;
+//! - batches of one keeper go out more than a quarter interval apart: at
+//!   most four calls per renew interval however many runs it holds, usually
+//!   one or two;
+//! - the runs of one batch draw one jitter factor, so they stay together;
+//!   separate keepers still drift apart.
+//!
+//! **Why it is as safe as one by one.** Each run keeps its own rules:
+//!
+//! - its deadline is the TTL after the call that granted or last renewed
+//!   *it* was sent — for a batch, when the batch was sent. While a batch is
+//!   unanswered each of its runs is lost ([`LossReason::Expired`]) exactly
+//!   at its own deadline, while the others keep waiting up to theirs; an
+//!   answer arriving at or after a run's deadline does not count for it;
+//! - each lease's answer is applied to its run alone: `Held` loses that run
+//!   at once (rule 5), `Transient` retries it a quarter interval later, in
+//!   whichever batch goes then, until its own deadline (rule 6); any other
+//!   error, or a renewed value naming another token, owner or session, is
+//!   [`LossReason::Rejected`]. A batch answering a different number of
+//!   results than leases sent cannot be matched to its runs: every run in
+//!   it is lost (`Rejected` with `Invalid`);
+//! - a run that ends while its lease is in a batch is released at once (the
+//!   release never waits for the batch), and the batch's answer for it is
+//!   ignored: it is neither stored nor put back on the schedule.
+//!
+//! [`KeeperMetrics::renew_batch`] sees each call's size;
+//! [`KeeperMetrics::renew_latency`] still sees each lease's outcome, with
+//! the batch's latency.
 //!
 //! # Time
 //!
@@ -164,8 +215,8 @@ mod metrics;
 
 pub use error::{KeeperError, KeeperErrorKind};
 pub use keeper::{
-    DEFAULT_JITTER, DEFAULT_LOCK_WAIT, DEFAULT_RELEASE_TIMEOUT, DEFAULT_RENEW_FRACTION,
-    DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_WRITE_WAIT, KeeperBuilder, LeaseGuard, LeaseKeeper,
-    LossReason, ShutdownReport, WriteGate, WritePermit,
+    DEFAULT_JITTER, DEFAULT_LOCK_WAIT, DEFAULT_RELEASE_TIMEOUT, DEFAULT_RENEW_BATCH_LIMIT,
+    DEFAULT_RENEW_FRACTION, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_WRITE_WAIT, KeeperBuilder,
+    LeaseGuard, LeaseKeeper, LossReason, ShutdownReport, WriteGate, WritePermit,
 };
 pub use metrics::{KeeperMetrics, NoMetrics, RenewOutcome};

@@ -4,6 +4,8 @@ use std::fmt::Debug;
 use std::time::Duration;
 
 use lease_port::SessionId;
+#[cfg(doc)]
+use lease_port::SessionLease;
 
 use crate::{KeeperErrorKind, LossReason};
 
@@ -50,6 +52,14 @@ pub trait KeeperMetrics: Send + Sync + Debug {
     /// One renewal call took `latency` and ended with `outcome`.
     fn renew_latency(&self, latency: Duration, outcome: RenewOutcome) {
         let _ = (latency, outcome);
+    }
+
+    /// One batch renewal call ([`SessionLease::renew_many`]) was sent for
+    /// `size` leases; only for a backend that renews in batches. Each
+    /// lease's outcome is still reported through
+    /// [`renew_latency`](Self::renew_latency), with the batch's latency.
+    fn renew_batch(&self, size: usize) {
+        let _ = size;
     }
 
     /// A release finished; `ok` is false when the backend failed or timed out.

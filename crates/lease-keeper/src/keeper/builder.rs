@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lease_port::{OwnerId, SessionLease};
+
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -27,6 +28,8 @@ pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_LOCK_WAIT: Duration = Duration::from_secs(30);
 /// Default bound on waiting, when a run ends, for the writes it started.
 pub const DEFAULT_WRITE_WAIT: Duration = Duration::from_secs(5);
+/// Default for the most leases renewed in one batch call.
+pub const DEFAULT_RENEW_BATCH_LIMIT: usize = 256;
 
 /// Configures a [`LeaseKeeper`]. Made by [`LeaseKeeper::builder`].
 pub struct KeeperBuilder {
@@ -40,6 +43,7 @@ pub struct KeeperBuilder {
     pub(super) shutdown_timeout: Duration,
     pub(super) lock_wait: Duration,
     pub(super) write_wait: Duration,
+    pub(super) renew_batch_limit: usize,
     pub(super) metrics: Arc<dyn KeeperMetrics>,
     pub(super) allow_unleased: bool,
 }
@@ -56,6 +60,7 @@ impl std::fmt::Debug for KeeperBuilder {
             .field("shutdown_timeout", &self.shutdown_timeout)
             .field("lock_wait", &self.lock_wait)
             .field("write_wait", &self.write_wait)
+            .field("renew_batch_limit", &self.renew_batch_limit)
             .field("metrics", &self.metrics)
             .finish_non_exhaustive()
     }
@@ -126,6 +131,16 @@ impl KeeperBuilder {
         self
     }
 
+    /// Most leases one batch renewal call carries, for a backend that
+    /// renews in batches ([`SessionLease::renews_in_batches`]); more runs
+    /// due at once go out in several calls, sent together. Keeps one call
+    /// within what a backend's messages may carry. Default
+    /// [`DEFAULT_RENEW_BATCH_LIMIT`]; at least 1.
+    pub fn renew_batch_limit(mut self, limit: usize) -> Self {
+        self.renew_batch_limit = limit;
+        self
+    }
+
     /// Metrics hooks. Default [`NoMetrics`](crate::NoMetrics).
     pub fn metrics(mut self, metrics: Arc<dyn KeeperMetrics>) -> Self {
         self.metrics = metrics;
@@ -135,8 +150,8 @@ impl KeeperBuilder {
     /// Checks the configuration and builds the keeper. Needs no runtime.
     ///
     /// Errors with [`KeeperErrorKind::Invalid`](crate::KeeperErrorKind::Invalid)
-    /// for a zero TTL, a renew fraction outside `(0, 1)` or a jitter
-    /// outside `[0, 0.5]`.
+    /// for a zero TTL, a renew fraction outside `(0, 1)`, a jitter
+    /// outside `[0, 0.5]` or a zero renew batch limit.
     pub fn build(self) -> Result<LeaseKeeper, KeeperError> {
         if self.ttl.is_zero() {
             return Err(KeeperError::invalid("the TTL must be positive"));
@@ -153,7 +168,14 @@ impl KeeperBuilder {
                 self.jitter
             )));
         }
+        if self.renew_batch_limit == 0 {
+            return Err(KeeperError::invalid(
+                "the renew batch limit must be at least 1",
+            ));
+        }
         let interval = self.ttl.mul_f64(self.renew_fraction);
+        // Asked once: a backend's way of renewing does not change while it runs.
+        let batched = self.backend.renews_in_batches();
         Ok(LeaseKeeper {
             core: Arc::new(KeeperCore {
                 backend: self.backend,
@@ -181,6 +203,10 @@ impl KeeperBuilder {
                 rng: RandomState::new(),
                 pending: Mutex::default(),
                 driver_started: AtomicBool::new(false),
+                batched,
+                batch_limit: self.renew_batch_limit,
+                batch_schedule: Mutex::default(),
+                batch_wake: Arc::default(),
                 unreleased: Mutex::default(),
             }),
         })

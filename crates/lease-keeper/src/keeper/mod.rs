@@ -5,9 +5,11 @@
 //! beside it: `builder` (configuration and its defaults), `state` (what
 //! the keeper shares across runs), `run` (one run's shared state and its
 //! loss signal), `renew` (the renewal driver and each run's renew loop),
+//! `batch` (renewals sent together, for a backend that renews in batches),
 //! `guard` (the [`LeaseGuard`] a run holds) and `release` (detached
 //! release and shutdown).
 
+mod batch;
 mod builder;
 mod guard;
 mod release;
@@ -29,8 +31,8 @@ use tracing::{Instrument, debug, info_span, warn};
 
 use crate::{KeeperError, NoMetrics};
 pub use builder::{
-    DEFAULT_JITTER, DEFAULT_LOCK_WAIT, DEFAULT_RELEASE_TIMEOUT, DEFAULT_RENEW_FRACTION,
-    DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_WRITE_WAIT, KeeperBuilder,
+    DEFAULT_JITTER, DEFAULT_LOCK_WAIT, DEFAULT_RELEASE_TIMEOUT, DEFAULT_RENEW_BATCH_LIMIT,
+    DEFAULT_RENEW_FRACTION, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_WRITE_WAIT, KeeperBuilder,
 };
 pub use guard::LeaseGuard;
 pub use release::ShutdownReport;
@@ -91,6 +93,7 @@ impl LeaseKeeper {
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             lock_wait: DEFAULT_LOCK_WAIT,
             write_wait: DEFAULT_WRITE_WAIT,
+            renew_batch_limit: DEFAULT_RENEW_BATCH_LIMIT,
             metrics: Arc::new(NoMetrics),
             allow_unleased: true,
         }
@@ -403,7 +406,15 @@ impl LeaseKeeper {
             // The run's renew task is started by the keeper's driver shortly
             // before its first renewal is due: a run shorter than that
             // never costs a task.
-            lock(&core.pending).insert(run.id, (sent, Arc::clone(&run)));
+            if core.batched {
+                core.reschedule([batch::BatchSlot {
+                    run: Arc::clone(&run),
+                    deadline: sent + core.ttl,
+                    due: sent + core.next_interval(),
+                }]);
+            } else {
+                lock(&core.pending).insert(run.id, (sent, Arc::clone(&run)));
+            }
             core.ensure_driver(&handle);
         } else {
             debug_assert!(!leased);

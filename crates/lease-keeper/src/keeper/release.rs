@@ -91,6 +91,9 @@ async fn release_run(core: &Arc<KeeperCore>, run: &Arc<Run>) -> Result<(), Keepe
         // backend that already saw the renewal releases the renewed hold.
         run.stop.cancel();
         lock(&core.pending).remove(&run.id);
+        // A batch in flight with this run's lease is not waited for: its
+        // answer for the run is ignored once `stop` is cancelled.
+        lock(&core.batch_schedule).remove(run.id);
         if let Some(task) = lock(&run.renew_task).take() {
             task.abort();
         }

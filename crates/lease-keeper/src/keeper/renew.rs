@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use lease_port::LeaseErrorKind;
+use lease_port::{Lease, LeaseError, LeaseErrorKind};
 use tokio::time::{Instant, sleep_until, timeout_at};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info_span, warn};
@@ -84,66 +84,109 @@ async fn renew_loop(core: Arc<KeeperCore>, run: Arc<Run>, sent: Instant) {
             r = timeout_at(deadline, core.backend.renew(&current)) => r,
         };
         let latency = t0.elapsed();
-        match answer {
-            Ok(Ok(renewed)) => {
-                core.backend_answered(None);
-                core.metrics.renew_latency(latency, RenewOutcome::Renewed);
-                if renewed.token() != current.token() || renewed.owner() != current.owner() {
-                    warn!(
-                        ?renewed,
-                        "renew changed the token or owner; treating as loss"
-                    );
-                    run.lose(
-                        &core,
-                        LossReason::Rejected {
-                            kind: LeaseErrorKind::Invalid,
-                        },
-                    );
-                    return;
-                }
-                lock(&run.state).current = Some(renewed.clone());
-                run.lease_tx.send_replace(Some(renewed));
+        let Ok(answer) = answer else {
+            expire_unanswered(&core, &run, latency);
+            return;
+        };
+        match settle(&core, &run, &current, answer, latency) {
+            Settled::Renewed => {
                 deadline = t0 + core.ttl;
                 next = t0 + core.next_interval();
             }
-            Ok(Err(e)) => match e.kind() {
-                LeaseErrorKind::Held => {
-                    core.metrics.renew_latency(latency, RenewOutcome::Held);
-                    run.lose(
-                        &core,
-                        LossReason::Held {
-                            holder: e.holder().cloned(),
-                        },
-                    );
-                    return;
-                }
-                LeaseErrorKind::Transient => {
-                    core.backend_answered(Some(e.to_string()));
-                    core.metrics.renew_latency(latency, RenewOutcome::Transient);
-                    debug!(error = %e, "renew failed transiently; retrying until the lease's expiry");
-                    next = Instant::now() + core.retry_interval();
-                }
-                kind => {
-                    core.metrics.renew_latency(latency, RenewOutcome::Failed);
-                    if kind == LeaseErrorKind::Unsupported {
-                        if !core.allow_unleased {
-                            core.backend_answered(Some(e.to_string()));
-                        } else if !core.unsupported.swap(true, Ordering::AcqRel) {
-                            warn!(error = %e, "lease backend does not support leases; later runs go unleased");
-                        }
-                    }
-                    run.lose(&core, LossReason::Rejected { kind });
-                    return;
-                }
-            },
-            Err(_) => {
-                core.backend_answered(Some(
-                    "renew did not answer before the lease's expiry".into(),
-                ));
-                core.metrics.renew_latency(latency, RenewOutcome::Failed);
-                run.lose(&core, LossReason::Expired);
-                return;
-            }
+            Settled::Retry => next = Instant::now() + core.retry_interval(),
+            Settled::Over => return,
         }
     }
+}
+
+/// What a run does after one renewal answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Settled {
+    /// Renewed and stored: the lease now lives `ttl` from when the call
+    /// that renewed it was sent.
+    Renewed,
+    /// A passing fault: try again soon, until the unchanged deadline.
+    Retry,
+    /// The run lost its lease, or ended while the call was out: renew it
+    /// no more.
+    Over,
+}
+
+/// Applies one renewal answer for `run`, whose call passed `current` and
+/// answered before the run's deadline. The same rules hold whether the
+/// answer came from `renew` or as one result of `renew_many`.
+pub(super) fn settle(
+    core: &KeeperCore,
+    run: &Run,
+    current: &Lease,
+    answer: Result<Lease, LeaseError>,
+    latency: Duration,
+) -> Settled {
+    match answer {
+        Ok(renewed) => {
+            core.backend_answered(None);
+            core.metrics.renew_latency(latency, RenewOutcome::Renewed);
+            if renewed.token() != current.token()
+                || renewed.owner() != current.owner()
+                || renewed.session_id() != current.session_id()
+            {
+                warn!(
+                    ?renewed,
+                    "renew changed the token, owner or session; treating as loss"
+                );
+                run.lose(
+                    core,
+                    LossReason::Rejected {
+                        kind: LeaseErrorKind::Invalid,
+                    },
+                );
+                return Settled::Over;
+            }
+            if run.store_renewed(renewed) {
+                Settled::Renewed
+            } else {
+                Settled::Over
+            }
+        }
+        Err(e) => match e.kind() {
+            LeaseErrorKind::Held => {
+                core.metrics.renew_latency(latency, RenewOutcome::Held);
+                run.lose(
+                    core,
+                    LossReason::Held {
+                        holder: e.holder().cloned(),
+                    },
+                );
+                Settled::Over
+            }
+            LeaseErrorKind::Transient => {
+                core.backend_answered(Some(e.to_string()));
+                core.metrics.renew_latency(latency, RenewOutcome::Transient);
+                debug!(session = %run.session, error = %e, "renew failed transiently; retrying until the lease's expiry");
+                Settled::Retry
+            }
+            kind => {
+                core.metrics.renew_latency(latency, RenewOutcome::Failed);
+                if kind == LeaseErrorKind::Unsupported {
+                    if !core.allow_unleased {
+                        core.backend_answered(Some(e.to_string()));
+                    } else if !core.unsupported.swap(true, Ordering::AcqRel) {
+                        warn!(error = %e, "lease backend does not support leases; later runs go unleased");
+                    }
+                }
+                run.lose(core, LossReason::Rejected { kind });
+                Settled::Over
+            }
+        },
+    }
+}
+
+/// A renewal that did not answer before the run's deadline: the lease
+/// must be taken as lost.
+pub(super) fn expire_unanswered(core: &KeeperCore, run: &Run, latency: Duration) {
+    core.backend_answered(Some(
+        "renew did not answer before the lease's expiry".into(),
+    ));
+    core.metrics.renew_latency(latency, RenewOutcome::Failed);
+    run.lose(core, LossReason::Expired);
 }

@@ -71,6 +71,30 @@ impl Run {
         lock(&self.state).current.clone()
     }
 
+    /// Stores a renewed value and shows it to the run, unless the run has
+    /// ended meanwhile: its release began, or it lost its lease (other than
+    /// to shutdown, which keeps renewing while its writes drain). Returns
+    /// whether the value was stored.
+    ///
+    /// Checked under the state lock because the release cancels `stop`
+    /// before it reads the value to release: a renewal answered late either
+    /// lands before that read or not at all, and never brings an ended run
+    /// back to life.
+    pub(super) fn store_renewed(&self, renewed: Lease) -> bool {
+        let mut st = lock(&self.state);
+        let ended = self.stop.is_cancelled()
+            || st
+                .loss
+                .as_ref()
+                .is_some_and(|reason| *reason != LossReason::Shutdown);
+        if ended {
+            return false;
+        }
+        st.current = Some(renewed.clone());
+        self.lease_tx.send_replace(Some(renewed));
+        true
+    }
+
     pub(super) fn uncount(&self, core: &KeeperCore) {
         if self.counted.swap(false, Ordering::AcqRel) {
             core.set_held_gauge(false);

@@ -11,11 +11,12 @@ use std::time::Duration;
 
 use lease_port::{FencingToken, Lease, OwnerId, SessionId, SessionLease};
 use tokio::runtime::Handle;
-use tokio::sync::OwnedMutexGuard;
+use tokio::sync::{Notify, OwnedMutexGuard};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::batch::{BatchSchedule, BatchSlot, batch_driver};
 use super::lock;
 use super::renew::renew_driver;
 use super::run::Run;
@@ -62,6 +63,15 @@ pub(super) struct KeeperCore {
     /// acquisition was sent.
     pub(super) pending: Mutex<HashMap<u64, (Instant, Arc<Run>)>>,
     pub(super) driver_started: AtomicBool,
+    /// The backend renews many leases in one exchange: renewals go out in
+    /// batches (`batch` module) instead of one renew task per run.
+    pub(super) batched: bool,
+    /// Most leases in one `renew_many` call.
+    pub(super) batch_limit: usize,
+    /// Batched runs waiting for their next renewal.
+    pub(super) batch_schedule: Mutex<BatchSchedule>,
+    /// Wakes the batch driver when its schedule changed.
+    pub(super) batch_wake: Arc<Notify>,
     /// Per session, the highest token of a lease this keeper did not
     /// manage to release (the release failed, or writes kept it from being
     /// tried). The backend may still hold it for us, and a same-owner
@@ -100,12 +110,47 @@ impl KeeperCore {
     }
 
     pub(super) fn ensure_driver(self: &Arc<Self>, handle: &Handle) {
-        if !self.driver_started.swap(true, Ordering::AcqRel) {
+        if self.driver_started.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if self.batched {
+            handle.spawn(batch_driver(
+                Arc::downgrade(self),
+                self.driver_tick(),
+                Arc::clone(&self.batch_wake),
+            ));
+        } else {
             handle.spawn(renew_driver(
                 Arc::downgrade(self),
                 self.driver_tick(),
                 self.shutdown.clone(),
             ));
+        }
+    }
+
+    /// How early a batched run may be renewed to join a batch: a quarter
+    /// of the renew interval. Batches of one keeper are then at least this
+    /// far apart (a few per interval however many runs it holds), and no
+    /// run is renewed more than this before its due time.
+    pub(super) fn batch_window(&self) -> Duration {
+        self.interval / 4
+    }
+
+    /// Puts batched runs (back) on the schedule, except those whose release
+    /// began: checked under the schedule's lock, which the release takes
+    /// after cancelling `stop`, so an ended run is never left on it.
+    pub(super) fn reschedule(&self, slots: impl IntoIterator<Item = BatchSlot>) {
+        let mut wake = false;
+        {
+            let mut schedule = lock(&self.batch_schedule);
+            for slot in slots {
+                if !slot.run.stop.is_cancelled() {
+                    wake |= schedule.insert(slot);
+                }
+            }
+        }
+        if wake {
+            self.batch_wake.notify_one();
         }
     }
 
