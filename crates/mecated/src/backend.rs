@@ -81,11 +81,86 @@ pub enum LeaseChoice {
     /// No lease backend: runs are unleased, and writes need the
     /// single-process proof.
     Unleased,
+    /// A remote lease service over gRPC: processes on several hosts.
+    #[cfg(feature = "grpc")]
+    Service(LeaseService),
     /// A backend the embedding program built itself (a test double, a
     /// backend this module does not wire): runs are leased through it and
     /// every write is fenced, exactly as with file leases. No flag selects
     /// it.
     Backend(LeaseBackend),
+}
+
+/// How to reach a remote lease service, for [`LeaseChoice::Service`].
+#[cfg(feature = "grpc")]
+#[derive(Clone, PartialEq, Eq)]
+pub struct LeaseService {
+    /// `HOST:PORT`, or an `http://` / `https://` URI.
+    pub address: String,
+    /// File holding the bearer token, if the service requires one.
+    pub token_file: Option<PathBuf>,
+    /// PEM CA of the service's certificate: TLS when set.
+    pub ca: Option<PathBuf>,
+    /// PEM client certificate and key, for mutual TLS.
+    pub identity: Option<(PathBuf, PathBuf)>,
+    /// The name the service's certificate is checked against.
+    pub tls_domain: Option<String>,
+}
+
+#[cfg(feature = "grpc")]
+impl std::fmt::Debug for LeaseService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseService")
+            .field("address", &self.address)
+            .field("token_file", &self.token_file)
+            .field("tls", &self.ca.is_some())
+            .field("mutual_tls", &self.identity.is_some())
+            .finish()
+    }
+}
+
+#[cfg(feature = "grpc")]
+impl LeaseService {
+    fn from_args(args: &ServeArgs) -> Option<Self> {
+        Some(LeaseService {
+            address: args.session_lease_url.clone()?,
+            token_file: args.session_lease_token_file.clone(),
+            ca: args.session_lease_ca.clone(),
+            identity: args
+                .session_lease_cert
+                .clone()
+                .zip(args.session_lease_key.clone()),
+            tls_domain: args.session_lease_tls_domain.clone(),
+        })
+    }
+
+    /// The client. Its calls give up well within the renewal margin (a
+    /// sixth of the TTL, at most two seconds), so a stuck call never eats
+    /// the time the keeper has left to renew.
+    fn client(&self, ttl: Duration) -> Result<grpcdriver::GrpcLease, String> {
+        let read = |path: &PathBuf, what: &str| {
+            std::fs::read(path)
+                .map_err(|e| format!("cannot read the {what} {}: {e}", path.display()))
+        };
+        let mut b = grpcdriver::GrpcLease::builder(self.address.clone())
+            .call_timeout((ttl / 6).min(grpcdriver::DEFAULT_CALL_TIMEOUT));
+        if let Some(path) = &self.token_file {
+            let token = String::from_utf8(read(path, "lease service token file")?)
+                .map_err(|_| format!("{} is not UTF-8", path.display()))?;
+            b = b.bearer_token(token.trim());
+        }
+        if let Some(ca) = &self.ca {
+            let mut tls = grpcdriver::ClientTls::new(read(ca, "lease service CA")?);
+            if let Some((cert, key)) = &self.identity {
+                tls = tls.identity(read(cert, "client certificate")?, read(key, "client key")?);
+            }
+            if let Some(domain) = &self.tls_domain {
+                tls = tls.domain(domain.clone());
+            }
+            b = b.tls(tls);
+        }
+        b.build().map_err(|e| e.to_string())
+    }
 }
 
 /// A lease backend handed to the server in-process, for
@@ -111,6 +186,15 @@ impl LeaseChoice {
     /// The lease backend these flags select, or why they contradict each
     /// other.
     pub fn from_args(args: &ServeArgs) -> Result<Self, String> {
+        #[cfg(feature = "grpc")]
+        if let Some(service) = LeaseService::from_args(args) {
+            // clap refuses the other lease flags beside the URL.
+            return Ok(LeaseChoice::Service(service));
+        }
+        #[cfg(not(feature = "grpc"))]
+        if args.session_lease_url.is_some() {
+            return Err("--session-lease-url needs mecated built with the `grpc` feature".into());
+        }
         match (&args.session_lease_dir, args.no_session_lease) {
             (Some(_), true) => {
                 Err("--session-lease-dir and --no-session-lease contradict each other".into())
@@ -129,6 +213,8 @@ impl LeaseChoice {
         match self {
             LeaseChoice::Dir(_) => "--session-lease-dir",
             LeaseChoice::Unleased => "--no-session-lease",
+            #[cfg(feature = "grpc")]
+            LeaseChoice::Service(_) => "--session-lease-url",
             LeaseChoice::Backend(_) => "the in-process lease backend",
         }
     }
@@ -241,6 +327,15 @@ pub(crate) async fn open(
                 );
             }
             process_locks.push(ProcessLock::Owner(owner_lock(&leases, owner)?));
+            bind_authority(&*store, &leases, lease.flag()).await?;
+            (Arc::new(leases), Exclusivity::Leased)
+        }
+        #[cfg(feature = "grpc")]
+        LeaseChoice::Service(service) => {
+            let leases = service.client(ttl).map_err(|message| StartError::Lease {
+                backend: format!("the lease service at {}", service.address),
+                source: LeaseError::invalid(message),
+            })?;
             bind_authority(&*store, &leases, lease.flag()).await?;
             (Arc::new(leases), Exclusivity::Leased)
         }

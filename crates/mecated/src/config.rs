@@ -145,6 +145,57 @@ pub struct ServeArgs {
     )]
     pub no_session_lease: bool,
 
+    /// Leases from a remote lease service (`mecatl-leased`, or any server
+    /// of the `mecatl.lease.v1` gRPC contract) at `HOST:PORT` (or an
+    /// `http://` / `https://` URI): processes on several hosts. Its TTL
+    /// must be at least --session-lease-ttl.
+    #[arg(
+        long,
+        env = "MECATED_SESSION_LEASE_URL",
+        conflicts_with_all = ["session_lease_dir", "no_session_lease"]
+    )]
+    pub session_lease_url: Option<String>,
+
+    /// File holding the bearer token for the lease service (read once at
+    /// start; surrounding whitespace ignored).
+    #[arg(
+        long,
+        env = "MECATED_SESSION_LEASE_TOKEN_FILE",
+        requires = "session_lease_url"
+    )]
+    pub session_lease_token_file: Option<PathBuf>,
+
+    /// PEM CA that signed the lease service's certificate: connects with
+    /// TLS.
+    #[arg(long, env = "MECATED_SESSION_LEASE_CA", requires = "session_lease_url")]
+    pub session_lease_ca: Option<PathBuf>,
+
+    /// PEM client certificate for mutual TLS with the lease service (needs
+    /// --session-lease-key and --session-lease-ca).
+    #[arg(
+        long,
+        env = "MECATED_SESSION_LEASE_CERT",
+        requires_all = ["session_lease_key", "session_lease_ca"]
+    )]
+    pub session_lease_cert: Option<PathBuf>,
+
+    /// PEM private key of --session-lease-cert.
+    #[arg(
+        long,
+        env = "MECATED_SESSION_LEASE_KEY",
+        requires = "session_lease_cert"
+    )]
+    pub session_lease_key: Option<PathBuf>,
+
+    /// The name to verify the lease service's certificate against, when
+    /// it is not the host in --session-lease-url.
+    #[arg(
+        long,
+        env = "MECATED_SESSION_LEASE_TLS_DOMAIN",
+        requires = "session_lease_ca"
+    )]
+    pub session_lease_tls_domain: Option<String>,
+
     /// How long a lease lasts unless renewed (renewed every third of it),
     /// e.g. `15s`, `1500ms`, `2m`.
     #[arg(long, env = "MECATED_SESSION_LEASE_TTL", default_value = "15s", value_parser = parse_duration)]
@@ -250,6 +301,36 @@ mod tests {
     fn store_dir_alone_means_file_leases_inside_it() {
         let lease = parse(&["--store-dir", "/srv/s"]).unwrap();
         assert_eq!(lease, LeaseChoice::Dir("/srv/s/.session-leases".into()));
+    }
+
+    #[test]
+    fn a_lease_service_url_selects_the_service_and_excludes_the_rest() {
+        let lease = parse(&["--session-lease-url", "leases:50151"]).unwrap();
+        assert!(
+            matches!(&lease, LeaseChoice::Service(s) if s.address == "leases:50151"),
+            "{lease:?}"
+        );
+        for other in [
+            &["--session-lease-dir", "/x"][..],
+            &["--no-session-lease"][..],
+        ] {
+            let args = [&["--session-lease-url", "leases:50151"][..], other].concat();
+            assert!(parse(&args).is_err(), "{args:?}");
+        }
+        assert!(
+            parse(&["--session-lease-ca", "ca.pem"]).is_err(),
+            "TLS without a URL"
+        );
+        assert!(
+            parse(&[
+                "--session-lease-url",
+                "l:1",
+                "--session-lease-cert",
+                "c.pem"
+            ])
+            .is_err(),
+            "a client certificate without key and CA"
+        );
     }
 
     #[test]

@@ -1,0 +1,263 @@
+//! Real `mecated` processes for the tests: started on a free port, driven
+//! over HTTP, stopped with real signals.
+
+#![allow(dead_code)]
+
+use std::ffi::OsStr;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+/// Upper bound on waiting for anything in these tests; reaching it fails
+/// the test. Generous, because CI machines are shared and slow.
+pub(crate) const PATIENCE: Duration = Duration::from_secs(30);
+
+pub(crate) struct Mecated {
+    pub(crate) child: Child,
+    pub(crate) base: String,
+    pub(crate) owner: String,
+}
+
+impl Mecated {
+    pub(crate) fn start(store: &Path, owner: &str, extra: &[&str]) -> Self {
+        let mut child = server_command(store, owner, extra)
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start mecated");
+        let stdout = child.stdout.take().expect("stdout piped");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read the listening line");
+        let base = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_owned();
+        Self {
+            child,
+            base,
+            owner: owner.to_owned(),
+        }
+    }
+
+    pub(crate) fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub(crate) fn pid(&self) -> Pid {
+        Pid::from_raw(self.child.id() as i32)
+    }
+
+    pub(crate) fn signal(&self, sig: Signal) {
+        kill(self.pid(), sig).expect("signal mecated");
+    }
+
+    /// Waits for the process to exit; its exit status.
+    pub(crate) fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(start.elapsed() < PATIENCE, "mecated did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// The server on `store` as `owner` on a free port, stdout piped (its
+/// first line is the address it listens on).
+pub(crate) fn server_command(store: &Path, owner: &str, extra: &[impl AsRef<OsStr>]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mecated"));
+    cmd.args(["--listen", "127.0.0.1:0", "--owner", owner, "--store-dir"])
+        .arg(store)
+        .args(extra)
+        .env("MECATED_LOG", "warn")
+        .stdout(Stdio::piped());
+    cmd
+}
+
+/// Starts mecated expecting it to refuse: its exit status and stderr. Fails
+/// if it starts serving instead.
+pub(crate) fn refused_start(store: &Path, owner: &str, extra: &[&OsStr]) -> String {
+    let mut child = server_command(store, owner, extra)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start mecated");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout piped"))
+        .read_line(&mut line)
+        .expect("read stdout");
+    if !line.is_empty() {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("mecated started when it should have refused: {line:?}");
+    }
+    let out = child.wait_with_output().expect("wait for mecated");
+    assert!(!out.status.success(), "refused, yet exited 0");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+impl Drop for Mecated {
+    fn drop(&mut self) {
+        let _ = kill(self.pid(), Signal::SIGCONT);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub(crate) fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("http client")
+}
+
+pub(crate) async fn create(m: &Mecated, id: &str) {
+    let r = client()
+        .post(m.url("/v1/sessions"))
+        .json(&json!({ "id": id }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED, "{:?}", r.text().await);
+}
+
+pub(crate) async fn run(m: &Mecated, id: &str, input: Value) -> (StatusCode, Value) {
+    let r = client()
+        .post(m.url(&format!("/v1/sessions/{id}/runs")))
+        .json(&json!({ "input": input }))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+pub(crate) async fn events(m: &Mecated, id: &str) -> Vec<Value> {
+    let mut all = Vec::new();
+    let mut after = 0;
+    loop {
+        let page: Value = client()
+            .get(m.url(&format!(
+                "/v1/sessions/{id}/events?after={after}&limit=1000"
+            )))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        all.extend(page["events"].as_array().unwrap().iter().cloned());
+        match page["next_after"].as_u64() {
+            Some(n) => after = n,
+            None => return all,
+        }
+    }
+}
+
+/// Waits until `id`'s log holds an event matching `pred`.
+pub(crate) async fn wait_for_event(m: &Mecated, id: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    let start = Instant::now();
+    loop {
+        if let Some(e) = events(m, id).await.into_iter().find(|e| pred(e)) {
+            return e;
+        }
+        assert!(start.elapsed() < PATIENCE, "event never appeared in {id}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub(crate) fn is_run_started_by(owner: &str) -> impl Fn(&Value) -> bool + '_ {
+    move |e| e["payload"]["type"] == "run_started" && e["payload"]["owner"] == owner
+}
+
+/// Starts a run on `m` without waiting for it: its JSON result, or the
+/// transport error when the process dies first.
+pub(crate) fn run_in_background(
+    m: &Mecated,
+    id: &str,
+    input: Value,
+) -> tokio::task::JoinHandle<Result<Value, reqwest::Error>> {
+    let url = m.url(&format!("/v1/sessions/{id}/runs"));
+    tokio::spawn(async move {
+        let body = json!({ "input": input });
+        client().post(url).json(&body).send().await?.json().await
+    })
+}
+
+/// Two processes on `store` with a 1 s TTL and the `lease` flags; `proc-a` is part-way through a
+/// run of `id` lasting `delay` (its `run_started` and a first progress event
+/// are in the log). Returns both, A's pending run and its `run_started`.
+pub(crate) async fn mid_run(
+    store: &Path,
+    lease: &[&str],
+    id: &str,
+    delay: &str,
+    input: Value,
+) -> (
+    Mecated,
+    Mecated,
+    tokio::task::JoinHandle<Result<Value, reqwest::Error>>,
+    Value,
+) {
+    let ttl = [&["--session-lease-ttl", "1s"][..], lease].concat();
+    let slow = [&ttl[..], &["--echo-delay", delay, "--echo-steps", "30"]].concat();
+    let a = Mecated::start(store, "proc-a", &slow);
+    let b = Mecated::start(store, "proc-b", &ttl);
+    create(&a, id).await;
+    let pending = run_in_background(&a, id, input);
+    let started = wait_for_event(&a, id, is_run_started_by("proc-a")).await;
+    wait_for_event(&a, id, |e| e["payload"]["type"] == "progress").await;
+    (a, b, pending, started)
+}
+
+/// The wall clock in milliseconds, as the store stamps events.
+pub(crate) fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis() as u64
+}
+
+/// `mecated leases --json` for one session of `store`.
+pub(crate) fn listed_lease(store: &Path, session: &str) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_mecated"))
+        .args(["leases", "--json", "--store-dir"])
+        .arg(store)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|l| l["session"] == session)
+        .unwrap_or_else(|| panic!("no lease of {session} listed"))
+}
+
+/// Retries a run on `m` until it is no longer refused as leased elsewhere.
+pub(crate) async fn run_when_free(m: &Mecated, id: &str, input: Value) -> Value {
+    let start = Instant::now();
+    loop {
+        let (status, body) = run(m, id, input.clone()).await;
+        if status == StatusCode::OK {
+            return body;
+        }
+        assert_eq!(status, StatusCode::CONFLICT, "{body}");
+        assert_eq!(body["error"]["code"], "session_leased_elsewhere", "{body}");
+        assert!(start.elapsed() < PATIENCE, "the session was never freed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
