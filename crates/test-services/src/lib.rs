@@ -28,12 +28,14 @@
 mod error;
 mod etcd;
 mod process;
+mod proxy;
 mod redis;
 
 pub use error::ServiceError;
 pub use etcd::EtcdServer;
 pub use process::ServerProcess;
 pub use process::find_binary;
+pub use proxy::{FaultProxy, ProxyCounters, ProxyMode};
 pub use redis::RedisServer;
 
 /// What every service started here can be told to do, as an operator or a

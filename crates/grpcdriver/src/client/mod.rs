@@ -143,7 +143,7 @@ impl GrpcLease {
                 Err(_) => Status::deadline_exceeded("the call's deadline passed"),
             };
             let pause = jittered(backoff);
-            let retry = status.code() == Code::Unavailable
+            let retry = (status.code() == Code::Unavailable || broke_in_transport(&status))
                 && attempt < self.inner.attempts
                 && Instant::now() + pause < deadline;
             if !retry {
@@ -233,6 +233,17 @@ impl GrpcLease {
             }
         }
     }
+}
+
+/// Whether the call failed because its connection did (tonic reports a
+/// request written to a connection that had just closed as UNKNOWN, not
+/// UNAVAILABLE). The request may or may not have reached the server, so
+/// this is the same case as UNAVAILABLE for an idempotent call: without
+/// the retry, the first call after a server restart or a reset connection
+/// would fail although a fresh connection is one attempt away.
+fn broke_in_transport(status: &Status) -> bool {
+    std::error::Error::source(status)
+        .is_some_and(|e| e.downcast_ref::<tonic::transport::Error>().is_some())
 }
 
 /// A pause between `d/2` and `d`, so many clients retrying after one fault

@@ -270,11 +270,17 @@ impl LeaseServer {
             .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
             .build_v1alpha()
             .map_err(ServeError::Reflection)?;
+        let (stop_streams, stopping) = tokio::sync::watch::channel(false);
+        let shutdown = async move {
+            shutdown.await;
+            let _ = stop_streams.send(true);
+        };
         let leases = LeaseServiceServer::new(LeaseService {
             backend: Arc::clone(&self.backend),
             clock: Arc::clone(&self.clock),
             max_batch: self.max_batch,
             stats: Arc::clone(&self.stats),
+            stopping,
         })
         .max_decoding_message_size(self.max_message_bytes);
         let leases = tonic::service::interceptor::InterceptedService::new(

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use futures_util::Stream;
 use lease_port::{Clock, Lease, LeaseError, OwnerId, SessionId, SessionLease};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -26,6 +26,8 @@ pub(crate) struct LeaseService {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) max_batch: usize,
     pub(crate) stats: Arc<ServerStats>,
+    /// Turns true when the server begins to shut down.
+    pub(crate) stopping: watch::Receiver<bool>,
 }
 
 impl LeaseService {
@@ -89,6 +91,16 @@ impl LeaseService {
 
 fn ids(session: &str, owner: &str) -> Result<(SessionId, OwnerId), LeaseError> {
     Ok((SessionId::new(session)?, OwnerId::new(owner)?))
+}
+
+/// What tonic's codec answers for a message over the size limit or one
+/// that does not decode.
+fn is_codec_refusal(status: &Status) -> bool {
+    match status.code() {
+        tonic::Code::OutOfRange => true,
+        tonic::Code::Internal => status.message().starts_with("failed to decode"),
+        _ => false,
+    }
 }
 
 type KeepAliveStream = Pin<Box<dyn Stream<Item = Result<pb::KeepAliveResponse, Status>> + Send>>;
@@ -214,13 +226,32 @@ impl Service for LeaseService {
             clock: Arc::clone(&self.clock),
             max_batch: self.max_batch,
             stats: Arc::clone(&self.stats),
+            stopping: self.stopping.clone(),
         };
+        let mut stopping = self.stopping.clone();
         self.stats.stream_opened();
         // The stream's work runs on its own task so the handler can answer
         // headers at once; it ends when the client closes its side, the
         // connection breaks, or nobody reads the answers any more.
         tokio::spawn(async move {
-            while let Some(next) = inbound.next().await {
+            loop {
+                let next = tokio::select! {
+                    next = inbound.next() => next,
+                    // A graceful shutdown waits for every open call, and a
+                    // KeepAlive stream stays open as long as its client
+                    // lives: end it, or the server never stops. The client
+                    // takes this as a passing fault and reopens the stream
+                    // on whichever server answers next.
+                    _ = stopping.wait_for(|stop| *stop) => {
+                        let _ = tx.try_send(Err(reason_status(
+                            pb::Reason::Unavailable,
+                            "the lease service is shutting down",
+                            None,
+                        )));
+                        break;
+                    }
+                };
+                let Some(next) = next else { break };
                 let started = Instant::now();
                 let answer = match next {
                     Ok(batch) => match this.check_batch(batch.leases.len()) {
@@ -230,6 +261,13 @@ impl Service for LeaseService {
                         }),
                         Err(status) => Err(status),
                     },
+                    // The codec refused a message (too large, undecodable):
+                    // bad input, answered as such, as for unary calls,
+                    // rather than a silently ended stream the client would
+                    // take for a passing fault and send again.
+                    Err(status) if is_codec_refusal(&status) => {
+                        Err(reason_status(pb::Reason::Invalid, status.message(), None))
+                    }
                     // The client's side broke; nothing more will come.
                     Err(_) => break,
                 };
