@@ -7,6 +7,10 @@
 //! stopped when dropped — also when the test panics, and (through the
 //! parent-death signal) when the test process is killed.
 //!
+//! Between a client and any of them (or any TCP server) a [`FaultProxy`]
+//! injects network faults at run time: latency, dropped connections, a
+//! blackhole, replies lost after the request went through.
+//!
 //! A missing binary is an error naming the Debian package to install
 //! (`cargo xtask services` installs it); a test never passes by skipping
 //! its service.
