@@ -18,6 +18,7 @@ use crate::{
     rbac::Rbac,
     server::{Shared, serve},
     store::Store,
+    tls,
     validation::dns_subdomain_problems,
 };
 
@@ -31,6 +32,8 @@ pub enum EmulatorErrorKind {
     Bind,
     /// A kubeconfig or its directory could not be written.
     Kubeconfig,
+    /// The TLS certificate or configuration could not be made.
+    Tls,
 }
 
 /// An error from [`Emulator`], with its [`kind`](Self::kind) and the
@@ -68,9 +71,12 @@ impl EmulatorError {
 pub struct Emulator {
     shared: Arc<Shared>,
     url: String,
+    https_url: String,
+    ca_pem: String,
     admin_token: String,
     namespace: String,
     kubeconfig: PathBuf,
+    http_kubeconfig: PathBuf,
     directory: tempfile::TempDir,
     task: Option<JoinHandle<()>>,
 }
@@ -151,28 +157,67 @@ impl Emulator {
             shutdown: shutdown.clone(),
             address,
         });
-        let url = format!("http://{address}");
+        // A wildcard listener is reached through loopback.
+        let reachable = if address.ip().is_unspecified() {
+            SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), address.port())
+        } else {
+            address
+        };
+        let tls = tls::generate(reachable.ip())
+            .map_err(|e| EmulatorError::new(EmulatorErrorKind::Tls, e.to_string(), None))?;
         let kubeconfig = config
             .kubeconfig_path
             .clone()
             .unwrap_or_else(|| directory.path().join("kubeconfig"));
         let mut emulator = Self {
             shared: shared.clone(),
-            url,
+            url: format!("http://{reachable}"),
+            https_url: format!("https://{reachable}"),
+            ca_pem: tls.ca_pem.clone(),
             admin_token: admin_token.clone(),
             namespace: config.namespaces[0].clone(),
             kubeconfig: kubeconfig.clone(),
+            http_kubeconfig: directory.path().join("kubeconfig-http"),
             directory,
             task: None,
         };
         emulator.write_kubeconfig(&kubeconfig, &config.admin_user, &admin_token)?;
-        emulator.task = Some(tokio::spawn(serve(listener, shared)));
+        let plain = kubeconfig::render(
+            &emulator.url,
+            None,
+            &config.admin_user,
+            &admin_token,
+            &emulator.namespace,
+        );
+        kubeconfig::write(&emulator.http_kubeconfig, &plain).map_err(|e| {
+            EmulatorError::new(
+                EmulatorErrorKind::Kubeconfig,
+                format!(
+                    "cannot write kubeconfig {}",
+                    emulator.http_kubeconfig.display()
+                ),
+                Some(e),
+            )
+        })?;
+        emulator.task = Some(tokio::spawn(serve(listener, shared, tls.acceptor)));
         Ok(emulator)
     }
 
-    /// The base URL, `http://127.0.0.1:PORT`.
+    /// The plain HTTP base URL, `http://127.0.0.1:PORT`.
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// The same server over TLS, `https://127.0.0.1:PORT` (one port serves
+    /// both); its certificate is signed by [`Self::ca_certificate_pem`].
+    pub fn https_url(&self) -> &str {
+        &self.https_url
+    }
+
+    /// The PEM certificate of the authority that signed the server's
+    /// certificate (made fresh at start).
+    pub fn ca_certificate_pem(&self) -> &str {
+        &self.ca_pem
     }
 
     /// The address it listens on.
@@ -180,10 +225,19 @@ impl Emulator {
         self.shared.address
     }
 
-    /// The kubeconfig for the administrator (current context
-    /// `k8s-emulator`, namespace the first configured one).
+    /// The kubeconfig for the administrator: the HTTPS URL with the CA
+    /// data, bearer token, current context `k8s-emulator`, namespace the
+    /// first configured one. Use this one with kubectl: client-go sends
+    /// tokens only over TLS.
     pub fn kubeconfig_path(&self) -> &Path {
         &self.kubeconfig
+    }
+
+    /// The same kubeconfig with the plain HTTP URL, for clients built
+    /// without TLS (kube-rs sends the token over HTTP too; client-go and
+    /// kubectl do not, so they reach the server as `system:anonymous`).
+    pub fn http_kubeconfig_path(&self) -> &Path {
+        &self.http_kubeconfig
     }
 
     /// The administrator's bearer token, for raw HTTP requests.
@@ -199,7 +253,13 @@ impl Emulator {
         user: &str,
         token: &str,
     ) -> Result<(), EmulatorError> {
-        let text = kubeconfig::render(&self.url, user, token, &self.namespace);
+        let text = kubeconfig::render(
+            &self.https_url,
+            Some(&self.ca_pem),
+            user,
+            token,
+            &self.namespace,
+        );
         kubeconfig::write(path, &text).map_err(|e| {
             EmulatorError::new(
                 EmulatorErrorKind::Kubeconfig,

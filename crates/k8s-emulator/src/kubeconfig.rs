@@ -11,12 +11,24 @@ fn scalar(text: &str) -> String {
 }
 
 /// The text of a kubeconfig for `user` holding `token`.
-pub(crate) fn render(server: &str, user: &str, token: &str, namespace: &str) -> String {
+pub(crate) fn render(
+    server: &str,
+    ca_pem: Option<&str>,
+    user: &str,
+    token: &str,
+    namespace: &str,
+) -> String {
+    let authority = ca_pem.map_or_else(String::new, |pem| {
+        format!(
+            "    certificate-authority-data: {}\n",
+            crate::tls::base64(pem.as_bytes())
+        )
+    });
     format!(
         "apiVersion: v1\n\
          kind: Config\n\
          clusters:\n\
-         - name: {context}\n  cluster:\n    server: {server}\n\
+         - name: {context}\n  cluster:\n    server: {server}\n{authority}\
          users:\n\
          - name: {user}\n  user:\n    token: {token}\n\
          contexts:\n\

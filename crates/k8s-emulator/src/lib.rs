@@ -98,6 +98,7 @@ mod server;
 mod status;
 mod store;
 mod table;
+mod tls;
 mod validation;
 mod verb;
 mod watch;

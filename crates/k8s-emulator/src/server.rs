@@ -13,7 +13,12 @@ use axum::{
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::coordination::v1::Lease;
 use serde_json::{Value, json};
-use tokio::{net::TcpListener, sync::Notify};
+use tokio::{
+    io::{AsyncRead, AsyncWrite},
+    net::TcpListener,
+    sync::Notify,
+};
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tower::Service;
 
@@ -28,6 +33,7 @@ use crate::{
     status::{ApiError, GROUP, json_response},
     store::{Preconditions, Store, UpdateKind},
     table,
+    tls::HANDSHAKE_RECORD,
     verb::Verb,
     watch,
 };
@@ -50,8 +56,9 @@ pub(crate) struct Shared {
 struct ConnectionKill(Arc<Notify>);
 
 /// Accepts connections until `shutdown`; each is served by hyper directly
-/// so a handler can drop the connection without a reply.
-pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>) {
+/// so a handler can drop the connection without a reply. A connection that
+/// opens with a TLS handshake gets TLS, any other plain HTTP.
+pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>, tls: TlsAcceptor) {
     let router = Router::new().fallback(dispatch).with_state(shared.clone());
     loop {
         let accepted = tokio::select! {
@@ -65,19 +72,37 @@ pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>) {
         };
         // Small request/reply exchanges: no Nagle delay.
         let _ = stream.set_nodelay(true);
-        tokio::spawn(serve_connection(
-            stream,
-            router.clone(),
-            shared.shutdown.clone(),
-        ));
+        let router = router.clone();
+        let shutdown = shared.shutdown.clone();
+        let tls = tls.clone();
+        tokio::spawn(async move {
+            let mut first = [0u8; 1];
+            let peeked = tokio::select! {
+                () = shutdown.cancelled() => return,
+                peeked = stream.peek(&mut first) => peeked,
+            };
+            match peeked {
+                Ok(1) if first[0] == HANDSHAKE_RECORD => {
+                    let handshake = tokio::select! {
+                        () = shutdown.cancelled() => return,
+                        handshake = tls.accept(stream) => handshake,
+                    };
+                    // A failed handshake is the client's problem to report.
+                    if let Ok(stream) = handshake {
+                        serve_connection(stream, router, shutdown).await;
+                    }
+                }
+                Ok(_) => serve_connection(stream, router, shutdown).await,
+                Err(_) => {}
+            }
+        });
     }
 }
 
-async fn serve_connection(
-    stream: tokio::net::TcpStream,
-    router: Router,
-    shutdown: CancellationToken,
-) {
+async fn serve_connection<I>(io: I, router: Router, shutdown: CancellationToken)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let kill = Arc::new(Notify::new());
     let handle = ConnectionKill(kill.clone());
     let service =
@@ -91,7 +116,7 @@ async fn serve_connection(
             }
         });
     let connection =
-        hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+        hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(io), service);
     tokio::select! {
         _ = connection => {}
         () = kill.notified() => {}
