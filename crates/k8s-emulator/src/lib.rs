@@ -91,6 +91,7 @@ mod discovery;
 mod emulator;
 mod faults;
 mod kubeconfig;
+mod openapi;
 mod patch;
 mod rbac;
 mod selector;

@@ -27,6 +27,7 @@ use crate::{
     decode::{API_VERSION, FieldValidation, decode_lease, parse_json, to_value},
     discovery,
     faults::{DroppedReply, Failure, Faults},
+    openapi,
     patch::{PATCH_TYPES, PatchType, json_patch, merge_patch, strategic_merge_patch},
     rbac::{Identity, Rbac},
     selector::Selector,
@@ -214,6 +215,10 @@ fn route(path: &str, shared: &Shared) -> Route {
         ["apis", "coordination.k8s.io"] => Route::Document(discovery::api_group()),
         ["apis", "coordination.k8s.io", "v1"] => {
             Route::Document(discovery::coordination_resources())
+        }
+        ["openapi", "v3"] => Route::Document(openapi::index()),
+        ["openapi", "v3", rest @ ..] if openapi::serves(&rest.join("/")) => {
+            Route::Document(openapi::group_version_document())
         }
         ["apis", "coordination.k8s.io", "v1", "leases"] => Route::Resource(Target::Leases {
             namespace: None,
