@@ -110,12 +110,12 @@ pub(crate) fn decode_lease(value: Value, validation: FieldValidation) -> Result<
     if let Some(Value::Object(spec)) = object.get("spec") {
         collect_unknown(spec, SPEC_FIELDS, "spec.", &mut unknown);
         for field in ["acquireTime", "renewTime"] {
-            if let Some(Value::String(text)) = spec.get(field) {
-                if !is_micro_time(text) {
-                    return Err(ApiError::undecodable(format!(
-                        "parsing time \"{text}\" as \"{MICRO_TIME_LAYOUT}\": cannot parse \"{text}\" as \"{MICRO_TIME_LAYOUT}\""
-                    )));
-                }
+            if let Some(Value::String(text)) = spec.get(field)
+                && !is_micro_time(text)
+            {
+                return Err(ApiError::undecodable(format!(
+                    "parsing time \"{text}\" as \"{MICRO_TIME_LAYOUT}\": cannot parse \"{text}\" as \"{MICRO_TIME_LAYOUT}\""
+                )));
             }
         }
     }

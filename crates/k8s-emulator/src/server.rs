@@ -385,17 +385,18 @@ async fn resource_request(shared: &Arc<Shared>, target: Target, request: Request
         Ok(response) => response,
         Err(error) => return error.into(),
     };
-    if verb != Verb::Watch && response.status().is_success() {
-        if let Some(dropped) = shared.faults.take_drop(verb) {
-            match dropped {
-                DroppedReply::Timeout => return ApiError::timeout().into(),
-                DroppedReply::CloseConnection => {
-                    if let Some(ConnectionKill(kill)) = kill {
-                        kill.notify_one();
-                        // The connection task drops this future with the
-                        // connection; no reply is ever written.
-                        std::future::pending::<()>().await;
-                    }
+    if verb != Verb::Watch
+        && response.status().is_success()
+        && let Some(dropped) = shared.faults.take_drop(verb)
+    {
+        match dropped {
+            DroppedReply::Timeout => return ApiError::timeout().into(),
+            DroppedReply::CloseConnection => {
+                if let Some(ConnectionKill(kill)) = kill {
+                    kill.notify_one();
+                    // The connection task drops this future with the
+                    // connection; no reply is ever written.
+                    std::future::pending::<()>().await;
                 }
             }
         }
@@ -757,17 +758,17 @@ fn list_response(
         .and_then(|l| l.parse::<usize>().ok())
         .filter(|l| *l > 0);
     let mut metadata = json!({"resourceVersion": revision.to_string()});
-    if let Some(limit) = limit {
-        if items.len() > limit {
-            let remaining = items.len() - limit;
-            items.truncate(limit);
-            if let Some(last) = items.last() {
-                metadata["continue"] = json!(encode_continue(
-                    last.metadata.namespace.as_deref().unwrap_or(""),
-                    last.metadata.name.as_deref().unwrap_or(""),
-                ));
-                metadata["remainingItemCount"] = json!(remaining);
-            }
+    if let Some(limit) = limit
+        && items.len() > limit
+    {
+        let remaining = items.len() - limit;
+        items.truncate(limit);
+        if let Some(last) = items.last() {
+            metadata["continue"] = json!(encode_continue(
+                last.metadata.namespace.as_deref().unwrap_or(""),
+                last.metadata.name.as_deref().unwrap_or(""),
+            ));
+            metadata["remainingItemCount"] = json!(remaining);
         }
     }
     if wants_table(headers) {
@@ -807,7 +808,7 @@ fn encode_continue(namespace: &str, name: &str) -> String {
 
 fn decode_continue(token: &str) -> Result<Option<(String, String)>, ApiError> {
     let bad = || ApiError::bad_request(format!("continue key is not valid: {token}"));
-    if token.len() % 2 != 0 {
+    if !token.len().is_multiple_of(2) {
         return Err(bad());
     }
     let bytes: Option<Vec<u8>> = (0..token.len())

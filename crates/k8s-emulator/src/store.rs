@@ -87,6 +87,14 @@ pub(crate) enum WatchStart {
     After(u64),
 }
 
+/// A started watch: what to send first, the live feed, and the revision
+/// the backlog reaches.
+pub(crate) struct WatchStarted {
+    pub(crate) backlog: Vec<Arc<Event>>,
+    pub(crate) feed: broadcast::Receiver<Arc<Event>>,
+    pub(crate) revision: u64,
+}
+
 struct Inner {
     revision: u64,
     leases: BTreeMap<(String, String), Lease>,
@@ -253,10 +261,10 @@ impl Store {
         meta.resource_version = None;
         meta.uid = Some(uuid::Uuid::new_v4().to_string());
         meta.creation_timestamp = Some(now_seconds());
-        if meta.name.as_deref().is_none_or(str::is_empty) {
-            if let Some(prefix) = meta.generate_name.as_deref().filter(|p| !p.is_empty()) {
-                meta.name = Some(generated_name(prefix));
-            }
+        if meta.name.as_deref().is_none_or(str::is_empty)
+            && let Some(prefix) = meta.generate_name.as_deref().filter(|p| !p.is_empty())
+        {
+            meta.name = Some(generated_name(prefix));
         }
         let name = meta.name.clone().unwrap_or_default();
         let errors = validate_lease(&lease);
@@ -316,15 +324,15 @@ impl Store {
         };
 
         let old_uid = old.metadata.uid.clone().unwrap_or_default();
-        if let Some(uid) = lease.metadata.uid.as_deref().filter(|u| !u.is_empty()) {
-            if uid != old_uid {
-                return Err(ApiError::conflict(
-                    name,
-                    &format!(
-                        "Precondition failed: UID in precondition: {uid}, UID in object meta: {old_uid}"
-                    ),
-                ));
-            }
+        if let Some(uid) = lease.metadata.uid.as_deref().filter(|u| !u.is_empty())
+            && uid != old_uid
+        {
+            return Err(ApiError::conflict(
+                name,
+                &format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {old_uid}"
+                ),
+            ));
         }
         let old_version = resource_version(&old).unwrap_or_default().to_string();
         match resource_version(&lease) {
@@ -483,7 +491,7 @@ impl Store {
     pub(crate) fn watch(
         &self,
         start: WatchStart,
-    ) -> Result<(Vec<Arc<Event>>, broadcast::Receiver<Arc<Event>>, u64), ApiError> {
+    ) -> Result<WatchStarted, ApiError> {
         let inner = self.lock();
         let receiver = self.events.subscribe();
         let backlog = match start {
@@ -517,7 +525,11 @@ impl Store {
                     .collect()
             }
         };
-        Ok((backlog, receiver, inner.revision))
+        Ok(WatchStarted {
+            backlog,
+            feed: receiver,
+            revision: inner.revision,
+        })
     }
 }
 

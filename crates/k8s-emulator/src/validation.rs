@@ -286,23 +286,23 @@ fn validate_metadata(lease: &Lease, errors: &mut Vec<FieldError>) {
 
 fn validate_spec(lease: &Lease, errors: &mut Vec<FieldError>) {
     let Some(spec) = &lease.spec else { return };
-    if let Some(seconds) = spec.lease_duration_seconds {
-        if seconds <= 0 {
-            errors.push(FieldError::invalid(
-                "spec.leaseDurationSeconds",
-                seconds.to_string(),
-                "must be greater than 0",
-            ));
-        }
+    if let Some(seconds) = spec.lease_duration_seconds
+        && seconds <= 0
+    {
+        errors.push(FieldError::invalid(
+            "spec.leaseDurationSeconds",
+            seconds.to_string(),
+            "must be greater than 0",
+        ));
     }
-    if let Some(transitions) = spec.lease_transitions {
-        if transitions < 0 {
-            errors.push(FieldError::invalid(
-                "spec.leaseTransitions",
-                transitions.to_string(),
-                "must be greater than or equal to 0",
-            ));
-        }
+    if let Some(transitions) = spec.lease_transitions
+        && transitions < 0
+    {
+        errors.push(FieldError::invalid(
+            "spec.leaseTransitions",
+            transitions.to_string(),
+            "must be greater than or equal to 0",
+        ));
     }
     let has_strategy = spec.strategy.as_deref().is_some_and(|s| !s.is_empty());
     if spec

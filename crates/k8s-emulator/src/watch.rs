@@ -86,60 +86,56 @@ fn line(value: &Value) -> Bytes {
     Bytes::from(text)
 }
 
-fn next_line(
-    mut state: WatchState,
-) -> impl Future<Output = Option<(Result<Bytes, std::io::Error>, WatchState)>> {
-    async move {
-        loop {
-            if let Some(error) = state.error.take() {
-                state.feed = None;
-                let event = json!({"type": "ERROR", "object": error.to_status()});
-                return Some((Ok(line(&event)), state));
+async fn next_line(mut state: WatchState) -> Option<(Result<Bytes, std::io::Error>, WatchState)> {
+    loop {
+        if let Some(error) = state.error.take() {
+            state.feed = None;
+            let event = json!({"type": "ERROR", "object": error.to_status()});
+            return Some((Ok(line(&event)), state));
+        }
+        if let Some(event) = state.backlog.pop_front() {
+            if let Some(bytes) = state.render(&event) {
+                return Some((Ok(bytes), state));
             }
-            if let Some(event) = state.backlog.pop_front() {
+            continue;
+        }
+        if let Some(revision) = state.initial_end.take() {
+            let bookmark = json!({
+                "type": "BOOKMARK",
+                "object": {
+                    "kind": KIND,
+                    "apiVersion": API_VERSION,
+                    "metadata": {
+                        "resourceVersion": revision.to_string(),
+                        "annotations": {"k8s.io/initial-events-end": "true"},
+                    },
+                    "spec": {},
+                },
+            });
+            return Some((Ok(line(&bookmark)), state));
+        }
+        let feed = state.feed.as_mut()?;
+        let deadline = state.deadline;
+        let expired = async move {
+            match deadline {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        let received = tokio::select! {
+            () = state.shutdown.cancelled() => return None,
+            () = expired => return None,
+            received = feed.recv() => received,
+        };
+        match received {
+            Ok(event) => {
                 if let Some(bytes) = state.render(&event) {
                     return Some((Ok(bytes), state));
                 }
-                continue;
             }
-            if let Some(revision) = state.initial_end.take() {
-                let bookmark = json!({
-                    "type": "BOOKMARK",
-                    "object": {
-                        "kind": KIND,
-                        "apiVersion": API_VERSION,
-                        "metadata": {
-                            "resourceVersion": revision.to_string(),
-                            "annotations": {"k8s.io/initial-events-end": "true"},
-                        },
-                        "spec": {},
-                    },
-                });
-                return Some((Ok(line(&bookmark)), state));
-            }
-            let feed = state.feed.as_mut()?;
-            let deadline = state.deadline;
-            let expired = async move {
-                match deadline {
-                    Some(at) => tokio::time::sleep_until(at).await,
-                    None => std::future::pending().await,
-                }
-            };
-            let received = tokio::select! {
-                () = state.shutdown.cancelled() => return None,
-                () = expired => return None,
-                received = feed.recv() => received,
-            };
-            match received {
-                Ok(event) => {
-                    if let Some(bytes) = state.render(&event) {
-                        return Some((Ok(bytes), state));
-                    }
-                }
-                // A watcher that fell behind is closed, as the API server
-                // does; the client resumes from its last resourceVersion.
-                Err(RecvError::Lagged(_) | RecvError::Closed) => return None,
-            }
+            // A watcher that fell behind is closed, as the API server
+            // does; the client resumes from its last resourceVersion.
+            Err(RecvError::Lagged(_) | RecvError::Closed) => return None,
         }
     }
 }
@@ -184,11 +180,11 @@ pub(crate) fn respond(
         query: query.clone(),
     };
     match shared.store.watch(start) {
-        Ok((backlog, feed, revision)) => {
-            state.backlog = backlog.into();
-            state.feed = Some(feed);
+        Ok(started) => {
+            state.backlog = started.backlog.into();
+            state.feed = Some(started.feed);
             if send_initial == Some("true") {
-                state.initial_end = Some(revision);
+                state.initial_end = Some(started.revision);
             }
         }
         // A resourceVersion older than the history kept is reported in the
