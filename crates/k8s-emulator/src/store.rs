@@ -488,10 +488,7 @@ impl Store {
 
     /// Starts a watch: the events to send first and the live feed, taken
     /// under one lock so no change falls between them.
-    pub(crate) fn watch(
-        &self,
-        start: WatchStart,
-    ) -> Result<WatchStarted, ApiError> {
+    pub(crate) fn watch(&self, start: WatchStart) -> Result<WatchStarted, ApiError> {
         let inner = self.lock();
         let receiver = self.events.subscribe();
         let backlog = match start {

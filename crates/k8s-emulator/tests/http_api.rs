@@ -639,6 +639,8 @@ async fn list_filters_by_selectors_and_pages() {
     assert!(second["metadata"].get("continue").is_none());
 }
 
+const EVENT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+
 async fn next_event(
     stream: &mut (impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
     buffer: &mut Vec<u8>,
@@ -648,9 +650,11 @@ async fn next_event(
             let line: Vec<u8> = buffer.drain(..=end).collect();
             return serde_json::from_slice(&line).expect("an event is one JSON line");
         }
-        let chunk = stream
-            .next()
+        // A bound so a missing event fails the test instead of hanging it;
+        // generous, since only the absence of an event should reach it.
+        let chunk = tokio::time::timeout(EVENT_PATIENCE, stream.next())
             .await
+            .expect("an event arrives")
             .expect("the watch stays open")
             .expect("chunk");
         buffer.extend_from_slice(&chunk);
