@@ -193,6 +193,11 @@ enum Written {
     Gone(kube::Error),
     /// No reply in time: it may or may not have committed.
     Unknown,
+    /// The update landed on an object created anew: the one read had been
+    /// deleted meanwhile and the server created ours in its place (Leases
+    /// allow create-on-update). What we wrote was decided from an object
+    /// that no longer exists, so it must not stand as decided.
+    Recreated(Observed),
 }
 
 impl K8sLease {
@@ -288,6 +293,9 @@ impl K8sLease {
             }
         };
         match outcome {
+            Ok(stored) if verb == Verb::Update && stored.metadata.uid != object.metadata.uid => {
+                self.note(name, stored).map(Written::Recreated)
+            }
             Ok(stored) => self.note(name, stored).map(Written::Done),
             Err(Failure::Conflict | Failure::AlreadyExists) => Ok(Written::Lost),
             Err(Failure::NotFound(e)) => {
@@ -349,6 +357,10 @@ impl K8sLease {
         let inner = &self.inner;
         let name = object_name(session);
         let (mut current, mut fresh) = self.latest(&name).await?;
+        // Set once we have seen an object recreated under our write: the
+        // token it carries was chosen before the deletion, so only a fresh
+        // takeover token may stand.
+        let mut distrust_own_token = false;
         for _ in 0..MAX_ROUNDS {
             let Some(observed) = current.take() else {
                 let now = inner.clock.now();
@@ -356,7 +368,7 @@ impl K8sLease {
                 match self.write(Verb::Create, &name, &object).await? {
                     // The create's own version is the token: greater than
                     // every version before it, deleted objects' included.
-                    Written::Done(created) => {
+                    Written::Done(created) | Written::Recreated(created) => {
                         return Ok(Lease::new(
                             session.clone(),
                             owner.clone(),
@@ -390,7 +402,9 @@ impl K8sLease {
                     inner.clock.instant(),
                 );
             let (token, next) = match (live, record::stored_token(object)) {
-                (true, StoredToken::Known(token)) if holder == Some(owner.as_str()) => {
+                (true, StoredToken::Known(token))
+                    if holder == Some(owner.as_str()) && !distrust_own_token =>
+                {
                     (token, record::renewed(object, token, inner.ttl, now)?)
                 }
                 (true, _) if holder != Some(owner.as_str()) => {
@@ -420,6 +434,9 @@ impl K8sLease {
                         token,
                         now + inner.ttl,
                     ));
+                }
+                Written::Recreated(created) => {
+                    (current, fresh, distrust_own_token) = (Some(created), true, true);
                 }
                 // A timed-out write may have committed: the object as
                 // stored decides (ours with our token: it did).
@@ -459,6 +476,14 @@ impl K8sLease {
             let next = record::renewed(object, lease.token(), inner.ttl, now)?;
             match self.write(Verb::Update, &name, &next).await? {
                 Written::Done(_) => return Ok(lease.with_expiry(now + inner.ttl)),
+                Written::Recreated(created) => {
+                    // The object was deleted under us: the lease is lost.
+                    // Give back the hold our write re-created, so others
+                    // need not wait for it to lapse.
+                    let cleared = record::released(&created.object);
+                    let _ = self.write(Verb::Update, &name, &cleared).await;
+                    return Err(LeaseError::held(None));
+                }
                 Written::Lost | Written::Unknown => {
                     (current, fresh) = (self.read(&name).await?, true)
                 }
@@ -492,7 +517,8 @@ impl K8sLease {
             // precondition) disappear.
             let next = record::released(&observed.object);
             match self.write(Verb::Update, &name, &next).await? {
-                Written::Done(_) | Written::Gone(_) => return Ok(()),
+                // A recreated object got our body, which holds nothing.
+                Written::Done(_) | Written::Gone(_) | Written::Recreated(_) => return Ok(()),
                 Written::Lost | Written::Unknown => {
                     (current, fresh) = (self.read(&name).await?, true)
                 }
