@@ -191,8 +191,9 @@ enum Written {
     Lost,
     /// The object is gone (404 on an update), or for a create the namespace.
     Gone(kube::Error),
-    /// No reply in time: it may or may not have committed.
-    Unknown,
+    /// No reply in time, a broken connection or a 5xx: the write may or
+    /// may not have committed. Carries the cause.
+    Unknown(LeaseError),
     /// The update landed on an object created anew: the one read had been
     /// deleted meanwhile and the server created ours in its place (Leases
     /// allow create-on-update). What we wrote was decided from an object
@@ -302,7 +303,12 @@ impl K8sLease {
                 self.inner.seen.forget(name);
                 Ok(Written::Gone(e))
             }
-            Err(Failure::TimedOut) => Ok(Written::Unknown),
+            Err(Failure::TimedOut) => Ok(Written::Unknown(
+                target.timed_out(self.inner.request_timeout),
+            )),
+            // A server fault or a lost connection says nothing about
+            // whether the write landed (a 504 often follows a commit).
+            Err(Failure::Lease(e)) if e.is_retryable() => Ok(Written::Unknown(e)),
             Err(Failure::Lease(e)) => Err(e),
         }
     }
@@ -334,12 +340,33 @@ impl K8sLease {
         }
     }
 
-    fn out_of_rounds(&self, name: &str) -> LeaseError {
-        LeaseError::transient(format!(
+    /// The token of `object`'s holder as far as this process can tell: an
+    /// object it created itself states no token, but this process remembers
+    /// the one its create granted.
+    fn token_of(&self, name: &str, object: &LeaseObject) -> StoredToken {
+        match record::stored_token(object) {
+            StoredToken::CreationVersion => object
+                .metadata
+                .uid
+                .as_deref()
+                .and_then(|uid| self.inner.seen.creation(name, uid))
+                .map_or(StoredToken::CreationVersion, |t| {
+                    StoredToken::Known(FencingToken::new(t))
+                }),
+            stored => stored,
+        }
+    }
+
+    fn out_of_rounds(&self, name: &str, last: Option<LeaseError>) -> LeaseError {
+        let error = LeaseError::transient(format!(
             "Lease {name:?} in namespace {:?} kept changing or answering late over {MAX_ROUNDS} \
              attempts",
             self.inner.namespace
-        ))
+        ));
+        match last {
+            Some(cause) => error.with_source(cause),
+            None => error,
+        }
     }
 
     fn lost(object: &LeaseObject) -> LeaseError {
@@ -357,6 +384,7 @@ impl K8sLease {
         let inner = &self.inner;
         let name = object_name(session);
         let (mut current, mut fresh) = self.latest(&name).await?;
+        let mut last_fault = None;
         // Set once we have seen an object recreated under our write: the
         // token it carries was chosen before the deletion, so only a fresh
         // takeover token may stand.
@@ -369,6 +397,9 @@ impl K8sLease {
                     // The create's own version is the token: greater than
                     // every version before it, deleted objects' included.
                     Written::Done(created) | Written::Recreated(created) => {
+                        if let Some(uid) = created.object.metadata.uid.as_deref() {
+                            inner.seen.note_creation(&name, uid, created.version);
+                        }
                         return Ok(Lease::new(
                             session.clone(),
                             owner.clone(),
@@ -376,7 +407,12 @@ impl K8sLease {
                             now + inner.ttl,
                         ));
                     }
-                    Written::Lost | Written::Unknown => {
+                    Written::Lost => {
+                        (current, fresh) = (self.read(&name).await?, true);
+                        continue;
+                    }
+                    Written::Unknown(cause) => {
+                        last_fault = Some(cause);
                         (current, fresh) = (self.read(&name).await?, true);
                         continue;
                     }
@@ -401,7 +437,7 @@ impl K8sLease {
                     now,
                     inner.clock.instant(),
                 );
-            let (token, next) = match (live, record::stored_token(object)) {
+            let (token, next) = match (live, self.token_of(&name, object)) {
                 (true, StoredToken::Known(token))
                     if holder == Some(owner.as_str()) && !distrust_own_token =>
                 {
@@ -440,19 +476,22 @@ impl K8sLease {
                 }
                 // A timed-out write may have committed: the object as
                 // stored decides (ours with our token: it did).
-                Written::Lost | Written::Unknown => {
-                    (current, fresh) = (self.read(&name).await?, true)
+                Written::Lost => (current, fresh) = (self.read(&name).await?, true),
+                Written::Unknown(cause) => {
+                    last_fault = Some(cause);
+                    (current, fresh) = (self.read(&name).await?, true);
                 }
                 Written::Gone(_) => (current, fresh) = (None, true),
             }
         }
-        Err(self.out_of_rounds(&name))
+        Err(self.out_of_rounds(&name, last_fault))
     }
 
     async fn renew_object(&self, lease: &Lease) -> Result<Lease, LeaseError> {
         let inner = &self.inner;
         let name = object_name(lease.session_id());
         let (mut current, mut fresh) = self.latest(&name).await?;
+        let mut last_fault = None;
         for _ in 0..MAX_ROUNDS {
             let Some(observed) = current.take() else {
                 if !fresh {
@@ -463,7 +502,8 @@ impl K8sLease {
             };
             self.check_session(&observed, lease.session_id())?;
             let object = &observed.object;
-            if !record::held_by(object, lease.owner(), lease.token()) {
+            let stored = self.token_of(&name, object);
+            if !record::held_by(object, stored, lease.owner(), lease.token()) {
                 if !fresh {
                     (current, fresh) = (self.read(&name).await?, true);
                     continue;
@@ -484,18 +524,21 @@ impl K8sLease {
                     let _ = self.write(Verb::Update, &name, &cleared).await;
                     return Err(LeaseError::held(None));
                 }
-                Written::Lost | Written::Unknown => {
-                    (current, fresh) = (self.read(&name).await?, true)
+                Written::Lost => (current, fresh) = (self.read(&name).await?, true),
+                Written::Unknown(cause) => {
+                    last_fault = Some(cause);
+                    (current, fresh) = (self.read(&name).await?, true);
                 }
                 Written::Gone(_) => return Err(LeaseError::held(None)),
             }
         }
-        Err(self.out_of_rounds(&name))
+        Err(self.out_of_rounds(&name, last_fault))
     }
 
     async fn release_object(&self, lease: &Lease) -> Result<(), LeaseError> {
         let name = object_name(lease.session_id());
         let (mut current, mut fresh) = self.latest(&name).await?;
+        let mut last_fault = None;
         for _ in 0..MAX_ROUNDS {
             let Some(observed) = current.take() else {
                 if !fresh {
@@ -505,7 +548,8 @@ impl K8sLease {
                 return Ok(());
             };
             self.check_session(&observed, lease.session_id())?;
-            if !record::held_by(&observed.object, lease.owner(), lease.token()) {
+            let stored = self.token_of(&name, &observed.object);
+            if !record::held_by(&observed.object, stored, lease.owner(), lease.token()) {
                 if !fresh {
                     (current, fresh) = (self.read(&name).await?, true);
                     continue;
@@ -519,12 +563,14 @@ impl K8sLease {
             match self.write(Verb::Update, &name, &next).await? {
                 // A recreated object got our body, which holds nothing.
                 Written::Done(_) | Written::Gone(_) | Written::Recreated(_) => return Ok(()),
-                Written::Lost | Written::Unknown => {
-                    (current, fresh) = (self.read(&name).await?, true)
+                Written::Lost => (current, fresh) = (self.read(&name).await?, true),
+                Written::Unknown(cause) => {
+                    last_fault = Some(cause);
+                    (current, fresh) = (self.read(&name).await?, true);
                 }
             }
         }
-        Err(self.out_of_rounds(&name))
+        Err(self.out_of_rounds(&name, last_fault))
     }
 
     async fn authority_object(&self) -> Result<AuthorityId, LeaseError> {

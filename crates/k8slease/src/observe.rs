@@ -27,6 +27,10 @@ pub(crate) struct Observed {
 #[derive(Debug, Default)]
 pub(crate) struct Observations {
     by_name: Mutex<HashMap<String, Observed>>,
+    /// Objects this process created with their holder, by name: the uid of
+    /// the object and the token the create granted (its own version, which
+    /// the object itself cannot state).
+    created: Mutex<HashMap<String, (String, u64)>>,
 }
 
 impl Observations {
@@ -77,6 +81,24 @@ impl Observations {
     /// The object no longer exists.
     pub(crate) fn forget(&self, name: &str) {
         self.lock().remove(name);
+    }
+
+    /// This process created `name` as the object with `uid`, granting `token`.
+    pub(crate) fn note_creation(&self, name: &str, uid: &str, token: u64) {
+        let mut created = self.created.lock().unwrap_or_else(PoisonError::into_inner);
+        if created.len() >= CAPACITY && !created.contains_key(name) {
+            created.clear();
+        }
+        created.insert(name.to_owned(), (uid.to_owned(), token));
+    }
+
+    /// The token this process's create of object `uid` granted, if it made it.
+    pub(crate) fn creation(&self, name: &str, uid: &str) -> Option<u64> {
+        let created = self.created.lock().unwrap_or_else(PoisonError::into_inner);
+        created
+            .get(name)
+            .filter(|(known, _)| known == uid)
+            .map(|(_, token)| *token)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Observed>> {

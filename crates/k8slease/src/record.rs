@@ -65,12 +65,18 @@ pub(crate) fn stored_token(object: &LeaseObject) -> StoredToken {
     }
 }
 
-/// True when `object` is held by `owner` under `token`.
-pub(crate) fn held_by(object: &LeaseObject, owner: &OwnerId, token: FencingToken) -> bool {
+/// True when `object`, whose token is `stored`, is held by `owner` under
+/// `token`.
+pub(crate) fn held_by(
+    object: &LeaseObject,
+    stored: StoredToken,
+    owner: &OwnerId,
+    token: FencingToken,
+) -> bool {
     if holder(object) != Some(owner.as_str()) {
         return false;
     }
-    match stored_token(object) {
+    match stored {
         StoredToken::Known(t) => t == token,
         StoredToken::CreationVersion => resource_version(object).ok() == Some(token.get()),
         StoredToken::Unreadable => false,
