@@ -29,6 +29,12 @@ pub(crate) const BACKENDS: &[Backend] = &[
         name: "grpcdriver",
         services: &[],
     },
+    // Tested against the in-process Kubernetes API emulator; a real
+    // cluster is opt-in (`conformance --kubeconfig`).
+    Backend {
+        name: "k8slease",
+        services: &[],
+    },
 ];
 
 /// Crates other than backends whose tests start services of their own.

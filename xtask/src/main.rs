@@ -2,8 +2,9 @@
 //!
 //! ```text
 //! cargo xtask ci                      everything CI checks, in order
-//! cargo xtask conformance [--backend NAME]
-//!                                     the behaviour suite against one or every backend
+//! cargo xtask conformance [--backend NAME] [--kubeconfig PATH [--namespace NS]]
+//!                                     the behaviour suite against one or every backend;
+//!                                     with --kubeconfig, k8slease against a real cluster
 //! cargo xtask services [--backend NAME]
 //!                                     install what the tests start (Redis, etcd, …)
 //! cargo xtask bench [--quick] [FILTER]
@@ -26,7 +27,8 @@ use std::process::{Command, ExitCode};
 
 type Result<T = ()> = std::result::Result<T, String>;
 
-const USAGE: &str = "usage: cargo xtask <ci | conformance [--backend NAME] | \
+const USAGE: &str = "usage: cargo xtask <ci | conformance [--backend NAME] \
+                     [--kubeconfig PATH [--namespace NS]] | \
                      services [--backend NAME] | bench [--quick] [FILTER] | \
                      proto [--check | --bless]>";
 
@@ -94,8 +96,76 @@ fn chosen_backends(args: &[String], usage: &str) -> Result<Vec<&'static backends
     }
 }
 
+/// The backend that can run against a real cluster, and the variables its
+/// conformance test reads to do so.
+const CLUSTER_BACKEND: &str = "k8slease";
+const KUBECONFIG_ENV: &str = "MECATL_K8S_KUBECONFIG";
+const NAMESPACE_ENV: &str = "MECATL_K8S_NAMESPACE";
+const CONFORMANCE_USAGE: &str = "usage: cargo xtask conformance [--backend NAME] \
+                                 [--kubeconfig PATH [--namespace NS]]";
+
+/// A real cluster to run `k8slease`'s suite against instead of the emulator.
+#[derive(Debug, PartialEq, Eq)]
+struct RealCluster {
+    kubeconfig: PathBuf,
+    namespace: Option<String>,
+}
+
+/// Splits `--kubeconfig PATH` and `--namespace NS` from the other arguments.
+fn cluster_flags(args: &[String]) -> Result<(Vec<String>, Option<RealCluster>)> {
+    let (mut rest, mut kubeconfig, mut namespace) = (Vec::new(), None, None);
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let slot = match arg.as_str() {
+            "--kubeconfig" => &mut kubeconfig,
+            "--namespace" => &mut namespace,
+            _ => {
+                rest.push(arg.clone());
+                continue;
+            }
+        };
+        *slot = Some(it.next().ok_or(CONFORMANCE_USAGE)?.clone());
+    }
+    let cluster = match (kubeconfig, namespace) {
+        (Some(path), namespace) => Some(RealCluster {
+            kubeconfig: PathBuf::from(path),
+            namespace,
+        }),
+        (None, Some(_)) => return Err("--namespace needs --kubeconfig".into()),
+        (None, None) => None,
+    };
+    Ok((rest, cluster))
+}
+
 fn conformance(args: &[String]) -> Result {
-    let chosen = chosen_backends(args, "usage: cargo xtask conformance [--backend NAME]")?;
+    let (args, cluster) = cluster_flags(args)?;
+    let chosen = chosen_backends(&args, CONFORMANCE_USAGE)?;
+    if let Some(cluster) = &cluster {
+        if chosen.len() != 1 || chosen[0].name != CLUSTER_BACKEND {
+            return Err(format!(
+                "--kubeconfig runs only --backend {CLUSTER_BACKEND} against a real cluster"
+            ));
+        }
+        if !cluster.kubeconfig.is_file() {
+            return Err(format!(
+                "kubeconfig {} is not a readable file",
+                cluster.kubeconfig.display()
+            ));
+        }
+        let mut cmd = cargo();
+        cmd.args(["test", "-p", CLUSTER_BACKEND, "--test", "conformance"])
+            .env(KUBECONFIG_ENV, &cluster.kubeconfig);
+        if let Some(ns) = &cluster.namespace {
+            cmd.env(NAMESPACE_ENV, ns);
+        }
+        return run(
+            &format!(
+                "conformance suite on {CLUSTER_BACKEND} against the cluster of {}",
+                cluster.kubeconfig.display()
+            ),
+            &mut cmd,
+        );
+    }
     let needed: Vec<_> = chosen
         .iter()
         .flat_map(|b| b.services.iter().copied())
@@ -119,4 +189,48 @@ fn services(args: &[String]) -> Result {
             .collect(),
     };
     services::ensure(&needed)
+}
+
+#[cfg(test)]
+mod cluster_flag_tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn kubeconfig_and_namespace_are_split_from_the_backend() {
+        let (rest, cluster) = cluster_flags(&args(&[
+            "--backend",
+            "k8slease",
+            "--kubeconfig",
+            "/k",
+            "--namespace",
+            "ns",
+        ]))
+        .unwrap();
+        assert_eq!(rest, args(&["--backend", "k8slease"]));
+        assert_eq!(
+            cluster,
+            Some(RealCluster {
+                kubeconfig: "/k".into(),
+                namespace: Some("ns".into())
+            })
+        );
+        assert_eq!(
+            cluster_flags(&args(&["--backend", "memlease"])).unwrap().1,
+            None
+        );
+        assert!(cluster_flags(&args(&["--kubeconfig"])).is_err());
+        assert!(cluster_flags(&args(&["--namespace", "ns"])).is_err());
+    }
+
+    #[test]
+    fn a_cluster_is_only_for_k8slease() {
+        let err = conformance(&args(&["--backend", "memlease", "--kubeconfig", "/k"]));
+        assert!(err.unwrap_err().contains("only --backend k8slease"));
+        let err = conformance(&args(&["--kubeconfig", "/k"]));
+        assert!(err.is_err());
+    }
 }

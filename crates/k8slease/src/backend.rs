@@ -1,0 +1,773 @@
+//! The `SessionLease` implementation: every decision made from the object
+//! as stored, every write conditional on its resourceVersion.
+
+use std::future::Future;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, PostParams};
+use lease_port::{
+    AuthorityId, Clock, FencingToken, Lease, LeaseError, OwnerId, SessionId, SessionLease,
+    SystemClock,
+};
+
+use crate::error::{Failure, Target, Verb, foreign_object};
+use crate::expiry::ExpiryJudgement;
+use crate::name::{AUTHORITY_OBJECT, object_name};
+use crate::observe::{Observations, Observed};
+use crate::record::{self, StoredToken};
+
+/// The TTL when none is set: client-go leader election's default duration.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(15);
+
+/// The longest request timeout the builder picks by itself.
+const DEFAULT_TIMEOUT_CAP: Duration = Duration::from_secs(5);
+
+/// How many times one operation re-reads after losing a race or a reply
+/// before it gives up as `Transient`. Each round means another writer
+/// changed the object in between, so a few suffice.
+const MAX_ROUNDS: usize = 6;
+
+/// Leases on sessions as `coordination.k8s.io/v1` Lease objects in one
+/// namespace. Cheap to clone; clones share one connection pool and one
+/// memory of the objects seen (see [`ExpiryJudgement::SkewSafe`]).
+#[derive(Clone)]
+pub struct K8sLease {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    api: Api<LeaseObject>,
+    namespace: String,
+    ttl: Duration,
+    request_timeout: Duration,
+    expiry: ExpiryJudgement,
+    clock: Arc<dyn Clock>,
+    seen: Observations,
+    authority: OnceLock<AuthorityId>,
+}
+
+impl std::fmt::Debug for K8sLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("K8sLease")
+            .field("namespace", &self.inner.namespace)
+            .field("ttl", &self.inner.ttl)
+            .field("request_timeout", &self.inner.request_timeout)
+            .field("expiry", &self.inner.expiry)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Configures a [`K8sLease`]; see [`K8sLease::builder`].
+#[must_use]
+pub struct Builder {
+    client: kube::Client,
+    namespace: String,
+    ttl: Duration,
+    request_timeout: Option<Duration>,
+    expiry: ExpiryJudgement,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl std::fmt::Debug for Builder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Builder")
+            .field("namespace", &self.namespace)
+            .field("ttl", &self.ttl)
+            .field("request_timeout", &self.request_timeout)
+            .field("expiry", &self.expiry)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Builder {
+    /// How long a grant lasts without renewal: whole seconds, at least one
+    /// (`leaseDurationSeconds` cannot say less, and rounding would quietly
+    /// change the promise). Default [`DEFAULT_TTL`].
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How long one API request may take before it counts as failed (a
+    /// timed-out write is then re-read, since it may have committed).
+    /// Must be non-zero and at most a third of the TTL, so that a renewal
+    /// sent every TTL/3 can fail, be re-read and be retried before the
+    /// lease lapses. Default: a quarter of the TTL, at most 5 s.
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = Some(timeout);
+        self
+    }
+
+    /// How other holders' expiry is judged. Default
+    /// [`ExpiryJudgement::SkewSafe`].
+    pub fn expiry(mut self, judgement: ExpiryJudgement) -> Self {
+        self.expiry = judgement;
+        self
+    }
+
+    /// The clock for timestamps written into objects, the expiries reported
+    /// and observation times. Default: the system clocks.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Checks the settings. A TTL that is not a whole number of seconds (or
+    /// is zero, or beyond `i32::MAX` seconds), a request timeout outside
+    /// (0, TTL/3], or a namespace that is not a DNS-1123 label is
+    /// [`Invalid`](lease_port::LeaseErrorKind::Invalid). Makes no request.
+    pub fn build(self) -> Result<K8sLease, LeaseError> {
+        let ttl = self.ttl;
+        if ttl.subsec_nanos() != 0 || ttl.as_secs() == 0 || ttl.as_secs() > i32::MAX as u64 {
+            return Err(LeaseError::invalid(format!(
+                "TTL {ttl:?} is not a whole number of seconds between 1 and {}: \
+                 leaseDurationSeconds cannot express it",
+                i32::MAX
+            )));
+        }
+        let request_timeout = self
+            .request_timeout
+            .unwrap_or_else(|| (ttl / 4).min(DEFAULT_TIMEOUT_CAP));
+        if request_timeout.is_zero() || request_timeout > ttl / 3 {
+            return Err(LeaseError::invalid(format!(
+                "request timeout {request_timeout:?} must be above zero and at most a third \
+                 of the TTL ({ttl:?}), so a renewal can be retried before the lease lapses"
+            )));
+        }
+        if !is_dns_label(&self.namespace) {
+            return Err(LeaseError::invalid(format!(
+                "{:?} is not a valid namespace name",
+                self.namespace
+            )));
+        }
+        Ok(K8sLease {
+            inner: Arc::new(Inner {
+                api: Api::namespaced(self.client, &self.namespace),
+                namespace: self.namespace,
+                ttl,
+                request_timeout,
+                expiry: self.expiry,
+                clock: self.clock.unwrap_or_else(|| Arc::new(SystemClock)),
+                seen: Observations::default(),
+                authority: OnceLock::new(),
+            }),
+        })
+    }
+}
+
+fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
+}
+
+/// A kube client for the cluster and user of the current context of the
+/// kubeconfig file at `path`. An unreadable or unusable file is
+/// [`Invalid`](lease_port::LeaseErrorKind::Invalid).
+pub async fn client_from_kubeconfig(path: impl AsRef<Path>) -> Result<kube::Client, LeaseError> {
+    let path = path.as_ref();
+    let bad = |what: &str| LeaseError::invalid(format!("kubeconfig {}: {what}", path.display()));
+    let kubeconfig = kube::config::Kubeconfig::read_from(path)
+        .map_err(|e| bad("cannot be read").with_source(e))?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .map_err(|e| bad("cannot be used").with_source(e))?;
+    kube::Client::try_from(config).map_err(|e| bad("no client can be built from it").with_source(e))
+}
+
+/// What became of a write.
+enum Written {
+    Done(Observed),
+    /// Another write came first (409 `Conflict` or `AlreadyExists`).
+    Lost,
+    /// The object is gone (404 on an update), or for a create the namespace.
+    Gone(kube::Error),
+    /// No reply in time, a broken connection or a 5xx: the write may or
+    /// may not have committed. Carries the cause.
+    Unknown(LeaseError),
+    /// The update landed on an object created anew: the one read had been
+    /// deleted meanwhile and the server created ours in its place (Leases
+    /// allow create-on-update). What we wrote was decided from an object
+    /// that no longer exists, so it must not stand as decided.
+    Recreated(Observed),
+}
+
+impl K8sLease {
+    /// Configures leases in `namespace` reached through `client`.
+    pub fn builder(client: kube::Client, namespace: impl Into<String>) -> Builder {
+        Builder {
+            client,
+            namespace: namespace.into(),
+            ttl: DEFAULT_TTL,
+            request_timeout: None,
+            expiry: ExpiryJudgement::default(),
+            clock: None,
+        }
+    }
+
+    /// The namespace holding the Lease objects.
+    pub fn namespace(&self) -> &str {
+        &self.inner.namespace
+    }
+
+    /// The TTL of every grant.
+    pub fn ttl(&self) -> Duration {
+        self.inner.ttl
+    }
+
+    /// The timeout of each API request.
+    pub fn request_timeout(&self) -> Duration {
+        self.inner.request_timeout
+    }
+
+    fn target<'a>(&'a self, verb: Verb, name: &'a str) -> Target<'a> {
+        Target {
+            verb,
+            namespace: &self.inner.namespace,
+            name,
+        }
+    }
+
+    /// Runs one request under the request timeout.
+    async fn call<T>(
+        &self,
+        target: Target<'_>,
+        request: impl Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, Failure> {
+        match tokio::time::timeout(self.inner.request_timeout, request).await {
+            Err(_) => Err(Failure::TimedOut),
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(target.classify(e)),
+        }
+    }
+
+    /// Reads the object as stored now. `None` when it does not exist.
+    async fn read(&self, name: &str) -> Result<Option<Observed>, LeaseError> {
+        let target = self.target(Verb::Get, name);
+        match self.call(target, self.inner.api.get(name)).await {
+            Ok(object) => self.note(name, object).map(Some),
+            Err(Failure::NotFound(_)) => {
+                self.inner.seen.forget(name);
+                Ok(None)
+            }
+            Err(Failure::TimedOut) => Err(target.timed_out(self.inner.request_timeout)),
+            Err(Failure::Lease(e)) => Err(e),
+            Err(Failure::Conflict | Failure::AlreadyExists) => Err(LeaseError::transient(format!(
+                "reading Lease {name:?} answered a conflict"
+            ))),
+        }
+    }
+
+    fn note(&self, name: &str, object: LeaseObject) -> Result<Observed, LeaseError> {
+        let version = record::resource_version(&object)?;
+        let arrived = self.inner.clock.instant();
+        Ok(self.inner.seen.note(name, object, version, arrived))
+    }
+
+    /// Writes `object`: a create when `verb` is [`Verb::Create`], else a
+    /// replace conditional on the resourceVersion the object carries.
+    async fn write(
+        &self,
+        verb: Verb,
+        name: &str,
+        object: &LeaseObject,
+    ) -> Result<Written, LeaseError> {
+        let target = self.target(verb, name);
+        let params = PostParams::default();
+        let outcome = match verb {
+            Verb::Create => {
+                self.call(target, self.inner.api.create(&params, object))
+                    .await
+            }
+            Verb::Update | Verb::Get => {
+                self.call(target, self.inner.api.replace(name, &params, object))
+                    .await
+            }
+        };
+        match outcome {
+            Ok(stored) if verb == Verb::Update && stored.metadata.uid != object.metadata.uid => {
+                self.note(name, stored).map(Written::Recreated)
+            }
+            Ok(stored) => self.note(name, stored).map(Written::Done),
+            Err(Failure::Conflict | Failure::AlreadyExists) => Ok(Written::Lost),
+            Err(Failure::NotFound(e)) => {
+                self.inner.seen.forget(name);
+                Ok(Written::Gone(e))
+            }
+            Err(Failure::TimedOut) => Ok(Written::Unknown(
+                target.timed_out(self.inner.request_timeout),
+            )),
+            // A server fault or a lost connection says nothing about
+            // whether the write landed (a 504 often follows a commit).
+            Err(Failure::Lease(e)) if e.is_retryable() => Ok(Written::Unknown(e)),
+            Err(Failure::Lease(e)) => Err(e),
+        }
+    }
+
+    /// The object we last saw, or the stored one when we have seen none.
+    /// The flag says whether it was just read.
+    async fn latest(&self, name: &str) -> Result<(Option<Observed>, bool), LeaseError> {
+        match self.inner.seen.get(name) {
+            Some(seen) => Ok((Some(seen), false)),
+            None => Ok((self.read(name).await?, true)),
+        }
+    }
+
+    /// Refuses objects this crate did not write for `session`.
+    fn check_session(&self, observed: &Observed, session: &SessionId) -> Result<(), LeaseError> {
+        let name = observed.object.metadata.name.as_deref().unwrap_or("");
+        match record::session_of(&observed.object) {
+            Some(id) if id == session.as_str() => Ok(()),
+            Some(other) => Err(foreign_object(
+                &self.inner.namespace,
+                name,
+                &format!("it belongs to session {other:?}"),
+            )),
+            None => Err(foreign_object(
+                &self.inner.namespace,
+                name,
+                "it has no mecatl.dev/session-id annotation",
+            )),
+        }
+    }
+
+    /// The token of `object`'s holder as far as this process can tell: an
+    /// object it created itself states no token, but this process remembers
+    /// the one its create granted.
+    fn token_of(&self, name: &str, object: &LeaseObject) -> StoredToken {
+        match record::stored_token(object) {
+            StoredToken::CreationVersion => object
+                .metadata
+                .uid
+                .as_deref()
+                .and_then(|uid| self.inner.seen.creation(name, uid))
+                .map_or(StoredToken::CreationVersion, |t| {
+                    StoredToken::Known(FencingToken::new(t))
+                }),
+            stored => stored,
+        }
+    }
+
+    fn out_of_rounds(&self, name: &str, last: Option<LeaseError>) -> LeaseError {
+        let error = LeaseError::transient(format!(
+            "Lease {name:?} in namespace {:?} kept changing or answering late over {MAX_ROUNDS} \
+             attempts",
+            self.inner.namespace
+        ));
+        match last {
+            Some(cause) => error.with_source(cause),
+            None => error,
+        }
+    }
+
+    fn lost(object: &LeaseObject) -> LeaseError {
+        match record::holder(object).and_then(|h| OwnerId::new(h).ok()) {
+            Some(holder) => LeaseError::held(Some(holder)),
+            None => LeaseError::held(None),
+        }
+    }
+
+    async fn acquire_object(
+        &self,
+        session: &SessionId,
+        owner: &OwnerId,
+    ) -> Result<Lease, LeaseError> {
+        let inner = &self.inner;
+        let name = object_name(session);
+        let (mut current, mut fresh) = self.latest(&name).await?;
+        let mut last_fault = None;
+        // Set once we have seen an object recreated under our write: the
+        // token it carries was chosen before the deletion, so only a fresh
+        // takeover token may stand.
+        let mut distrust_own_token = false;
+        for _ in 0..MAX_ROUNDS {
+            let Some(observed) = current.take() else {
+                let now = inner.clock.now();
+                let object = record::new_held(&name, session, owner, inner.ttl, now)?;
+                match self.write(Verb::Create, &name, &object).await? {
+                    // The create's own version is the token: greater than
+                    // every version before it, deleted objects' included.
+                    Written::Done(created) | Written::Recreated(created) => {
+                        if let Some(uid) = created.object.metadata.uid.as_deref() {
+                            inner.seen.note_creation(&name, uid, created.version);
+                        }
+                        return Ok(Lease::new(
+                            session.clone(),
+                            owner.clone(),
+                            FencingToken::new(created.version),
+                            now + inner.ttl,
+                        ));
+                    }
+                    Written::Lost => {
+                        (current, fresh) = (self.read(&name).await?, true);
+                        continue;
+                    }
+                    Written::Unknown(cause) => {
+                        last_fault = Some(cause);
+                        (current, fresh) = (self.read(&name).await?, true);
+                        continue;
+                    }
+                    Written::Gone(e) => {
+                        return Err(LeaseError::invalid(format!(
+                            "cannot create Leases in namespace {:?}: it does not exist",
+                            inner.namespace
+                        ))
+                        .with_source(e));
+                    }
+                }
+            };
+            self.check_session(&observed, session)?;
+            let object = &observed.object;
+            let now = inner.clock.now();
+            let holder = record::holder(object);
+            let live = holder.is_some()
+                && !inner.expiry.expired(
+                    object,
+                    observed.seen,
+                    inner.ttl,
+                    now,
+                    inner.clock.instant(),
+                );
+            let (token, next) = match (live, self.token_of(&name, object)) {
+                (true, StoredToken::Known(token))
+                    if holder == Some(owner.as_str()) && !distrust_own_token =>
+                {
+                    (token, record::renewed(object, token, inner.ttl, now)?)
+                }
+                (true, _) if holder != Some(owner.as_str()) => {
+                    if !fresh {
+                        // What we remember may be stale: the holder may
+                        // have released since. Ask before refusing.
+                        (current, fresh) = (self.read(&name).await?, true);
+                        continue;
+                    }
+                    return Err(Self::lost(object));
+                }
+                // Free, expired, or ours under a token the object does not
+                // state: a takeover, with a token above every earlier one.
+                (_, stored) => {
+                    let token = next_token(observed.version, stored)?;
+                    (
+                        token,
+                        record::taken_over(object, owner, token, inner.ttl, now)?,
+                    )
+                }
+            };
+            match self.write(Verb::Update, &name, &next).await? {
+                Written::Done(_) => {
+                    return Ok(Lease::new(
+                        session.clone(),
+                        owner.clone(),
+                        token,
+                        now + inner.ttl,
+                    ));
+                }
+                Written::Recreated(created) => {
+                    (current, fresh, distrust_own_token) = (Some(created), true, true);
+                }
+                // A timed-out write may have committed: the object as
+                // stored decides (ours with our token: it did).
+                Written::Lost => (current, fresh) = (self.read(&name).await?, true),
+                Written::Unknown(cause) => {
+                    last_fault = Some(cause);
+                    (current, fresh) = (self.read(&name).await?, true);
+                }
+                Written::Gone(_) => (current, fresh) = (None, true),
+            }
+        }
+        Err(self.out_of_rounds(&name, last_fault))
+    }
+
+    async fn renew_object(&self, lease: &Lease) -> Result<Lease, LeaseError> {
+        let inner = &self.inner;
+        let name = object_name(lease.session_id());
+        let (mut current, mut fresh) = self.latest(&name).await?;
+        let mut last_fault = None;
+        for _ in 0..MAX_ROUNDS {
+            let Some(observed) = current.take() else {
+                if !fresh {
+                    (current, fresh) = (self.read(&name).await?, true);
+                    continue;
+                }
+                return Err(LeaseError::held(None));
+            };
+            self.check_session(&observed, lease.session_id())?;
+            let object = &observed.object;
+            let stored = self.token_of(&name, object);
+            if !record::held_by(object, stored, lease.owner(), lease.token()) {
+                if !fresh {
+                    (current, fresh) = (self.read(&name).await?, true);
+                    continue;
+                }
+                return Err(Self::lost(object));
+            }
+            // Ours, live or lapsed: the write is conditional on this very
+            // version, so it succeeds only if nobody took over meanwhile.
+            let now = inner.clock.now();
+            let next = record::renewed(object, lease.token(), inner.ttl, now)?;
+            match self.write(Verb::Update, &name, &next).await? {
+                Written::Done(_) => return Ok(lease.with_expiry(now + inner.ttl)),
+                Written::Recreated(created) => {
+                    // The object was deleted under us: the lease is lost.
+                    // Give back the hold our write re-created, so others
+                    // need not wait for it to lapse.
+                    let cleared = record::released(&created.object);
+                    let _ = self.write(Verb::Update, &name, &cleared).await;
+                    return Err(LeaseError::held(None));
+                }
+                Written::Lost => (current, fresh) = (self.read(&name).await?, true),
+                Written::Unknown(cause) => {
+                    last_fault = Some(cause);
+                    (current, fresh) = (self.read(&name).await?, true);
+                }
+                Written::Gone(_) => return Err(LeaseError::held(None)),
+            }
+        }
+        Err(self.out_of_rounds(&name, last_fault))
+    }
+
+    async fn release_object(&self, lease: &Lease) -> Result<(), LeaseError> {
+        let name = object_name(lease.session_id());
+        let (mut current, mut fresh) = self.latest(&name).await?;
+        let mut last_fault = None;
+        for _ in 0..MAX_ROUNDS {
+            let Some(observed) = current.take() else {
+                if !fresh {
+                    (current, fresh) = (self.read(&name).await?, true);
+                    continue;
+                }
+                return Ok(());
+            };
+            self.check_session(&observed, lease.session_id())?;
+            let stored = self.token_of(&name, &observed.object);
+            if !record::held_by(&observed.object, stored, lease.owner(), lease.token()) {
+                if !fresh {
+                    (current, fresh) = (self.read(&name).await?, true);
+                    continue;
+                }
+                return Ok(());
+            }
+            // Clear the holder under the version read; never delete, which
+            // would make the object's history (and a racing writer's
+            // precondition) disappear.
+            let next = record::released(&observed.object);
+            match self.write(Verb::Update, &name, &next).await? {
+                // A recreated object got our body, which holds nothing.
+                Written::Done(_) | Written::Gone(_) | Written::Recreated(_) => return Ok(()),
+                Written::Lost => (current, fresh) = (self.read(&name).await?, true),
+                Written::Unknown(cause) => {
+                    last_fault = Some(cause);
+                    (current, fresh) = (self.read(&name).await?, true);
+                }
+            }
+        }
+        Err(self.out_of_rounds(&name, last_fault))
+    }
+
+    async fn authority_object(&self) -> Result<AuthorityId, LeaseError> {
+        if let Some(known) = self.inner.authority.get() {
+            return Ok(known.clone());
+        }
+        let name = AUTHORITY_OBJECT;
+        let mut object = self.read_plain(name).await?;
+        if object.is_none() {
+            let fresh = LeaseObject {
+                metadata: ObjectMeta {
+                    name: Some(name.to_owned()),
+                    labels: Some(
+                        [(
+                            record::MANAGED_BY_LABEL.to_owned(),
+                            record::MANAGED_BY.to_owned(),
+                        )]
+                        .into(),
+                    ),
+                    annotations: Some(
+                        [(
+                            "mecatl.dev/purpose".to_owned(),
+                            "Its uid names the lease authority of this namespace: fencing tokens \
+                         of k8slease are comparable only under one authority. Deleting it \
+                         makes every store fenced by this namespace refuse its servers."
+                                .to_owned(),
+                        )]
+                        .into(),
+                    ),
+                    ..ObjectMeta::default()
+                },
+                spec: None,
+            };
+            let target = self.target(Verb::Create, name);
+            match self
+                .call(
+                    target,
+                    self.inner.api.create(&PostParams::default(), &fresh),
+                )
+                .await
+            {
+                Ok(created) => object = Some(created),
+                Err(Failure::AlreadyExists | Failure::Conflict | Failure::TimedOut) => {
+                    object = self.read_plain(name).await?;
+                }
+                Err(Failure::NotFound(e)) => {
+                    return Err(LeaseError::invalid(format!(
+                        "namespace {:?} does not exist",
+                        self.inner.namespace
+                    ))
+                    .with_source(e));
+                }
+                Err(Failure::Lease(e)) => return Err(e),
+            }
+        }
+        let uid = object
+            .and_then(|o| o.metadata.uid)
+            .filter(|u| !u.is_empty())
+            .ok_or_else(|| {
+                LeaseError::transient(format!(
+                    "Lease {name:?} in namespace {:?} has no uid yet",
+                    self.inner.namespace
+                ))
+            })?;
+        let id = AuthorityId::new(format!("k8s:{}:{uid}", self.inner.namespace))?;
+        Ok(self.inner.authority.get_or_init(|| id).clone())
+    }
+
+    async fn read_plain(&self, name: &str) -> Result<Option<LeaseObject>, LeaseError> {
+        let target = self.target(Verb::Get, name);
+        match self.call(target, self.inner.api.get(name)).await {
+            Ok(object) => Ok(Some(object)),
+            Err(Failure::NotFound(_)) => Ok(None),
+            Err(Failure::TimedOut) => Err(target.timed_out(self.inner.request_timeout)),
+            Err(Failure::Lease(e)) => Err(e),
+            Err(Failure::Conflict | Failure::AlreadyExists) => Err(LeaseError::transient(format!(
+                "reading Lease {name:?} answered a conflict"
+            ))),
+        }
+    }
+}
+
+/// The token of a takeover conditioned on `version`: above `version`
+/// itself (every earlier token was at most the version of the write that
+/// made it, and versions only grow) and above the stored token.
+fn next_token(version: u64, stored: StoredToken) -> Result<FencingToken, LeaseError> {
+    let floor = match stored {
+        StoredToken::Known(t) => t.get().max(version),
+        StoredToken::CreationVersion | StoredToken::Unreadable => version,
+    };
+    floor.checked_add(1).map(FencingToken::new).ok_or_else(|| {
+        LeaseError::unsupported("the fencing token has reached u64::MAX and cannot rise")
+    })
+}
+
+#[async_trait]
+impl SessionLease for K8sLease {
+    async fn acquire(&self, session: &SessionId, owner: &OwnerId) -> Result<Lease, LeaseError> {
+        self.acquire_object(session, owner).await
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<Lease, LeaseError> {
+        self.renew_object(lease).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), LeaseError> {
+        self.release_object(lease).await
+    }
+
+    /// `k8s:<namespace>:<uid>`, where `<uid>` is the uid of the Lease object
+    /// `mecatl-authority` in the namespace, created by the first client
+    /// that asks. The uid is assigned by the API server and unique across
+    /// clusters and across re-creations, so the id is the same for every
+    /// client of one namespace and changes if the object is deleted (stores
+    /// then refuse servers until re-pointed, the safe direction).
+    async fn authority(&self) -> Result<AuthorityId, LeaseError> {
+        self.authority_object().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lease_port::LeaseErrorKind;
+
+    fn client() -> kube::Client {
+        // Never contacted: the builder makes no request.
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("uri"));
+        kube::Client::try_from(config).expect("client")
+    }
+
+    #[tokio::test]
+    async fn ttl_must_be_whole_seconds_of_at_least_one() {
+        for bad in [
+            Duration::ZERO,
+            Duration::from_millis(500),
+            Duration::from_millis(1500),
+            Duration::from_secs(i32::MAX as u64 + 1),
+        ] {
+            let err = K8sLease::builder(client(), "ns")
+                .ttl(bad)
+                .build()
+                .unwrap_err();
+            assert_eq!(err.kind(), LeaseErrorKind::Invalid, "{bad:?}");
+        }
+        let ok = K8sLease::builder(client(), "ns")
+            .ttl(Duration::from_secs(1))
+            .build()
+            .unwrap();
+        assert_eq!(ok.ttl(), Duration::from_secs(1));
+        assert_eq!(ok.request_timeout(), Duration::from_millis(250));
+    }
+
+    #[tokio::test]
+    async fn request_timeout_stays_within_the_renewal_margin() {
+        let build = |t| {
+            K8sLease::builder(client(), "ns")
+                .ttl(Duration::from_secs(9))
+                .request_timeout(t)
+                .build()
+        };
+        assert!(build(Duration::from_secs(3)).is_ok());
+        for bad in [Duration::ZERO, Duration::from_millis(3001)] {
+            assert_eq!(build(bad).unwrap_err().kind(), LeaseErrorKind::Invalid);
+        }
+        let default = K8sLease::builder(client(), "ns").build().unwrap();
+        assert!(default.request_timeout() <= DEFAULT_TTL / 3);
+    }
+
+    #[tokio::test]
+    async fn namespace_must_be_a_dns_label() {
+        for bad in ["", "Team", "a/b", "-a", "a-", &"n".repeat(64)] {
+            let err = K8sLease::builder(client(), bad).build().unwrap_err();
+            assert_eq!(err.kind(), LeaseErrorKind::Invalid, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn takeover_tokens_rise_above_version_and_stored_token() {
+        assert_eq!(
+            next_token(10, StoredToken::CreationVersion).unwrap().get(),
+            11
+        );
+        assert_eq!(
+            next_token(10, StoredToken::Known(FencingToken::new(4)))
+                .unwrap()
+                .get(),
+            11
+        );
+        assert_eq!(
+            next_token(10, StoredToken::Known(FencingToken::new(40)))
+                .unwrap()
+                .get(),
+            41
+        );
+        assert_eq!(next_token(10, StoredToken::Unreadable).unwrap().get(), 11);
+        let err = next_token(u64::MAX, StoredToken::CreationVersion).unwrap_err();
+        assert_eq!(err.kind(), LeaseErrorKind::Unsupported);
+    }
+}
