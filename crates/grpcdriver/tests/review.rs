@@ -187,3 +187,36 @@ async fn the_bearer_scheme_is_case_insensitive() {
     let answer = c.get_authority(req).await;
     assert!(answer.is_ok(), "{:?}", answer.unwrap_err());
 }
+
+/// A memory-backed service that restarts (same address, new table) names a
+/// new authority, and mecated checks the authority only at start-up. A
+/// running client carries on against the new service without noticing:
+/// B is granted a session whose lease A obtained from the old service and
+/// still counts as live, and its token comes from an authority the store
+/// was never bound to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_notices_when_the_service_behind_its_address_changes_authority() {
+    let mut first = server(|s| s).await;
+    let addr = first.addr;
+    let a = first.client(clock(), |b| b);
+    let bound = a.authority().await.unwrap();
+    let s = SessionId::new("restarted").unwrap();
+    let la = a
+        .acquire(&s, &OwnerId::new("host-a/1").unwrap())
+        .await
+        .unwrap();
+    let _ = tokio::time::timeout(Duration::from_secs(5), first.stop()).await;
+    drop(first);
+
+    let second = Running::start(Arc::new(MemLease::new(TTL)), clock(), Some(addr), |s| s).await;
+    let b = second.client(clock(), |b| b);
+    let lb = b.acquire(&s, &OwnerId::new("host-b/1").unwrap()).await;
+    let now = a.authority().await.unwrap();
+    assert!(
+        now == bound || lb.is_err(),
+        "A still counts token {} (from authority {bound}) as live while B was granted {:?} \
+         by authority {now}; nothing in the client compared the two",
+        la.token(),
+        lb.map(|l| l.token())
+    );
+}
