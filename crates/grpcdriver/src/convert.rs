@@ -8,14 +8,15 @@ use lease_port::{FencingToken, Lease, LeaseError, OwnerId, SessionId};
 use crate::pb;
 
 /// The wire form of `lease` as the server sends it: remaining time judged
-/// on the server's clock at `now`.
-pub(crate) fn lease_to_wire(lease: &Lease, now: SystemTime) -> pb::Lease {
+/// on the server's clock at `now`, and the authority that granted it.
+pub(crate) fn lease_to_wire(lease: &Lease, now: SystemTime, authority: &str) -> pb::Lease {
     let remaining = lease.expiry().duration_since(now).unwrap_or(Duration::ZERO);
     pb::Lease {
         session_id: lease.session_id().as_str().to_owned(),
         owner: lease.owner().as_str().to_owned(),
         token: lease.token().get(),
         remaining: Some(duration_to_wire(remaining)),
+        authority: authority.to_owned(),
     }
 }
 
@@ -26,7 +27,7 @@ pub(crate) fn duration_to_wire(d: Duration) -> prost_types::Duration {
     }
 }
 
-fn duration_from_wire(d: &prost_types::Duration) -> Result<Duration, LeaseError> {
+pub(crate) fn duration_from_wire(d: &prost_types::Duration) -> Result<Duration, LeaseError> {
     let secs = u64::try_from(d.seconds)
         .map_err(|_| LeaseError::invalid("the lease service sent a negative remaining time"))?;
     let nanos = u32::try_from(d.nanos)
@@ -113,7 +114,7 @@ mod tests {
             FencingToken::new(7),
             server_now + Duration::from_secs(10),
         );
-        let wire = lease_to_wire(&granted, server_now);
+        let wire = lease_to_wire(&granted, server_now, "a");
         // The client's clock is an hour off; only the difference matters.
         let sent = SystemTime::UNIX_EPOCH + Duration::from_secs(4600);
         let lease = lease_from_wire(Some(&wire), &s, &o, sent).unwrap();
@@ -129,6 +130,7 @@ mod tests {
             owner: "o".into(),
             token: 1,
             remaining: Some(duration_to_wire(Duration::from_secs(1))),
+            authority: String::new(),
         };
         let now = SystemTime::now();
         assert!(lease_from_wire(Some(&wire), &s, &o, now).is_err());

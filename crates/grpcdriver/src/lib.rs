@@ -116,13 +116,14 @@ mod status;
 pub use client::ClientTls;
 pub use client::{
     DEFAULT_ATTEMPTS, DEFAULT_CALL_TIMEOUT, DEFAULT_CLIENT_BATCH, DEFAULT_CONNECT_TIMEOUT,
-    GrpcLease, GrpcLeaseBuilder,
+    GrpcLease, GrpcLeaseBuilder, ServiceInfo,
 };
 #[cfg(feature = "tls")]
 pub use server::ServerTls;
 pub use server::{
     DEFAULT_CALL_TIMEOUT as DEFAULT_SERVER_CALL_TIMEOUT, DEFAULT_CONCURRENCY_PER_CONNECTION,
-    DEFAULT_MAX_BATCH, DEFAULT_MAX_MESSAGE_BYTES, LeaseServer, ServeError, ServerStats,
+    DEFAULT_MAX_BATCH, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_STREAMS_PER_CONNECTION,
+    DEFAULT_STREAM_IDLE, LeaseServer, ServeError, ServerStats,
 };
 pub use status::ERROR_DOMAIN;
 

@@ -26,7 +26,6 @@ pub(crate) enum Call {
     Renew,
     Release,
     Get,
-    Authority,
 }
 
 /// The reason a backend error is sent under.

@@ -29,6 +29,52 @@ impl Clock for SystemClock {
     }
 }
 
+/// Wall-clock time that never steps: read from the system once, when the
+/// clock is made, and advanced by the monotonic clock from then on.
+///
+/// For a process that both grants leases and judges their expiry itself
+/// (a lease service over an in-memory table, say): a step of the host's
+/// clock (an NTP correction, an operator's `date -s`) must neither expire
+/// every grant at once nor stretch them, and with this clock it moves
+/// neither. It drifts from the system clock by however much the system
+/// clock is stepped or slewed while the process runs; never compare its
+/// readings with another process's.
+#[derive(Debug, Clone, Copy)]
+pub struct MonotonicWallClock {
+    wall: SystemTime,
+    at: Instant,
+}
+
+impl MonotonicWallClock {
+    /// Anchored at the system's wall-clock time now.
+    pub fn new() -> Self {
+        Self::anchored_at(SystemTime::now())
+    }
+
+    /// Anchored at `wall`, as if the system clock read it now.
+    pub fn anchored_at(wall: SystemTime) -> Self {
+        Self {
+            wall,
+            at: Instant::now(),
+        }
+    }
+}
+
+impl Default for MonotonicWallClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for MonotonicWallClock {
+    fn now(&self) -> SystemTime {
+        self.wall + self.at.elapsed()
+    }
+    fn instant(&self) -> Instant {
+        Instant::now()
+    }
+}
+
 impl<C: Clock + ?Sized> Clock for std::sync::Arc<C> {
     fn now(&self) -> SystemTime {
         (**self).now()
@@ -144,5 +190,25 @@ mod manual {
             assert_eq!(b.now(), w0 - Duration::from_secs(3600));
             assert_eq!(b.instant(), m0 + Duration::from_millis(1500));
         }
+    }
+}
+
+#[cfg(test)]
+mod monotonic_wall_tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn it_starts_at_its_anchor_and_moves_with_the_monotonic_clock() {
+        let anchor = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let clock = MonotonicWallClock::anchored_at(anchor);
+        let first = clock.now();
+        assert!(first >= anchor);
+        std::thread::sleep(Duration::from_millis(5));
+        let second = clock.now();
+        assert!(second > first, "it advances");
+        // Nothing but the monotonic clock moves it: far from the system
+        // clock, it stays where its anchor put it.
+        assert!(second < anchor + Duration::from_secs(3600));
     }
 }

@@ -133,7 +133,7 @@ mod port;
 
 #[cfg(feature = "test-util")]
 pub use clock::ManualClock;
-pub use clock::{Clock, SystemClock};
+pub use clock::{Clock, MonotonicWallClock, SystemClock};
 pub use error::{LeaseError, LeaseErrorKind};
 pub use id::{AuthorityId, MAX_ID_LEN, OwnerId, SessionId};
 pub use lease::{FencingToken, Lease};

@@ -105,6 +105,8 @@ pub struct LeaseService {
     pub identity: Option<(PathBuf, PathBuf)>,
     /// The name the service's certificate is checked against.
     pub tls_domain: Option<String>,
+    /// Send the token in plain text to a non-loopback address.
+    pub plaintext_token: bool,
 }
 
 #[cfg(feature = "grpc")]
@@ -131,6 +133,7 @@ impl LeaseService {
                 .clone()
                 .zip(args.session_lease_key.clone()),
             tls_domain: args.session_lease_tls_domain.clone(),
+            plaintext_token: args.session_lease_plaintext_token,
         })
     }
 
@@ -143,7 +146,11 @@ impl LeaseService {
                 .map_err(|e| format!("cannot read the {what} {}: {e}", path.display()))
         };
         let mut b = grpcdriver::GrpcLease::builder(self.address.clone())
-            .call_timeout((ttl / 6).min(grpcdriver::DEFAULT_CALL_TIMEOUT));
+            .call_timeout((ttl / 6).min(grpcdriver::DEFAULT_CALL_TIMEOUT))
+            // Every grant must cover the TTL the keeper counts on, or two
+            // owners could overlap; a shorter one is refused at once.
+            .min_grant(ttl)
+            .allow_plaintext_token(self.plaintext_token);
         if let Some(path) = &self.token_file {
             let token = String::from_utf8(read(path, "lease service token file")?)
                 .map_err(|_| format!("{} is not UTF-8", path.display()))?;
@@ -336,6 +343,25 @@ pub(crate) async fn open(
                 backend: format!("the lease service at {}", service.address),
                 source: LeaseError::invalid(message),
             })?;
+            // The keeper counts on every grant living `ttl`: a service that
+            // grants less would let a takeover overlap a holder that still
+            // acts. Refuse to start rather than find out on the first run.
+            let info = leases
+                .service_info()
+                .await
+                .map_err(|source| StartError::Lease {
+                    backend: format!("the lease service at {}", service.address),
+                    source,
+                })?;
+            if let Some(granted) = info.ttl.filter(|granted| *granted < ttl) {
+                return Err(StartError::Lease {
+                    backend: format!("the lease service at {}", service.address),
+                    source: LeaseError::invalid(format!(
+                        "it grants leases of {granted:?}, shorter than --session-lease-ttl \
+                         {ttl:?}: lower --session-lease-ttl to at most {granted:?}"
+                    )),
+                });
+            }
             bind_authority(&*store, &leases, lease.flag()).await?;
             (Arc::new(leases), Exclusivity::Leased)
         }

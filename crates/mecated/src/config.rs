@@ -187,6 +187,15 @@ pub struct ServeArgs {
     )]
     pub session_lease_key: Option<PathBuf>,
 
+    /// Send the bearer token to a non-loopback lease service without TLS.
+    /// Anyone on the path could read it and take or release any lease.
+    #[arg(
+        long,
+        env = "MECATED_SESSION_LEASE_PLAINTEXT_TOKEN",
+        requires = "session_lease_token_file"
+    )]
+    pub session_lease_plaintext_token: bool,
+
     /// The name to verify the lease service's certificate against, when
     /// it is not the host in --session-lease-url.
     #[arg(

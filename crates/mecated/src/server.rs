@@ -157,6 +157,16 @@ pub enum StartError {
     },
 }
 
+/// Six hex digits that differ between processes (and between runs of one
+/// pid), to tell incarnations of one configured owner apart.
+pub fn incarnation_suffix() -> String {
+    let r = std::hash::BuildHasher::hash_one(
+        &std::hash::RandomState::new(),
+        (std::process::id(), std::time::SystemTime::now()),
+    );
+    format!("{:06x}", r & 0xff_ffff)
+}
+
 /// `host/pid/random`: unique per process, readable in lease listings.
 pub fn default_owner() -> OwnerId {
     let host = nix::unistd::gethostname()

@@ -30,9 +30,11 @@ impl Service {
         let addr = listener.local_addr().unwrap().to_string();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(
-            LeaseServer::new(Arc::new(MemLease::new(SERVICE_TTL))).serve(listener, async {
-                let _ = stopped.await;
-            }),
+            LeaseServer::new(Arc::new(MemLease::new(SERVICE_TTL)))
+                .ttl(SERVICE_TTL)
+                .serve(listener, async {
+                    let _ = stopped.await;
+                }),
         );
         Service { addr, _stop: stop }
     }
@@ -55,7 +57,9 @@ async fn a_competitor_gets_409_naming_the_holder() {
     let (status, body) = run(&b, "s", json!("from b")).await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     assert_eq!(body["error"]["code"], "session_leased_elsewhere");
-    assert_eq!(body["error"]["holder"], a.owner);
+    assert!(is_owner(&body["error"]["holder"], &a.owner), "{body}");
+    // An explicit --owner gets a per-process suffix over a lease service.
+    assert_ne!(body["error"]["holder"], a.owner.as_str(), "{body}");
     // The service agrees on who holds it.
     let held = service
         .client()
@@ -63,7 +67,7 @@ async fn a_competitor_gets_409_naming_the_holder() {
         .await
         .unwrap()
         .expect("held");
-    assert_eq!(held.owner().as_str(), a.owner);
+    assert!(is_owner(&json!(held.owner().as_str()), &a.owner));
     assert_eq!(pending.await.unwrap().unwrap()["status"], "completed");
 }
 
@@ -144,6 +148,8 @@ async fn a_store_fenced_by_another_authority_refuses_the_service() {
         &[
             std::ffi::OsStr::new("--session-lease-url"),
             std::ffi::OsStr::new(&service.addr),
+            std::ffi::OsStr::new("--session-lease-ttl"),
+            std::ffi::OsStr::new("1s"),
         ],
     );
     assert!(stderr.contains("--session-lease-url"), "{stderr}");
@@ -168,4 +174,41 @@ async fn an_unreachable_service_stops_the_server_from_starting() {
         ],
     );
     assert!(stderr.contains("lease"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_given_one_owner_id_never_both_hold_a_session() {
+    let service = Service::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let flags = [
+        &service.flags()[..],
+        &["--session-lease-ttl", "1s", "--echo-delay", "2s"],
+    ]
+    .concat();
+    let a = Mecated::start(dir.path(), "pod-0", &flags);
+    let b = Mecated::start(dir.path(), "pod-0", &flags);
+    create(&a, "same").await;
+    let pending = run_in_background(&a, "same", json!("from a"));
+    wait_for_event(&a, "same", is_run_started_by("pod-0")).await;
+    let (status, body) = run(&b, "same", json!("from b")).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(is_owner(&body["error"]["holder"], "pod-0"), "{body}");
+    assert_eq!(pending.await.unwrap().unwrap()["status"], "completed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_granting_less_than_the_lease_ttl_is_refused_at_start() {
+    let service = Service::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let stderr = refused_start(
+        dir.path(),
+        "proc-t",
+        &[
+            std::ffi::OsStr::new("--session-lease-url"),
+            std::ffi::OsStr::new(&service.addr),
+            std::ffi::OsStr::new("--session-lease-ttl"),
+            std::ffi::OsStr::new("5s"),
+        ],
+    );
+    assert!(stderr.contains("--session-lease-ttl"), "{stderr}");
 }

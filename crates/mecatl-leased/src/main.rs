@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use grpcdriver::{LeaseServer, ServerStats};
-use lease_port::SessionLease;
+use lease_port::{Clock, MonotonicWallClock, SessionLease};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
@@ -44,28 +44,49 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-fn open_backend(cli: &Cli) -> Result<Arc<dyn SessionLease>, String> {
-    Ok(match &cli.backend {
+type SharedClock = Arc<dyn Clock>;
+
+/// The backend and the clock its expiries are read on. The service judges
+/// the expiry of what it grants itself, so it reads a clock that a step of
+/// the host's wall clock cannot move: a forward step would otherwise expire
+/// every grant at once while each holder, rightly timing its lease on its
+/// own monotonic clock, still acts.
+fn open_backend(cli: &Cli) -> Result<(Arc<dyn SessionLease>, SharedClock), String> {
+    let clock: Arc<dyn Clock> = Arc::new(MonotonicWallClock::new());
+    let backend: Arc<dyn SessionLease> = match &cli.backend {
         BackendSpec::Memory => {
             warn!("memory backend: leases and tokens are lost when this process exits");
-            Arc::new(memlease::MemLease::new(cli.ttl))
+            Arc::new(
+                memlease::MemLease::builder()
+                    .ttl(cli.ttl)
+                    .clock(Arc::clone(&clock))
+                    .build(),
+            )
         }
         BackendSpec::Dir(path) => Arc::new(
             flocklease::FlockLease::builder(path)
                 .ttl(cli.ttl)
+                .clock(Arc::clone(&clock))
                 .refuse_volatile(!cli.allow_volatile_lease_dir)
                 .open()
                 .map_err(|e| format!("lease directory {}: {e}", path.display()))?,
         ),
-    })
+    };
+    Ok((backend, clock))
 }
 
 fn read(path: &std::path::Path, what: &str) -> Result<Vec<u8>, String> {
     std::fs::read(path).map_err(|e| format!("cannot read the {what} {}: {e}", path.display()))
 }
 
-fn configure(cli: &Cli, backend: Arc<dyn SessionLease>) -> Result<LeaseServer, String> {
+fn configure(
+    cli: &Cli,
+    backend: Arc<dyn SessionLease>,
+    clock: Arc<dyn Clock>,
+) -> Result<LeaseServer, String> {
     let mut server = LeaseServer::new(backend)
+        .clock(clock)
+        .ttl(cli.ttl)
         .allow_insecure(cli.allow_insecure)
         .max_batch(cli.max_batch)
         .max_message_bytes(cli.max_message_bytes)
@@ -98,12 +119,12 @@ fn configure(cli: &Cli, backend: Arc<dyn SessionLease>) -> Result<LeaseServer, S
 }
 
 async fn run(cli: Cli) -> Result<(), String> {
-    let backend = open_backend(&cli)?;
+    let (backend, clock) = open_backend(&cli)?;
     let authority = backend
         .authority()
         .await
         .map_err(|e| format!("the backend names no authority: {e}"))?;
-    let server = configure(&cli, Arc::clone(&backend))?;
+    let server = configure(&cli, Arc::clone(&backend), clock)?;
     server
         .check_exposure(cli.listen)
         .map_err(|e| e.to_string())?;

@@ -86,6 +86,8 @@ pub struct GrpcLeaseBuilder {
     pub(crate) attempts: u32,
     pub(crate) max_batch: usize,
     pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) min_grant: Option<Duration>,
+    pub(crate) plaintext_token: bool,
 }
 
 impl GrpcLeaseBuilder {
@@ -100,6 +102,8 @@ impl GrpcLeaseBuilder {
             attempts: DEFAULT_ATTEMPTS,
             max_batch: DEFAULT_CLIENT_BATCH,
             clock: Arc::new(SystemClock),
+            min_grant: None,
+            plaintext_token: false,
         }
     }
 
@@ -150,6 +154,39 @@ impl GrpcLeaseBuilder {
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
+    }
+
+    /// Refuses any grant that lives less than `ttl` from when its request
+    /// was sent: an acquire is answered `Invalid`, a renewal `Invalid` (the
+    /// keeper takes that as loss). Set it to the TTL the caller counts on
+    /// (the keeper's), so a lease service configured with a shorter TTL is
+    /// found out on the first grant instead of letting two owners overlap.
+    pub fn min_grant(mut self, ttl: Duration) -> Self {
+        self.min_grant = Some(ttl);
+        self
+    }
+
+    /// Sends the bearer token over plain text to a host other than
+    /// loopback. Refused by default: anyone on the path could read the
+    /// token and take or release any lease.
+    pub fn allow_plaintext_token(mut self, allow: bool) -> Self {
+        self.plaintext_token = allow;
+        self
+    }
+
+    /// Whether the configured address is this host (loopback): a token may
+    /// cross it in plain text.
+    pub(crate) fn is_loopback(&self) -> bool {
+        let uri: tonic::codegen::http::Uri = match self.uri().parse() {
+            Ok(u) => u,
+            Err(_) => return false,
+        };
+        let host = uri.host().unwrap_or_default();
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        host.eq_ignore_ascii_case("localhost")
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
     }
 
     /// The address with a scheme: `https://` when TLS is configured,

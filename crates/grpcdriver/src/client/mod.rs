@@ -55,6 +55,17 @@ enum BatchWay {
     OneByOne = 2,
 }
 
+/// What a lease service says about itself ([`GrpcLease::service_info`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceInfo {
+    /// The authority whose tokens it hands out.
+    pub authority: AuthorityId,
+    /// The TTL it grants, when it states it.
+    pub ttl: Option<Duration>,
+    /// The most leases it renews in one batch, when it states it.
+    pub max_batch: Option<usize>,
+}
+
 /// A [`SessionLease`] backed by a remote lease service (`mecatl-leased`,
 /// or any server of the `mecatl.lease.v1` contract).
 ///
@@ -66,6 +77,12 @@ pub struct GrpcLease {
 
 struct Inner {
     client: Client,
+    /// The authority the first grant or GetAuthority named; every later
+    /// grant must name the same.
+    authority: std::sync::OnceLock<String>,
+    /// The server's batch limit, once learned (0: not yet).
+    server_batch: std::sync::atomic::AtomicUsize,
+    min_grant: Option<Duration>,
     address: String,
     clock: Arc<dyn Clock>,
     call_timeout: Duration,
@@ -156,12 +173,88 @@ impl GrpcLease {
         }
     }
 
+    /// What the service says about itself: its authority, the TTL it
+    /// grants and its batch limit (when it states them).
+    pub async fn service_info(&self) -> Result<ServiceInfo, LeaseError> {
+        let answer = self
+            .call(false, |mut c, left| {
+                let mut req = Request::new(pb::GetAuthorityRequest {});
+                req.set_timeout(left);
+                async move { c.get_authority(req).await }
+            })
+            .await
+            .map_err(|r| refusal(r, "GetAuthority"))?;
+        let authority = AuthorityId::new(&answer.authority)?;
+        let _ = self.inner.authority.set(answer.authority.clone());
+        let ttl = answer
+            .ttl
+            .as_ref()
+            .map(crate::convert::duration_from_wire)
+            .transpose()?;
+        let max_batch = usize::try_from(answer.max_batch).ok().filter(|n| *n > 0);
+        if let Some(n) = max_batch {
+            self.inner.server_batch.store(n, Ordering::Relaxed);
+        }
+        Ok(ServiceInfo {
+            authority,
+            ttl,
+            max_batch,
+        })
+    }
+
+    /// Refuses a grant from an authority other than the one this client
+    /// first saw: its tokens are not comparable with those already held.
+    fn check_authority(&self, wire: Option<&pb::Lease>) -> Result<(), LeaseError> {
+        let Some(named) = wire.map(|w| w.authority.as_str()).filter(|a| !a.is_empty()) else {
+            return Ok(());
+        };
+        let pinned = self.inner.authority.get_or_init(|| named.to_owned());
+        if pinned != named {
+            return Err(LeaseError::invalid(format!(
+                "the lease service at {} now speaks for authority {named}, not {pinned}: \
+                 its tokens are not comparable with those held (was it restarted without \
+                 durable state?)",
+                self.inner.address
+            )));
+        }
+        Ok(())
+    }
+
+    /// Refuses a grant that lives less than the configured minimum from
+    /// when its request was sent (`sent_at` on the monotonic clock).
+    fn check_grant(
+        &self,
+        lease: &Lease,
+        sent: SystemTime,
+        sent_at: Instant,
+    ) -> Result<(), LeaseError> {
+        let Some(min) = self.inner.min_grant else {
+            return Ok(());
+        };
+        // The grant lives `remaining` from the server's answer, which came
+        // after the sending: remaining plus the call's time is a lower
+        // bound of what the server granted.
+        let remaining = lease.expiry().duration_since(sent).unwrap_or_default();
+        if remaining + sent_at.elapsed() < min {
+            return Err(LeaseError::invalid(format!(
+                "the lease service granted {remaining:?}, less than the {min:?} this process \
+                 counts on: give the service a TTL of at least {min:?}"
+            )));
+        }
+        Ok(())
+    }
+
     fn renewed(
         &self,
         lease: &Lease,
         wire: Option<&pb::Lease>,
         sent: SystemTime,
     ) -> Result<Lease, LeaseError> {
+        if let Err(e) = self.check_authority(wire) {
+            // Not ours to renew any more: whoever holds the session now
+            // holds it under another authority.
+            return Err(LeaseError::held(None).with_source(e));
+        }
         let renewed = lease_from_wire(wire, lease.session_id(), lease.owner(), sent)?;
         if renewed.token() != lease.token() {
             return Err(LeaseError::invalid(format!(
@@ -179,12 +272,15 @@ impl GrpcLease {
         leases: &[Lease],
         results: Vec<pb::RenewResult>,
         sent: SystemTime,
+        sent_at: Instant,
     ) -> Vec<Result<Lease, LeaseError>> {
         let mut results = results.into_iter();
         leases
             .iter()
             .map(|lease| match results.next().and_then(|r| r.outcome) {
-                Some(Outcome::Lease(wire)) => self.renewed(lease, Some(&wire), sent),
+                Some(Outcome::Lease(wire)) => self
+                    .renewed(lease, Some(&wire), sent)
+                    .and_then(|l| self.check_grant(&l, sent, sent_at).map(|()| l)),
                 Some(Outcome::Failure(f)) => Err(from_failure(&f)),
                 None => Err(LeaseError::transient(
                     "the lease service answered too few renewals",
@@ -197,6 +293,7 @@ impl GrpcLease {
         loop {
             let way = self.batch_way();
             let sent = self.inner.clock.now();
+            let sent_at = Instant::now();
             let refs: Vec<pb::LeaseRef> = leases.iter().map(lease_ref).collect();
             let answer = match way {
                 BatchWay::KeepAlive => {
@@ -221,7 +318,7 @@ impl GrpcLease {
                 }
             };
             match answer {
-                Ok(results) => return self.batch_results(leases, results, sent),
+                Ok(results) => return self.batch_results(leases, results, sent, sent_at),
                 Err(Refusal::MethodMissing) => self.fall_back(way),
                 Err(Refusal::Lease(e)) => {
                     let message = e.to_string();
@@ -259,6 +356,17 @@ fn jittered(d: Duration) -> Duration {
 impl GrpcLeaseBuilder {
     /// The client. Connects lazily.
     pub fn build(self) -> Result<GrpcLease, LeaseError> {
+        #[cfg(feature = "tls")]
+        let encrypted = self.tls.is_some() || self.address.starts_with("https://");
+        #[cfg(not(feature = "tls"))]
+        let encrypted = false;
+        if self.bearer.is_some() && !encrypted && !self.is_loopback() && !self.plaintext_token {
+            return Err(LeaseError::invalid(format!(
+                "refusing to send the bearer token to {} in plain text: configure TLS, or allow \
+                 plain text explicitly",
+                self.address
+            )));
+        }
         let channel = self.channel()?;
         let credentials =
             match &self.bearer {
@@ -277,6 +385,9 @@ impl GrpcLeaseBuilder {
                 attempts: self.attempts,
                 max_batch: self.max_batch,
                 batch_way: AtomicU8::new(BatchWay::KeepAlive as u8),
+                authority: std::sync::OnceLock::new(),
+                server_batch: std::sync::atomic::AtomicUsize::new(0),
+                min_grant: self.min_grant,
                 keepalive: KeepAliveLink::default(),
             }),
         })
@@ -297,6 +408,7 @@ fn refusal(r: Refusal, method: &str) -> LeaseError {
 impl SessionLease for GrpcLease {
     async fn acquire(&self, session: &SessionId, owner: &OwnerId) -> Result<Lease, LeaseError> {
         let sent = self.inner.clock.now();
+        let sent_at = Instant::now();
         let answer = self
             .call(false, |mut c, left| {
                 let mut req = Request::new(pb::AcquireRequest {
@@ -308,11 +420,15 @@ impl SessionLease for GrpcLease {
             })
             .await
             .map_err(|r| refusal(r, "Acquire"))?;
-        lease_from_wire(answer.lease.as_ref(), session, owner, sent)
+        self.check_authority(answer.lease.as_ref())?;
+        let lease = lease_from_wire(answer.lease.as_ref(), session, owner, sent)?;
+        self.check_grant(&lease, sent, sent_at)?;
+        Ok(lease)
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Lease, LeaseError> {
         let sent = self.inner.clock.now();
+        let sent_at = Instant::now();
         let answer = self
             .call(false, |mut c, left| {
                 let mut req = Request::new(pb::RenewRequest {
@@ -323,7 +439,9 @@ impl SessionLease for GrpcLease {
             })
             .await
             .map_err(|r| refusal(r, "Renew"))?;
-        self.renewed(lease, answer.lease.as_ref(), sent)
+        let renewed = self.renewed(lease, answer.lease.as_ref(), sent)?;
+        self.check_grant(&renewed, sent, sent_at)?;
+        Ok(renewed)
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), LeaseError> {
@@ -340,15 +458,7 @@ impl SessionLease for GrpcLease {
     }
 
     async fn authority(&self) -> Result<AuthorityId, LeaseError> {
-        let answer = self
-            .call(false, |mut c, left| {
-                let mut req = Request::new(pb::GetAuthorityRequest {});
-                req.set_timeout(left);
-                async move { c.get_authority(req).await }
-            })
-            .await
-            .map_err(|r| refusal(r, "GetAuthority"))?;
-        AuthorityId::new(&answer.authority)
+        self.service_info().await.map(|info| info.authority)
     }
 
     async fn current(&self, session: &SessionId) -> Result<Option<Lease>, LeaseError> {
@@ -376,8 +486,17 @@ impl SessionLease for GrpcLease {
     }
 
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LeaseError>> {
+        if self.inner.server_batch.load(Ordering::Relaxed) == 0 && !leases.is_empty() {
+            // Learn the server's limit once, so no batch is refused whole
+            // for its size; a server that does not say keeps the default.
+            let _ = self.service_info().await;
+        }
+        let limit = match self.inner.server_batch.load(Ordering::Relaxed) {
+            0 => self.inner.max_batch,
+            n => n.min(self.inner.max_batch),
+        };
         let mut out = Vec::with_capacity(leases.len());
-        for chunk in leases.chunks(self.inner.max_batch) {
+        for chunk in leases.chunks(limit) {
             out.extend(self.renew_chunk(chunk).await);
         }
         out

@@ -18,6 +18,12 @@ pub struct Lease {
     /// Never absolute wall-clock time: clocks on two hosts disagree.
     #[prost(message, optional, tag = "4")]
     pub remaining: ::core::option::Option<::prost_types::Duration>,
+    /// The authority that granted it (as GetAuthority names it). A client
+    /// that sees it change under one address is talking to a different lease
+    /// service (a memory-backed one restarted, say): the tokens it holds are
+    /// not comparable with the new ones, and it must stop trusting them.
+    #[prost(string, tag = "5")]
+    pub authority: ::prost::alloc::string::String,
 }
 /// Names one grant: the values a client got from Acquire.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -167,6 +173,14 @@ pub struct GetAuthorityResponse {
     /// backend, before and after restarts, and different for any other.
     #[prost(string, tag = "1")]
     pub authority: ::prost::alloc::string::String,
+    /// How long a grant lives without renewal, when the server knows it. A
+    /// client that counts on its leases living longer must refuse to start.
+    #[prost(message, optional, tag = "2")]
+    pub ttl: ::core::option::Option<::prost_types::Duration>,
+    /// The most leases one BatchRenew call or KeepAlive batch may carry; 0
+    /// when not stated. Clients split larger renewals.
+    #[prost(uint32, tag = "3")]
+    pub max_batch: u32,
 }
 /// What went wrong. The same names are the `reason` of the ErrorInfo that
 /// accompanies a failed call.

@@ -28,7 +28,7 @@ impl tonic::service::Interceptor for BearerCheck {
             .metadata()
             .get("authorization")
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
+            .and_then(bearer_credentials);
         match presented {
             Some(token) if constant_time_eq(token.as_bytes(), expected.as_bytes()) => Ok(request),
             Some(_) => Err(reason_status(
@@ -45,6 +45,13 @@ impl tonic::service::Interceptor for BearerCheck {
     }
 }
 
+/// The token of an `authorization` value whose scheme is `Bearer`, in any
+/// letter case (the scheme is case-insensitive; some stacks send `bearer`).
+fn bearer_credentials(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
 /// Compares without an early exit, so the time taken does not tell an
 /// attacker how much of a guessed token was right.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -58,6 +65,15 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_scheme_is_case_insensitive_and_nothing_else_is() {
+        assert_eq!(bearer_credentials("Bearer abc"), Some("abc"));
+        assert_eq!(bearer_credentials("bearer abc"), Some("abc"));
+        assert_eq!(bearer_credentials("BEARER  abc "), Some("abc"));
+        assert_eq!(bearer_credentials("Basic abc"), None);
+        assert_eq!(bearer_credentials("Bearerabc"), None);
+    }
 
     #[test]
     fn tokens_compare_exactly() {

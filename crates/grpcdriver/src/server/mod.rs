@@ -29,6 +29,11 @@ pub const DEFAULT_MAX_BATCH: usize = 4096;
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 /// Concurrent calls per connection, unless configured otherwise.
 pub const DEFAULT_CONCURRENCY_PER_CONNECTION: usize = 256;
+/// Concurrent calls and streams per connection (HTTP/2's own limit, which
+/// also bounds long-lived KeepAlive streams), unless configured otherwise.
+pub const DEFAULT_MAX_STREAMS_PER_CONNECTION: u32 = 256;
+/// A KeepAlive stream that carries no batch for this long is closed.
+pub const DEFAULT_STREAM_IDLE: Duration = Duration::from_secs(120);
 /// The longest a call may run on the server, whatever deadline its client
 /// sent.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -50,6 +55,9 @@ pub enum ServeError {
     /// Reflection could not read the contract's descriptors.
     #[error("reflection: {0}")]
     Reflection(#[source] tonic_reflection::server::Error),
+    /// The backend could not name its authority.
+    #[error("the lease backend names no authority: {0}")]
+    Backend(#[source] lease_port::LeaseError),
     /// The listener failed.
     #[error("listener: {0}")]
     Io(#[source] std::io::Error),
@@ -124,6 +132,9 @@ pub struct LeaseServer {
     max_message_bytes: usize,
     concurrency_per_connection: usize,
     call_timeout: Duration,
+    max_streams: u32,
+    stream_idle: Duration,
+    ttl: Option<Duration>,
     stats: Arc<ServerStats>,
 }
 
@@ -153,6 +164,9 @@ impl LeaseServer {
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             concurrency_per_connection: DEFAULT_CONCURRENCY_PER_CONNECTION,
             call_timeout: DEFAULT_CALL_TIMEOUT,
+            max_streams: DEFAULT_MAX_STREAMS_PER_CONNECTION,
+            stream_idle: DEFAULT_STREAM_IDLE,
+            ttl: None,
             stats: Arc::default(),
         }
     }
@@ -207,6 +221,27 @@ impl LeaseServer {
     /// The longest a call may run, whatever deadline its client sent.
     pub fn call_timeout(mut self, d: Duration) -> Self {
         self.call_timeout = d;
+        self
+    }
+
+    /// The TTL the backend grants, stated to clients (GetAuthority) so a
+    /// client that counts on a longer one refuses to start instead of
+    /// acting past its grant.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// Concurrent streams per connection (unary calls and KeepAlive
+    /// streams alike); HTTP/2 refuses more.
+    pub fn max_streams_per_connection(mut self, n: u32) -> Self {
+        self.max_streams = n.max(1);
+        self
+    }
+
+    /// How long a KeepAlive stream may carry nothing before it is closed.
+    pub fn stream_idle(mut self, d: Duration) -> Self {
+        self.stream_idle = d;
         self
     }
 
@@ -275,12 +310,21 @@ impl LeaseServer {
             shutdown.await;
             let _ = stop_streams.send(true);
         };
+        let authority = self
+            .backend
+            .authority()
+            .await
+            .map_err(ServeError::Backend)?;
         let leases = LeaseServiceServer::new(LeaseService {
             backend: Arc::clone(&self.backend),
             clock: Arc::clone(&self.clock),
             max_batch: self.max_batch,
             stats: Arc::clone(&self.stats),
             stopping,
+            authority: Arc::from(authority.as_str()),
+            ttl: self.ttl,
+            call_timeout: self.call_timeout,
+            stream_idle: self.stream_idle,
         })
         .max_decoding_message_size(self.max_message_bytes);
         let leases = tonic::service::interceptor::InterceptedService::new(
@@ -290,6 +334,7 @@ impl LeaseServer {
 
         let builder = tonic::transport::Server::builder()
             .concurrency_limit_per_connection(self.concurrency_per_connection)
+            .max_concurrent_streams(self.max_streams)
             .timeout(self.call_timeout)
             .http2_keepalive_interval(Some(Duration::from_secs(20)))
             .http2_keepalive_timeout(Some(Duration::from_secs(10)));

@@ -21,6 +21,7 @@ use crate::status::{Call, reason_status, to_failure, to_status};
 /// faster than the backend renews waits on this many queued answers.
 const KEEPALIVE_QUEUE: usize = 4;
 
+#[derive(Clone)]
 pub(crate) struct LeaseService {
     pub(crate) backend: Arc<dyn SessionLease>,
     pub(crate) clock: Arc<dyn Clock>,
@@ -28,6 +29,16 @@ pub(crate) struct LeaseService {
     pub(crate) stats: Arc<ServerStats>,
     /// Turns true when the server begins to shut down.
     pub(crate) stopping: watch::Receiver<bool>,
+    /// The backend's authority, read once when serving starts: it names
+    /// every grant this server hands out.
+    pub(crate) authority: Arc<str>,
+    /// The backend's TTL, when the operator stated it.
+    pub(crate) ttl: Option<std::time::Duration>,
+    /// The most a batch may take on the backend before its leases are
+    /// answered UNAVAILABLE (a hung backend must not pile up work).
+    pub(crate) call_timeout: std::time::Duration,
+    /// A KeepAlive stream with no batch for this long is closed.
+    pub(crate) stream_idle: std::time::Duration,
 }
 
 impl LeaseService {
@@ -56,7 +67,15 @@ impl LeaseService {
             .iter()
             .filter_map(|p| p.as_ref().ok().cloned())
             .collect();
-        let mut answers = self.backend.renew_many(&valid).await.into_iter();
+        let answers = tokio::time::timeout(self.call_timeout, self.backend.renew_many(&valid))
+            .await
+            .unwrap_or_else(|_| {
+                valid
+                    .iter()
+                    .map(|_| Err(LeaseError::transient("the backend did not renew in time")))
+                    .collect()
+            });
+        let mut answers = answers.into_iter();
         let now = self.clock.now();
         parsed
             .into_iter()
@@ -70,12 +89,23 @@ impl LeaseService {
                     Err(e) => Err(e),
                 };
                 let outcome = match answer {
-                    Ok(lease) => Outcome::Lease(lease_to_wire(&lease, now)),
+                    Ok(lease) => Outcome::Lease(lease_to_wire(&lease, now, &self.authority)),
                     Err(e) => Outcome::Failure(to_failure(&e)),
                 };
                 pb::RenewResult {
                     outcome: Some(outcome),
                 }
+            })
+            .collect()
+    }
+
+    /// A whole batch refused alone: every lease answered INVALID under the
+    /// batch's own id, so the stream, and every other batch on it, lives.
+    fn refuse_batch(n: usize, why: &Status) -> Vec<pb::RenewResult> {
+        let failure = to_failure(&LeaseError::invalid(why.message().to_owned()));
+        (0..n)
+            .map(|_| pb::RenewResult {
+                outcome: Some(Outcome::Failure(failure.clone())),
             })
             .collect()
     }
@@ -122,7 +152,7 @@ impl Service for LeaseService {
                 .await
                 .map_err(|e| to_status(Call::Acquire, &e))?;
             Ok(Response::new(pb::AcquireResponse {
-                lease: Some(lease_to_wire(&lease, self.clock.now())),
+                lease: Some(lease_to_wire(&lease, self.clock.now(), &self.authority)),
             }))
         }
         .await;
@@ -145,7 +175,7 @@ impl Service for LeaseService {
                 .await
                 .map_err(|e| to_status(Call::Renew, &e))?;
             Ok(Response::new(pb::RenewResponse {
-                lease: Some(lease_to_wire(&renewed, self.clock.now())),
+                lease: Some(lease_to_wire(&renewed, self.clock.now(), &self.authority)),
             }))
         }
         .await;
@@ -188,7 +218,7 @@ impl Service for LeaseService {
                 .map_err(|e| to_status(Call::Get, &e))?;
             let now = self.clock.now();
             Ok(Response::new(pb::GetResponse {
-                lease: current.map(|l| lease_to_wire(&l, now)),
+                lease: current.map(|l| lease_to_wire(&l, now, &self.authority)),
             }))
         }
         .await;
@@ -221,13 +251,7 @@ impl Service for LeaseService {
     ) -> Result<Response<Self::KeepAliveStream>, Status> {
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(KEEPALIVE_QUEUE);
-        let this = LeaseService {
-            backend: Arc::clone(&self.backend),
-            clock: Arc::clone(&self.clock),
-            max_batch: self.max_batch,
-            stats: Arc::clone(&self.stats),
-            stopping: self.stopping.clone(),
-        };
+        let this = self.clone();
         let mut stopping = self.stopping.clone();
         self.stats.stream_opened();
         // The stream's work runs on its own task so the handler can answer
@@ -236,7 +260,20 @@ impl Service for LeaseService {
         tokio::spawn(async move {
             loop {
                 let next = tokio::select! {
-                    next = inbound.next() => next,
+                    next = tokio::time::timeout(this.stream_idle, inbound.next()) => match next {
+                        Ok(next) => next,
+                        // A stream that carries nothing ties up a task and a
+                        // connection slot for nothing; a client that still
+                        // holds leases reopens it on its next renewal.
+                        Err(_) => {
+                            let _ = tx.try_send(Err(reason_status(
+                                pb::Reason::Unavailable,
+                                "the KeepAlive stream was idle; closed",
+                                None,
+                            )));
+                            break;
+                        }
+                    },
                     // A graceful shutdown waits for every open call, and a
                     // KeepAlive stream stays open as long as its client
                     // lives: end it, or the server never stops. The client
@@ -254,13 +291,13 @@ impl Service for LeaseService {
                 let Some(next) = next else { break };
                 let started = Instant::now();
                 let answer = match next {
-                    Ok(batch) => match this.check_batch(batch.leases.len()) {
-                        Ok(()) => Ok(pb::KeepAliveResponse {
-                            batch_id: batch.batch_id,
-                            results: this.renew_batch(&batch.leases).await,
-                        }),
-                        Err(status) => Err(status),
-                    },
+                    Ok(batch) => Ok(pb::KeepAliveResponse {
+                        batch_id: batch.batch_id,
+                        results: match this.check_batch(batch.leases.len()) {
+                            Ok(()) => this.renew_batch(&batch.leases).await,
+                            Err(status) => Self::refuse_batch(batch.leases.len(), &status),
+                        },
+                    }),
                     // The codec refused a message (too large, undecodable):
                     // bad input, answered as such, as for unary calls,
                     // rather than a silently ended stream the client would
@@ -287,16 +324,11 @@ impl Service for LeaseService {
         _request: Request<pb::GetAuthorityRequest>,
     ) -> Result<Response<pb::GetAuthorityResponse>, Status> {
         let started = Instant::now();
-        let r = self
-            .backend
-            .authority()
-            .await
-            .map(|a| {
-                Response::new(pb::GetAuthorityResponse {
-                    authority: a.as_str().to_owned(),
-                })
-            })
-            .map_err(|e| to_status(Call::Authority, &e));
+        let r: Result<_, Status> = Ok(Response::new(pb::GetAuthorityResponse {
+            authority: self.authority.to_string(),
+            ttl: self.ttl.map(crate::convert::duration_to_wire),
+            max_batch: u32::try_from(self.max_batch).unwrap_or(u32::MAX),
+        }));
         self.timed(Method::GetAuthority, started, &r);
         r
     }

@@ -175,8 +175,19 @@ pub(crate) async fn wait_for_event(m: &Mecated, id: &str, pred: impl Fn(&Value) 
     }
 }
 
+/// Whether `value` names `owner`: exactly, or as one incarnation of it
+/// (`owner#suffix`, as servers leasing from a lease service name
+/// themselves).
+pub(crate) fn is_owner(value: &Value, owner: &str) -> bool {
+    value.as_str().is_some_and(|v| {
+        v == owner
+            || v.strip_prefix(owner)
+                .is_some_and(|rest| rest.starts_with('#'))
+    })
+}
+
 pub(crate) fn is_run_started_by(owner: &str) -> impl Fn(&Value) -> bool + '_ {
-    move |e| e["payload"]["type"] == "run_started" && e["payload"]["owner"] == owner
+    move |e| e["payload"]["type"] == "run_started" && is_owner(&e["payload"]["owner"], owner)
 }
 
 /// Starts a run on `m` without waiting for it: its JSON result, or the
