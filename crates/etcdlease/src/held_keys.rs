@@ -76,6 +76,14 @@ impl HeldKeys {
         }
     }
 
+    /// Whether the holder of `key` at `token` last renewed it until after
+    /// `at`.
+    pub(crate) fn renewed_past(&self, key: &[u8], token: i64, at: Instant) -> bool {
+        self.map()
+            .get(key)
+            .is_some_and(|h| h.token == Some(token) && h.until > at)
+    }
+
     /// Takes out the keys whose holders stopped renewing before `now`, at
     /// most once per [`SWEEP_EVERY`].
     pub(crate) fn take_lapsed(&self, now: Instant) -> Vec<(Vec<u8>, HeldKey)> {

@@ -57,9 +57,12 @@
 //!   every token issued before it — after a release, after expiry, after
 //!   etcd restarts and after leader changes.
 //! - **Re-acquire by the live holder** writes nothing and keeps the token
-//!   when the key is attached to this client's etcd lease; from another
-//!   client of the same owner it rewrites the key under a compare on its
-//!   revision, which raises the token (the older values then renew as lost).
+//!   when this client holds the key and its reported expiry has not passed.
+//!   Otherwise (another client of the same owner, or a hold past its
+//!   reported expiry that etcd still keeps for the grace) it rewrites the
+//!   key under a compare on its revision, which raises the token: the older
+//!   values then renew as lost, and a hold that had expired is taken anew
+//!   as any takeover is.
 //! - **Renew** refreshes the etcd lease with a keep-alive and, in the same
 //!   round trip time, reads the key (linearizably) to check that it still
 //!   exists with the lease's token and owner: a keep-alive alone cannot tell
@@ -151,6 +154,7 @@ use lease_port::{AuthorityId, FencingToken, Lease, LeaseError, OwnerId, SessionI
 
 pub use error::EtcdError;
 pub use keys::MAX_PREFIX_LEN;
+pub use wire::TlsOptions;
 
 use held_keys::HeldKeys;
 use keys::{KeySpace, decode_owner, encode_value};
@@ -191,9 +195,17 @@ pub struct EtcdLeaseBuilder {
     request_timeout: Option<Duration>,
     max_txn_ops: usize,
     grace: Duration,
+    tls: TlsOptions,
 }
 
 impl EtcdLeaseBuilder {
+    /// Certificates for `https://` endpoints; needs the `tls` feature
+    /// (without it, any TLS setting is an invalid configuration).
+    pub fn tls(mut self, tls: TlsOptions) -> Self {
+        self.tls = tls;
+        self
+    }
+
     /// The key prefix all sessions live under: non-empty, ending in `/`, at
     /// most [`MAX_PREFIX_LEN`] bytes. Tokens of one prefix are one
     /// authority. Default [`DEFAULT_PREFIX`].
@@ -272,7 +284,7 @@ impl EtcdLeaseBuilder {
                 "EtcdLease must be built within a Tokio runtime",
             ));
         }
-        let client = EtcdClient::new(&self.endpoints, timeout)
+        let client = EtcdClient::with_tls(&self.endpoints, timeout, &self.tls)
             .map_err(|e| e.into_lease_error("configure the etcd client"))?;
         Ok(EtcdLease {
             inner: Arc::new(Inner {
@@ -332,6 +344,7 @@ impl EtcdLease {
             request_timeout: None,
             max_txn_ops: DEFAULT_MAX_TXN_OPS,
             grace: DEFAULT_GRACE,
+            tls: TlsOptions::default(),
         }
     }
 
@@ -490,6 +503,7 @@ impl Inner {
                     LeaseError::transient("acquire: etcd answered without a revision")
                 })?;
                 self.held.hold(key, id, Some(rev), value, until);
+                self.sweep().await;
                 return Ok(Lease::new(
                     session.clone(),
                     owner.clone(),
@@ -512,8 +526,17 @@ impl Inner {
                     }),
                 });
             }
-            if kv.lease == id {
-                // Our own live hold: nothing to write, the token stays.
+            // The live holder re-acquiring keeps its token; a hold whose
+            // reported expiry has passed (etcd keeps it for the grace) is
+            // taken anew, with a greater token, as any takeover is.
+            let live = kv.lease == id
+                && self.held.renewed_past(
+                    &key,
+                    kv.mod_revision,
+                    Instant::now() + self.shared.grace(),
+                );
+            if live {
+                // Nothing to write, the token stays.
                 self.held.hold(key, id, Some(kv.mod_revision), value, until);
                 return Ok(Lease::new(
                     session.clone(),
@@ -531,9 +554,10 @@ impl Inner {
         ))
     }
 
-    /// The same owner holds `kv` under another etcd lease (another client,
-    /// or a lease this client gave up): rewrites it under ours, which
-    /// raises the token. `None` when the key changed meanwhile.
+    /// The same owner holds `kv`, but not as a live hold of this client
+    /// (another client's, or one whose reported expiry has passed):
+    /// rewrites it under our etcd lease, which raises the token. `None`
+    /// when the key changed meanwhile.
     async fn move_to(
         &self,
         session: &SessionId,

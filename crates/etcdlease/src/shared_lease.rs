@@ -136,6 +136,11 @@ impl SharedLease {
         Ok((answer.id, grant))
     }
 
+    /// How much longer than reported etcd keeps a key.
+    pub(crate) fn grace(&self) -> std::time::Duration {
+        self.grace
+    }
+
     /// Until when etcd keeps a key renewed by `grant`, as this client counts.
     pub(crate) fn etcd_deadline(&self, grant: &Grant) -> Instant {
         grant.deadline() + self.grace

@@ -94,6 +94,16 @@ impl EtcdClient {
     /// (`http://host:port`; `https://` with the `tls` feature), each call
     /// bounded by `timeout`.
     pub fn new<S: AsRef<str>>(endpoints: &[S], timeout: Duration) -> Result<Self, EtcdError> {
+        Self::with_tls(endpoints, timeout, &TlsOptions::default())
+    }
+
+    /// As [`new`](Self::new), with the certificates `https://` endpoints
+    /// use.
+    pub fn with_tls<S: AsRef<str>>(
+        endpoints: &[S],
+        timeout: Duration,
+        tls: &TlsOptions,
+    ) -> Result<Self, EtcdError> {
         if endpoints.is_empty() {
             return Err(EtcdError::Endpoint {
                 endpoint: String::new(),
@@ -111,7 +121,7 @@ impl EtcdClient {
             let url = url.as_ref();
             members.push(Member {
                 url: Arc::from(url),
-                channel: channel(url, timeout)?,
+                channel: channel(url, timeout, tls)?,
             });
         }
         Ok(EtcdClient {
@@ -243,7 +253,43 @@ impl EtcdClient {
     }
 }
 
-fn channel(url: &str, timeout: Duration) -> Result<Channel, EtcdError> {
+/// Certificates for `https://` endpoints (feature `tls`), in PEM.
+///
+/// Without a CA certificate, the server's certificate is checked against
+/// no roots at all, so an etcd with a private CA needs
+/// [`ca_certificate_pem`](Self::ca_certificate_pem); a client certificate
+/// authenticates this client to an etcd started with
+/// `--client-cert-auth`.
+#[derive(Debug, Clone, Default)]
+pub struct TlsOptions {
+    ca_pem: Option<Vec<u8>>,
+    identity_pem: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl TlsOptions {
+    /// The CA that signed etcd's server certificates.
+    pub fn ca_certificate_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.ca_pem = Some(pem.into());
+        self
+    }
+
+    /// This client's certificate and private key.
+    pub fn client_identity_pem(
+        mut self,
+        certificate: impl Into<Vec<u8>>,
+        key: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.identity_pem = Some((certificate.into(), key.into()));
+        self
+    }
+
+    #[cfg_attr(feature = "tls", allow(dead_code))]
+    fn is_empty(&self) -> bool {
+        self.ca_pem.is_none() && self.identity_pem.is_none()
+    }
+}
+
+fn channel(url: &str, timeout: Duration, tls: &TlsOptions) -> Result<Channel, EtcdError> {
     let bad = |detail: String| EtcdError::Endpoint {
         endpoint: url.to_owned(),
         detail,
@@ -252,7 +298,7 @@ fn channel(url: &str, timeout: Duration) -> Result<Channel, EtcdError> {
         return Err(bad("an endpoint starts with http:// or https://".into()));
     }
     #[cfg(not(feature = "tls"))]
-    if url.starts_with("https://") {
+    if url.starts_with("https://") || !tls.is_empty() {
         return Err(bad("https:// needs the `tls` feature of etcdlease".into()));
     }
     let endpoint = Endpoint::from_shared(url.to_owned())
@@ -266,8 +312,16 @@ fn channel(url: &str, timeout: Duration) -> Result<Channel, EtcdError> {
         .keep_alive_while_idle(true);
     #[cfg(feature = "tls")]
     let endpoint = if url.starts_with("https://") {
+        use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+        let mut config = ClientTlsConfig::new().with_enabled_roots();
+        if let Some(ca) = &tls.ca_pem {
+            config = config.ca_certificate(Certificate::from_pem(ca));
+        }
+        if let Some((cert, key)) = &tls.identity_pem {
+            config = config.identity(Identity::from_pem(cert, key));
+        }
         endpoint
-            .tls_config(tonic::transport::ClientTlsConfig::new().with_enabled_roots())
+            .tls_config(config)
             .map_err(|e| bad(e.to_string()))?
     } else {
         endpoint
