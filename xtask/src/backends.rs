@@ -25,6 +25,10 @@ pub(crate) const BACKENDS: &[Backend] = &[
         name: "flocklease",
         services: &[],
     },
+    Backend {
+        name: "etcdlease",
+        services: &[Service::Etcd],
+    },
 ];
 
 /// Crates other than backends whose tests start services of their own.

@@ -131,7 +131,10 @@ fn acquire(c: &mut Criterion) {
             })
         })
     });
-    let lease = s.rt.block_on(s.raw.lease_grant(TTL.as_secs() as i64)).unwrap().id;
+    let lease =
+        s.rt.block_on(s.raw.lease_grant(TTL.as_secs() as i64))
+            .unwrap()
+            .id;
     g.bench_function("limit", |b| {
         b.iter_custom(|iters| {
             s.rt.block_on(async {
@@ -159,7 +162,10 @@ fn held(s: &Setup, tag: &str) -> Lease {
 fn renew(c: &mut Criterion) {
     let s = setup();
     let lease = held(&s, "renew");
-    let raw_lease = s.rt.block_on(s.raw.lease_grant(TTL.as_secs() as i64)).unwrap().id;
+    let raw_lease =
+        s.rt.block_on(s.raw.lease_grant(TTL.as_secs() as i64))
+            .unwrap()
+            .id;
     let mut stream = s.raw.keep_alive_stream();
     let raw_key = b"/bench-raw/renew".to_vec();
     s.rt.block_on(s.raw.txn(take_if_free(raw_key.clone(), raw_lease)))
@@ -211,7 +217,10 @@ fn release(c: &mut Criterion) {
             })
         })
     });
-    let lease = s.rt.block_on(s.raw.lease_grant(TTL.as_secs() as i64)).unwrap().id;
+    let lease =
+        s.rt.block_on(s.raw.lease_grant(TTL.as_secs() as i64))
+            .unwrap()
+            .id;
     g.bench_function("limit", |b| {
         b.iter_custom(|iters| {
             s.rt.block_on(async {
@@ -275,7 +284,10 @@ fn versus_etcd_lock(c: &mut Criterion) {
             })
         })
     });
-    let lease = s.rt.block_on(s.raw.lease_grant(TTL.as_secs() as i64)).unwrap().id;
+    let lease =
+        s.rt.block_on(s.raw.lease_grant(TTL.as_secs() as i64))
+            .unwrap()
+            .id;
     g.bench_function("limit", |b| {
         b.iter(|| {
             s.rt.block_on(async {
