@@ -63,10 +63,16 @@
 //!   key under a compare on its revision, which raises the token: the older
 //!   values then renew as lost, and a hold that had expired is taken anew
 //!   as any takeover is.
-//! - **Renew** refreshes the etcd lease with a keep-alive and, in the same
-//!   round trip time, reads the key (linearizably) to check that it still
-//!   exists with the lease's token and owner: a keep-alive alone cannot tell
-//!   that the key was released and taken by someone else meanwhile.
+//! - **Renew** refreshes the etcd lease with a keep-alive, then reads the
+//!   key (linearizably) to check that it still exists with the lease's
+//!   token and owner: a keep-alive alone cannot tell that the key was
+//!   released and taken by someone else meanwhile. The read also proves the
+//!   keep-alive: it counts only when the read comes from the same raft term.
+//!   etcd 3.4 answers keep-alives from the leader's memory, and a leader
+//!   that was frozen (SIGSTOP, a long pause) and has not yet learnt it was
+//!   replaced still answers them, refreshing nothing the real leader knows
+//!   of; the fault tests caught exactly that. A later read from the same
+//!   term shows the member was still leader when it answered.
 //! - **Release** is a transaction that deletes the key only if its
 //!   `mod_revision` is the lease's token and its value names the lease's
 //!   owner: it never removes another hold.
@@ -440,6 +446,20 @@ fn judge(kv: Option<&KeyValue>, lease: &Lease) -> Verdict {
     }
 }
 
+fn raft_term(header: &Option<wire::messages::ResponseHeader>) -> Option<u64> {
+    header.as_ref().map(|h| h.raft_term).filter(|&t| t > 0)
+}
+
+fn unproven(keep_alive_term: u64, read_term: Option<u64>) -> LeaseError {
+    LeaseError::transient("renew: the keep-alive is not proven").with_source(EtcdError::Malformed {
+        call: "LeaseKeepAlive",
+        detail: format!(
+            "answered in raft term {keep_alive_term}, the read after it in {read_term:?}: \
+             a replaced leader may have answered it, so it extends nothing"
+        ),
+    })
+}
+
 fn lost_by_etcd() -> LeaseError {
     LeaseError::held(None).with_source(EtcdError::Malformed {
         call: "LeaseKeepAlive",
@@ -451,12 +471,23 @@ impl Inner {
     async fn acquire(&self, session: &SessionId, owner: &OwnerId) -> Result<Lease, LeaseError> {
         let key = self.keys.session_key(session);
         let value = encode_value(session, owner);
+        let mut force_refresh = false;
         for _ in 0..ACQUIRE_ATTEMPTS {
-            let (id, grant) = self
+            let (id, mut grant) = self
                 .shared
                 .ensure()
                 .await
                 .map_err(|e| e.into_lease_error("grant an etcd lease"))?;
+            // A grant older than a quarter TTL is refreshed first, so every
+            // acquire hands out most of a TTL, and the transaction after it
+            // proves the keep-alive (see `Grant::term`).
+            if force_refresh || grant.sent_at.elapsed() > self.ttl / 4 {
+                match self.shared.keep_alive(id, Instant::now()).await {
+                    Ok(Some(fresh)) => grant = fresh,
+                    Ok(None) => continue,
+                    Err(e) => return Err(e.into_lease_error("acquire: keep-alive failed")),
+                }
+            }
             let take_if_free = TxnRequest {
                 compare: vec![compare(
                     &key,
@@ -466,18 +497,7 @@ impl Inner {
                 success: vec![put_op(key.clone(), value.clone(), id)],
                 failure: vec![range_op(key.clone())],
             };
-            // A grant older than a quarter TTL is refreshed beside the
-            // transaction, so every acquire hands out most of a TTL.
-            let stale = grant.sent_at.elapsed() > self.ttl / 4;
-            let started = Instant::now();
-            let (answer, refreshed) = tokio::join!(self.client.txn(take_if_free), async {
-                if stale {
-                    Some(self.shared.keep_alive(id, started).await)
-                } else {
-                    None
-                }
-            });
-            let mut answer = match answer {
+            let mut answer = match self.client.txn(take_if_free).await {
                 Err(e) if e.is_lease_not_found() => {
                     self.shared.forget(id);
                     continue;
@@ -491,18 +511,20 @@ impl Inner {
                 }
                 Ok(answer) => answer,
             };
-            let grant = match refreshed {
-                None | Some(Err(_)) => grant,
-                Some(Ok(Some(fresh))) => fresh,
-                // The key, if just written, goes with the lease.
-                Some(Ok(None)) => continue,
-            };
             let until = self.shared.etcd_deadline(&grant);
+            let proven = raft_term(&answer.header) == Some(grant.term);
             if answer.succeeded {
                 let rev = revision(&answer).ok_or_else(|| {
                     LeaseError::transient("acquire: etcd answered without a revision")
                 })?;
-                self.held.hold(key, id, Some(rev), value, until);
+                self.held
+                    .hold(key.clone(), id, Some(rev), value.clone(), until);
+                if !proven {
+                    // Ours, but the grant is unproven: the next round
+                    // refreshes it and finds the key ours.
+                    force_refresh = true;
+                    continue;
+                }
                 self.sweep().await;
                 return Ok(Lease::new(
                     session.clone(),
@@ -535,6 +557,10 @@ impl Inner {
                     kv.mod_revision,
                     Instant::now() + self.shared.grace(),
                 );
+            if live && !proven {
+                force_refresh = true;
+                continue;
+            }
             if live {
                 // Nothing to write, the token stays.
                 self.held.hold(key, id, Some(kv.mod_revision), value, until);
@@ -548,6 +574,7 @@ impl Inner {
             if let Some(lease) = self.move_to(session, owner, &kv, id, grant).await? {
                 return Ok(lease);
             }
+            force_refresh = true;
         }
         Err(LeaseError::transient(
             "acquire: the key or the etcd lease kept changing; try again",
@@ -583,6 +610,9 @@ impl Inner {
                 let until = self.shared.etcd_deadline(&grant);
                 self.held
                     .hold(kv.key.clone(), id, Some(rev), kv.value.clone(), until);
+                if raft_term(&answer.header) != Some(grant.term) {
+                    return Ok(None);
+                }
                 Ok(Some(Lease::new(
                     session.clone(),
                     owner.clone(),
@@ -607,6 +637,7 @@ impl Inner {
         verdict: Verdict,
         ours: &OurKeepAlive,
         started: Instant,
+        read_term: Option<u64>,
     ) -> Result<Lease, LeaseError> {
         let key = self.keys.session_key(lease.session_id());
         let token = token_revision(lease.token()).unwrap_or(0);
@@ -624,12 +655,13 @@ impl Inner {
                     Err(e) => Err(LeaseError::transient("renew: keep-alive failed")
                         .with_source(Arc::clone(e))),
                 },
-                _ => self
-                    .shared
-                    .keep_alive(id, started)
-                    .await
-                    .map_err(|e| e.into_lease_error("renew: keep-alive failed")),
+                _ => return self.renew_on_other(id, lease, &key, token, started).await,
             }?;
+        if let Some(grant) = &refreshed
+            && read_term != Some(grant.term)
+        {
+            return Err(unproven(grant.term, read_term));
+        }
         match refreshed {
             Some(grant) => {
                 self.held
@@ -641,6 +673,51 @@ impl Inner {
                 Err(lost_by_etcd())
             }
         }
+    }
+
+    /// Renews a key that is on another client's etcd lease (same owner):
+    /// keeps that lease alive, then proves the keep-alive with a read of
+    /// the key (see `Grant::term`), which must still show the grant.
+    async fn renew_on_other(
+        &self,
+        id: i64,
+        lease: &Lease,
+        key: &[u8],
+        token: i64,
+        started: Instant,
+    ) -> Result<Lease, LeaseError> {
+        let Some(grant) = self
+            .shared
+            .keep_alive(id, started)
+            .await
+            .map_err(|e| e.into_lease_error("renew: keep-alive failed"))?
+        else {
+            self.held.forget(key, token);
+            return Err(lost_by_etcd());
+        };
+        let read = RangeRequest {
+            key: key.to_vec(),
+            ..Default::default()
+        };
+        let answer = self
+            .client
+            .range(read)
+            .await
+            .map_err(|e| e.into_lease_error("renew: reading the key failed"))?;
+        match judge(answer.kvs.first(), lease) {
+            Verdict::Ours(on) if on == id => {}
+            Verdict::Ours(_) => {
+                return Err(LeaseError::transient(
+                    "renew: the key moved while its etcd lease was kept alive",
+                ));
+            }
+            Verdict::Lost(holder) => return Err(LeaseError::held(holder)),
+        }
+        let read_term = raft_term(&answer.header);
+        if read_term != Some(grant.term) {
+            return Err(unproven(grant.term, read_term));
+        }
+        Ok(lease.with_expiry(grant.expiry()))
     }
 
     async fn keep_alive_ours(&self, started: Instant) -> OurKeepAlive {
@@ -657,10 +734,19 @@ impl Inner {
             key: self.keys.session_key(lease.session_id()),
             ..Default::default()
         };
-        let (answer, ours) = tokio::join!(self.client.range(read), self.keep_alive_ours(started));
-        let answer = answer.map_err(|e| e.into_lease_error("renew: reading the key failed"))?;
+        // The keep-alive first, the read after it: the read proves the
+        // keep-alive (see `Grant::term`).
+        let ours = self.keep_alive_ours(started).await;
+        let answer = self
+            .client
+            .range(read)
+            .await
+            .map_err(|e| e.into_lease_error("renew: reading the key failed"))?;
         let verdict = judge(answer.kvs.first(), lease);
-        let result = self.conclude(lease, verdict, &ours, started).await;
+        let read_term = raft_term(&answer.header);
+        let result = self
+            .conclude(lease, verdict, &ours, started, read_term)
+            .await;
         self.sweep().await;
         result
     }
@@ -716,15 +802,21 @@ impl Inner {
                 failure: vec![],
             })
         });
-        let (answers, ours) = tokio::join!(join_all(reads), self.keep_alive_ours(started));
+        // The keep-alive first, the reads after it (see `renew`).
+        let ours = self.keep_alive_ours(started).await;
+        let answers = join_all(reads).await;
         let mut out = Vec::with_capacity(leases.len());
         for (chunk, answer) in leases.chunks(self.max_txn_ops).zip(answers) {
             match answer {
                 Ok(mut answer) => {
+                    let read_term = raft_term(&answer.header);
                     for (n, lease) in chunk.iter().enumerate() {
                         let kv = read_kv(&mut answer, n);
                         let verdict = judge(kv.as_ref(), lease);
-                        out.push(self.conclude(lease, verdict, &ours, started).await);
+                        out.push(
+                            self.conclude(lease, verdict, &ours, started, read_term)
+                                .await,
+                        );
                     }
                 }
                 Err(e) => {

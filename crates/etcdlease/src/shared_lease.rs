@@ -21,6 +21,12 @@ pub(crate) struct Grant {
     pub(crate) sent_at: Instant,
     pub(crate) sent_wall: SystemTime,
     pub(crate) ttl: Duration,
+    /// The raft term of the member that answered. A keep-alive counts only
+    /// when a later linearizable answer comes from the same term: a leader
+    /// that was frozen and has not yet learnt it was replaced still answers
+    /// keep-alives from its own memory (etcd 3.4), refreshing nothing the
+    /// real leader knows of.
+    pub(crate) term: u64,
 }
 
 impl Grant {
@@ -128,6 +134,7 @@ impl SharedLease {
             sent_at,
             sent_wall,
             ttl: self.reported(answer.ttl),
+            term: answer.header.as_ref().map_or(0, |h| h.raft_term),
         };
         *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(Current {
             id: answer.id,
@@ -185,6 +192,7 @@ impl SharedLease {
             sent_at,
             sent_wall,
             ttl: self.reported(answer.ttl),
+            term: answer.header.as_ref().map_or(0, |h| h.raft_term),
         };
         self.record(id, grant);
         Ok(Some(grant))

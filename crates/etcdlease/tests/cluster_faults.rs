@@ -7,8 +7,9 @@
 //! in which it believed it owned the session: from the acquire's answer to
 //! the earliest of its release being sent, its local deadline (the lease's
 //! expiry, counted on the monotonic clock), and learning the lease was
-//! lost. Some holds are abandoned (neither renewed nor released), so
-//! sessions are also taken over by expiry. Checked afterwards, per
+//! lost (a release that fails leaves the hold running to its deadline).
+//! Some holds are abandoned (neither renewed nor released), so sessions are
+//! also taken over by expiry. Checked afterwards, per
 //! session: no two holds overlap, tokens rise strictly from one hold to the
 //! next and never repeat — and holds kept being granted after the fault.
 
@@ -117,8 +118,15 @@ async fn worker(
             }
             None => {
                 let sent = Instant::now();
-                let _ = client.release(&current).await;
-                sent.min(deadline)
+                match client.release(&current).await {
+                    Ok(()) => sent.min(deadline),
+                    // Not released: the hold lasts until it expires, and
+                    // the worker stays away until then, as after abandoning.
+                    Err(_) => {
+                        abandoned_until[s] = Some(deadline);
+                        deadline
+                    }
+                }
             }
         };
         holds.lock().unwrap().push(Hold {

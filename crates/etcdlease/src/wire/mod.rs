@@ -359,49 +359,59 @@ impl KeepAliveStream {
     /// from the moment it served the request, 0 when the lease is gone.
     pub async fn keep_alive(&mut self, id: i64) -> Result<LeaseKeepAliveResponse, EtcdError> {
         let timeout = self.client.timeout;
-        let result = match tokio::time::timeout(timeout, self.exchange(id)).await {
-            Ok(result) => result,
-            Err(_) => Err(EtcdError::Timeout {
-                call: LEASE_KEEP_ALIVE.name,
-                endpoint: self.endpoint(),
-                after: timeout,
-            }),
-        };
+        // The stream is out of `self` while in use: an exchange dropped half
+        // way (a cancelled renewal) or timed out drops it, so an answer it
+        // never read cannot be taken for a later request's.
+        let open = self.open.take();
+        let member = open
+            .as_ref()
+            .map_or_else(|| self.client.pick().0, |o| o.member);
+        let result =
+            match tokio::time::timeout(timeout, exchange(&self.client, open, member, id)).await {
+                Ok(Ok((answer, open))) => {
+                    self.open = Some(open);
+                    Ok(answer)
+                }
+                Ok(Err(e)) => Err(e),
+                Err(_) => Err(EtcdError::Timeout {
+                    call: LEASE_KEEP_ALIVE.name,
+                    endpoint: self.client.members[member].url.to_string(),
+                    after: timeout,
+                }),
+            };
         if let Err(e) = &result
-            && let Some(open) = self.open.take()
             && e.is_member_fault()
         {
-            self.client.fail_over(open.member);
+            self.client.fail_over(member);
         }
         result
     }
+}
 
-    fn endpoint(&self) -> String {
-        let i = self
-            .open
-            .as_ref()
-            .map_or_else(|| self.client.pick().0, |o| o.member);
-        self.client.members[i].url.to_string()
-    }
-
-    async fn exchange(&mut self, id: i64) -> Result<LeaseKeepAliveResponse, EtcdError> {
-        let request = LeaseKeepAliveRequest { id };
-        let closed = |member: &Member| EtcdError::StreamClosed {
-            endpoint: member.url.to_string(),
-        };
-        if let Some(open) = &mut self.open {
-            let member = &self.client.members[open.member];
-            open.requests
-                .send(request)
-                .await
-                .map_err(|_| closed(member))?;
-        } else {
-            let (i, member) = self.client.pick();
+/// One keep-alive request and its answer, on `open` or on a new stream to
+/// member `i`.
+async fn exchange(
+    client: &EtcdClient,
+    open: Option<OpenStream>,
+    i: usize,
+    id: i64,
+) -> Result<(LeaseKeepAliveResponse, OpenStream), EtcdError> {
+    let request = LeaseKeepAliveRequest { id };
+    let member = &client.members[i];
+    let closed = || EtcdError::StreamClosed {
+        endpoint: member.url.to_string(),
+    };
+    let mut open = match open {
+        Some(open) => {
+            open.requests.send(request).await.map_err(|_| closed())?;
+            open
+        }
+        None => {
             // The request is queued before the call: etcd sends the stream's
             // response headers with its first answer, so waiting for them
             // with nothing sent would wait for ever.
             let (requests, rx) = mpsc::channel(4);
-            requests.send(request).await.map_err(|_| closed(member))?;
+            requests.send(request).await.map_err(|_| closed())?;
             let mut grpc = tonic::client::Grpc::new(member.channel.clone());
             grpc.ready().await.map_err(|e| EtcdError::Connect {
                 call: LEASE_KEEP_ALIVE.name,
@@ -423,26 +433,24 @@ impl KeepAliveStream {
                     status: Box::new(status),
                 })?
                 .into_inner();
-            self.open = Some(OpenStream {
+            OpenStream {
                 member: i,
                 requests,
                 answers,
-            });
+            }
         }
-        let open = self.open.as_mut().expect("opened above");
-        let member = &self.client.members[open.member];
-        match open.answers.message().await {
-            Ok(Some(answer)) if answer.id == id => Ok(answer),
-            Ok(Some(answer)) => Err(EtcdError::Malformed {
-                call: LEASE_KEEP_ALIVE.name,
-                detail: format!("asked for lease {id}, answered for {}", answer.id),
-            }),
-            Ok(None) => Err(closed(member)),
-            Err(status) => Err(EtcdError::Rpc {
-                call: LEASE_KEEP_ALIVE.name,
-                endpoint: member.url.to_string(),
-                status: Box::new(status),
-            }),
-        }
+    };
+    match open.answers.message().await {
+        Ok(Some(answer)) if answer.id == id => Ok((answer, open)),
+        Ok(Some(answer)) => Err(EtcdError::Malformed {
+            call: LEASE_KEEP_ALIVE.name,
+            detail: format!("asked for lease {id}, answered for {}", answer.id),
+        }),
+        Ok(None) => Err(closed()),
+        Err(status) => Err(EtcdError::Rpc {
+            call: LEASE_KEEP_ALIVE.name,
+            endpoint: member.url.to_string(),
+            status: Box::new(status),
+        }),
     }
 }
