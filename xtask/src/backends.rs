@@ -35,6 +35,10 @@ pub(crate) const BACKENDS: &[Backend] = &[
         name: "k8slease",
         services: &[],
     },
+    Backend {
+        name: "etcdlease",
+        services: &[Service::Etcd],
+    },
 ];
 
 /// Crates other than backends whose tests start services of their own.

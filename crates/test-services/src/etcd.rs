@@ -123,7 +123,12 @@ fn spawn(dir: &Path, client_port: u16, peer_port: u16) -> Result<ServerProcess, 
 
 /// One HTTP/1.1 request on a new connection; the body of the reply when
 /// its status is 200.
-fn http(port: u16, method: &str, path: &str, body: &str) -> Result<String, ServiceError> {
+pub(crate) fn http(
+    port: u16,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> Result<String, ServiceError> {
     let io = |e| ServiceError::io(format!("etcd {method} {path}"), e);
     let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, port)).map_err(io)?;
     stream

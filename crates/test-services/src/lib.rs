@@ -1,7 +1,7 @@
 //! Real services for tests, started and stopped by the tests themselves.
 //!
 //! Backends are tested against the real thing (DESIGN.md §6): a Redis
-//! server, an etcd member. Each [`RedisServer`] or [`EtcdServer`] is a
+//! server, an etcd member, a three-member etcd cluster ([`EtcdCluster`]). Each [`RedisServer`] or [`EtcdServer`] is a
 //! private instance on a free loopback port with its data in a temporary
 //! directory, so tests run in parallel without sharing state, and it is
 //! stopped when dropped — also when the test panics, and (through the
@@ -31,12 +31,14 @@
 
 mod error;
 mod etcd;
+mod etcd_cluster;
 mod process;
 mod proxy;
 mod redis;
 
 pub use error::ServiceError;
 pub use etcd::EtcdServer;
+pub use etcd_cluster::{CLUSTER_SIZE, EtcdCluster};
 pub use process::ServerProcess;
 pub use process::find_binary;
 pub use proxy::{FaultProxy, ProxyCounters, ProxyMode};

@@ -102,3 +102,24 @@ fn a_missing_binary_names_its_package() {
     assert!(message.contains("mecatl-no-such-package"), "{message}");
     assert!(message.contains("cargo xtask services"), "{message}");
 }
+
+#[test]
+fn etcd_cluster_elects_a_new_leader_and_survives_a_full_restart() {
+    use test_services::{CLUSTER_SIZE, EtcdCluster};
+    let mut cluster = EtcdCluster::start().expect("start a cluster");
+    assert_eq!(cluster.endpoints().len(), CLUSTER_SIZE);
+    let old = cluster.wait_for_leader().expect("a leader");
+    cluster.kill(old);
+    assert!(cluster.process(old).is_none());
+    let new = cluster.wait_for_leader().expect("a new leader");
+    assert_ne!(new, old, "a killed member cannot lead");
+    cluster.start_member(old).expect("the old leader rejoins");
+    cluster.restart_all().expect("restart every member");
+    cluster
+        .wait_for_leader()
+        .expect("a leader after the restart");
+    for i in 0..CLUSTER_SIZE {
+        let pid = cluster.process(i).and_then(|p| p.pid()).expect("running");
+        assert!(alive(pid));
+    }
+}

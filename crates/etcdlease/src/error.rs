@@ -1,0 +1,110 @@
+//! What went wrong talking to etcd: the source kept inside every
+//! [`LeaseError`] this crate returns.
+
+use std::time::Duration;
+
+use lease_port::LeaseError;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A failed exchange with etcd, or a configuration etcd cannot be reached
+/// with. Reached through [`std::error::Error::source`] of a
+/// [`LeaseError`]; match on the variant to tell a timeout from a refusal.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EtcdError {
+    /// An endpoint that cannot be used (bad URL, TLS without the feature).
+    #[error("etcd endpoint {endpoint:?}: {detail}")]
+    Endpoint {
+        /// The endpoint as given.
+        endpoint: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// No connection to the member.
+    #[error("etcd {call}: cannot connect to {endpoint}")]
+    Connect {
+        /// The etcd method called.
+        call: &'static str,
+        /// The member's endpoint.
+        endpoint: String,
+        /// The transport's error.
+        #[source]
+        source: BoxError,
+    },
+    /// etcd (or the connection) answered with a gRPC error.
+    #[error("etcd {call} at {endpoint}: {status}")]
+    Rpc {
+        /// The etcd method called.
+        call: &'static str,
+        /// The member's endpoint.
+        endpoint: String,
+        /// The status etcd answered.
+        #[source]
+        status: Box<tonic::Status>,
+    },
+    /// No answer within the request timeout. The request may still take
+    /// effect.
+    #[error("etcd {call} at {endpoint}: no answer within {after:?}")]
+    Timeout {
+        /// The etcd method called.
+        call: &'static str,
+        /// The member's endpoint.
+        endpoint: String,
+        /// The timeout.
+        after: Duration,
+    },
+    /// The keep-alive stream ended.
+    #[error("etcd keep-alive stream to {endpoint} closed")]
+    StreamClosed {
+        /// The member's endpoint.
+        endpoint: String,
+    },
+    /// An answer this crate cannot read (a key under the prefix written by
+    /// something else, a refused grant).
+    #[error("etcd {call}: {detail}")]
+    Malformed {
+        /// The etcd method called.
+        call: &'static str,
+        /// What was wrong.
+        detail: String,
+    },
+}
+
+impl EtcdError {
+    /// True when the member may be at fault (unreachable, not answering,
+    /// without a leader), so the next call should try another member.
+    pub(crate) fn is_member_fault(&self) -> bool {
+        match self {
+            EtcdError::Connect { .. }
+            | EtcdError::Timeout { .. }
+            | EtcdError::StreamClosed { .. } => true,
+            EtcdError::Rpc { status, .. } => matches!(
+                status.code(),
+                tonic::Code::Unavailable
+                    | tonic::Code::DeadlineExceeded
+                    | tonic::Code::Unknown
+                    | tonic::Code::Internal
+                    | tonic::Code::Cancelled
+            ),
+            EtcdError::Endpoint { .. } | EtcdError::Malformed { .. } => false,
+        }
+    }
+
+    /// True when etcd said the etcd lease named in the request does not
+    /// exist (it expired or was revoked).
+    pub(crate) fn is_lease_not_found(&self) -> bool {
+        matches!(self, EtcdError::Rpc { status, .. }
+            if status.code() == tonic::Code::NotFound
+                && status.message().contains("lease not found"))
+    }
+
+    /// The contract's view: a configuration error is bad input, anything
+    /// else a passing fault.
+    pub(crate) fn into_lease_error(self, doing: &'static str) -> LeaseError {
+        match self {
+            EtcdError::Endpoint { .. } => LeaseError::invalid(doing).with_source(self),
+            _ => LeaseError::transient(doing).with_source(self),
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! Where a session's lease lives in etcd, and what its value says.
+//!
+//! A session's key is `{prefix}s/{id}` with the id percent-encoded: every
+//! byte outside `A-Z a-z 0-9 - _ .` (including `%` itself and `/`) becomes
+//! `%XX`, so two ids never share a key and no id can reach outside the
+//! `s/` directory. The value keeps the original session id and the holder's
+//! owner id, so a reader needs nothing but the key.
+
+use lease_port::{LeaseError, OwnerId, SessionId};
+
+/// The longest prefix accepted, in bytes.
+pub const MAX_PREFIX_LEN: usize = 128;
+
+/// First line of every value: a reader that meets another format (a later
+/// version, or something else written under the prefix) does not misread it.
+const VALUE_FORMAT: &str = "mecatl-etcdlease/1";
+
+/// The key layout under one prefix.
+#[derive(Debug, Clone)]
+pub(crate) struct KeySpace {
+    prefix: String,
+}
+
+impl KeySpace {
+    pub(crate) fn new(prefix: &str) -> Result<Self, LeaseError> {
+        if prefix.is_empty() || !prefix.ends_with('/') {
+            return Err(LeaseError::invalid(format!(
+                "the key prefix {prefix:?} must be non-empty and end with '/'"
+            )));
+        }
+        if prefix.len() > MAX_PREFIX_LEN {
+            return Err(LeaseError::invalid(format!(
+                "the key prefix is {} bytes long, the limit is {MAX_PREFIX_LEN}",
+                prefix.len()
+            )));
+        }
+        if prefix.chars().any(char::is_control) {
+            return Err(LeaseError::invalid(
+                "the key prefix contains a control character",
+            ));
+        }
+        Ok(KeySpace {
+            prefix: prefix.to_owned(),
+        })
+    }
+
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    pub(crate) fn session_key(&self, session: &SessionId) -> Vec<u8> {
+        let id = session.as_str().as_bytes();
+        let mut key = Vec::with_capacity(self.prefix.len() + 2 + id.len() * 3);
+        key.extend_from_slice(self.prefix.as_bytes());
+        key.extend_from_slice(b"s/");
+        for &b in id {
+            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.') {
+                key.push(b);
+            } else {
+                const HEX: &[u8; 16] = b"0123456789ABCDEF";
+                key.extend_from_slice(&[b'%', HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]);
+            }
+        }
+        key
+    }
+
+    /// The key whose value names this prefix's authority.
+    pub(crate) fn authority_key(&self) -> Vec<u8> {
+        format!("{}authority", self.prefix).into_bytes()
+    }
+}
+
+/// The value stored under a session's key.
+pub(crate) fn encode_value(session: &SessionId, owner: &OwnerId) -> Vec<u8> {
+    // Ids hold no control characters, so newlines separate them unambiguously.
+    format!("{VALUE_FORMAT}\n{owner}\n{session}").into_bytes()
+}
+
+/// The holder named by a stored value, when it is one of ours.
+pub(crate) fn decode_owner(value: &[u8]) -> Option<OwnerId> {
+    let text = std::str::from_utf8(value).ok()?;
+    let mut lines = text.split('\n');
+    if lines.next()? != VALUE_FORMAT {
+        return None;
+    }
+    let owner = OwnerId::new(lines.next()?).ok()?;
+    SessionId::new(lines.next()?).ok()?;
+    Some(owner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn space() -> KeySpace {
+        KeySpace::new("/p/").unwrap()
+    }
+
+    #[test]
+    fn keys_are_injective_and_stay_in_their_directory() {
+        let ids = [
+            "a", "a/b", "a%2Fb", "a%2fb", "a_2Fb", "../x", "A", "☕", "a b",
+        ];
+        let keys: std::collections::BTreeSet<Vec<u8>> = ids
+            .iter()
+            .map(|id| space().session_key(&SessionId::new(id).unwrap()))
+            .collect();
+        assert_eq!(keys.len(), ids.len());
+        for key in keys {
+            let rest = key.strip_prefix(b"/p/s/".as_slice()).unwrap();
+            assert!(!rest.contains(&b'/'), "{key:?}");
+        }
+        assert_eq!(
+            space().session_key(&SessionId::new("a/b%").unwrap()),
+            b"/p/s/a%2Fb%25".to_vec()
+        );
+    }
+
+    #[test]
+    fn values_round_trip_and_foreign_values_are_not_read() {
+        let (s, o) = (
+            SessionId::new("chat 1").unwrap(),
+            OwnerId::new("host/1").unwrap(),
+        );
+        assert_eq!(decode_owner(&encode_value(&s, &o)), Some(o));
+        for foreign in [
+            &b""[..],
+            b"x",
+            b"mecatl-etcdlease/1\n",
+            b"\xff\xfe",
+            b"other/1\no\ns",
+        ] {
+            assert_eq!(decode_owner(foreign), None, "{foreign:?}");
+        }
+    }
+
+    #[test]
+    fn bad_prefixes_are_invalid() {
+        for bad in [
+            "",
+            "no-slash",
+            "/a\n/",
+            &format!("/{}/", "x".repeat(MAX_PREFIX_LEN)),
+        ] {
+            let err = KeySpace::new(bad).unwrap_err();
+            assert_eq!(err.kind(), lease_port::LeaseErrorKind::Invalid, "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,992 @@
+//! [`SessionLease`] on etcd v3: fenced session leases shared by every
+//! process that reaches one etcd cluster.
+//!
+//! # When to choose it
+//!
+//! - Server processes on several hosts that already run etcd (or a
+//!   Kubernetes control plane's etcd you may use): leases survive any one
+//!   etcd member failing, and fencing tokens are etcd revisions, which only
+//!   grow for the life of the cluster.
+//! - Many sessions per process: all of a process's sessions are renewed by
+//!   one keep-alive and one batch of reads ([`SessionLease::renew_many`]).
+//!
+//! On one host, `flocklease` needs nothing to run. Without etcd, a
+//! Kubernetes `Lease` object or a Redis backend may be what you have.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use etcdlease::EtcdLease;
+//! use lease_port::{LeaseErrorKind, OwnerId, SessionId, SessionLease};
+//!
+//! # async fn run() -> Result<(), lease_port::LeaseError> {
+//! let leases = EtcdLease::builder(["http://127.0.0.1:2379"])
+//!     .prefix("/mecatl/leases/")
+//!     .ttl(Duration::from_secs(15))
+//!     .build()?;
+//! let (me, chat) = (OwnerId::new("host-a/4242")?, SessionId::new("chat-7")?);
+//!
+//! let lease = leases.acquire(&chat, &me).await?;
+//! // Tag every write to the session's store with lease.token().
+//! let lease = leases.renew(&lease).await?; // about every TTL/3
+//! leases.release(&lease).await?;
+//!
+//! let other = OwnerId::new("host-b/77")?;
+//! let held = leases.acquire(&chat, &me).await?;
+//! let err = leases.acquire(&chat, &other).await.unwrap_err();
+//! assert_eq!(err.kind(), LeaseErrorKind::Held);
+//! assert_eq!(err.holder(), Some(&me));
+//! # leases.release(&held).await
+//! # }
+//! ```
+//!
+//! A runnable version against a real etcd is `tests/conformance.rs`.
+//!
+//! # How it maps to etcd
+//!
+//! - **One key per session**, `{prefix}s/{id}` with the id percent-encoded
+//!   (injective: no two ids share a key). The value names the holder and
+//!   keeps the original id.
+//! - **Acquire** is one transaction: if the key does not exist, put it with
+//!   the client's etcd lease attached; otherwise read it. A live holder of
+//!   another owner is [`Held`](lease_port::LeaseErrorKind::Held), naming it.
+//! - **The fencing token** is the key's `mod_revision`: the revision of the
+//!   write that took the session. etcd revisions are cluster-wide, only
+//!   grow, and are kept in etcd's log, so a takeover's token is greater than
+//!   every token issued before it — after a release, after expiry, after
+//!   etcd restarts and after leader changes.
+//! - **Re-acquire by the live holder** writes nothing and keeps the token
+//!   when this client holds the key and its reported expiry has not passed.
+//!   Otherwise (another client of the same owner, or a hold past its
+//!   reported expiry that etcd still keeps for the grace) it rewrites the
+//!   key under a compare on its revision, which raises the token: the older
+//!   values then renew as lost, and a hold that had expired is taken anew
+//!   as any takeover is.
+//! - **Renew** refreshes the etcd lease with a keep-alive, then reads the
+//!   key (linearizably) to check that it still exists with the lease's
+//!   token and owner: a keep-alive alone cannot tell that the key was
+//!   released and taken by someone else meanwhile. The read also proves the
+//!   keep-alive: it counts only when the read comes from the same raft term.
+//!   etcd 3.4 answers keep-alives from the leader's memory, and a leader
+//!   that was frozen (SIGSTOP, a long pause) and has not yet learnt it was
+//!   replaced still answers them, refreshing nothing the real leader knows
+//!   of; the fault tests caught exactly that. A later read from the same
+//!   term shows the member was still leader when it answered.
+//! - **Release** is a transaction that deletes the key only if its
+//!   `mod_revision` is the lease's token and its value names the lease's
+//!   owner: it never removes another hold.
+//!
+//! # One etcd lease per client
+//!
+//! Each [`EtcdLease`] grants one etcd lease and attaches every key it writes
+//! to it, so one keep-alive keeps all of its sessions, and
+//! [`renew_many`](SessionLease::renew_many) costs one keep-alive plus one
+//! read transaction per [`max_txn_ops`](EtcdLeaseBuilder::max_txn_ops)
+//! sessions. The trade-offs:
+//!
+//! - The sessions of one client share their fate: when the client stops
+//!   renewing (paused, partitioned, killed), all of them expire together.
+//!   They would anyway — one process renews them all.
+//! - Renewing any session refreshes the etcd lease of all of them, so a
+//!   session that its holder neither renews nor releases (it counted the
+//!   lease lost while etcd was unreachable, or its release failed) would
+//!   stay held while the client renews others. The client remembers until
+//!   when each of its keys was renewed and deletes, with a transaction
+//!   conditional on the key's lease, value and revision, any key not
+//!   renewed for the TTL plus the grace — when etcd itself would have
+//!   deleted it had it had an etcd lease of its own. Renew a lease through
+//!   the client that acquired it: another client's renewals refresh the
+//!   etcd lease but not this bookkeeping.
+//! - A released session is deleted, so the shared keep-alive never keeps a
+//!   released or taken-over session alive.
+//!
+//! # Time: etcd's TTL and [`Lease::expiry`]
+//!
+//! etcd judges expiry on the leader's own clock: it counts the TTL from when
+//! it serves a grant or keep-alive, and deletes the keys when it has passed.
+//! No client clock is involved, so client clock skew cannot free a session
+//! early. The [`Lease::expiry`] a client reports is its own, conservative
+//! view: the wall-clock time *before* it sent the grant or keep-alive, plus
+//! the TTL etcd answered. etcd's deadline is later than that (it started
+//! counting later), and leader changes only extend etcd leases, so a holder
+//! that stops acting at its reported expiry has stopped before etcd frees
+//! the session. Judge local deadlines on a monotonic clock from the same
+//! send time.
+//!
+//! etcd TTLs are whole seconds, and etcd raises a TTL below its minimum
+//! (1.5 election timeouts, rounded up: 2 s with default settings). The
+//! configured TTL must be whole seconds.
+//!
+//! etcd is asked for the TTL plus a grace ([`expiry_grace`](EtcdLeaseBuilder::expiry_grace),
+//! default 1 s), and the reported expiry leaves the grace out. A holder
+//! therefore stops acting a grace before etcd frees the session, and a
+//! renewal that arrives just after the reported expiry still finds the
+//! key — still the caller's, which the read proves, so renewing it is the
+//! unraced reclaim the contract allows — instead of losing a session
+//! nobody else could have taken. The price: after a holder dies, another
+//! owner waits the TTL plus the grace (and etcd's expiry check, every
+//! 500 ms) before it can take the session.
+//!
+//! # Authority
+//!
+//! [`authority`](SessionLease::authority) names the cluster (its id, from
+//! every answer's header), the prefix, and a random marker stored once under
+//! the prefix. The marker tells apart two clusters that happen to share an
+//! id (same member names and peer URLs, no distinct
+//! `--initial-cluster-token`) and a cluster whose data was wiped: its
+//! revisions start again from 1, so its tokens must never meet a store
+//! fenced by the old one.
+//!
+//! # Errors
+//!
+//! etcd unreachable, a timeout, no leader: [`Transient`](lease_port::LeaseErrorKind::Transient),
+//! keeping an [`EtcdError`] as its source. Every request has its own
+//! timeout ([`request_timeout`](EtcdLeaseBuilder::request_timeout)); after
+//! a member fails to answer, the next request goes to the next endpoint.
+
+mod error;
+mod held_keys;
+mod keys;
+mod shared_lease;
+pub mod wire;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use async_trait::async_trait;
+use futures_util::future::join_all;
+use lease_port::{AuthorityId, FencingToken, Lease, LeaseError, OwnerId, SessionId, SessionLease};
+
+pub use error::EtcdError;
+pub use keys::MAX_PREFIX_LEN;
+pub use wire::TlsOptions;
+
+use held_keys::HeldKeys;
+use keys::{KeySpace, decode_owner, encode_value};
+use shared_lease::{Grant, SharedLease};
+use wire::EtcdClient;
+use wire::messages::{
+    Compare, DeleteRangeRequest, KeyValue, PutRequest, RangeRequest, Request, RequestOp, Response,
+    TargetUnion, TxnRequest, TxnResponse, compare_result, compare_target,
+};
+
+/// The TTL granted when none is configured.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+
+/// The prefix used when none is configured.
+pub const DEFAULT_PREFIX: &str = "/mecatl/leases/";
+
+/// etcd's default limit on operations in one transaction
+/// (`--max-txn-ops`).
+pub const DEFAULT_MAX_TXN_OPS: usize = 128;
+
+/// How much longer than the reported TTL etcd keeps a key, when not
+/// configured.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(1);
+
+/// etcd's longest lease TTL, in seconds.
+const MAX_ETCD_TTL_SECS: u64 = 9_000_000_000;
+
+/// How often an acquire retries when the key or the etcd lease changed
+/// between its steps.
+const ACQUIRE_ATTEMPTS: usize = 4;
+
+/// Configures an [`EtcdLease`].
+#[derive(Debug, Clone)]
+pub struct EtcdLeaseBuilder {
+    endpoints: Vec<String>,
+    prefix: String,
+    ttl: Duration,
+    request_timeout: Option<Duration>,
+    max_txn_ops: usize,
+    grace: Duration,
+    tls: TlsOptions,
+}
+
+impl EtcdLeaseBuilder {
+    /// Certificates for `https://` endpoints; needs the `tls` feature
+    /// (without it, any TLS setting is an invalid configuration).
+    pub fn tls(mut self, tls: TlsOptions) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// The key prefix all sessions live under: non-empty, ending in `/`, at
+    /// most [`MAX_PREFIX_LEN`] bytes. Tokens of one prefix are one
+    /// authority. Default [`DEFAULT_PREFIX`].
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The TTL of every grant, in whole seconds (etcd's unit), at least one.
+    /// Default [`DEFAULT_TTL`].
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How much longer than the TTL etcd keeps a key after its last
+    /// renewal, in whole seconds. Holders count their expiry without it;
+    /// another owner can take the session only once it has passed too.
+    /// Default [`DEFAULT_GRACE`]; see the crate documentation.
+    pub fn expiry_grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+
+    /// The deadline of every request to etcd; at most half the TTL, so a
+    /// renewal that times out leaves time for another. Default: a quarter
+    /// of the TTL, at most 2 s.
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = Some(timeout);
+        self
+    }
+
+    /// The most operations put in one transaction: set it to the cluster's
+    /// `--max-txn-ops`. Default [`DEFAULT_MAX_TXN_OPS`].
+    pub fn max_txn_ops(mut self, n: usize) -> Self {
+        self.max_txn_ops = n;
+        self
+    }
+
+    /// Checks the configuration and builds the client. Connections are made
+    /// on first use; call this within a Tokio runtime.
+    pub fn build(self) -> Result<EtcdLease, LeaseError> {
+        let keys = KeySpace::new(&self.prefix)?;
+        let ttl_secs = self.ttl.as_secs();
+        if self.ttl.subsec_nanos() != 0 || ttl_secs == 0 {
+            return Err(LeaseError::invalid(format!(
+                "the TTL must be whole seconds, at least one (etcd's unit); got {:?}",
+                self.ttl
+            )));
+        }
+        if self.grace.subsec_nanos() != 0 {
+            return Err(LeaseError::invalid(format!(
+                "the expiry grace must be whole seconds (etcd's unit); got {:?}",
+                self.grace
+            )));
+        }
+        if ttl_secs.saturating_add(self.grace.as_secs()) > MAX_ETCD_TTL_SECS {
+            return Err(LeaseError::invalid(
+                "the TTL and grace are longer than etcd allows",
+            ));
+        }
+        let timeout = self
+            .request_timeout
+            .unwrap_or_else(|| (self.ttl / 4).min(Duration::from_secs(2)));
+        if timeout.is_zero() || timeout > self.ttl / 2 {
+            return Err(LeaseError::invalid(format!(
+                "the request timeout {timeout:?} must be above zero and at most half the TTL {:?}",
+                self.ttl
+            )));
+        }
+        if self.max_txn_ops == 0 {
+            return Err(LeaseError::invalid("max_txn_ops must be at least one"));
+        }
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(LeaseError::invalid(
+                "EtcdLease must be built within a Tokio runtime",
+            ));
+        }
+        let client = EtcdClient::with_tls(&self.endpoints, timeout, &self.tls)
+            .map_err(|e| e.into_lease_error("configure the etcd client"))?;
+        Ok(EtcdLease {
+            inner: Arc::new(Inner {
+                shared: SharedLease::new(client.clone(), self.ttl, self.grace),
+                client,
+                keys,
+                ttl: self.ttl,
+                max_txn_ops: self.max_txn_ops,
+                held: HeldKeys::default(),
+                authority: tokio::sync::OnceCell::new(),
+            }),
+        })
+    }
+}
+
+/// Session leases on one etcd cluster, under one key prefix.
+///
+/// One instance per process: its sessions share one etcd lease and one
+/// keep-alive stream (see the crate documentation). Clones share them too.
+#[derive(Clone)]
+pub struct EtcdLease {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: EtcdClient,
+    keys: KeySpace,
+    ttl: Duration,
+    max_txn_ops: usize,
+    shared: SharedLease,
+    held: HeldKeys,
+    authority: tokio::sync::OnceCell<AuthorityId>,
+}
+
+impl std::fmt::Debug for EtcdLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdLease")
+            .field("client", &self.inner.client)
+            .field("prefix", &self.inner.keys.prefix())
+            .field("ttl", &self.inner.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdLease {
+    /// A builder for a client of the cluster whose members answer at
+    /// `endpoints` (`http://host:port`; `https://` with the `tls` feature).
+    pub fn builder<I, S>(endpoints: I) -> EtcdLeaseBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        EtcdLeaseBuilder {
+            endpoints: endpoints.into_iter().map(Into::into).collect(),
+            prefix: DEFAULT_PREFIX.to_owned(),
+            ttl: DEFAULT_TTL,
+            request_timeout: None,
+            max_txn_ops: DEFAULT_MAX_TXN_OPS,
+            grace: DEFAULT_GRACE,
+            tls: TlsOptions::default(),
+        }
+    }
+
+    /// The TTL requested for every grant.
+    pub fn ttl(&self) -> Duration {
+        self.inner.ttl
+    }
+
+    /// The etcd key a session's lease lives under: for tests and operators
+    /// who look at etcd directly.
+    pub fn session_key(&self, session: &SessionId) -> Vec<u8> {
+        self.inner.keys.session_key(session)
+    }
+}
+
+fn range_op(key: Vec<u8>) -> RequestOp {
+    RequestOp {
+        request: Some(Request::Range(RangeRequest {
+            key,
+            ..Default::default()
+        })),
+    }
+}
+
+fn put_op(key: Vec<u8>, value: Vec<u8>, lease: i64) -> RequestOp {
+    RequestOp {
+        request: Some(Request::Put(PutRequest { key, value, lease })),
+    }
+}
+
+fn delete_op(key: Vec<u8>) -> RequestOp {
+    RequestOp {
+        request: Some(Request::DeleteRange(DeleteRangeRequest {
+            key,
+            range_end: vec![],
+        })),
+    }
+}
+
+fn compare(key: &[u8], target: i32, union: TargetUnion) -> Compare {
+    Compare {
+        result: compare_result::EQUAL,
+        target,
+        key: key.to_vec(),
+        target_union: Some(union),
+    }
+}
+
+/// The key read by the `n`th operation of a transaction's answer.
+fn read_kv(answer: &mut TxnResponse, n: usize) -> Option<KeyValue> {
+    match answer.responses.get_mut(n)?.response.as_mut()? {
+        Response::Range(range) => range.kvs.pop(),
+        _ => None,
+    }
+}
+
+fn revision(answer: &TxnResponse) -> Option<i64> {
+    answer
+        .header
+        .as_ref()
+        .map(|h| h.revision)
+        .filter(|&r| r > 0)
+}
+
+/// A token as etcd stores revisions; `None` for values etcd never issues.
+fn token_revision(token: FencingToken) -> Option<i64> {
+    i64::try_from(token.get()).ok().filter(|&r| r > 0)
+}
+
+fn token_of(revision: i64) -> FencingToken {
+    FencingToken::new(revision.unsigned_abs())
+}
+
+/// Whether a stored key is the grant `lease` describes.
+enum Verdict {
+    /// Ours, attached to this etcd lease.
+    Ours(i64),
+    /// Gone or someone else's; the holder when the key names one.
+    Lost(Option<OwnerId>),
+}
+
+fn judge(kv: Option<&KeyValue>, lease: &Lease) -> Verdict {
+    let Some(kv) = kv else {
+        return Verdict::Lost(None);
+    };
+    let holder = decode_owner(&kv.value);
+    let ours = holder.as_ref() == Some(lease.owner())
+        && token_revision(lease.token()) == Some(kv.mod_revision);
+    if ours {
+        Verdict::Ours(kv.lease)
+    } else {
+        Verdict::Lost(holder)
+    }
+}
+
+fn raft_term(header: &Option<wire::messages::ResponseHeader>) -> Option<u64> {
+    header.as_ref().map(|h| h.raft_term).filter(|&t| t > 0)
+}
+
+fn unproven(keep_alive_term: u64, read_term: Option<u64>) -> LeaseError {
+    LeaseError::transient("renew: the keep-alive is not proven").with_source(EtcdError::Malformed {
+        call: "LeaseKeepAlive",
+        detail: format!(
+            "answered in raft term {keep_alive_term}, the read after it in {read_term:?}: \
+             a replaced leader may have answered it, so it extends nothing"
+        ),
+    })
+}
+
+fn lost_by_etcd() -> LeaseError {
+    LeaseError::held(None).with_source(EtcdError::Malformed {
+        call: "LeaseKeepAlive",
+        detail: "the etcd lease holding the key has expired".into(),
+    })
+}
+
+impl Inner {
+    async fn acquire(&self, session: &SessionId, owner: &OwnerId) -> Result<Lease, LeaseError> {
+        let key = self.keys.session_key(session);
+        let value = encode_value(session, owner);
+        let mut force_refresh = false;
+        for _ in 0..ACQUIRE_ATTEMPTS {
+            let (id, mut grant) = self
+                .shared
+                .ensure()
+                .await
+                .map_err(|e| e.into_lease_error("grant an etcd lease"))?;
+            // A grant older than a quarter TTL is refreshed first, so every
+            // acquire hands out most of a TTL, and the transaction after it
+            // proves the keep-alive (see `Grant::term`).
+            if force_refresh || grant.sent_at.elapsed() > self.ttl / 4 {
+                match self.shared.keep_alive(id, Instant::now()).await {
+                    Ok(Some(fresh)) => grant = fresh,
+                    Ok(None) => continue,
+                    Err(e) => return Err(e.into_lease_error("acquire: keep-alive failed")),
+                }
+            }
+            let take_if_free = TxnRequest {
+                compare: vec![compare(
+                    &key,
+                    compare_target::CREATE,
+                    TargetUnion::CreateRevision(0),
+                )],
+                success: vec![put_op(key.clone(), value.clone(), id)],
+                failure: vec![range_op(key.clone())],
+            };
+            let mut answer = match self.client.txn(take_if_free).await {
+                Err(e) if e.is_lease_not_found() => {
+                    self.shared.forget(id);
+                    continue;
+                }
+                Err(e) => {
+                    // The put may have landed: remember the key so that it
+                    // is swept unless its owner acquires it again.
+                    let until = self.shared.etcd_deadline(&grant);
+                    self.held.hold(key, id, None, value, until);
+                    return Err(e.into_lease_error("acquire: transaction failed"));
+                }
+                Ok(answer) => answer,
+            };
+            let until = self.shared.etcd_deadline(&grant);
+            let proven = raft_term(&answer.header) == Some(grant.term);
+            if answer.succeeded {
+                let rev = revision(&answer).ok_or_else(|| {
+                    LeaseError::transient("acquire: etcd answered without a revision")
+                })?;
+                self.held
+                    .hold(key.clone(), id, Some(rev), value.clone(), until);
+                if !proven {
+                    // Ours, but the grant is unproven: the next round
+                    // refreshes it and finds the key ours.
+                    force_refresh = true;
+                    continue;
+                }
+                self.sweep().await;
+                return Ok(Lease::new(
+                    session.clone(),
+                    owner.clone(),
+                    token_of(rev),
+                    grant.expiry(),
+                ));
+            }
+            let Some(kv) = read_kv(&mut answer, 0) else {
+                continue; // deleted since the compare; try again
+            };
+            let holder = decode_owner(&kv.value);
+            if holder.as_ref() != Some(owner) {
+                return Err(match holder {
+                    Some(h) => LeaseError::held(Some(h)),
+                    None => LeaseError::held(None).with_source(EtcdError::Malformed {
+                        call: "Txn",
+                        detail: format!(
+                            "the key of {session} holds a value this crate did not write"
+                        ),
+                    }),
+                });
+            }
+            // The live holder re-acquiring keeps its token; a hold whose
+            // reported expiry has passed (etcd keeps it for the grace) is
+            // taken anew, with a greater token, as any takeover is.
+            let live = kv.lease == id
+                && self.held.renewed_past(
+                    &key,
+                    kv.mod_revision,
+                    Instant::now() + self.shared.grace(),
+                );
+            if live && !proven {
+                force_refresh = true;
+                continue;
+            }
+            if live {
+                // Nothing to write, the token stays.
+                self.held.hold(key, id, Some(kv.mod_revision), value, until);
+                return Ok(Lease::new(
+                    session.clone(),
+                    owner.clone(),
+                    token_of(kv.mod_revision),
+                    grant.expiry(),
+                ));
+            }
+            if let Some(lease) = self.move_to(session, owner, &kv, id, grant).await? {
+                return Ok(lease);
+            }
+            force_refresh = true;
+        }
+        Err(LeaseError::transient(
+            "acquire: the key or the etcd lease kept changing; try again",
+        ))
+    }
+
+    /// The same owner holds `kv`, but not as a live hold of this client
+    /// (another client's, or one whose reported expiry has passed):
+    /// rewrites it under our etcd lease, which raises the token. `None`
+    /// when the key changed meanwhile.
+    async fn move_to(
+        &self,
+        session: &SessionId,
+        owner: &OwnerId,
+        kv: &KeyValue,
+        id: i64,
+        grant: Grant,
+    ) -> Result<Option<Lease>, LeaseError> {
+        let rewrite = TxnRequest {
+            compare: vec![compare(
+                &kv.key,
+                compare_target::MOD,
+                TargetUnion::ModRevision(kv.mod_revision),
+            )],
+            success: vec![put_op(kv.key.clone(), kv.value.clone(), id)],
+            failure: vec![],
+        };
+        match self.client.txn(rewrite).await {
+            Ok(answer) if answer.succeeded => {
+                let rev = revision(&answer).ok_or_else(|| {
+                    LeaseError::transient("acquire: etcd answered without a revision")
+                })?;
+                let until = self.shared.etcd_deadline(&grant);
+                self.held
+                    .hold(kv.key.clone(), id, Some(rev), kv.value.clone(), until);
+                if raft_term(&answer.header) != Some(grant.term) {
+                    return Ok(None);
+                }
+                Ok(Some(Lease::new(
+                    session.clone(),
+                    owner.clone(),
+                    token_of(rev),
+                    grant.expiry(),
+                )))
+            }
+            Ok(_) => Ok(None),
+            Err(e) if e.is_lease_not_found() => {
+                self.shared.forget(id);
+                Ok(None)
+            }
+            Err(e) => Err(e.into_lease_error("acquire: transaction failed")),
+        }
+    }
+
+    /// Turns a verdict and the keep-alive of its etcd lease into the answer
+    /// of one renewal.
+    async fn conclude(
+        &self,
+        lease: &Lease,
+        verdict: Verdict,
+        ours: &OurKeepAlive,
+        started: Instant,
+        read_term: Option<u64>,
+    ) -> Result<Lease, LeaseError> {
+        let key = self.keys.session_key(lease.session_id());
+        let token = token_revision(lease.token()).unwrap_or(0);
+        let id = match verdict {
+            Verdict::Lost(holder) => {
+                self.held.forget(&key, token);
+                return Err(LeaseError::held(holder));
+            }
+            Verdict::Ours(id) => id,
+        };
+        let refreshed =
+            match ours {
+                Some((our_id, result)) if *our_id == id => match result {
+                    Ok(grant) => Ok(*grant),
+                    Err(e) => Err(LeaseError::transient("renew: keep-alive failed")
+                        .with_source(Arc::clone(e))),
+                },
+                _ => return self.renew_on_other(id, lease, &key, token, started).await,
+            }?;
+        if let Some(grant) = &refreshed
+            && read_term != Some(grant.term)
+        {
+            return Err(unproven(grant.term, read_term));
+        }
+        match refreshed {
+            Some(grant) => {
+                self.held
+                    .renewed(&key, token, self.shared.etcd_deadline(&grant));
+                Ok(lease.with_expiry(grant.expiry()))
+            }
+            None => {
+                self.held.forget(&key, token);
+                Err(lost_by_etcd())
+            }
+        }
+    }
+
+    /// Renews a key that is on another client's etcd lease (same owner):
+    /// keeps that lease alive, then proves the keep-alive with a read of
+    /// the key (see `Grant::term`), which must still show the grant.
+    async fn renew_on_other(
+        &self,
+        id: i64,
+        lease: &Lease,
+        key: &[u8],
+        token: i64,
+        started: Instant,
+    ) -> Result<Lease, LeaseError> {
+        let Some(grant) = self
+            .shared
+            .keep_alive(id, started)
+            .await
+            .map_err(|e| e.into_lease_error("renew: keep-alive failed"))?
+        else {
+            self.held.forget(key, token);
+            return Err(lost_by_etcd());
+        };
+        let read = RangeRequest {
+            key: key.to_vec(),
+            ..Default::default()
+        };
+        let answer = self
+            .client
+            .range(read)
+            .await
+            .map_err(|e| e.into_lease_error("renew: reading the key failed"))?;
+        match judge(answer.kvs.first(), lease) {
+            Verdict::Ours(on) if on == id => {}
+            Verdict::Ours(_) => {
+                return Err(LeaseError::transient(
+                    "renew: the key moved while its etcd lease was kept alive",
+                ));
+            }
+            Verdict::Lost(holder) => return Err(LeaseError::held(holder)),
+        }
+        let read_term = raft_term(&answer.header);
+        if read_term != Some(grant.term) {
+            return Err(unproven(grant.term, read_term));
+        }
+        Ok(lease.with_expiry(grant.expiry()))
+    }
+
+    async fn keep_alive_ours(&self, started: Instant) -> OurKeepAlive {
+        let id = self.shared.current_id()?;
+        Some((
+            id,
+            self.shared.keep_alive(id, started).await.map_err(Arc::new),
+        ))
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<Lease, LeaseError> {
+        let started = Instant::now();
+        let read = RangeRequest {
+            key: self.keys.session_key(lease.session_id()),
+            ..Default::default()
+        };
+        // The keep-alive first, the read after it: the read proves the
+        // keep-alive (see `Grant::term`).
+        let ours = self.keep_alive_ours(started).await;
+        let answer = self
+            .client
+            .range(read)
+            .await
+            .map_err(|e| e.into_lease_error("renew: reading the key failed"))?;
+        let verdict = judge(answer.kvs.first(), lease);
+        let read_term = raft_term(&answer.header);
+        let result = self
+            .conclude(lease, verdict, &ours, started, read_term)
+            .await;
+        self.sweep().await;
+        result
+    }
+
+    /// Deletes the keys on this client's etcd lease whose holders stopped
+    /// renewing them a TTL and a grace ago (see `held_keys`). Each delete
+    /// is conditional on the key still being on that lease with that
+    /// value (and revision, when known), so it never touches a new hold.
+    async fn sweep(&self) {
+        for (key, held) in self.held.take_lapsed(Instant::now()) {
+            let mut conditions = vec![
+                compare(
+                    &key,
+                    compare_target::LEASE,
+                    TargetUnion::Lease(held.lease_id),
+                ),
+                compare(
+                    &key,
+                    compare_target::VALUE,
+                    TargetUnion::Value(held.value.clone()),
+                ),
+            ];
+            if let Some(token) = held.token {
+                conditions.push(compare(
+                    &key,
+                    compare_target::MOD,
+                    TargetUnion::ModRevision(token),
+                ));
+            }
+            let delete = TxnRequest {
+                compare: conditions,
+                success: vec![delete_op(key.clone())],
+                failure: vec![],
+            };
+            if self.client.txn(delete).await.is_err() {
+                self.held.retry(key, held);
+            }
+        }
+    }
+
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LeaseError>> {
+        if leases.is_empty() {
+            return Vec::new();
+        }
+        let started = Instant::now();
+        let reads = leases.chunks(self.max_txn_ops).map(|chunk| {
+            self.client.txn(TxnRequest {
+                compare: vec![],
+                success: chunk
+                    .iter()
+                    .map(|l| range_op(self.keys.session_key(l.session_id())))
+                    .collect(),
+                failure: vec![],
+            })
+        });
+        // The keep-alive first, the reads after it (see `renew`).
+        let ours = self.keep_alive_ours(started).await;
+        let answers = join_all(reads).await;
+        let mut out = Vec::with_capacity(leases.len());
+        for (chunk, answer) in leases.chunks(self.max_txn_ops).zip(answers) {
+            match answer {
+                Ok(mut answer) => {
+                    let read_term = raft_term(&answer.header);
+                    for (n, lease) in chunk.iter().enumerate() {
+                        let kv = read_kv(&mut answer, n);
+                        let verdict = judge(kv.as_ref(), lease);
+                        out.push(
+                            self.conclude(lease, verdict, &ours, started, read_term)
+                                .await,
+                        );
+                    }
+                }
+                Err(e) => {
+                    let e = Arc::new(e);
+                    for _ in chunk {
+                        out.push(Err(LeaseError::transient("renew: reading the keys failed")
+                            .with_source(Arc::clone(&e))));
+                    }
+                }
+            }
+        }
+        self.sweep().await;
+        out
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), LeaseError> {
+        let Some(token) = token_revision(lease.token()) else {
+            return Ok(()); // never issued: nothing of ours to remove
+        };
+        let key = self.keys.session_key(lease.session_id());
+        let value = encode_value(lease.session_id(), lease.owner());
+        let delete_if_ours = TxnRequest {
+            compare: vec![
+                compare(&key, compare_target::MOD, TargetUnion::ModRevision(token)),
+                compare(&key, compare_target::VALUE, TargetUnion::Value(value)),
+            ],
+            success: vec![delete_op(key.clone())],
+            failure: vec![],
+        };
+        self.client
+            .txn(delete_if_ours)
+            .await
+            .map_err(|e| e.into_lease_error("release: transaction failed"))?;
+        self.held.forget(&key, token);
+        Ok(())
+    }
+
+    async fn authority(&self) -> Result<AuthorityId, LeaseError> {
+        self.authority
+            .get_or_try_init(|| async {
+                let key = self.keys.authority_key();
+                let marker = random_marker();
+                let create_or_read = TxnRequest {
+                    compare: vec![compare(
+                        &key,
+                        compare_target::CREATE,
+                        TargetUnion::CreateRevision(0),
+                    )],
+                    success: vec![put_op(key.clone(), marker.clone().into_bytes(), 0)],
+                    failure: vec![range_op(key)],
+                };
+                let mut answer = self
+                    .client
+                    .txn(create_or_read)
+                    .await
+                    .map_err(|e| e.into_lease_error("authority: transaction failed"))?;
+                let cluster = answer.header.as_ref().map_or(0, |h| h.cluster_id);
+                let stored = if answer.succeeded {
+                    marker
+                } else {
+                    read_kv(&mut answer, 0)
+                        .and_then(|kv| String::from_utf8(kv.value).ok())
+                        .filter(|m| m.len() <= 64 && m.bytes().all(|b| b.is_ascii_hexdigit()))
+                        .ok_or_else(|| {
+                            LeaseError::transient("authority: the marker key is unreadable")
+                        })?
+                };
+                AuthorityId::new(format!(
+                    "etcd:{cluster:016x}:{stored}:{}",
+                    self.keys.prefix()
+                ))
+            })
+            .await
+            .cloned()
+    }
+}
+
+/// The keep-alive of this client's etcd lease made for a renewal, shared
+/// by every lease of a batch.
+type OurKeepAlive = Option<(i64, Result<Option<Grant>, Arc<EtcdError>>)>;
+
+/// 128 random bits as hex, from the standard library's randomly keyed
+/// hasher (seeded by the OS), the clock and the process id.
+fn random_marker() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let mut out = String::with_capacity(32);
+    for half in 0..2u8 {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u8(half);
+        h.write_u128(nanos);
+        h.write_u32(std::process::id());
+        out.push_str(&format!("{:016x}", h.finish()));
+    }
+    out
+}
+
+#[async_trait]
+impl SessionLease for EtcdLease {
+    async fn acquire(&self, session: &SessionId, owner: &OwnerId) -> Result<Lease, LeaseError> {
+        self.inner.acquire(session, owner).await
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<Lease, LeaseError> {
+        self.inner.renew(lease).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), LeaseError> {
+        self.inner.release(lease).await
+    }
+
+    async fn authority(&self) -> Result<AuthorityId, LeaseError> {
+        self.inner.authority().await
+    }
+
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LeaseError>> {
+        self.inner.renew_many(leases).await
+    }
+
+    fn renews_in_batches(&self) -> bool {
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lease_port::LeaseErrorKind;
+
+    #[test]
+    fn tokens_outside_etcd_revisions_match_nothing() {
+        assert_eq!(token_revision(FencingToken::new(0)), None);
+        assert_eq!(token_revision(FencingToken::new(u64::MAX)), None);
+        assert_eq!(token_revision(FencingToken::new(1 << 63)), None);
+        assert_eq!(token_revision(FencingToken::new(42)), Some(42));
+    }
+
+    #[tokio::test]
+    async fn bad_configuration_is_invalid() {
+        let bad = [
+            EtcdLease::builder(["http://127.0.0.1:1"]).ttl(Duration::from_millis(1500)),
+            EtcdLease::builder(["http://127.0.0.1:1"]).ttl(Duration::ZERO),
+            EtcdLease::builder(["http://127.0.0.1:1"])
+                .ttl(Duration::from_secs(4))
+                .request_timeout(Duration::from_secs(3)),
+            EtcdLease::builder(["http://127.0.0.1:1"]).prefix("no-slash"),
+            EtcdLease::builder(["127.0.0.1:2379"]),
+            EtcdLease::builder(Vec::<String>::new()),
+            EtcdLease::builder(["http://127.0.0.1:1"]).max_txn_ops(0),
+        ];
+        for builder in bad {
+            let shown = format!("{builder:?}");
+            let err = builder.build().unwrap_err();
+            assert_eq!(err.kind(), LeaseErrorKind::Invalid, "{shown}: {err}");
+        }
+    }
+
+    #[test]
+    fn building_outside_a_runtime_is_an_error_not_a_panic() {
+        let err = EtcdLease::builder(["http://127.0.0.1:1"])
+            .build()
+            .unwrap_err();
+        assert_eq!(err.kind(), LeaseErrorKind::Invalid);
+    }
+
+    #[test]
+    fn markers_differ() {
+        assert_ne!(random_marker(), random_marker());
+        assert_eq!(random_marker().len(), 32);
+    }
+}

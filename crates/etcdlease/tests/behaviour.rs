@@ -1,0 +1,135 @@
+//! What the conformance suite does not reach: authorities of different
+//! clusters and prefixes, a crashed or frozen etcd, and a session its
+//! holder abandoned while the same client keeps renewing others.
+
+use std::time::Duration;
+
+use etcdlease::{EtcdError, EtcdLease};
+use lease_port::{LeaseErrorKind, OwnerId, SessionId, SessionLease};
+use test_services::{Controls, EtcdServer};
+
+const TTL: Duration = Duration::from_secs(2);
+
+fn client(etcd: &EtcdServer, prefix: &str) -> EtcdLease {
+    EtcdLease::builder([etcd.endpoint()])
+        .prefix(prefix)
+        .ttl(TTL)
+        .request_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authorities_name_the_cluster_and_the_prefix() {
+    let (one, two) = (EtcdServer::start().unwrap(), EtcdServer::start().unwrap());
+    let a = client(&one, "/leases/").authority().await.unwrap();
+    assert_eq!(a, client(&one, "/leases/").authority().await.unwrap());
+    let other_prefix = client(&one, "/other/").authority().await.unwrap();
+    let other_cluster = client(&two, "/leases/").authority().await.unwrap();
+    // Both test clusters are formed from the same member name, so only the
+    // stored marker tells them apart.
+    assert_ne!(a, other_cluster, "two clusters share an authority");
+    assert_ne!(a, other_prefix, "two prefixes share an authority");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_keep_rising_after_etcd_is_killed_and_started_again() {
+    let mut etcd = EtcdServer::start().unwrap();
+    let (s, a, b) = (
+        SessionId::new("crash").unwrap(),
+        OwnerId::new("a").unwrap(),
+        OwnerId::new("b").unwrap(),
+    );
+    let before = client(&etcd, "/t/").acquire(&s, &a).await.unwrap();
+    etcd.kill();
+    etcd.restart().unwrap();
+    let c = client(&etcd, "/t/");
+    let held = c.acquire(&s, &b).await.unwrap_err();
+    assert_eq!(held.kind(), LeaseErrorKind::Held, "{held:?}");
+    assert_eq!(held.holder(), Some(&a));
+    c.release(&before).await.unwrap();
+    let after = c.acquire(&s, &b).await.unwrap();
+    assert!(
+        after.token() > before.token(),
+        "token went back across a crash: {before:?} then {after:?}"
+    );
+}
+
+fn etcd_source(e: &lease_port::LeaseError) -> &EtcdError {
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<EtcdError>())
+        .unwrap_or_else(|| panic!("no etcd error kept as the source: {e:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_or_frozen_etcd_is_a_transient_error_with_its_cause() {
+    let mut etcd = EtcdServer::start().unwrap();
+    let c = client(&etcd, "/t/");
+    let (s, a) = (SessionId::new("down").unwrap(), OwnerId::new("a").unwrap());
+    let lease = c.acquire(&s, &a).await.unwrap();
+
+    etcd.pause().unwrap();
+    let err = c.renew(&lease).await.unwrap_err();
+    assert_eq!(err.kind(), LeaseErrorKind::Transient, "{err:?}");
+    assert!(
+        matches!(etcd_source(&err), EtcdError::Timeout { .. }),
+        "{err:?}"
+    );
+    etcd.resume().unwrap();
+    c.renew(&lease)
+        .await
+        .expect("renews once etcd answers again");
+
+    etcd.kill();
+    for err in [
+        c.acquire(&SessionId::new("other").unwrap(), &a)
+            .await
+            .unwrap_err(),
+        c.renew(&lease).await.unwrap_err(),
+        c.release(&lease).await.unwrap_err(),
+    ] {
+        assert_eq!(err.kind(), LeaseErrorKind::Transient, "{err:?}");
+        etcd_source(&err);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_its_holder_abandoned_is_freed_while_the_client_renews_others() {
+    let etcd = EtcdServer::start().unwrap();
+    let (ca, cb) = (client(&etcd, "/t/"), client(&etcd, "/t/"));
+    let (a, b) = (OwnerId::new("a").unwrap(), OwnerId::new("b").unwrap());
+    let (kept, abandoned) = (
+        SessionId::new("kept").unwrap(),
+        SessionId::new("abandoned").unwrap(),
+    );
+    let mut live = ca.acquire(&kept, &a).await.unwrap();
+    let left = ca.acquire(&abandoned, &a).await.unwrap();
+    // The shared etcd lease stays alive all along; only the bookkeeping of
+    // which key was renewed can free the abandoned one. Bounded: 40 rounds
+    // of a third of a TTL, far past the TTL plus the grace.
+    let mut taken = None;
+    for _ in 0..40 {
+        tokio::time::sleep(TTL / 3).await;
+        live = ca
+            .renew_many(std::slice::from_ref(&live))
+            .await
+            .remove(0)
+            .unwrap();
+        match cb.acquire(&abandoned, &b).await {
+            Ok(lease) => {
+                taken = Some(lease);
+                break;
+            }
+            Err(e) if e.kind() == LeaseErrorKind::Held => {}
+            Err(e) => panic!("b: {e:?}"),
+        }
+    }
+    let taken = taken.expect("the abandoned session was never freed");
+    assert!(taken.token() > left.token());
+    let err = ca.renew(&left).await.unwrap_err();
+    assert_eq!(err.kind(), LeaseErrorKind::Held);
+    assert_eq!(err.holder(), Some(&b));
+    ca.renew(&live)
+        .await
+        .expect("the renewed session is still held");
+}
