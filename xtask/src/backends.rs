@@ -42,8 +42,11 @@ pub(crate) const BACKENDS: &[Backend] = &[
 ];
 
 /// Crates other than backends whose tests start services of their own.
-pub(crate) const OTHER_SERVICE_USERS: &[(&str, &[Service])] =
-    &[("test-services", &[Service::Redis, Service::Etcd])];
+pub(crate) const OTHER_SERVICE_USERS: &[(&str, &[Service])] = &[
+    ("test-services", &[Service::Redis, Service::Etcd]),
+    ("mecatl-leased", &[Service::Etcd]),
+    ("mecated", &[Service::Etcd]),
+];
 
 pub(crate) fn find(name: &str) -> Option<&'static Backend> {
     BACKENDS.iter().find(|b| b.name == name)

@@ -184,6 +184,19 @@ pub async fn client_from_kubeconfig(path: impl AsRef<Path>) -> Result<kube::Clie
     kube::Client::try_from(config).map_err(|e| bad("no client can be built from it").with_source(e))
 }
 
+/// A kube client configured the way Kubernetes tools find their cluster:
+/// inside a pod, its service account; elsewhere, `$KUBECONFIG` or
+/// `~/.kube/config` and its current context. Nothing usable found is
+/// [`Invalid`](lease_port::LeaseErrorKind::Invalid).
+pub async fn client_infer() -> Result<kube::Client, LeaseError> {
+    kube::Client::try_default().await.map_err(|e| {
+        LeaseError::invalid(
+            "no Kubernetes configuration found (neither in-cluster service account nor kubeconfig)",
+        )
+        .with_source(e)
+    })
+}
+
 /// What became of a write.
 enum Written {
     Done(Observed),

@@ -199,6 +199,6 @@ mod name;
 mod observe;
 mod record;
 
-pub use backend::{Builder, DEFAULT_TTL, K8sLease, client_from_kubeconfig};
+pub use backend::{Builder, DEFAULT_TTL, K8sLease, client_from_kubeconfig, client_infer};
 pub use expiry::ExpiryJudgement;
 pub use name::object_name;

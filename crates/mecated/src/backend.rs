@@ -84,6 +84,12 @@ pub enum LeaseChoice {
     /// A remote lease service over gRPC: processes on several hosts.
     #[cfg(feature = "grpc")]
     Service(LeaseService),
+    /// etcd v3: processes on several hosts that reach one etcd cluster.
+    #[cfg(feature = "etcd")]
+    Etcd(EtcdLeases),
+    /// Kubernetes Lease objects in one namespace.
+    #[cfg(feature = "k8s")]
+    K8s(K8sLeases),
     /// A backend the embedding program built itself (a test double, a
     /// backend this module does not wire): runs are leased through it and
     /// every write is fenced, exactly as with file leases. No flag selects
@@ -170,6 +176,68 @@ impl LeaseService {
     }
 }
 
+/// How to reach etcd, for [`LeaseChoice::Etcd`].
+#[cfg(feature = "etcd")]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdLeases {
+    /// Client endpoints of the cluster.
+    pub endpoints: Vec<String>,
+    /// Key prefix shared by the servers.
+    pub prefix: String,
+    /// PEM CA of the members' certificates: TLS when set.
+    pub ca: Option<PathBuf>,
+    /// PEM client certificate and key, for mutual TLS.
+    pub identity: Option<(PathBuf, PathBuf)>,
+}
+
+#[cfg(feature = "etcd")]
+impl EtcdLeases {
+    fn open(&self, ttl: Duration) -> Result<etcdlease::EtcdLease, LeaseError> {
+        let read = |path: &PathBuf, what: &str| {
+            std::fs::read(path).map_err(|e| {
+                LeaseError::invalid(format!("cannot read the {what} {}: {e}", path.display()))
+            })
+        };
+        let mut b = etcdlease::EtcdLease::builder(self.endpoints.iter().map(String::as_str))
+            .prefix(self.prefix.clone())
+            .ttl(ttl);
+        if let Some(ca) = &self.ca {
+            let mut tls = etcdlease::TlsOptions::default().ca_certificate_pem(read(ca, "etcd CA")?);
+            if let Some((cert, key)) = &self.identity {
+                tls = tls.client_identity_pem(
+                    read(cert, "etcd client certificate")?,
+                    read(key, "etcd client key")?,
+                );
+            }
+            b = b.tls(tls);
+        }
+        b.build()
+    }
+}
+
+/// Which namespace, for [`LeaseChoice::K8s`].
+#[cfg(feature = "k8s")]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct K8sLeases {
+    /// The namespace the Lease objects live in.
+    pub namespace: String,
+    /// A kubeconfig; `None` infers the configuration.
+    pub kubeconfig: Option<PathBuf>,
+}
+
+#[cfg(feature = "k8s")]
+impl K8sLeases {
+    async fn open(&self, ttl: Duration) -> Result<k8slease::K8sLease, LeaseError> {
+        let client = match &self.kubeconfig {
+            Some(path) => k8slease::client_from_kubeconfig(path).await?,
+            None => k8slease::client_infer().await?,
+        };
+        k8slease::K8sLease::builder(client, self.namespace.clone())
+            .ttl(ttl)
+            .build()
+    }
+}
+
 /// A lease backend handed to the server in-process, for
 /// [`LeaseChoice::Backend`]. Two are equal when they share one backend.
 #[derive(Clone)]
@@ -202,6 +270,31 @@ impl LeaseChoice {
         if args.session_lease_url.is_some() {
             return Err("--session-lease-url needs mecated built with the `grpc` feature".into());
         }
+        if !args.session_lease_etcd.is_empty() {
+            #[cfg(feature = "etcd")]
+            return Ok(LeaseChoice::Etcd(EtcdLeases {
+                endpoints: args.session_lease_etcd.clone(),
+                prefix: args.session_lease_etcd_prefix.clone(),
+                ca: args.session_lease_etcd_ca.clone(),
+                identity: args
+                    .session_lease_etcd_cert
+                    .clone()
+                    .zip(args.session_lease_etcd_key.clone()),
+            }));
+            #[cfg(not(feature = "etcd"))]
+            return Err("--session-lease-etcd needs mecated built with the `etcd` feature".into());
+        }
+        if let Some(namespace) = &args.session_lease_k8s_namespace {
+            #[cfg(feature = "k8s")]
+            return Ok(LeaseChoice::K8s(K8sLeases {
+                namespace: namespace.clone(),
+                kubeconfig: args.session_lease_k8s_kubeconfig.clone(),
+            }));
+            #[cfg(not(feature = "k8s"))]
+            return Err(format!(
+                "--session-lease-k8s-namespace {namespace} needs mecated built with the `k8s` feature"
+            ));
+        }
         match (&args.session_lease_dir, args.no_session_lease) {
             (Some(_), true) => {
                 Err("--session-lease-dir and --no-session-lease contradict each other".into())
@@ -222,6 +315,10 @@ impl LeaseChoice {
             LeaseChoice::Unleased => "--no-session-lease",
             #[cfg(feature = "grpc")]
             LeaseChoice::Service(_) => "--session-lease-url",
+            #[cfg(feature = "etcd")]
+            LeaseChoice::Etcd(_) => "--session-lease-etcd",
+            #[cfg(feature = "k8s")]
+            LeaseChoice::K8s(_) => "--session-lease-k8s-namespace",
             LeaseChoice::Backend(_) => "the in-process lease backend",
         }
     }
@@ -362,6 +459,24 @@ pub(crate) async fn open(
                     )),
                 });
             }
+            bind_authority(&*store, &leases, lease.flag()).await?;
+            (Arc::new(leases), Exclusivity::Leased)
+        }
+        #[cfg(feature = "etcd")]
+        LeaseChoice::Etcd(etcd) => {
+            let leases = etcd.open(ttl).map_err(|source| StartError::Lease {
+                backend: format!("etcd at {}", etcd.endpoints.join(",")),
+                source,
+            })?;
+            bind_authority(&*store, &leases, lease.flag()).await?;
+            (Arc::new(leases), Exclusivity::Leased)
+        }
+        #[cfg(feature = "k8s")]
+        LeaseChoice::K8s(k8s) => {
+            let leases = k8s.open(ttl).await.map_err(|source| StartError::Lease {
+                backend: format!("Kubernetes leases in namespace {}", k8s.namespace),
+                source,
+            })?;
             bind_authority(&*store, &leases, lease.flag()).await?;
             (Arc::new(leases), Exclusivity::Leased)
         }

@@ -156,6 +156,64 @@ pub struct ServeArgs {
     )]
     pub session_lease_url: Option<String>,
 
+    /// Leases on etcd v3 at these endpoints (comma-separated
+    /// `http://HOST:PORT` or `https://…`): processes on several hosts that
+    /// reach one etcd cluster. Tokens are etcd revisions.
+    #[arg(
+        long,
+        env = "MECATED_SESSION_LEASE_ETCD",
+        value_delimiter = ',',
+        conflicts_with_all = ["session_lease_dir", "no_session_lease", "session_lease_url"]
+    )]
+    pub session_lease_etcd: Vec<String>,
+
+    /// Key prefix of the etcd leases; servers that share sessions share it.
+    #[arg(
+        long,
+        env = "MECATED_SESSION_LEASE_ETCD_PREFIX",
+        default_value = "/mecatl/leases/"
+    )]
+    pub session_lease_etcd_prefix: String,
+
+    /// PEM CA of the etcd members' certificates (TLS to etcd).
+    #[arg(long, env = "MECATED_SESSION_LEASE_ETCD_CA")]
+    pub session_lease_etcd_ca: Option<PathBuf>,
+
+    /// PEM client certificate for etcd (mutual TLS; needs the key and CA).
+    #[arg(
+        long,
+        env = "MECATED_SESSION_LEASE_ETCD_CERT",
+        requires_all = ["session_lease_etcd_key", "session_lease_etcd_ca"]
+    )]
+    pub session_lease_etcd_cert: Option<PathBuf>,
+
+    /// PEM private key of --session-lease-etcd-cert.
+    #[arg(
+        long,
+        env = "MECATED_SESSION_LEASE_ETCD_KEY",
+        requires = "session_lease_etcd_cert"
+    )]
+    pub session_lease_etcd_key: Option<PathBuf>,
+
+    /// Leases as `coordination.k8s.io/v1` Lease objects in this Kubernetes
+    /// namespace: the replicas of one deployment. The service account needs
+    /// get, create and update on leases there.
+    #[arg(
+        long,
+        env = "MECATED_SESSION_LEASE_K8S_NAMESPACE",
+        conflicts_with_all = ["session_lease_dir", "no_session_lease", "session_lease_url", "session_lease_etcd"]
+    )]
+    pub session_lease_k8s_namespace: Option<String>,
+
+    /// Kubeconfig to reach the cluster with. Default: the pod's service
+    /// account inside a cluster, else $KUBECONFIG or ~/.kube/config.
+    #[arg(
+        long,
+        env = "MECATED_SESSION_LEASE_K8S_KUBECONFIG",
+        requires = "session_lease_k8s_namespace"
+    )]
+    pub session_lease_k8s_kubeconfig: Option<PathBuf>,
+
     /// File holding the bearer token for the lease service (read once at
     /// start; surrounding whitespace ignored).
     #[arg(

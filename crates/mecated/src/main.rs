@@ -246,11 +246,15 @@ fn leases(args: &LeasesArgs) -> Result<(), String> {
 async fn serve(args: ServeArgs) -> Result<(), String> {
     let (store, lease) = args.choices()?;
     let owner = match &args.owner {
-        // A lease service cannot tell two processes under one owner id
-        // apart (a lease directory's owner lock can): both would hold a
-        // session at once under one token. Each incarnation gets its own.
-        #[cfg(feature = "grpc")]
-        Some(o) if args.session_lease_url.is_some() => {
+        // A network lease backend cannot tell two processes under one
+        // owner id apart (a lease directory's owner lock can): both would
+        // hold a session at once under one token. Each incarnation gets
+        // its own.
+        Some(o)
+            if args.session_lease_url.is_some()
+                || !args.session_lease_etcd.is_empty()
+                || args.session_lease_k8s_namespace.is_some() =>
+        {
             OwnerId::new(format!("{o}#{}", mecated::server::incarnation_suffix()))
                 .map_err(|e| format!("--owner: {e}"))?
         }

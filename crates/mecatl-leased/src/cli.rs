@@ -31,12 +31,43 @@ pub(crate) struct Cli {
     /// by the old one refuses the new one's tokens).
     /// `dir:PATH`: a lease directory on this host; tokens survive restarts
     /// and other processes on the host may share the directory.
+    /// `etcd:ENDPOINT[,ENDPOINT…]`: an etcd v3 cluster; run several replicas
+    /// of this service over it, with no single point of failure.
+    /// `k8s:NAMESPACE`: Lease objects in a Kubernetes namespace (the
+    /// service account needs get, create and update on leases).
     #[arg(long, env = "MECATL_LEASED_BACKEND", value_parser = parse_backend)]
     pub(crate) backend: BackendSpec,
 
     /// How long a grant lives without renewal (memory and dir backends).
     #[arg(long, env = "MECATL_LEASED_TTL", default_value = "10s", value_parser = parse_duration)]
     pub(crate) ttl: Duration,
+
+    /// etcd backend: the key prefix of the leases (replicas and servers
+    /// that share sessions share it).
+    #[arg(
+        long,
+        env = "MECATL_LEASED_ETCD_PREFIX",
+        default_value = "/mecatl/leases/"
+    )]
+    pub(crate) etcd_prefix: String,
+
+    /// etcd backend: PEM CA of the members' certificates (TLS to etcd).
+    #[arg(long, env = "MECATL_LEASED_ETCD_CA")]
+    pub(crate) etcd_ca: Option<PathBuf>,
+
+    /// etcd backend: PEM client certificate (mutual TLS; needs --etcd-key).
+    #[arg(long, env = "MECATL_LEASED_ETCD_CERT", requires_all = ["etcd_key", "etcd_ca"])]
+    pub(crate) etcd_cert: Option<PathBuf>,
+
+    /// etcd backend: PEM private key of --etcd-cert.
+    #[arg(long, env = "MECATL_LEASED_ETCD_KEY", requires = "etcd_cert")]
+    pub(crate) etcd_key: Option<PathBuf>,
+
+    /// Kubernetes backend: the kubeconfig to use. Default: the pod's
+    /// service account inside a cluster, else $KUBECONFIG or
+    /// ~/.kube/config.
+    #[arg(long, env = "MECATL_LEASED_KUBECONFIG")]
+    pub(crate) kubeconfig: Option<PathBuf>,
 
     /// Accept a lease directory on a file system that does not survive a
     /// reboot (tmpfs): tokens would restart after one.
@@ -112,6 +143,8 @@ pub(crate) struct Cli {
 pub(crate) enum BackendSpec {
     Memory,
     Dir(PathBuf),
+    Etcd(Vec<String>),
+    K8s(String),
 }
 
 /// How log lines are written.
@@ -127,7 +160,13 @@ fn parse_backend(text: &str) -> Result<BackendSpec, String> {
     match text.split_once(':') {
         None if text == "memory" => Ok(BackendSpec::Memory),
         Some(("dir", path)) if !path.is_empty() => Ok(BackendSpec::Dir(PathBuf::from(path))),
-        _ => Err(format!("{text:?}: expected `memory` or `dir:PATH`")),
+        Some(("etcd", endpoints)) if !endpoints.is_empty() => Ok(BackendSpec::Etcd(
+            endpoints.split(',').map(str::to_owned).collect(),
+        )),
+        Some(("k8s", ns)) if !ns.is_empty() => Ok(BackendSpec::K8s(ns.to_owned())),
+        _ => Err(format!(
+            "{text:?}: expected `memory`, `dir:PATH`, `etcd:ENDPOINTS` or `k8s:NAMESPACE`"
+        )),
     }
 }
 
@@ -146,7 +185,18 @@ mod tests {
             parse_backend("dir:/var/lib/x"),
             Ok(BackendSpec::Dir("/var/lib/x".into()))
         );
-        for bad in ["", "dir:", "memory:x", "etcd", "file:/x"] {
+        assert_eq!(
+            parse_backend("etcd:http://a:2379,http://b:2379"),
+            Ok(BackendSpec::Etcd(vec![
+                "http://a:2379".into(),
+                "http://b:2379".into()
+            ]))
+        );
+        assert_eq!(
+            parse_backend("k8s:chat"),
+            Ok(BackendSpec::K8s("chat".into()))
+        );
+        for bad in ["", "dir:", "memory:x", "etcd", "etcd:", "k8s:", "file:/x"] {
             assert!(parse_backend(bad).is_err(), "{bad:?}");
         }
     }

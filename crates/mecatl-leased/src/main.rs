@@ -51,7 +51,7 @@ type SharedClock = Arc<dyn Clock>;
 /// the host's wall clock cannot move: a forward step would otherwise expire
 /// every grant at once while each holder, rightly timing its lease on its
 /// own monotonic clock, still acts.
-fn open_backend(cli: &Cli) -> Result<(Arc<dyn SessionLease>, SharedClock), String> {
+async fn open_backend(cli: &Cli) -> Result<(Arc<dyn SessionLease>, SharedClock), String> {
     let clock: Arc<dyn Clock> = Arc::new(MonotonicWallClock::new());
     let backend: Arc<dyn SessionLease> = match &cli.backend {
         BackendSpec::Memory => {
@@ -71,6 +71,38 @@ fn open_backend(cli: &Cli) -> Result<(Arc<dyn SessionLease>, SharedClock), Strin
                 .open()
                 .map_err(|e| format!("lease directory {}: {e}", path.display()))?,
         ),
+        // etcd and Kubernetes judge expiry themselves, on their own clocks;
+        // the service reports what they granted from when it asked.
+        BackendSpec::Etcd(endpoints) => {
+            let mut b = etcdlease::EtcdLease::builder(endpoints.iter().map(String::as_str))
+                .prefix(cli.etcd_prefix.clone())
+                .ttl(cli.ttl);
+            if let Some(ca) = &cli.etcd_ca {
+                let mut tls =
+                    etcdlease::TlsOptions::default().ca_certificate_pem(read(ca, "etcd CA")?);
+                if let (Some(cert), Some(key)) = (&cli.etcd_cert, &cli.etcd_key) {
+                    tls = tls.client_identity_pem(
+                        read(cert, "etcd client certificate")?,
+                        read(key, "etcd client key")?,
+                    );
+                }
+                b = b.tls(tls);
+            }
+            Arc::new(b.build().map_err(|e| format!("etcd: {e}"))?)
+        }
+        BackendSpec::K8s(namespace) => {
+            let client = match &cli.kubeconfig {
+                Some(path) => k8slease::client_from_kubeconfig(path).await,
+                None => k8slease::client_infer().await,
+            }
+            .map_err(|e| format!("Kubernetes: {e}"))?;
+            Arc::new(
+                k8slease::K8sLease::builder(client, namespace.clone())
+                    .ttl(cli.ttl)
+                    .build()
+                    .map_err(|e| format!("Kubernetes leases in {namespace}: {e}"))?,
+            )
+        }
     };
     Ok((backend, clock))
 }
@@ -119,7 +151,7 @@ fn configure(
 }
 
 async fn run(cli: Cli) -> Result<(), String> {
-    let (backend, clock) = open_backend(&cli)?;
+    let (backend, clock) = open_backend(&cli).await?;
     let authority = backend
         .authority()
         .await

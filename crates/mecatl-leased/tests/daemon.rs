@@ -184,3 +184,53 @@ async fn metrics_count_calls_and_sigterm_exits_cleanly() {
     let status = daemon.wait().await;
     assert!(status.success(), "{status:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_over_one_etcd_share_holds_tokens_and_authority() {
+    let etcd = test_services::EtcdServer::start().expect("etcd is installed");
+    let backend = format!("etcd:{}", etcd.endpoint());
+    let one = Daemon::start(&["--backend", &backend, "--ttl", "5s"]).await;
+    let two = Daemon::start(&["--backend", &backend, "--ttl", "5s"]).await;
+    let (c1, c2) = (one.client(), two.client());
+    assert_eq!(c1.authority().await.unwrap(), c2.authority().await.unwrap());
+    let (s, a, b) = ids();
+    let la = c1.acquire(&s, &a).await.unwrap();
+    let held = c2.acquire(&s, &b).await.unwrap_err();
+    assert_eq!(held.kind(), LeaseErrorKind::Held, "{held}");
+    assert_eq!(held.holder(), Some(&a));
+    // One replica dies; the other serves the same leases.
+    one.signal(Signal::SIGKILL);
+    one.wait().await;
+    let renewed = c2
+        .renew(&la)
+        .await
+        .expect("the lease lives in etcd, not in the replica");
+    assert_eq!(renewed.token(), la.token());
+    c2.release(&renewed).await.unwrap();
+    let lb = c2.acquire(&s, &b).await.unwrap();
+    assert!(lb.token() > la.token(), "{la:?} then {lb:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_over_kubernetes_leases_serves_them() {
+    let emulator = k8s_emulator::Emulator::start(k8s_emulator::EmulatorConfig::default())
+        .await
+        .expect("the emulator starts");
+    let kubeconfig = emulator.kubeconfig_path().to_str().unwrap().to_owned();
+    let daemon = Daemon::start(&["--backend", "k8s:default", "--kubeconfig", &kubeconfig]).await;
+    let c = daemon.client();
+    let (s, a, b) = ids();
+    let la = c.acquire(&s, &a).await.unwrap();
+    let held = c.acquire(&s, &b).await.unwrap_err();
+    assert_eq!(held.kind(), LeaseErrorKind::Held, "{held}");
+    c.release(&la).await.unwrap();
+    let lb = c.acquire(&s, &b).await.unwrap();
+    assert!(lb.token() > la.token(), "{la:?} then {lb:?}");
+    assert!(
+        c.authority()
+            .await
+            .unwrap()
+            .as_str()
+            .starts_with("k8s:default:")
+    );
+}
