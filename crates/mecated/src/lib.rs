@@ -47,6 +47,7 @@
 
 pub mod agent;
 pub mod backend;
+pub mod cli;
 pub mod config;
 pub mod engine;
 pub mod error;

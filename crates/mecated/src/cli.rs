@@ -1,0 +1,315 @@
+//! What the `mecated` binary runs (and `mecak8s`, which only fills in
+//! flags from the pod's environment first): the session server and its
+//! operator commands.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use clap::Parser;
+use lease_port::{OwnerId, SessionId};
+use crate::agent::{Agent, EchoAgent, ExecAgent};
+use crate::backend::LeaseChoice;
+use crate::config::{AgentKind, Cli, Command, GcArgs, LeasesAction, LeasesArgs, ServeArgs};
+use crate::server::default_owner;
+use crate::{Server, ServerConfig};
+use session_store::{DEFAULT_LEASE_DIR_NAME, JsonlOptions, JsonlStore, SessionStore};
+use tokio::signal::unix::{SignalKind, signal};
+
+/// Parses the command line and runs what it asks for.
+pub fn main() -> ExitCode {
+    main_with(Cli::parse())
+}
+
+/// Runs what `cli` asks for: the server (until SIGTERM or SIGINT) or an
+/// operator command. Logs go to standard error at the level `MECATED_LOG`
+/// names (default `info`).
+pub fn main_with(cli: Cli) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("MECATED_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.command {
+        Some(Command::Leases(args)) => leases(&args),
+        Some(Command::Gc(args)) => gc(&args),
+        None => tokio::runtime::Runtime::new()
+            .map_err(|e| format!("cannot start the runtime: {e}"))
+            .and_then(|rt| rt.block_on(serve(cli.serve))),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("mecated: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn gc(args: &GcArgs) -> Result<(), String> {
+    let store = JsonlStore::open(&args.store_dir, JsonlOptions::default()).map_err(|e| {
+        format!(
+            "cannot open {}: {}",
+            args.store_dir.display(),
+            crate::error::error_chain(&e)
+        )
+    })?;
+    let report = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?
+        .block_on(store.reclaim_deleted(args.older_than))
+        .map_err(|e| crate::error::error_chain(&e))?;
+    for session in &report.reclaimed {
+        println!("reclaimed {session}");
+    }
+    for session in &report.busy {
+        println!("busy {session} (locked; left for a later run)");
+    }
+    println!(
+        "{} session files reclaimed ({} bytes), {} busy, {} temporary files removed",
+        report.reclaimed.len(),
+        report.bytes,
+        report.busy.len(),
+        report.temporary_files
+    );
+    Ok(())
+}
+
+/// Takes `store`'s single-process lock exclusively without waiting: held,
+/// no server serves the store.
+fn lock_quiet_store(store: &std::path::Path) -> Result<nix::fcntl::Flock<std::fs::File>, String> {
+    let path = store.join(crate::backend::SINGLE_PROCESS_LOCK);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|_| {
+        format!(
+            "a server is serving {} (it holds {}): stop every server of this store first",
+            store.display(),
+            path.display()
+        )
+    })
+}
+
+/// The highest token `store_dir`'s store accepted for `session` (0 when
+/// none).
+fn store_high_water(store_dir: &std::path::Path, session: &SessionId) -> Result<u64, String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    rt.block_on(async {
+        let store = JsonlStore::open(store_dir, JsonlOptions::default())
+            .map_err(|e| format!("cannot open the store {}: {e}", store_dir.display()))?;
+        let high_water = store
+            .high_water(session)
+            .await
+            .map_err(|e| format!("cannot read {session}'s high-water token: {e}"))?;
+        Ok(high_water.map_or(0, |t| t.get()))
+    })
+}
+
+fn leases(args: &LeasesArgs) -> Result<(), String> {
+    let dir = match (&args.session_lease_dir, &args.store_dir) {
+        (Some(dir), _) => dir.clone(),
+        (None, Some(store)) => store.join(DEFAULT_LEASE_DIR_NAME),
+        (None, None) => return Err("give --session-lease-dir or --store-dir".into()),
+    };
+    if let Some(LeasesAction::Adopt { store_dir }) = &args.action {
+        let store = store_dir
+            .as_ref()
+            .or(args.store_dir.as_ref())
+            .ok_or("adopt needs the store the directory fences: --store-dir")?;
+        // Servers of the store hold its single-process lock (shared when
+        // leased): while one runs, its directory is not retired.
+        let _quiet = lock_quiet_store(store)?;
+        let authority = flocklease::adopt(&dir).map_err(|e| {
+            format!(
+                "cannot adopt {}: {}",
+                dir.display(),
+                crate::error::error_chain(&e)
+            )
+        })?;
+        println!("{} now holds lease authority {authority}", dir.display());
+        return Ok(());
+    }
+    if let Some(LeasesAction::Repair {
+        session,
+        min_token,
+        force,
+    }) = &args.action
+    {
+        let session = SessionId::new(session).map_err(|e| format!("--session: {e}"))?;
+        if !force {
+            let live = flocklease::list_leases(&dir, SystemTime::now())
+                .map_err(|e| format!("cannot list {}: {e}", dir.display()))?
+                .into_iter()
+                .filter_map(|entry| entry.lease.ok())
+                .find(|l| l.session.as_ref() == Some(&session))
+                .filter(|l| l.state == flocklease::LeaseState::Live);
+            if let Some(live) = live {
+                return Err(format!(
+                    "{session} is held live by {}: stop its holder first (or --force, which \
+                     ends the hold)",
+                    live.owner
+                        .as_ref()
+                        .map_or("an unknown holder", |o| o.as_str())
+                ));
+            }
+        }
+        // Only a directory a server leased from: a wrong path must not
+        // sprout lease files.
+        if !dir.join(flocklease::AUTHORITY_FILE).is_file() {
+            return Err(format!(
+                "{} holds no {}: not a lease directory a server has used",
+                dir.display(),
+                flocklease::AUTHORITY_FILE
+            ));
+        }
+        // Never below what the store accepted: the next owner's writes
+        // would be refused for good.
+        let mut min_token = *min_token;
+        if let Some(store_dir) = &args.store_dir {
+            let high_water = store_high_water(store_dir, &session)?;
+            if high_water > min_token {
+                println!("the store accepted token {high_water} for {session}: repairing above it");
+                min_token = high_water;
+            }
+        }
+        let token = flocklease::repair(&dir, &session, min_token).map_err(|e| {
+            format!(
+                "cannot repair the lease of {session} in {}: {}",
+                dir.display(),
+                crate::error::error_chain(&e)
+            )
+        })?;
+        println!(
+            "repaired {session}: free, the next owner gets a token above {}",
+            token.get()
+        );
+        return Ok(());
+    }
+    let entries = flocklease::list_leases(&dir, SystemTime::now()).map_err(|e| {
+        format!(
+            "cannot list {}: {}",
+            dir.display(),
+            crate::error::error_chain(&e)
+        )
+    })?;
+    if !args.json {
+        println!(
+            "{:<32} {:<40} {:>8} {:<8} EXPIRES IN",
+            "SESSION", "HOLDER", "TOKEN", "STATE"
+        );
+    }
+    for entry in entries {
+        match entry.lease {
+            Ok(info) => {
+                let session = info.session.as_ref().map_or("?", |s| s.as_str());
+                let holder = info.owner.as_ref().map(|o| o.as_str());
+                let token = info.token.map(|t| t.get());
+                let state = format!("{:?}", info.state).to_lowercase();
+                let left = info
+                    .expiry
+                    .and_then(|e| e.duration_since(SystemTime::now()).ok());
+                if args.json {
+                    let line = serde_json::json!({
+                        "session": session,
+                        "holder": holder,
+                        "token": token,
+                        "reserved_through": info.reserved.map(|t| t.get()),
+                        "state": state,
+                        "expires_in_ms": left.map(|d| d.as_millis() as u64),
+                    });
+                    println!("{line}");
+                } else {
+                    println!(
+                        "{session:<32} {:<40} {:>8} {state:<8} {}",
+                        holder.unwrap_or("-"),
+                        token.map_or("-".into(), |t| t.to_string()),
+                        left.map_or("-".into(), |d| format!("{:.1}s", d.as_secs_f64())),
+                    );
+                }
+            }
+            Err(e) => {
+                if args.json {
+                    println!(
+                        "{}",
+                        serde_json::json!({"file": entry.file_name, "error": e.to_string()})
+                    );
+                } else {
+                    println!("{:<32} error: {e}", entry.file_name);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn serve(args: ServeArgs) -> Result<(), String> {
+    let (store, lease) = args.choices()?;
+    let owner = match &args.owner {
+        // A network lease backend cannot tell two processes under one
+        // owner id apart (a lease directory's owner lock can): both would
+        // hold a session at once under one token. Each incarnation gets
+        // its own.
+        Some(o)
+            if args.session_lease_url.is_some()
+                || !args.session_lease_etcd.is_empty()
+                || args.session_lease_k8s_namespace.is_some() =>
+        {
+            OwnerId::new(format!("{o}#{}", crate::server::incarnation_suffix()))
+                .map_err(|e| format!("--owner: {e}"))?
+        }
+        Some(o) => OwnerId::new(o).map_err(|e| format!("--owner: {e}"))?,
+        None => default_owner(),
+    };
+    let agent: Arc<dyn Agent> = match args.agent {
+        AgentKind::Echo => Arc::new(EchoAgent::new(args.echo_delay, args.echo_steps)),
+        AgentKind::Exec => Arc::new(ExecAgent::new(
+            args.agent_command
+                .clone()
+                .ok_or("--agent exec needs --agent-command")?,
+            args.agent_args.clone(),
+        )),
+    };
+    if lease == LeaseChoice::Unleased {
+        tracing::warn!(
+            "running without session leases: only safe as the one process serving this store"
+        );
+    }
+    let config = ServerConfig {
+        listen: args.listen,
+        store,
+        lease,
+        lease_ttl: args.session_lease_ttl,
+        owner,
+        agent,
+        max_body_bytes: args.max_body_bytes,
+        shutdown_timeout: args.shutdown_timeout,
+        allow_volatile_lease_dir: args.allow_volatile_lease_dir,
+    };
+    let server = Server::start(config)
+        .await
+        .map_err(|e| crate::error::error_chain(&e))?;
+    // Tests and scripts read the bound address from this line.
+    println!("listening on http://{}", server.local_addr());
+    let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
+    let mut int = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+    }
+    if server.shutdown().await {
+        tracing::info!("shut down cleanly; every lease released");
+        Ok(())
+    } else {
+        Err("shutdown did not finish within --shutdown-timeout".into())
+    }
+}
