@@ -52,9 +52,10 @@ impl Keys {
         self.session(session, "lease")
     }
 
-    /// The session's lease token counter: only ever incremented.
-    pub(crate) fn lease_counter(&self, session: &SessionId) -> String {
-        self.session(session, "lease-counter")
+    /// The session's token record: the last token issued (only ever
+    /// incremented) and the last grant made. Never expires.
+    pub(crate) fn lease_tokens(&self, session: &SessionId) -> String {
+        self.session(session, "lease-tokens")
     }
 
     /// The session's record: whether it exists, its last sequence number,

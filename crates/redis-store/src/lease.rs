@@ -148,6 +148,7 @@ impl RedisLease {
         call.arg(&self.inner.ttl_ms);
         for lease in leases {
             call.key(conn.keys().lease(lease.session_id()))
+                .key(conn.keys().lease_tokens(lease.session_id()))
                 .arg(grant(lease.token(), lease.owner()));
         }
         let sent = SystemTime::now();
@@ -194,7 +195,7 @@ impl SessionLease for RedisLease {
             .script(
                 scripts::ACQUIRE
                     .key(keys.lease(session))
-                    .key(keys.lease_counter(session))
+                    .key(keys.lease_tokens(session))
                     .key(keys.lease_authority())
                     .arg(owner.as_str())
                     .arg(&self.inner.ttl_ms)
@@ -244,6 +245,7 @@ impl SessionLease for RedisLease {
         conn.script(
             scripts::RELEASE
                 .key(conn.keys().lease(lease.session_id()))
+                .key(conn.keys().lease_tokens(lease.session_id()))
                 .arg(grant(lease.token(), lease.owner())),
         )
         .await

@@ -97,13 +97,16 @@
 //! # The Redis lease
 //!
 //! - The grant is a string key `"<token> <owner>"` with a server-side
-//!   expiry (`PX`); the token counter is a separate key, only ever
-//!   incremented. Acquire is one script: the live holder re-acquiring
-//!   keeps its token and gets a new expiry; anyone taking a free (released
-//!   or expired) lease gets the counter's next value, so every takeover
-//!   has a greater token than any before it. Renew and release are
-//!   compare-and-set scripts on the exact grant (token and owner): a
-//!   lapsed grant is lost, never reclaimed.
+//!   expiry (`PX`); beside it a token record that never expires holds the
+//!   last token issued (only ever incremented) and the last grant made.
+//!   Acquire is one script: the live holder re-acquiring keeps its token
+//!   and gets a new expiry; anyone taking a free (released or expired)
+//!   lease gets the next token, so every takeover has a greater token than
+//!   any before it. Renew and release are compare-and-set scripts on the
+//!   exact grant (token and owner). A lapsed grant is reclaimed by its
+//!   renew only while it is still the last grant made, which proves that
+//!   nobody acquired the session since and that its holder did not release
+//!   it (a release forgets the grant); otherwise it is lost.
 //! - [`Lease::expiry`](lease_port::Lease::expiry) is the client's clock
 //!   when the request was sent plus the TTL, so it is never later than the
 //!   server's own expiry; Redis time is never read.
@@ -152,7 +155,7 @@
 //! | key | holds |
 //! |---|---|
 //! | `<prefix>{<id>}:lease` | the grant `"<token> <owner>"`, with the lease's expiry |
-//! | `<prefix>{<id>}:lease-counter` | the last token issued |
+//! | `<prefix>{<id>}:lease-tokens` | hash: `issued` (the last token), `grant` (the last grant made) |
 //! | `<prefix>{<id>}:record` | hash: `live`, `seq` (last sequence number), `mark`, `writer` |
 //! | `<prefix>{<id>}:events` | stream, ids `<seq>-0`, fields `ts`, `k` (token), `w` (writer), `p` (the event's JSON) |
 //! | `<prefix>sessions` | sorted set of the existing session ids |

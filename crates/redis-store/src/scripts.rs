@@ -142,11 +142,13 @@ return ARGV[1]
     )
 });
 
-/// KEYS: 1 lease, 2 token counter, 3 lease authority. ARGV: 1 owner, 2 TTL
+/// KEYS: 1 lease, 2 token record, 3 lease authority. ARGV: 1 owner, 2 TTL
 /// in milliseconds, 3 the authority the client knows.
 ///
-/// The live holder re-acquiring keeps its token; anyone else taking a free
-/// lease gets the next value of the counter, which nothing ever lowers.
+/// The token record is a hash that never expires: `issued`, the last token
+/// handed out (only ever incremented), and `grant`, the last grant made
+/// (emptied by its release). The live holder re-acquiring keeps its token;
+/// anyone taking a free lease gets the next token.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
@@ -161,28 +163,40 @@ if held then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {'ok', string.sub(held, 1, sp - 1)}
 end
-redis.call('INCR', KEYS[2])
-local token = redis.call('GET', KEYS[2])
-redis.call('SET', KEYS[1], token .. ' ' .. ARGV[1], 'PX', ARGV[2])
+redis.call('HINCRBY', KEYS[2], 'issued', 1)
+local token = redis.call('HGET', KEYS[2], 'issued')
+local grant = token .. ' ' .. ARGV[1]
+redis.call('HSET', KEYS[2], 'grant', grant)
+redis.call('SET', KEYS[1], grant, 'PX', ARGV[2])
 return {'ok', token}
 "#,
     )
 });
 
-/// KEYS: the leases to renew. ARGV: 1 TTL in milliseconds, then for each
-/// key the grant `"<token> <owner>"` the caller holds. Answers, per key, 1
-/// (renewed), the grant held instead, or 0 (nobody holds it).
+/// KEYS: for each lease, its grant key then its token record. ARGV: 1 TTL
+/// in milliseconds, then for each lease the grant `"<token> <owner>"` the
+/// caller holds. Answers, per lease, 1 (renewed), the grant held instead,
+/// or 0 (nobody holds it and it cannot be reclaimed).
+///
+/// A lapsed grant is reclaimed only while it is still the last grant made:
+/// nobody acquired since (that makes a new grant) and its holder did not
+/// release it (that empties the record). Otherwise it is lost.
 pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
 local out = {}
-for i = 1, #KEYS do
-  local held = redis.call('GET', KEYS[i])
-  if held == ARGV[i + 1] then
-    redis.call('PEXPIRE', KEYS[i], ARGV[1])
+for i = 1, #KEYS / 2 do
+  local lease, tokens = KEYS[2 * i - 1], KEYS[2 * i]
+  local want = ARGV[i + 1]
+  local held = redis.call('GET', lease)
+  if held == want then
+    redis.call('PEXPIRE', lease, ARGV[1])
     out[i] = 1
   elseif held then
     out[i] = held
+  elseif redis.call('HGET', tokens, 'grant') == want then
+    redis.call('SET', lease, want, 'PX', ARGV[1])
+    out[i] = 1
   else
     out[i] = 0
   end
@@ -192,13 +206,15 @@ return out
     )
 });
 
-/// KEYS: 1 lease. ARGV: 1 the grant `"<token> <owner>"`. Deletes the lease
-/// only while it is that grant.
+/// KEYS: 1 lease, 2 token record. ARGV: 1 the grant `"<token> <owner>"`.
+/// Deletes the lease only while it is that grant, and forgets the grant so
+/// a late renew cannot reclaim it.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[2], 'grant', '')
   return 1
 end
 return 0
