@@ -177,6 +177,5 @@ pub use conn::{DEFAULT_REQUEST_TIMEOUT, RequestError};
 pub use keys::DEFAULT_PREFIX;
 pub use lease::{RedisLease, RedisLeaseBuilder};
 pub use store::{
-    DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_PAGE_BYTES, MAX_PAGE_EVENTS, RedisStore,
-    RedisStoreBuilder,
+    DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_PAGE_BYTES, MAX_PAGE_EVENTS, RedisStore, RedisStoreBuilder,
 };

@@ -90,11 +90,13 @@ impl RedisStoreBuilder {
             },
         })?;
         let lease = match self.lease_ttl {
-            Some(ttl) => Some(RedisLease::over(conn.clone(), ttl).map_err(|e| {
-                StoreError::Invalid {
-                    message: e.message().to_owned(),
-                }
-            })?),
+            Some(ttl) => {
+                Some(
+                    RedisLease::over(conn.clone(), ttl).map_err(|e| StoreError::Invalid {
+                        message: e.message().to_owned(),
+                    })?,
+                )
+            }
             None => None,
         };
         Ok(RedisStore {
