@@ -8,7 +8,7 @@ use crate::services::Service;
 /// One lease backend of the workspace.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Backend {
-    /// The crate's package name (also its directory under `crates/`).
+    /// The crate's package name (usually also its directory under `crates/`).
     pub(crate) name: &'static str,
     /// Services its tests start for themselves (they need the binaries).
     pub(crate) services: &'static [Service],
@@ -28,6 +28,10 @@ pub(crate) const BACKENDS: &[Backend] = &[
     Backend {
         name: "grpcdriver",
         services: &[],
+    },
+    Backend {
+        name: "redis-session-store",
+        services: &[Service::Redis],
     },
 ];
 
