@@ -59,27 +59,28 @@ end
     };
 }
 
-/// Appends ARGV[7..] as events after the fence check. Refuses (writing
-/// nothing) when the stream's last entry is not the recorded sequence
-/// number, which would make an `XADD` fail halfway through the batch.
+/// Appends ARGV[7..] as events after the fence check. Only the first
+/// `XADD` can fail (when the stream's last entry is not the recorded
+/// sequence number); it is called with `pcall` before anything else is
+/// written, so such a refusal writes nothing. The later ones add strictly
+/// greater ids and cannot fail.
 pub(crate) static APPEND: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         fence_check!(),
         r#"
 local seq = tonumber(r[2] or '0')
-local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)[1]
-local expected = string.format('%d-0', seq)
-if last and last[1] ~= expected then
-  return {'corrupt', last[1], expected}
-end
 local first = seq + 1
 for i = 7, #ARGV do
   seq = seq + 1
   local id = string.format('%d-0', seq)
+  local added
   if ARGV[1] == 'f' then
-    redis.call('XADD', KEYS[2], id, 'ts', ARGV[6], 'k', ARGV[2], 'w', ARGV[3], 'p', ARGV[i])
+    added = redis.pcall('XADD', KEYS[2], id, 'ts', ARGV[6], 'k', ARGV[2], 'w', ARGV[3], 'p', ARGV[i])
   else
-    redis.call('XADD', KEYS[2], id, 'ts', ARGV[6], 'p', ARGV[i])
+    added = redis.pcall('XADD', KEYS[2], id, 'ts', ARGV[6], 'p', ARGV[i])
+  end
+  if type(added) == 'table' and added.err then
+    return {'corrupt', added.err, id}
   end
 end
 redis.call('HSET', KEYS[1], 'seq', string.format('%d', seq))

@@ -288,9 +288,10 @@ impl RedisStore {
             "corrupt" => Err(self.corrupt(
                 &keys.events(session),
                 format!(
-                    "the stream ends at {:?}, the record expects {:?}; nothing was written",
-                    field(1),
-                    field(2)
+                    "the stream refused entry {:?} ({:?}): it does not end where the session's \
+                     record says; nothing was written",
+                    field(2),
+                    field(1)
                 ),
             )),
             _ => Err(self.corrupt(

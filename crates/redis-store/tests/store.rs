@@ -915,3 +915,34 @@ async fn an_unanswering_or_absent_server_is_a_bounded_retryable_error() {
     let ids: Vec<_> = store.list().await.unwrap();
     assert_eq!(ids, vec![s.clone()]);
 }
+
+/// A stream that does not end where the session's record says (something
+/// else wrote under the prefix): the append is refused as corrupt and
+/// writes nothing, rather than writing part of its batch.
+#[tokio::test]
+async fn a_foreign_stream_entry_refuses_the_append_whole() {
+    let redis = RedisServer::start().unwrap();
+    let store = open(&redis).await;
+    let s = sid("foreign");
+    store.create(&s).await.unwrap();
+    store.append(&s, tok(1), &[json!(1)]).await.unwrap();
+    let added = redis
+        .command(&["XADD", "t:{foreign}:events", "2-0", "x", "y"])
+        .unwrap();
+    assert!(added.ends_with("2-0"), "{added}");
+    let err = store
+        .append(&s, tok(1), &[json!(2), json!(3)])
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{err}");
+    assert_eq!(
+        redis.command(&["XLEN", "t:{foreign}:events"]).unwrap(),
+        ":2"
+    );
+    assert_eq!(
+        redis
+            .command(&["HGET", "t:{foreign}:record", "seq"])
+            .unwrap(),
+        "$1\r\n1"
+    );
+}
