@@ -8,7 +8,7 @@ use crate::services::Service;
 /// One lease backend of the workspace.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Backend {
-    /// The crate's package name (also its directory under `crates/`).
+    /// The crate's package name (usually also its directory under `crates/`).
     pub(crate) name: &'static str,
     /// Services its tests start for themselves (they need the binaries).
     pub(crate) services: &'static [Service],
@@ -39,13 +39,17 @@ pub(crate) const BACKENDS: &[Backend] = &[
         name: "etcdlease",
         services: &[Service::Etcd],
     },
+    Backend {
+        name: "redis-session-store",
+        services: &[Service::Redis],
+    },
 ];
 
 /// Crates other than backends whose tests start services of their own.
 pub(crate) const OTHER_SERVICE_USERS: &[(&str, &[Service])] = &[
     ("test-services", &[Service::Redis, Service::Etcd]),
     ("mecatl-leased", &[Service::Etcd]),
-    ("mecated", &[Service::Etcd]),
+    ("mecated", &[Service::Etcd, Service::Redis]),
 ];
 
 pub(crate) fn find(name: &str) -> Option<&'static Backend> {

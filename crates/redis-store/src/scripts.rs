@@ -1,0 +1,235 @@
+//! The Lua scripts: every check and the write it guards run as one script,
+//! so Redis executes them with nothing in between. A script's writes reach
+//! the append-only file together (wrapped in MULTI/EXEC), so a crash never
+//! leaves half of one.
+//!
+//! Numbers that must stay exact (tokens, sequence numbers) travel and are
+//! stored as decimal strings: Lua 5.1 numbers are doubles, and `tostring`
+//! of a large one prints an exponent. Tokens are compared by length, then
+//! byte by byte (never with `<` on strings, which follows the server's
+//! collation locale).
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// The fence check shared by append and delete.
+///
+/// KEYS: 1 record, 2 events, 3 fencing authority.
+/// ARGV: 1 `f` (fenced) or `u` (unfenced), 2 token, 3 owner, 4 `1` when
+/// unfenced writes are allowed, 5 the authority this client bound (empty:
+/// none), 6 the time in milliseconds.
+///
+/// Leaves `r` (the record's fields) and `raise` (whether the write raises
+/// the mark) for the body; returns early with a refusal.
+macro_rules! fence_check {
+    () => {
+        r#"
+local function cmp(a, b)
+  if #a ~= #b then
+    if #a < #b then return -1 else return 1 end
+  end
+  for i = 1, #a do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then
+      if x < y then return -1 else return 1 end
+    end
+  end
+  return 0
+end
+if ARGV[5] ~= '' then
+  local bound = redis.call('GET', KEYS[3])
+  if bound ~= ARGV[5] then return {'authority', bound} end
+end
+local r = redis.call('HMGET', KEYS[1], 'live', 'seq', 'mark', 'writer')
+if r[1] ~= '1' then return {'notfound'} end
+local raise = false
+if ARGV[1] == 'f' then
+  if r[3] then
+    local c = cmp(ARGV[2], r[3])
+    if c < 0 or (c == 0 and r[4] ~= ARGV[3]) then return {'fenced', r[3], r[4]} end
+    raise = c > 0
+  else
+    raise = true
+  end
+elseif ARGV[4] ~= '1' or r[3] then
+  return {'unfenced', r[3]}
+end
+"#
+    };
+}
+
+/// Appends ARGV[7..] as events after the fence check. Only the first
+/// `XADD` can fail (when the stream's last entry is not the recorded
+/// sequence number); it is called with `pcall` before anything else is
+/// written, so such a refusal writes nothing. The later ones add strictly
+/// greater ids and cannot fail.
+pub(crate) static APPEND: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        fence_check!(),
+        r#"
+local seq = tonumber(r[2] or '0')
+local first = seq + 1
+for i = 7, #ARGV do
+  seq = seq + 1
+  local id = string.format('%d-0', seq)
+  local added
+  if ARGV[1] == 'f' then
+    added = redis.pcall('XADD', KEYS[2], id, 'ts', ARGV[6], 'k', ARGV[2], 'w', ARGV[3], 'p', ARGV[i])
+  else
+    added = redis.pcall('XADD', KEYS[2], id, 'ts', ARGV[6], 'p', ARGV[i])
+  end
+  if type(added) == 'table' and added.err then
+    return {'corrupt', added.err, id}
+  end
+end
+redis.call('HSET', KEYS[1], 'seq', string.format('%d', seq))
+if raise then redis.call('HSET', KEYS[1], 'mark', ARGV[2], 'writer', ARGV[3]) end
+return {'ok', string.format('%d', first), string.format('%d', seq)}
+"#
+    ))
+});
+
+/// Deletes after the fence check: the events go, the record (sequence
+/// number, mark) stays with `live` 0. KEYS[4] the session list, ARGV[7]
+/// the session id.
+pub(crate) static DELETE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        fence_check!(),
+        r#"
+redis.call('DEL', KEYS[2])
+redis.call('HSET', KEYS[1], 'live', '0')
+if raise then redis.call('HSET', KEYS[1], 'mark', ARGV[2], 'writer', ARGV[3]) end
+redis.call('ZREM', KEYS[4], ARGV[7])
+return {'ok'}
+"#
+    ))
+});
+
+/// KEYS: 1 record, 2 events, 3 session list. ARGV: 1 session id.
+pub(crate) static CREATE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+if redis.call('HGET', KEYS[1], 'live') == '1' then return 'exists' end
+redis.call('DEL', KEYS[2])
+redis.call('HSET', KEYS[1], 'live', '1')
+redis.call('ZADD', KEYS[3], 0, ARGV[1])
+return 'ok'
+"#,
+    )
+});
+
+/// KEYS: 1 record, 2 events. ARGV: 1 first entry id, 2 count. Nil when
+/// the session does not exist.
+pub(crate) static READ: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+if redis.call('HGET', KEYS[1], 'live') ~= '1' then return false end
+return redis.call('XRANGE', KEYS[2], ARGV[1], '+', 'COUNT', ARGV[2])
+"#,
+    )
+});
+
+/// KEYS: 1 a key. ARGV: 1 a candidate value. Sets the key to the candidate
+/// unless it has a value, and answers the value it has.
+pub(crate) static GET_OR_SET: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+local v = redis.call('GET', KEYS[1])
+if v then return v end
+redis.call('SET', KEYS[1], ARGV[1])
+return ARGV[1]
+"#,
+    )
+});
+
+/// KEYS: 1 lease, 2 token record, 3 lease authority. ARGV: 1 owner, 2 TTL
+/// in milliseconds, 3 the authority the client knows.
+///
+/// The token record is a hash that never expires: `issued`, the last token
+/// handed out (only ever incremented), and `grant`, the last grant made
+/// (emptied by its release). The live holder re-acquiring keeps its token;
+/// anyone taking a free lease gets the next token.
+pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+local auth = redis.call('GET', KEYS[3])
+if auth ~= ARGV[3] then return {'authority', auth} end
+local held = redis.call('GET', KEYS[1])
+if held then
+  local sp = string.find(held, ' ', 1, true)
+  if not sp then return {'corrupt', held} end
+  local owner = string.sub(held, sp + 1)
+  if owner ~= ARGV[1] then return {'held', owner} end
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {'ok', string.sub(held, 1, sp - 1)}
+end
+redis.call('HINCRBY', KEYS[2], 'issued', 1)
+local token = redis.call('HGET', KEYS[2], 'issued')
+local grant = token .. ' ' .. ARGV[1]
+redis.call('HSET', KEYS[2], 'grant', grant)
+redis.call('SET', KEYS[1], grant, 'PX', ARGV[2])
+return {'ok', token}
+"#,
+    )
+});
+
+/// KEYS: for each lease, its grant key then its token record. ARGV: 1 TTL
+/// in milliseconds, then for each lease the grant `"<token> <owner>"` the
+/// caller holds. Answers, per lease, 1 (renewed), the grant held instead,
+/// or 0 (nobody holds it and it cannot be reclaimed).
+///
+/// A lapsed grant is reclaimed only while it is still the last grant made:
+/// nobody acquired since (that makes a new grant) and its holder did not
+/// release it (that empties the record). Otherwise it is lost.
+pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+local out = {}
+for i = 1, #KEYS / 2 do
+  local lease, tokens = KEYS[2 * i - 1], KEYS[2 * i]
+  local want = ARGV[i + 1]
+  local held = redis.call('GET', lease)
+  if held == want then
+    redis.call('PEXPIRE', lease, ARGV[1])
+    out[i] = 1
+  elseif held then
+    out[i] = held
+  elseif redis.call('HGET', tokens, 'grant') == want then
+    redis.call('SET', lease, want, 'PX', ARGV[1])
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
+"#,
+    )
+});
+
+/// KEYS: 1 lease, 2 token record. ARGV: 1 the grant `"<token> <owner>"`.
+/// Deletes the lease only while it is that grant, and forgets the grant so
+/// a late renew cannot reclaim it.
+pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[2], 'grant', '')
+  return 1
+end
+return 0
+"#,
+    )
+});
+
+/// KEYS: 1 lease. The grant and its remaining milliseconds, in one step.
+pub(crate) static CURRENT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+local held = redis.call('GET', KEYS[1])
+if not held then return false end
+return {held, redis.call('PTTL', KEYS[1])}
+"#,
+    )
+});

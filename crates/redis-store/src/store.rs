@@ -1,0 +1,601 @@
+//! The session store: events in a stream per session, the fence checked
+//! and the events written by one script.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use lease_port::{AuthorityId, FencingToken, OwnerId, SessionId, SessionLease};
+use redis::Value;
+use serde_json::Value as Json;
+use session_store::{AppendReceipt, Page, SessionStore, StoreError, StoredEvent, WriteFence};
+
+use crate::conn::{Conn, ConnectError, DEFAULT_REQUEST_TIMEOUT, RequestError, Target, text};
+use crate::keys::DEFAULT_PREFIX;
+use crate::{RedisLease, scripts};
+
+/// The largest event accepted when none is configured, serialised.
+pub const DEFAULT_MAX_EVENT_BYTES: usize = 1 << 20;
+/// The most bytes of events one page holds when none is configured (a page
+/// always holds at least one event).
+pub const DEFAULT_MAX_PAGE_BYTES: usize = 4 << 20;
+/// The most events one page holds, whatever the caller's limit.
+pub const MAX_PAGE_EVENTS: usize = 10_000;
+
+/// Configures and connects a [`RedisStore`].
+#[derive(Debug, Clone)]
+pub struct RedisStoreBuilder {
+    target: Target,
+    lease_ttl: Option<Duration>,
+    allow_unfenced: bool,
+    max_event_bytes: usize,
+    max_page_bytes: usize,
+}
+
+impl RedisStoreBuilder {
+    /// The prefix of every key (default [`DEFAULT_PREFIX`]). Two stores in
+    /// one database with different prefixes are independent.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.target.prefix = prefix.into();
+        self
+    }
+
+    /// The deadline of each request (default [`DEFAULT_REQUEST_TIMEOUT`]).
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.target.request_timeout = timeout;
+        self
+    }
+
+    /// Offer this Redis's own leases, with this TTL, through
+    /// [`SessionStore::session_lease`] (default: none, so the server
+    /// picks a lease backend itself).
+    pub fn leases(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = Some(ttl);
+        self
+    }
+
+    /// Accept unfenced writes to sessions that never accepted a fenced one
+    /// (default false). Only for a deployment that proves a single writer.
+    pub fn allow_unfenced(mut self, allow: bool) -> Self {
+        self.allow_unfenced = allow;
+        self
+    }
+
+    /// The largest event accepted, serialised (default
+    /// [`DEFAULT_MAX_EVENT_BYTES`]).
+    pub fn max_event_bytes(mut self, bytes: usize) -> Self {
+        self.max_event_bytes = bytes;
+        self
+    }
+
+    /// The most bytes of events a page holds (default
+    /// [`DEFAULT_MAX_PAGE_BYTES`]).
+    pub fn max_page_bytes(mut self, bytes: usize) -> Self {
+        self.max_page_bytes = bytes;
+        self
+    }
+
+    /// Connects. A bad URL, prefix or option is
+    /// [`Invalid`](session_store::StoreErrorKind::Invalid); an unreachable
+    /// server is [`Io`](session_store::StoreErrorKind::Io).
+    pub async fn connect(self) -> Result<RedisStore, StoreError> {
+        let conn = Conn::connect(&self.target).await.map_err(|e| match e {
+            ConnectError::Invalid(message) => StoreError::Invalid { message },
+            ConnectError::Unreachable(e) => StoreError::Io {
+                op: "connecting to Redis",
+                path: PathBuf::from(crate::conn::redacted(&self.target.url)),
+                source: e.into_io(),
+            },
+        })?;
+        let lease = match self.lease_ttl {
+            Some(ttl) => {
+                Some(
+                    RedisLease::over(conn.clone(), ttl).map_err(|e| StoreError::Invalid {
+                        message: e.message().to_owned(),
+                    })?,
+                )
+            }
+            None => None,
+        };
+        Ok(RedisStore {
+            inner: Arc::new(Inner {
+                conn,
+                lease,
+                allow_unfenced: self.allow_unfenced,
+                max_event_bytes: self.max_event_bytes,
+                max_page_bytes: self.max_page_bytes,
+                bound: OnceLock::new(),
+            }),
+        })
+    }
+}
+
+/// [`SessionStore`] in one Redis database (see the [crate
+/// documentation](crate) for the rules and the layout).
+///
+/// Cheap to clone: clones share one connection.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: Conn,
+    lease: Option<RedisLease>,
+    allow_unfenced: bool,
+    max_event_bytes: usize,
+    max_page_bytes: usize,
+    /// The authority this instance bound; every fenced write checks that
+    /// Redis still records it.
+    bound: OnceLock<AuthorityId>,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("redis", &self.inner.conn.location())
+            .field("leases", &self.inner.lease.as_ref().map(RedisLease::ttl))
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// A store in the Redis at `url` (`redis://[user:password@]host:port/db`,
+    /// or `rediss://` with the `tls` feature).
+    pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
+        RedisStoreBuilder {
+            target: Target {
+                url: url.into(),
+                prefix: DEFAULT_PREFIX.to_owned(),
+                request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            },
+            lease_ttl: None,
+            allow_unfenced: false,
+            max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
+            max_page_bytes: DEFAULT_MAX_PAGE_BYTES,
+        }
+    }
+
+    /// This store's own leases, when configured
+    /// ([`RedisStoreBuilder::leases`]).
+    pub fn lease(&self) -> Option<&RedisLease> {
+        self.inner.lease.as_ref()
+    }
+
+    fn io(&self, op: &'static str) -> impl Fn(RequestError) -> StoreError + '_ {
+        move |e| StoreError::Io {
+            op,
+            path: PathBuf::from(self.inner.conn.location()),
+            source: e.into_io(),
+        }
+    }
+
+    fn corrupt(&self, key: &str, message: String) -> StoreError {
+        StoreError::Corrupt {
+            path: PathBuf::from(key),
+            line: None,
+            message,
+            source: None,
+        }
+    }
+
+    fn bound_arg(&self) -> &str {
+        self.inner.bound.get().map_or("", AuthorityId::as_str)
+    }
+
+    /// Runs a fenced script (append or delete) and turns its refusals into
+    /// the store's errors; the `ok` reply's parts on success.
+    async fn fenced(
+        &self,
+        session: &SessionId,
+        fence: &WriteFence,
+        op: &'static str,
+        script: &redis::Script,
+        extra_key: Option<String>,
+        extra: &[&str],
+    ) -> Result<Vec<Value>, StoreError> {
+        let keys = self.inner.conn.keys();
+        let mut call = script.prepare_invoke();
+        call.key(keys.record(session))
+            .key(keys.events(session))
+            .key(keys.fencing_authority());
+        if let Some(k) = extra_key {
+            call.key(k);
+        }
+        let (mode, token, owner) = match fence {
+            WriteFence::Fenced(f) => ("f", f.token().get().to_string(), f.owner().as_str()),
+            WriteFence::Unfenced => ("u", String::new(), ""),
+        };
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis()
+            .to_string();
+        call.arg(mode)
+            .arg(token)
+            .arg(owner)
+            .arg(if self.inner.allow_unfenced { "1" } else { "0" })
+            .arg(self.bound_arg())
+            .arg(now_ms);
+        for a in extra {
+            call.arg(*a);
+        }
+        let reply = self.inner.conn.script(&call).await.map_err(self.io(op))?;
+        let Value::Array(mut parts) = reply else {
+            return Err(self.corrupt(&keys.record(session), format!("{op}: reply {reply:?}")));
+        };
+        let tag = parts.first().and_then(text).unwrap_or("").to_owned();
+        let field = |i: usize| parts.get(i).and_then(text).map(str::to_owned);
+        match tag.as_str() {
+            "ok" => {
+                parts.remove(0);
+                Ok(parts)
+            }
+            "notfound" => Err(StoreError::NotFound {
+                session: session.clone(),
+            }),
+            "fenced" => {
+                let WriteFence::Fenced(f) = fence else {
+                    return Err(self.corrupt(
+                        &keys.record(session),
+                        format!("{op}: an unfenced write refused as fenced"),
+                    ));
+                };
+                let mark = field(1)
+                    .and_then(|t| t.parse::<u64>().ok())
+                    .ok_or_else(|| {
+                        self.corrupt(&keys.record(session), "unreadable high-water mark".into())
+                    })?;
+                Err(StoreError::Fenced {
+                    session: session.clone(),
+                    presented: f.token(),
+                    presented_by: f.owner().clone(),
+                    high_water: FencingToken::new(mark),
+                    high_water_owner: field(2).and_then(|o| OwnerId::new(o).ok()),
+                })
+            }
+            "unfenced" => Err(StoreError::Unfenced {
+                session: session.clone(),
+                high_water: field(1)
+                    .and_then(|t| t.parse::<u64>().ok())
+                    .map(FencingToken::new),
+            }),
+            "authority" => {
+                let Some(offered) = self.inner.bound.get().cloned() else {
+                    return Err(self.corrupt(
+                        &keys.fencing_authority(),
+                        format!("{op}: an authority check this unbound store never asked for"),
+                    ));
+                };
+                match field(1).and_then(|a| AuthorityId::new(a).ok()) {
+                    Some(recorded) => Err(StoreError::authority_mismatch(
+                        self.inner.conn.location(),
+                        recorded,
+                        offered,
+                    )),
+                    None => Err(self.corrupt(
+                        &keys.fencing_authority(),
+                        format!(
+                            "the record of the fencing authority ({offered}) is gone: Redis lost \
+                             its data (a flush, or a restart without persistence), and with it the \
+                             high-water marks; this process refuses to write until restarted"
+                        ),
+                    )),
+                }
+            }
+            "corrupt" => Err(self.corrupt(
+                &keys.events(session),
+                format!(
+                    "the stream refused entry {:?} ({:?}): it does not end where the session's \
+                     record says; nothing was written",
+                    field(2),
+                    field(1)
+                ),
+            )),
+            _ => Err(self.corrupt(
+                &keys.record(session),
+                format!("{op}: unexpected reply {:?}", parts),
+            )),
+        }
+    }
+}
+
+fn invalid(message: impl Into<String>) -> StoreError {
+    StoreError::Invalid {
+        message: message.into(),
+    }
+}
+
+fn parse_seq(value: &Value) -> Option<u64> {
+    text(value)?.parse().ok()
+}
+
+#[async_trait]
+impl SessionStore for RedisStore {
+    async fn create(&self, session: &SessionId) -> Result<(), StoreError> {
+        let keys = self.inner.conn.keys();
+        let reply = self
+            .inner
+            .conn
+            .script(
+                scripts::CREATE
+                    .key(keys.record(session))
+                    .key(keys.events(session))
+                    .key(keys.sessions())
+                    .arg(session.as_str()),
+            )
+            .await
+            .map_err(self.io("creating a session"))?;
+        match text(&reply) {
+            Some("ok") => Ok(()),
+            Some("exists") => Err(StoreError::AlreadyExists {
+                session: session.clone(),
+            }),
+            _ => Err(self.corrupt(
+                &keys.record(session),
+                format!("create: unexpected reply {reply:?}"),
+            )),
+        }
+    }
+
+    async fn append(
+        &self,
+        session: &SessionId,
+        fence: WriteFence,
+        events: &[Json],
+    ) -> Result<AppendReceipt, StoreError> {
+        if events.is_empty() {
+            return Err(invalid("an append needs at least one event"));
+        }
+        let max = self.inner.max_event_bytes;
+        let texts = events
+            .iter()
+            .enumerate()
+            .map(|(i, ev)| {
+                let text = serde_json::to_string(ev)
+                    .map_err(|e| invalid(format!("event {i} cannot be serialised: {e}")))?;
+                if text.len() > max {
+                    return Err(invalid(format!(
+                        "event {i} is {} bytes serialised, the limit is {max}",
+                        text.len()
+                    )));
+                }
+                Ok(text)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let extra: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let parts = self
+            .fenced(
+                session,
+                &fence,
+                "appending to a session",
+                &scripts::APPEND,
+                None,
+                &extra,
+            )
+            .await?;
+        match parts.as_slice() {
+            [first, last] => match (parse_seq(first), parse_seq(last)) {
+                (Some(first_seq), Some(last_seq)) => Ok(AppendReceipt {
+                    first_seq,
+                    last_seq,
+                }),
+                _ => Err(self.corrupt(
+                    &self.inner.conn.keys().record(session),
+                    format!("append: unexpected sequence numbers {parts:?}"),
+                )),
+            },
+            _ => Err(self.corrupt(
+                &self.inner.conn.keys().record(session),
+                format!("append: unexpected reply {parts:?}"),
+            )),
+        }
+    }
+
+    async fn read(
+        &self,
+        session: &SessionId,
+        from_seq: u64,
+        limit: usize,
+    ) -> Result<Page, StoreError> {
+        if limit == 0 {
+            return Err(invalid("a page limit must be at least 1"));
+        }
+        let keys = self.inner.conn.keys();
+        let want = limit.min(MAX_PAGE_EVENTS);
+        let reply = self
+            .inner
+            .conn
+            .script(
+                scripts::READ
+                    .key(keys.record(session))
+                    .key(keys.events(session))
+                    .arg(format!("{}-0", from_seq.max(1)))
+                    .arg(want + 1),
+            )
+            .await
+            .map_err(self.io("reading a session"))?;
+        let entries = match reply {
+            Value::Nil => {
+                return Err(StoreError::NotFound {
+                    session: session.clone(),
+                });
+            }
+            Value::Array(entries) => entries,
+            other => {
+                return Err(self.corrupt(
+                    &keys.events(session),
+                    format!("read: unexpected reply {other:?}"),
+                ));
+            }
+        };
+        let budget = self.inner.max_page_bytes;
+        let mut used = 0;
+        let mut events = Vec::with_capacity(entries.len().min(want));
+        let mut next_seq = None;
+        for entry in entries {
+            let event = decode(&entry).ok_or_else(|| {
+                self.corrupt(&keys.events(session), format!("unreadable entry {entry:?}"))
+            })?;
+            let (seq, token, ts, payload) = event;
+            if events.len() == want || (!events.is_empty() && used + payload.len() > budget) {
+                next_seq = Some(seq);
+                break;
+            }
+            used += payload.len();
+            let payload = serde_json::from_str(payload).map_err(|e| StoreError::Corrupt {
+                path: PathBuf::from(keys.events(session)),
+                line: None,
+                message: format!("event {seq} cannot be parsed"),
+                source: Some(e),
+            })?;
+            events.push(StoredEvent {
+                seq,
+                token: token.map(FencingToken::new),
+                at: UNIX_EPOCH + Duration::from_millis(ts),
+                payload,
+            });
+        }
+        Ok(Page {
+            events,
+            next_seq,
+            torn_tail: false,
+        })
+    }
+
+    async fn list(&self) -> Result<Vec<SessionId>, StoreError> {
+        let key = self.inner.conn.keys().sessions();
+        let reply = self
+            .inner
+            .conn
+            .command(redis::cmd("ZRANGE").arg(&key).arg(0).arg(-1))
+            .await
+            .map_err(self.io("listing sessions"))?;
+        let Value::Array(members) = reply else {
+            return Err(self.corrupt(&key, format!("list: unexpected reply {reply:?}")));
+        };
+        let mut out = members
+            .iter()
+            .map(|m| {
+                text(m)
+                    .and_then(|s| SessionId::new(s).ok())
+                    .ok_or_else(|| self.corrupt(&key, format!("not a session id: {m:?}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        // Redis sorts equal-score members by bytes, as `str` does; sorting
+        // again costs little and keeps the promise whatever wrote the set.
+        out.sort();
+        Ok(out)
+    }
+
+    async fn delete(&self, session: &SessionId, fence: WriteFence) -> Result<(), StoreError> {
+        let keys = self.inner.conn.keys();
+        self.fenced(
+            session,
+            &fence,
+            "deleting a session",
+            &scripts::DELETE,
+            Some(keys.sessions()),
+            &[session.as_str()],
+        )
+        .await
+        .map(drop)
+    }
+
+    async fn high_water(&self, session: &SessionId) -> Result<Option<FencingToken>, StoreError> {
+        let key = self.inner.conn.keys().record(session);
+        let reply = self
+            .inner
+            .conn
+            .command(redis::cmd("HGET").arg(&key).arg("mark"))
+            .await
+            .map_err(self.io("reading a high-water mark"))?;
+        match reply {
+            Value::Nil => Ok(None),
+            other => parse_seq(&other)
+                .map(|t| Some(FencingToken::new(t)))
+                .ok_or_else(|| self.corrupt(&key, format!("unreadable mark {other:?}"))),
+        }
+    }
+
+    async fn bind_authority(&self, authority: &AuthorityId) -> Result<(), StoreError> {
+        let key = self.inner.conn.keys().fencing_authority();
+        let reply = self
+            .inner
+            .conn
+            .script(scripts::GET_OR_SET.key(&key).arg(authority.as_str()))
+            .await
+            .map_err(self.io("binding the fencing authority"))?;
+        let recorded = text(&reply)
+            .and_then(|a| AuthorityId::new(a).ok())
+            .ok_or_else(|| self.corrupt(&key, format!("unreadable authority {reply:?}")))?;
+        if &recorded != authority {
+            return Err(StoreError::authority_mismatch(
+                self.inner.conn.location(),
+                recorded,
+                authority.clone(),
+            ));
+        }
+        if let Err(already) = self.inner.bound.set(authority.clone())
+            && &already != authority
+        {
+            // This instance was bound to another authority, which Redis no
+            // longer records: its data was lost and the other is gone.
+            return Err(StoreError::authority_mismatch(
+                self.inner.conn.location(),
+                self.inner.bound.get().cloned().unwrap_or(already),
+                authority.clone(),
+            ));
+        }
+        Ok(())
+    }
+
+    async fn recorded_authority(&self) -> Result<Option<AuthorityId>, StoreError> {
+        let key = self.inner.conn.keys().fencing_authority();
+        let reply = self
+            .inner
+            .conn
+            .command(redis::cmd("GET").arg(&key))
+            .await
+            .map_err(self.io("reading the fencing authority"))?;
+        match reply {
+            Value::Nil => Ok(None),
+            other => text(&other)
+                .and_then(|a| AuthorityId::new(a).ok())
+                .map(Some)
+                .ok_or_else(|| self.corrupt(&key, format!("unreadable authority {other:?}"))),
+        }
+    }
+
+    fn session_lease(&self) -> Option<Arc<dyn SessionLease>> {
+        self.inner
+            .lease
+            .clone()
+            .map(|l| Arc::new(l) as Arc<dyn SessionLease>)
+    }
+}
+
+/// One stream entry: `[id, [field, value, …]]` → sequence number, token,
+/// time in milliseconds, payload text.
+fn decode(entry: &Value) -> Option<(u64, Option<u64>, u64, &str)> {
+    let Value::Array(parts) = entry else {
+        return None;
+    };
+    let [id, Value::Array(fields)] = parts.as_slice() else {
+        return None;
+    };
+    let seq = text(id)?.strip_suffix("-0")?.parse().ok()?;
+    let (mut token, mut ts, mut payload) = (None, None, None);
+    for pair in fields.chunks(2) {
+        let [name, value] = pair else { return None };
+        match text(name)? {
+            "k" => token = Some(text(value)?.parse().ok()?),
+            "ts" => ts = Some(text(value)?.parse().ok()?),
+            "p" => payload = Some(text(value)?),
+            _ => {}
+        }
+    }
+    Some((seq, token, ts?, payload?))
+}
