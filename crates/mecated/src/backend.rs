@@ -45,6 +45,15 @@ pub enum StoreChoice {
         /// Whether appends are synced before being acknowledged.
         fsync: bool,
     },
+    /// The Redis store: sessions on a Redis server, shared by processes on
+    /// any host.
+    #[cfg(feature = "redis")]
+    Redis {
+        /// `redis://` or `rediss://` URL, credentials included.
+        url: String,
+        /// Key prefix shared by the servers.
+        prefix: String,
+    },
 }
 
 impl StoreChoice {
@@ -58,6 +67,13 @@ impl StoreChoice {
 
     /// The store these flags select.
     pub fn from_args(args: &ServeArgs) -> Self {
+        #[cfg(feature = "redis")]
+        if let Some(url) = &args.store_redis {
+            return StoreChoice::Redis {
+                url: url.clone(),
+                prefix: args.store_redis_prefix.clone(),
+            };
+        }
         StoreChoice::Jsonl {
             dir: args.store_dir.clone(),
             fsync: args.store_fsync == FsyncChoice::Always,
@@ -69,6 +85,8 @@ impl StoreChoice {
     pub fn default_leases(&self) -> LeaseChoice {
         match self {
             StoreChoice::Jsonl { dir, .. } => LeaseChoice::Dir(dir.join(DEFAULT_LEASE_DIR_NAME)),
+            #[cfg(feature = "redis")]
+            StoreChoice::Redis { .. } => LeaseChoice::Store,
         }
     }
 }
@@ -81,6 +99,8 @@ pub enum LeaseChoice {
     /// No lease backend: runs are unleased, and writes need the
     /// single-process proof.
     Unleased,
+    /// The store's own leases (a Redis store leases its sessions itself).
+    Store,
     /// A remote lease service over gRPC: processes on several hosts.
     #[cfg(feature = "grpc")]
     Service(LeaseService),
@@ -313,6 +333,7 @@ impl LeaseChoice {
         match self {
             LeaseChoice::Dir(_) => "--session-lease-dir",
             LeaseChoice::Unleased => "--no-session-lease",
+            LeaseChoice::Store => "the store's own leases",
             #[cfg(feature = "grpc")]
             LeaseChoice::Service(_) => "--session-lease-url",
             #[cfg(feature = "etcd")]
@@ -355,28 +376,14 @@ pub(crate) async fn open(
     allow_volatile_lease_dir: bool,
 ) -> Result<Opened, StartError> {
     let unleased = *lease == LeaseChoice::Unleased;
-    let StoreChoice::Jsonl {
-        dir: store_dir,
-        fsync,
-    } = store;
-    let fsync = if *fsync {
-        FsyncPolicy::Always
-    } else {
-        FsyncPolicy::Never
+    let (store, store_dir) = open_store(store, lease, ttl).await?;
+    let store_name = || match &store_dir {
+        Some(dir) => dir.display().to_string(),
+        None => "the Redis store".to_owned(),
     };
-    let jsonl = JsonlStore::open(
-        store_dir,
-        JsonlOptions::default()
-            .fsync(fsync)
-            .allow_unfenced(unleased),
-    )
-    .map_err(|source| StartError::Store {
-        store: store_dir.display().to_string(),
-        source,
-    })?;
-    let store: Arc<dyn SessionStore> = Arc::new(jsonl);
-
-    let lock_path = store_dir.join(SINGLE_PROCESS_LOCK);
+    // Only a directory store can prove, by a lock, that one process serves
+    // it; a store on a server has no such proof and is always leased.
+    let lock_path = store_dir.as_ref().map(|d| d.join(SINGLE_PROCESS_LOCK));
     if unleased {
         // Unfenced writes are accepted only on sessions no lease ever
         // fenced; a store bound to an authority is served leased or not at
@@ -386,7 +393,7 @@ pub(crate) async fn open(
                 .recorded_authority()
                 .await
                 .map_err(|source| StartError::Store {
-                    store: store_dir.display().to_string(),
+                    store: store_name(),
                     source,
                 })?
         {
@@ -394,12 +401,16 @@ pub(crate) async fn open(
         }
     }
     let mut process_locks = Vec::new();
-    if !unleased {
+    if let (false, Some(lock_path)) = (unleased, &lock_path) {
         // Shared with every other leased server; an unleased server holds
         // it exclusively, and the two must never serve one store.
         match flock_file(lock_path.clone(), FlockArg::LockSharedNonblock)? {
             Some(lock) => process_locks.push(ProcessLock::Store(lock)),
-            None => return Err(StartError::UnleasedServerPresent { lock: lock_path }),
+            None => {
+                return Err(StartError::UnleasedServerPresent {
+                    lock: lock_path.clone(),
+                });
+            }
         }
     }
 
@@ -480,11 +491,25 @@ pub(crate) async fn open(
             bind_authority(&*store, &leases, lease.flag()).await?;
             (Arc::new(leases), Exclusivity::Leased)
         }
+        LeaseChoice::Store => {
+            return Err(StartError::Lease {
+                backend: "the store's own leases".into(),
+                source: LeaseError::invalid("this store does not lease sessions itself"),
+            });
+        }
         LeaseChoice::Backend(LeaseBackend(leases)) => {
             bind_authority(&*store, &**leases, lease.flag()).await?;
             (Arc::clone(leases), Exclusivity::Leased)
         }
         LeaseChoice::Unleased => {
+            let Some(lock_path) = lock_path else {
+                return Err(StartError::Lease {
+                    backend: "--no-session-lease".into(),
+                    source: LeaseError::invalid(
+                        "a store on a server cannot prove one process serves it: run it leased",
+                    ),
+                });
+            };
             let lock = flock_file(lock_path, FlockArg::LockExclusiveNonblock)?;
             let proof = if lock.is_some() {
                 Exclusivity::ProvenSingleProcess
@@ -505,6 +530,49 @@ pub(crate) async fn open(
         exclusivity,
         process_locks,
     })
+}
+
+/// Opens the store; its directory when it has one.
+async fn open_store(
+    store: &StoreChoice,
+    lease: &LeaseChoice,
+    ttl: Duration,
+) -> Result<(Arc<dyn SessionStore>, Option<PathBuf>), StartError> {
+    #[cfg(not(feature = "redis"))]
+    let _ = ttl;
+    let unleased = *lease == LeaseChoice::Unleased;
+    match store {
+        StoreChoice::Jsonl { dir, fsync } => {
+            let fsync = if *fsync {
+                FsyncPolicy::Always
+            } else {
+                FsyncPolicy::Never
+            };
+            let jsonl = JsonlStore::open(
+                dir,
+                JsonlOptions::default()
+                    .fsync(fsync)
+                    .allow_unfenced(unleased),
+            )
+            .map_err(|source| StartError::Store {
+                store: dir.display().to_string(),
+                source,
+            })?;
+            Ok((Arc::new(jsonl), Some(dir.clone())))
+        }
+        #[cfg(feature = "redis")]
+        StoreChoice::Redis { url, prefix } => {
+            let mut b = redis_session_store::RedisStore::builder(url.clone()).prefix(prefix.clone());
+            if *lease == LeaseChoice::Store {
+                b = b.leases(ttl);
+            }
+            let redis = b.connect().await.map_err(|source| StartError::Store {
+                store: format!("Redis ({prefix})"),
+                source,
+            })?;
+            Ok((Arc::new(redis), None))
+        }
+    }
 }
 
 /// Ties the store to the lease authority whose tokens fence it: recorded on

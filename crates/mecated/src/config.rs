@@ -129,6 +129,16 @@ pub struct ServeArgs {
     #[arg(long, env = "MECATED_STORE_DIR", default_value = "mecated-data")]
     pub store_dir: PathBuf,
 
+    /// Store sessions in Redis at this URL (`redis://[user:password@]host:port/db`,
+    /// `rediss://` for TLS) instead of a directory: servers on any host share
+    /// them. Without a lease flag, Redis leases the sessions itself.
+    #[arg(long, env = "MECATED_STORE_REDIS", conflicts_with = "no_session_lease")]
+    pub store_redis: Option<String>,
+
+    /// Key prefix of the Redis store; servers that share sessions share it.
+    #[arg(long, env = "MECATED_STORE_REDIS_PREFIX", default_value = "mecatl:")]
+    pub store_redis_prefix: String,
+
     /// Single-host file leases in this directory (shared by every process
     /// serving the same sessions). Overrides the automatic
     /// `<STORE_DIR>/.session-leases`.

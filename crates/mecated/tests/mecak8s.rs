@@ -1,0 +1,126 @@
+//! `mecak8s` as a deployment runs it: replicas configured from the pod's
+//! environment (`POD_NAMESPACE`, `POD_NAME`, `REDIS_URL`), sessions in a real
+//! Redis, leases as Lease objects in the Kubernetes API emulator.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+use nix::sys::signal::Signal;
+use reqwest::StatusCode;
+use serde_json::json;
+use support::*;
+
+fn replica(redis: &str, kubeconfig: &str, pod: &str) -> Mecated {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mecak8s"))
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--session-lease-ttl",
+            "1s",
+            "--session-lease-k8s-kubeconfig",
+            kubeconfig,
+        ])
+        .env("POD_NAMESPACE", "default")
+        .env("POD_NAME", pod)
+        .env("REDIS_URL", redis)
+        .env("MECATED_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start mecak8s");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read the listening line");
+    let base = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_owned();
+    Mecated {
+        child,
+        base,
+        owner: pod.to_owned(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_sessions_in_redis_and_lease_them_as_lease_objects() {
+    let redis = test_services::RedisServer::start().expect("redis-server is installed");
+    let emulator = k8s_emulator::Emulator::start(k8s_emulator::EmulatorConfig::default())
+        .await
+        .expect("the emulator starts");
+    let kubeconfig = emulator.kubeconfig_path().to_str().unwrap().to_owned();
+    let a = replica(&redis.url(), &kubeconfig, "mecak8s-0");
+    let b = replica(&redis.url(), &kubeconfig, "mecak8s-1");
+
+    // Created through one replica, visible through the other: one store.
+    create(&a, "chat").await;
+    let (status, first) = run(&b, "chat", json!("hello")).await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+
+    let slow = run_in_background(&a, "chat", json!("slow"));
+    wait_for_event(&a, "chat", |e| {
+        e["payload"]["type"] == "run_started" && is_owner(&e["payload"]["owner"], "mecak8s-0")
+    })
+    .await;
+    let (status, body) = run(&b, "chat", json!("me too")).await;
+    // A's run may already be over (the echo agent is quick); if not, B is
+    // refused naming A's pod.
+    if status == StatusCode::CONFLICT {
+        assert!(is_owner(&body["error"]["holder"], "mecak8s-0"), "{body}");
+    }
+    let _ = slow.await;
+
+    // A replica killed mid-hold: the other takes the session over with a
+    // higher token once the lease lapses.
+    let before = events(&a, "chat").await;
+    let last_token = before.last().unwrap()["token"].as_u64().unwrap();
+    a.signal(Signal::SIGKILL);
+    let taken = run_when_free(&b, "chat", json!("after the crash")).await;
+    assert_eq!(taken["status"], "completed", "{taken}");
+    assert!(taken["token"].as_u64().unwrap() >= last_token, "{taken}");
+    let log = events(&b, "chat").await;
+    let seqs: Vec<u64> = log.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "gaps in {seqs:?}");
+    assert_eq!(log.last().unwrap()["payload"]["content"], "after the crash");
+
+    // The sessions were leased as Lease objects, with exactly the verbs the
+    // deployment's Role grants (deploy/kubernetes/role.yaml): no more (the
+    // replicas would be refused), no fewer (the Role would grant too much).
+    let used: std::collections::BTreeSet<String> = emulator
+        .requests()
+        .snapshot()
+        .into_iter()
+        .filter(|((_, resource), n)| resource == "leases" && *n > 0)
+        .map(|((verb, _), _)| format!("{verb:?}").to_lowercase())
+        .collect();
+    assert_eq!(used, role_verbs(), "verbs used against the API vs the Role");
+}
+
+/// The verbs `deploy/kubernetes/role.yaml` grants on leases.
+fn role_verbs() -> std::collections::BTreeSet<String> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/kubernetes/role.yaml");
+    let text = std::fs::read_to_string(path).expect("the Role manifest");
+    let line = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("verbs:"))
+        .expect("the Role lists verbs");
+    serde_json::from_str::<Vec<String>>(line.trim())
+        .expect("verbs as a flow sequence")
+        .into_iter()
+        .collect()
+}
+
+#[test]
+fn a_replica_without_its_environment_says_which_variable_is_missing() {
+    let out = Command::new(env!("CARGO_BIN_EXE_mecak8s"))
+        .env_remove("POD_NAMESPACE")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("POD_NAMESPACE"), "{stderr}");
+}
