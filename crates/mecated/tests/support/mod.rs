@@ -204,6 +204,15 @@ pub(crate) fn run_in_background(
     })
 }
 
+/// A run started in the background and the processes around it, as
+/// [`mid_run`] returns them.
+pub(crate) type MidRun = (
+    Mecated,
+    Mecated,
+    tokio::task::JoinHandle<Result<Value, reqwest::Error>>,
+    Value,
+);
+
 /// Two processes on `store` with a 1 s TTL and the `lease` flags; `proc-a` is part-way through a
 /// run of `id` lasting `delay` (its `run_started` and a first progress event
 /// are in the log). Returns both, A's pending run and its `run_started`.
@@ -213,13 +222,21 @@ pub(crate) async fn mid_run(
     id: &str,
     delay: &str,
     input: Value,
-) -> (
-    Mecated,
-    Mecated,
-    tokio::task::JoinHandle<Result<Value, reqwest::Error>>,
-    Value,
-) {
-    let ttl = [&["--session-lease-ttl", "1s"][..], lease].concat();
+) -> MidRun {
+    mid_run_with_ttl(store, "1s", lease, id, delay, input).await
+}
+
+/// [`mid_run`] with the lease TTL `ttl`, for backends that count whole
+/// seconds and grant no less than their own minimum (etcd's is 2 s).
+pub(crate) async fn mid_run_with_ttl(
+    store: &Path,
+    ttl: &str,
+    lease: &[&str],
+    id: &str,
+    delay: &str,
+    input: Value,
+) -> MidRun {
+    let ttl = [&["--session-lease-ttl", ttl][..], lease].concat();
     let slow = [&ttl[..], &["--echo-delay", delay, "--echo-steps", "30"]].concat();
     let a = Mecated::start(store, "proc-a", &slow);
     let b = Mecated::start(store, "proc-b", &ttl);
@@ -270,5 +287,34 @@ pub(crate) async fn run_when_free(m: &Mecated, id: &str, input: Value) -> Value 
         assert_eq!(body["error"]["code"], "session_leased_elsewhere", "{body}");
         assert!(start.elapsed() < PATIENCE, "the session was never freed");
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Fails unless the sequence numbers of `log` follow each other without a
+/// gap.
+pub(crate) fn assert_gapless(log: &[Value]) {
+    let seqs: Vec<u64> = log.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert!(
+        seqs.windows(2).all(|w| w[1] == w[0] + 1),
+        "gaps in {seqs:?}"
+    );
+}
+
+/// Fails if any event after `owner`'s last `run_started` in `log` carries
+/// a token other than `token`: a write of an earlier holder landed after the
+/// takeover.
+pub(crate) fn assert_only_token_after_takeover(log: &[Value], owner: &str, token: u64) {
+    let taken_at = log
+        .iter()
+        .rfind(|e| is_run_started_by(owner)(e))
+        .unwrap_or_else(|| panic!("no run of {owner} in the log"))["seq"]
+        .as_u64()
+        .unwrap();
+    for e in log.iter().filter(|e| e["seq"].as_u64().unwrap() > taken_at) {
+        assert_eq!(
+            e["token"].as_u64().unwrap(),
+            token,
+            "a stale write reached the log: {e}"
+        );
     }
 }
