@@ -562,7 +562,8 @@ async fn open_store(
         }
         #[cfg(feature = "redis")]
         StoreChoice::Redis { url, prefix } => {
-            let mut b = redis_session_store::RedisStore::builder(url.clone()).prefix(prefix.clone());
+            let mut b =
+                redis_session_store::RedisStore::builder(url.clone()).prefix(prefix.clone());
             if *lease == LeaseChoice::Store {
                 b = b.leases(ttl);
             }

@@ -6,13 +6,13 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use clap::Parser;
-use lease_port::{OwnerId, SessionId};
 use crate::agent::{Agent, EchoAgent, ExecAgent};
 use crate::backend::LeaseChoice;
 use crate::config::{AgentKind, Cli, Command, GcArgs, LeasesAction, LeasesArgs, ServeArgs};
 use crate::server::default_owner;
 use crate::{Server, ServerConfig};
+use clap::Parser;
+use lease_port::{OwnerId, SessionId};
 use session_store::{DEFAULT_LEASE_DIR_NAME, JsonlOptions, JsonlStore, SessionStore};
 use tokio::signal::unix::{SignalKind, signal};
 

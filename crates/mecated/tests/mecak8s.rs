@@ -84,7 +84,10 @@ async fn replicas_share_sessions_in_redis_and_lease_them_as_lease_objects() {
     assert!(taken["token"].as_u64().unwrap() >= last_token, "{taken}");
     let log = events(&b, "chat").await;
     let seqs: Vec<u64> = log.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
-    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "gaps in {seqs:?}");
+    assert!(
+        seqs.windows(2).all(|w| w[1] == w[0] + 1),
+        "gaps in {seqs:?}"
+    );
     assert_eq!(log.last().unwrap()["payload"]["content"], "after the crash");
 
     // The sessions were leased as Lease objects, with exactly the verbs the
@@ -102,7 +105,10 @@ async fn replicas_share_sessions_in_redis_and_lease_them_as_lease_objects() {
 
 /// The verbs `deploy/kubernetes/role.yaml` grants on leases.
 fn role_verbs() -> std::collections::BTreeSet<String> {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/kubernetes/role.yaml");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/kubernetes/role.yaml"
+    );
     let text = std::fs::read_to_string(path).expect("the Role manifest");
     let line = text
         .lines()
