@@ -9,9 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use grpcdriver::{GrpcLease, LeaseServer};
-use lease_port::{SessionId, SessionLease};
 use memlease::MemLease;
-use nix::sys::signal::Signal;
 use reqwest::StatusCode;
 use serde_json::json;
 use support::*;
@@ -51,109 +49,53 @@ impl Service {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_competitor_gets_409_naming_the_holder() {
     let service = Service::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let (a, b, pending, _) =
-        mid_run(dir.path(), &service.flags(), "s", "2s", json!("from a")).await;
-    let (status, body) = run(&b, "s", json!("from b")).await;
-    assert_eq!(status, StatusCode::CONFLICT, "{body}");
-    assert_eq!(body["error"]["code"], "session_leased_elsewhere");
-    assert!(is_owner(&body["error"]["holder"], &a.owner), "{body}");
-    // An explicit --owner gets a per-process suffix over a lease service.
-    assert_ne!(body["error"]["holder"], a.owner.as_str(), "{body}");
-    // The service agrees on who holds it.
-    let held = service
-        .client()
-        .current(&SessionId::new("s").unwrap())
-        .await
-        .unwrap()
-        .expect("held");
-    assert!(is_owner(&json!(held.owner().as_str()), &a.owner));
-    assert_eq!(pending.await.unwrap().unwrap()["status"], "completed");
+    let direct = service.client();
+    let backend = scenarios::Backend {
+        flags: service.flags().to_vec(),
+        ttl: "1s",
+        flag: "--session-lease-url",
+        direct: &direct,
+    };
+    scenarios::competitor_gets_409_naming_the_holder(&backend).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_mid_run_is_taken_over_with_a_higher_token() {
     let service = Service::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let (a, b, _pending, started) =
-        mid_run(dir.path(), &service.flags(), "k", "20s", json!("x")).await;
-    a.signal(Signal::SIGKILL);
-    let taken = run_when_free(&b, "k", json!("after the crash")).await;
-    assert_eq!(taken["status"], "completed", "{taken}");
-    assert!(
-        taken["token"].as_u64().unwrap() > started["token"].as_u64().unwrap(),
-        "takeover token {} not above {}",
-        taken["token"],
-        started["token"]
-    );
-    let log = events(&b, "k").await;
-    let seqs: Vec<u64> = log.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
-    assert!(
-        seqs.windows(2).all(|w| w[1] == w[0] + 1),
-        "gaps in {seqs:?}"
-    );
-    assert_eq!(log.last().unwrap()["payload"]["content"], "after the crash");
+    let direct = service.client();
+    let backend = scenarios::Backend {
+        flags: service.flags().to_vec(),
+        ttl: "1s",
+        flag: "--session-lease-url",
+        direct: &direct,
+    };
+    scenarios::sigkill_mid_run_is_taken_over_with_a_higher_token(&backend).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_holders_late_writes_are_refused() {
     let service = Service::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let (a, b, a_run, a_started) =
-        mid_run(dir.path(), &service.flags(), "p", "6s", json!("from a")).await;
-    a.signal(Signal::SIGSTOP);
-
-    let b_run = run_when_free(&b, "p", json!("from b")).await;
-    assert_eq!(b_run["status"], "completed", "{b_run}");
-    let b_token = b_run["token"].as_u64().unwrap();
-    assert!(b_token > a_started["token"].as_u64().unwrap());
-
-    a.signal(Signal::SIGCONT);
-    let a_result = a_run.await.unwrap().unwrap();
-    assert_eq!(a_result["status"], "lease_lost", "{a_result}");
-
-    // Give A every chance to write late, then check it never did.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let log = events(&b, "p").await;
-    let b_first = log
-        .iter()
-        .find(|e| is_run_started_by(&b.owner)(e))
-        .expect("B's run is in the log")["seq"]
-        .as_u64()
-        .unwrap();
-    for e in log.iter().filter(|e| e["seq"].as_u64().unwrap() > b_first) {
-        assert_eq!(
-            e["token"].as_u64().unwrap(),
-            b_token,
-            "a stale write reached the log: {e}"
-        );
-    }
-    assert!(
-        log.iter().all(|e| e["payload"]["content"] != "from a"),
-        "A's reply was written"
-    );
+    let direct = service.client();
+    let backend = scenarios::Backend {
+        flags: service.flags().to_vec(),
+        ttl: "1s",
+        flag: "--session-lease-url",
+        direct: &direct,
+    };
+    scenarios::a_paused_holders_late_writes_are_refused(&backend).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_fenced_by_another_authority_refuses_the_service() {
     let service = Service::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    // First served with the store's own file leases: it is bound to them.
-    let files = Mecated::start(dir.path(), "proc-f", &[] as &[&str]);
-    create(&files, "s").await;
-    drop(files);
-    let stderr = refused_start(
-        dir.path(),
-        "proc-g",
-        &[
-            std::ffi::OsStr::new("--session-lease-url"),
-            std::ffi::OsStr::new(&service.addr),
-            std::ffi::OsStr::new("--session-lease-ttl"),
-            std::ffi::OsStr::new("1s"),
-        ],
-    );
-    assert!(stderr.contains("--session-lease-url"), "{stderr}");
-    assert!(stderr.to_lowercase().contains("authority"), "{stderr}");
+    let direct = service.client();
+    let backend = scenarios::Backend {
+        flags: service.flags().to_vec(),
+        ttl: "1s",
+        flag: "--session-lease-url",
+        direct: &direct,
+    };
+    scenarios::a_store_fenced_by_another_authority_refuses_it(&backend).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

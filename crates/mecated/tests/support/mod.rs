@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub(crate) mod scenarios;
+
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
