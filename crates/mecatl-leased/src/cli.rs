@@ -35,6 +35,8 @@ pub(crate) struct Cli {
     /// of this service over it, with no single point of failure.
     /// `k8s:NAMESPACE`: Lease objects in a Kubernetes namespace (the
     /// service account needs get, create and update on leases).
+    /// `redis:URL`: one Redis (`redis://[user:password@]host:port/db`,
+    /// `rediss://` for TLS); tokens are as durable as its persistence.
     #[arg(long, env = "MECATL_LEASED_BACKEND", value_parser = parse_backend)]
     pub(crate) backend: BackendSpec,
 
@@ -62,6 +64,10 @@ pub(crate) struct Cli {
     /// etcd backend: PEM private key of --etcd-cert.
     #[arg(long, env = "MECATL_LEASED_ETCD_KEY", requires = "etcd_cert")]
     pub(crate) etcd_key: Option<PathBuf>,
+
+    /// Redis backend: the key prefix of the leases.
+    #[arg(long, env = "MECATL_LEASED_REDIS_PREFIX", default_value = "mecatl:")]
+    pub(crate) redis_prefix: String,
 
     /// Kubernetes backend: the kubeconfig to use. Default: the pod's
     /// service account inside a cluster, else $KUBECONFIG or
@@ -145,6 +151,7 @@ pub(crate) enum BackendSpec {
     Dir(PathBuf),
     Etcd(Vec<String>),
     K8s(String),
+    Redis(String),
 }
 
 /// How log lines are written.
@@ -164,8 +171,9 @@ fn parse_backend(text: &str) -> Result<BackendSpec, String> {
             endpoints.split(',').map(str::to_owned).collect(),
         )),
         Some(("k8s", ns)) if !ns.is_empty() => Ok(BackendSpec::K8s(ns.to_owned())),
+        Some(("redis", url)) if !url.is_empty() => Ok(BackendSpec::Redis(url.to_owned())),
         _ => Err(format!(
-            "{text:?}: expected `memory`, `dir:PATH`, `etcd:ENDPOINTS` or `k8s:NAMESPACE`"
+            "{text:?}: expected `memory`, `dir:PATH`, `etcd:ENDPOINTS`, `k8s:NAMESPACE` or `redis:URL`"
         )),
     }
 }

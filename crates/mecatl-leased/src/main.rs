@@ -90,6 +90,14 @@ async fn open_backend(cli: &Cli) -> Result<(Arc<dyn SessionLease>, SharedClock),
             }
             Arc::new(b.build().map_err(|e| format!("etcd: {e}"))?)
         }
+        BackendSpec::Redis(url) => Arc::new(
+            redis_session_store::RedisLease::builder(url.clone())
+                .prefix(cli.redis_prefix.clone())
+                .ttl(cli.ttl)
+                .connect()
+                .await
+                .map_err(|e| format!("Redis: {e}"))?,
+        ),
         BackendSpec::K8s(namespace) => {
             let client = match &cli.kubeconfig {
                 Some(path) => k8slease::client_from_kubeconfig(path).await,

@@ -234,3 +234,26 @@ async fn a_daemon_over_kubernetes_leases_serves_them() {
             .starts_with("k8s:default:")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_over_redis_keeps_tokens_rising_across_its_restart() {
+    let redis = test_services::RedisServer::start_persistent().expect("redis-server is installed");
+    let backend = format!("redis:{}", redis.url());
+    let (s, a, b) = ids();
+    let first = Daemon::start(&["--backend", &backend, "--ttl", "5s"]).await;
+    let c = first.client();
+    let authority = c.authority().await.unwrap();
+    let la = c.acquire(&s, &a).await.unwrap();
+    assert_eq!(
+        c.acquire(&s, &b).await.unwrap_err().kind(),
+        LeaseErrorKind::Held
+    );
+    c.release(&la).await.unwrap();
+    first.signal(Signal::SIGKILL);
+    first.wait().await;
+    let second = Daemon::start(&["--backend", &backend, "--ttl", "5s"]).await;
+    let c = second.client();
+    assert_eq!(c.authority().await.unwrap(), authority);
+    let lb = c.acquire(&s, &b).await.unwrap();
+    assert!(lb.token() > la.token(), "{la:?} then {lb:?}");
+}
