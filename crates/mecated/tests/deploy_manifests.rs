@@ -1,0 +1,198 @@
+//! The Kubernetes deployment of mecak8s (`deploy/kubernetes`), rendered by
+//! the real `kubectl kustomize` and read back as typed Kubernetes objects:
+//! what the manifests promise is checked, not eyeballed.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{Namespace, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use serde_json::Value;
+
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/kubernetes")
+}
+
+/// `kubectl kustomize DIR`, split into its documents.
+fn render(dir: &Path) -> Vec<Value> {
+    let out = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(dir)
+        .output()
+        .expect("kubectl is installed (it renders the kustomization)");
+    assert!(
+        out.status.success(),
+        "kubectl kustomize failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_saphyr::from_multiple(&String::from_utf8(out.stdout).unwrap())
+        .expect("kustomize renders YAML documents")
+}
+
+fn one<T: serde::de::DeserializeOwned>(docs: &[Value], kind: &str) -> T {
+    let found: Vec<&Value> = docs.iter().filter(|d| d["kind"] == kind).collect();
+    assert_eq!(found.len(), 1, "exactly one {kind}");
+    serde_json::from_value(found[0].clone())
+        .unwrap_or_else(|e| panic!("{kind} is not a valid {kind}: {e}"))
+}
+
+#[test]
+fn the_rendered_deployment_is_what_mecak8s_needs() {
+    let docs = render(&deploy_dir());
+    let kinds: std::collections::BTreeSet<&str> =
+        docs.iter().filter_map(|d| d["kind"].as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "Deployment",
+            "Namespace",
+            "PodDisruptionBudget",
+            "Role",
+            "RoleBinding",
+            "Service",
+            "ServiceAccount",
+            "StatefulSet"
+        ]
+        .into_iter()
+        .collect()
+    );
+    let _: Namespace = one(&docs, "Namespace");
+    let sa: ServiceAccount = one(&docs, "ServiceAccount");
+    let role: Role = one(&docs, "Role");
+    let binding: RoleBinding = one(&docs, "RoleBinding");
+    let deployment: Deployment = one(&docs, "Deployment");
+    let pdb: PodDisruptionBudget = one(&docs, "PodDisruptionBudget");
+    let _: StatefulSet = one(&docs, "StatefulSet");
+    let services: Vec<Service> = docs
+        .iter()
+        .filter(|d| d["kind"] == "Service")
+        .map(|d| serde_json::from_value(d.clone()).unwrap())
+        .collect();
+    assert!(
+        services
+            .iter()
+            .any(|s| s.metadata.name.as_deref() == Some("mecak8s"))
+    );
+
+    // RBAC: exactly get, create, update on leases, bound to the pods' account.
+    let rules = role.rules.expect("the Role has rules");
+    assert_eq!(rules.len(), 1, "{rules:?}");
+    assert_eq!(
+        rules[0].api_groups.as_deref(),
+        Some(&["coordination.k8s.io".to_owned()][..])
+    );
+    assert_eq!(
+        rules[0].resources.as_deref(),
+        Some(&["leases".to_owned()][..])
+    );
+    let mut verbs = rules[0].verbs.clone();
+    verbs.sort();
+    assert_eq!(verbs, ["create", "get", "update"]);
+    assert_eq!(binding.role_ref.name, role.metadata.name.clone().unwrap());
+    let subject = &binding.subjects.expect("a subject")[0];
+    assert_eq!(subject.kind, "ServiceAccount");
+    assert_eq!(Some(&subject.name), sa.metadata.name.as_ref());
+
+    // The Deployment: three replicas on that account, configured from the
+    // downward API, probed on the server's endpoints, given more time to
+    // stop than the server takes to give its leases back.
+    let spec = deployment.spec.expect("a spec");
+    assert_eq!(spec.replicas, Some(3));
+    let pod = spec.template.spec.expect("a pod spec");
+    assert_eq!(pod.service_account_name, sa.metadata.name);
+    let container = &pod.containers[0];
+    let env = container.env.clone().unwrap_or_default();
+    let field = |name: &str| {
+        env.iter()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value_from.as_ref())
+            .and_then(|v| v.field_ref.as_ref())
+            .map(|f| f.field_path.clone())
+    };
+    assert_eq!(
+        field("POD_NAMESPACE").as_deref(),
+        Some("metadata.namespace")
+    );
+    assert_eq!(field("POD_NAME").as_deref(), Some("metadata.name"));
+    assert!(env.iter().any(|e| e.name == "REDIS_URL"));
+    let path = |p: &Option<k8s_openapi::api::core::v1::Probe>| {
+        p.as_ref()
+            .and_then(|p| p.http_get.as_ref())
+            .and_then(|h| h.path.clone())
+    };
+    assert_eq!(path(&container.readiness_probe).as_deref(), Some("/readyz"));
+    assert_eq!(path(&container.liveness_probe).as_deref(), Some("/healthz"));
+    let shutdown = env
+        .iter()
+        .find(|e| e.name == "MECATED_SHUTDOWN_TIMEOUT")
+        .and_then(|e| e.value.as_deref())
+        .and_then(|v| v.strip_suffix('s'))
+        .and_then(|v| v.parse::<i64>().ok())
+        .expect("the shutdown bound is stated in seconds");
+    let pre_stop = container
+        .lifecycle
+        .as_ref()
+        .and_then(|l| l.pre_stop.as_ref())
+        .and_then(|h| h.sleep.as_ref())
+        .map_or(0, |s| s.seconds);
+    let grace = pod
+        .termination_grace_period_seconds
+        .expect("a grace period");
+    assert!(
+        grace > shutdown + pre_stop,
+        "grace {grace}s must exceed the shutdown bound {shutdown}s plus the preStop pause {pre_stop}s"
+    );
+
+    // The disruption budget covers these pods.
+    let selector = pdb
+        .spec
+        .expect("a spec")
+        .selector
+        .expect("a selector")
+        .match_labels;
+    assert_eq!(selector, spec.selector.match_labels);
+}
+
+#[test]
+fn an_overlay_moves_everything_to_its_namespace_and_image() {
+    let overlay = tempfile::tempdir().unwrap();
+    // kustomize takes resources by relative path only.
+    let base = relative(overlay.path(), &deploy_dir());
+    std::fs::write(
+        overlay.path().join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
+             namespace: chat\nresources:\n  - {}\nimages:\n  - name: mecak8s\n    \
+             newName: registry.example.com/mecak8s\n    newTag: \"1.2.3\"\n",
+            base.display()
+        ),
+    )
+    .unwrap();
+    let docs = render(overlay.path());
+    for d in docs.iter().filter(|d| d["kind"] != "Namespace") {
+        assert_eq!(d["metadata"]["namespace"], "chat", "{}", d["kind"]);
+    }
+    let deployment: Deployment = one(&docs, "Deployment");
+    let image = deployment.spec.unwrap().template.spec.unwrap().containers[0]
+        .image
+        .clone();
+    assert_eq!(image.as_deref(), Some("registry.example.com/mecak8s:1.2.3"));
+}
+
+/// The path of `to` relative to the directory `from`.
+fn relative(from: &Path, to: &Path) -> PathBuf {
+    let (from, to) = (from.canonicalize().unwrap(), to.canonicalize().unwrap());
+    let common = from
+        .components()
+        .zip(to.components())
+        .take_while(|(a, b)| a == b)
+        .count();
+    let mut out = PathBuf::new();
+    for _ in from.components().skip(common) {
+        out.push("..");
+    }
+    out.extend(to.components().skip(common));
+    out
+}
