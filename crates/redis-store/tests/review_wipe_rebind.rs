@@ -11,7 +11,7 @@ use lease_port::{AuthorityId, FencingToken, OwnerId, SessionId};
 use redis_session_store::RedisStore;
 use serde_json::json;
 use session_store::{SessionStore, StoreErrorKind, WriteFence};
-use test_services::{Controls, RedisServer};
+use test_services::RedisServer;
 
 async fn process(redis: &RedisServer) -> RedisStore {
     RedisStore::builder(redis.url())
