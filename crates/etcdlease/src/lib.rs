@@ -472,17 +472,24 @@ impl Inner {
         let key = self.keys.session_key(session);
         let value = encode_value(session, owner);
         let mut force_refresh = false;
+        // The caller counts the lease from when it called (a keeper: from
+        // when it sent the acquire, plus the TTL). A grant refreshed before
+        // that would lapse earlier, and another owner could take the
+        // session while the caller still counts it as its own: only a
+        // keep-alive sent after the call began may back it.
+        let started = Instant::now();
         for _ in 0..ACQUIRE_ATTEMPTS {
             let (id, mut grant) = self
                 .shared
                 .ensure()
                 .await
                 .map_err(|e| e.into_lease_error("grant an etcd lease"))?;
-            // A grant older than a quarter TTL is refreshed first, so every
-            // acquire hands out most of a TTL, and the transaction after it
-            // proves the keep-alive (see `Grant::term`).
-            if force_refresh || grant.sent_at.elapsed() > self.ttl / 4 {
-                match self.shared.keep_alive(id, Instant::now()).await {
+            // A grant sent before this call is refreshed first, so every
+            // acquire hands out a whole TTL from the call, and the
+            // transaction after it proves the keep-alive (see
+            // `Grant::term`). Concurrent acquires share one keep-alive.
+            if force_refresh || grant.sent_at < started {
+                match self.shared.keep_alive(id, started).await {
                     Ok(Some(fresh)) => grant = fresh,
                     Ok(None) => continue,
                     Err(e) => return Err(e.into_lease_error("acquire: keep-alive failed")),

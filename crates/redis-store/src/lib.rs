@@ -145,6 +145,14 @@
 //!   a promoted replica may miss the last grants). Keys of one session
 //!   share a hash tag, but the scripts also touch per-prefix keys, so Redis
 //!   Cluster is not supported.
+//! - **The Redis host's clock.** A grant's expiry (`PX`) is kept by Redis
+//!   as an absolute time on its host's wall clock. A forward step of that
+//!   clock (an NTP correction, a resumed virtual machine) expires grants
+//!   early while their holders, timing them on their own monotonic clocks,
+//!   still act: two owners of one session for the length of the step. The
+//!   store's fencing still refuses the stale writer's writes, but the lease
+//!   alone does not exclude it. Run Redis hosts with slewing time sync (no
+//!   steps), or use a backend that judges expiry on a monotonic clock.
 //!
 //! # Key layout
 //!

@@ -127,9 +127,13 @@ struct Inner {
     allow_unfenced: bool,
     max_event_bytes: usize,
     max_page_bytes: usize,
-    /// The authority this instance bound; every fenced write checks that
-    /// Redis still records it.
-    bound: OnceLock<AuthorityId>,
+    /// The authority this instance bound, and the record Redis kept of it
+    /// (the authority and a marker of the dataset, made when the record
+    /// was first written). Every fenced write checks that Redis still
+    /// records exactly that: after Redis lost its data a new binding of the
+    /// same authority gets a new marker, so an instance bound before the
+    /// loss, whose marks are gone, can never write again.
+    bound: OnceLock<(AuthorityId, String)>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -182,7 +186,10 @@ impl RedisStore {
     }
 
     fn bound_arg(&self) -> &str {
-        self.inner.bound.get().map_or("", AuthorityId::as_str)
+        self.inner
+            .bound
+            .get()
+            .map_or("", |(_, record)| record.as_str())
     }
 
     /// Runs a fenced script (append or delete) and turns its refusals into
@@ -263,13 +270,21 @@ impl RedisStore {
                     .map(FencingToken::new),
             }),
             "authority" => {
-                let Some(offered) = self.inner.bound.get().cloned() else {
+                let Some(offered) = self.inner.bound.get().map(|(a, _)| a.clone()) else {
                     return Err(self.corrupt(
                         &keys.fencing_authority(),
                         format!("{op}: an authority check this unbound store never asked for"),
                     ));
                 };
-                match field(1).and_then(|a| AuthorityId::new(a).ok()) {
+                match field(1).and_then(|r| AuthorityId::new(authority_of(&r)).ok()) {
+                    Some(recorded) if recorded == offered => Err(self.corrupt(
+                        &keys.fencing_authority(),
+                        format!(
+                            "Redis lost its data since this process bound {offered} (the record \
+                             was written anew), and with it the high-water marks; this process \
+                             refuses to write until restarted"
+                        ),
+                    )),
                     Some(recorded) => Err(StoreError::authority_mismatch(
                         self.inner.conn.location(),
                         recorded,
@@ -522,15 +537,18 @@ impl SessionStore for RedisStore {
 
     async fn bind_authority(&self, authority: &AuthorityId) -> Result<(), StoreError> {
         let key = self.inner.conn.keys().fencing_authority();
+        let offered = format!("{authority} {}", dataset_marker());
         let reply = self
             .inner
             .conn
-            .script(scripts::GET_OR_SET.key(&key).arg(authority.as_str()))
+            .script(scripts::GET_OR_SET.key(&key).arg(&offered))
             .await
             .map_err(self.io("binding the fencing authority"))?;
-        let recorded = text(&reply)
-            .and_then(|a| AuthorityId::new(a).ok())
-            .ok_or_else(|| self.corrupt(&key, format!("unreadable authority {reply:?}")))?;
+        let record = text(&reply)
+            .ok_or_else(|| self.corrupt(&key, format!("unreadable authority {reply:?}")))?
+            .to_owned();
+        let recorded = AuthorityId::new(authority_of(&record))
+            .map_err(|_| self.corrupt(&key, format!("unreadable authority {record:?}")))?;
         if &recorded != authority {
             return Err(StoreError::authority_mismatch(
                 self.inner.conn.location(),
@@ -538,16 +556,27 @@ impl SessionStore for RedisStore {
                 authority.clone(),
             ));
         }
-        if let Err(already) = self.inner.bound.set(authority.clone())
-            && &already != authority
+        if let Err((_, _)) = self.inner.bound.set((authority.clone(), record.clone()))
+            && let Some((earlier, earlier_record)) = self.inner.bound.get().cloned()
         {
-            // This instance was bound to another authority, which Redis no
-            // longer records: its data was lost and the other is gone.
-            return Err(StoreError::authority_mismatch(
-                self.inner.conn.location(),
-                self.inner.bound.get().cloned().unwrap_or(already),
-                authority.clone(),
-            ));
+            if earlier != *authority {
+                // This instance was bound to another authority, which Redis
+                // no longer records: its data was lost and the other is gone.
+                return Err(StoreError::authority_mismatch(
+                    self.inner.conn.location(),
+                    earlier,
+                    authority.clone(),
+                ));
+            }
+            if earlier_record != record {
+                return Err(self.corrupt(
+                    &key,
+                    format!(
+                        "Redis lost its data since this process bound {authority}, and with it \
+                         the high-water marks; this process refuses to write until restarted"
+                    ),
+                ));
+            }
         }
         Ok(())
     }
@@ -563,7 +592,7 @@ impl SessionStore for RedisStore {
         match reply {
             Value::Nil => Ok(None),
             other => text(&other)
-                .and_then(|a| AuthorityId::new(a).ok())
+                .and_then(|r| AuthorityId::new(authority_of(r)).ok())
                 .map(Some)
                 .ok_or_else(|| self.corrupt(&key, format!("unreadable authority {other:?}"))),
         }
@@ -598,4 +627,27 @@ fn decode(entry: &Value) -> Option<(u64, Option<u64>, u64, &str)> {
         }
     }
     Some((seq, token, ts?, payload?))
+}
+
+/// The authority in a fencing-authority record (`"<authority> <marker>"`).
+fn authority_of(record: &str) -> &str {
+    record
+        .split_once(' ')
+        .map_or(record, |(authority, _)| authority)
+}
+
+/// A marker of one Redis dataset: random, made when the authority record
+/// is first written, so a record written again after Redis lost its data
+/// differs from the one written before.
+fn dataset_marker() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos(),
+    );
+    h.write_u32(std::process::id());
+    format!("{:016x}", h.finish())
 }

@@ -1,11 +1,8 @@
-//! Review reproduction: an acquire that reuses the client's etcd lease
-//! grant (refreshed only once it is older than a quarter of the TTL) hands
-//! out a hold that etcd frees `TTL + grace` after the *old* grant, while a
-//! caller (the lease keeper) counts the hold live for `TTL` from when it
-//! sent the acquire. With a TTL above four times the grace, another owner
-//! takes the session while the first still counts it live.
-//!
-//! Run: `cargo test -p etcdlease --test review_grant_age -- --nocapture`
+//! An acquire must not hand out a hold backed by an older refresh of the
+//! client's shared etcd lease: etcd would free it `TTL + grace` after that
+//! older refresh, while the caller (the lease keeper) counts the hold live
+//! for `TTL` from when it sent the acquire, and another owner could take
+//! the session in between.
 
 use std::time::{Duration, Instant};
 

@@ -1,11 +1,9 @@
-//! Review reproduction: a store fenced by an authority outside Redis (a
-//! Kubernetes namespace, an etcd prefix: its tokens survive a Redis wipe)
-//! loses its high-water marks when Redis restarts without persistence. The
-//! fenced-write check then refuses the processes that bound the old
-//! record only until any process binds the same authority again; from then
-//! on a stale owner's write lands after a newer token wrote.
-//!
-//! Run: `cargo test -p redis-session-store --test review_wipe_rebind`
+//! A store fenced by an authority outside Redis (a Kubernetes namespace,
+//! an etcd prefix: its tokens survive a Redis wipe) loses its high-water
+//! marks when Redis restarts without persistence. The processes that bound
+//! the store before the loss must stay refused for good — also after
+//! another process binds the same authority again — or a stale owner's
+//! write would land after a newer token wrote.
 
 use lease_port::{AuthorityId, FencingToken, OwnerId, SessionId};
 use redis_session_store::RedisStore;
