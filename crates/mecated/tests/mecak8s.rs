@@ -19,6 +19,8 @@ fn replica(redis: &str, kubeconfig: &str, pod: &str) -> Mecated {
             "127.0.0.1:0",
             "--session-lease-ttl",
             "1s",
+            "--echo-delay",
+            "2s",
             "--session-lease-k8s-kubeconfig",
             kubeconfig,
         ])
@@ -61,27 +63,21 @@ async fn replicas_share_sessions_in_redis_and_lease_them_as_lease_objects() {
     let (status, first) = run(&b, "chat", json!("hello")).await;
     assert_eq!(status, StatusCode::OK, "{first}");
 
-    let slow = run_in_background(&a, "chat", json!("slow"));
-    wait_for_event(&a, "chat", |e| {
-        e["payload"]["type"] == "run_started" && is_owner(&e["payload"]["owner"], "mecak8s-0")
-    })
-    .await;
+    let _slow = run_in_background(&a, "chat", json!("slow"));
+    let started = wait_for_event(&a, "chat", is_run_started_by("mecak8s-0")).await;
     let (status, body) = run(&b, "chat", json!("me too")).await;
-    // A's run may already be over (the echo agent is quick); if not, B is
-    // refused naming A's pod.
-    if status == StatusCode::CONFLICT {
-        assert!(is_owner(&body["error"]["holder"], "mecak8s-0"), "{body}");
-    }
-    let _ = slow.await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(is_owner(&body["error"]["holder"], "mecak8s-0"), "{body}");
 
-    // A replica killed mid-hold: the other takes the session over with a
-    // higher token once the lease lapses.
-    let before = events(&a, "chat").await;
-    let last_token = before.last().unwrap()["token"].as_u64().unwrap();
+    // The holder killed mid-run: the other replica takes the session over,
+    // once the Lease object's hold lapses, with a higher token.
     a.signal(Signal::SIGKILL);
     let taken = run_when_free(&b, "chat", json!("after the crash")).await;
     assert_eq!(taken["status"], "completed", "{taken}");
-    assert!(taken["token"].as_u64().unwrap() >= last_token, "{taken}");
+    assert!(
+        taken["token"].as_u64().unwrap() > started["token"].as_u64().unwrap(),
+        "{taken} after {started}"
+    );
     let log = events(&b, "chat").await;
     let seqs: Vec<u64> = log.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
     assert!(
