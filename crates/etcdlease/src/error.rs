@@ -60,6 +60,14 @@ pub enum EtcdError {
         /// The member's endpoint.
         endpoint: String,
     },
+    /// The session's previous hold lapsed without a release and may still
+    /// be counted on by its holder: it may be taken over once this client
+    /// has seen it lapsed long enough (see the crate documentation).
+    #[error("the previous hold lapsed without a release; it may be taken over in {free_in:?}")]
+    LapsedHold {
+        /// How much longer this client must see it lapsed.
+        free_in: Duration,
+    },
     /// An answer this crate cannot read (a key under the prefix written by
     /// something else, a refused grant).
     #[error("etcd {call}: {detail}")]
@@ -87,7 +95,9 @@ impl EtcdError {
                     | tonic::Code::Internal
                     | tonic::Code::Cancelled
             ),
-            EtcdError::Endpoint { .. } | EtcdError::Malformed { .. } => false,
+            EtcdError::Endpoint { .. }
+            | EtcdError::Malformed { .. }
+            | EtcdError::LapsedHold { .. } => false,
         }
     }
 

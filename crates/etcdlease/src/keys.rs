@@ -5,6 +5,12 @@
 //! `%XX`, so two ids never share a key and no id can reach outside the
 //! `s/` directory. The value keeps the original session id and the holder's
 //! owner id, so a reader needs nothing but the key.
+//!
+//! Beside it, `{prefix}g/{id}` is the session's guard: written with the
+//! session key by every write that takes the session (so its revision is
+//! the token of the hold), attached to no etcd lease, and deleted only by a
+//! release. A session key gone while its guard remains is a hold that
+//! lapsed without a release (see the crate documentation).
 
 use lease_port::{LeaseError, OwnerId, SessionId};
 
@@ -14,6 +20,9 @@ pub const MAX_PREFIX_LEN: usize = 128;
 /// First line of every value: a reader that meets another format (a later
 /// version, or something else written under the prefix) does not misread it.
 const VALUE_FORMAT: &str = "mecatl-etcdlease/1";
+
+const SESSIONS_DIR: &[u8] = b"s/";
+const GUARDS_DIR: &[u8] = b"g/";
 
 /// The key layout under one prefix.
 #[derive(Debug, Clone)]
@@ -49,10 +58,24 @@ impl KeySpace {
     }
 
     pub(crate) fn session_key(&self, session: &SessionId) -> Vec<u8> {
+        self.key_in(SESSIONS_DIR, session)
+    }
+
+    /// The guard of the session whose key is `session_key`.
+    pub(crate) fn guard_of(&self, session_key: &[u8]) -> Vec<u8> {
+        let mut key = session_key.to_vec();
+        let dir = self.prefix.len()..self.prefix.len() + GUARDS_DIR.len();
+        if key.get(dir.clone()) == Some(SESSIONS_DIR) {
+            key[dir].copy_from_slice(GUARDS_DIR);
+        }
+        key
+    }
+
+    fn key_in(&self, dir: &[u8], session: &SessionId) -> Vec<u8> {
         let id = session.as_str().as_bytes();
-        let mut key = Vec::with_capacity(self.prefix.len() + 2 + id.len() * 3);
+        let mut key = Vec::with_capacity(self.prefix.len() + dir.len() + id.len() * 3);
         key.extend_from_slice(self.prefix.as_bytes());
-        key.extend_from_slice(b"s/");
+        key.extend_from_slice(dir);
         for &b in id {
             if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.') {
                 key.push(b);
@@ -114,6 +137,17 @@ mod tests {
             space().session_key(&SessionId::new("a/b%").unwrap()),
             b"/p/s/a%2Fb%25".to_vec()
         );
+    }
+
+    #[test]
+    fn guards_sit_beside_session_keys() {
+        let id = SessionId::new("a/s/b").unwrap();
+        let key = space().session_key(&id);
+        assert_eq!(space().guard_of(&key), b"/p/g/a%2Fs%2Fb".to_vec());
+        // The prefix itself may contain `s/`: only the directory moves.
+        let odd = KeySpace::new("/s/").unwrap();
+        let key = odd.session_key(&id);
+        assert_eq!(odd.guard_of(&key), b"/s/g/a%2Fs%2Fb".to_vec());
     }
 
     #[test]

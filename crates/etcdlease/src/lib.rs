@@ -48,9 +48,14 @@
 //! - **One key per session**, `{prefix}s/{id}` with the id percent-encoded
 //!   (injective: no two ids share a key). The value names the holder and
 //!   keeps the original id.
-//! - **Acquire** is one transaction: if the key does not exist, put it with
-//!   the client's etcd lease attached; otherwise read it. A live holder of
-//!   another owner is [`Held`](lease_port::LeaseErrorKind::Held), naming it.
+//! - **Beside it, a guard** `{prefix}g/{id}`, on no etcd lease: every write
+//!   that takes the session writes the guard too, and only a release
+//!   deletes it. A key gone while its guard remains is a hold that lapsed
+//!   without a release (see [Lapsed holds](#lapsed-holds)).
+//! - **Acquire** is one transaction: if neither key nor guard exists, put
+//!   both, the key with the client's etcd lease attached; otherwise read
+//!   them. A live holder of another owner is
+//!   [`Held`](lease_port::LeaseErrorKind::Held), naming it.
 //! - **The fencing token** is the key's `mod_revision`: the revision of the
 //!   write that took the session. etcd revisions are cluster-wide, only
 //!   grow, and are kept in etcd's log, so a takeover's token is greater than
@@ -73,9 +78,9 @@
 //!   replaced still answers them, refreshing nothing the real leader knows
 //!   of; the fault tests caught exactly that. A later read from the same
 //!   term shows the member was still leader when it answered.
-//! - **Release** is a transaction that deletes the key only if its
-//!   `mod_revision` is the lease's token and its value names the lease's
-//!   owner: it never removes another hold.
+//! - **Release** is a transaction that deletes key and guard only if the
+//!   guard's `mod_revision` is the lease's token and its value names the
+//!   lease's owner: it never removes another hold.
 //!
 //! # One etcd lease per client
 //!
@@ -124,9 +129,37 @@
 //! renewal that arrives just after the reported expiry still finds the
 //! key — still the caller's, which the read proves, so renewing it is the
 //! unraced reclaim the contract allows — instead of losing a session
-//! nobody else could have taken. The price: after a holder dies, another
-//! owner waits the TTL plus the grace (and etcd's expiry check, every
-//! 500 ms) before it can take the session.
+//! nobody else could have taken. The price: after a holder dies, etcd
+//! keeps its keys for the TTL plus the grace (and its expiry check, every
+//! 500 ms), and another owner then waits out [lapsed holds](#lapsed-holds).
+//!
+//! # Lapsed holds
+//!
+//! etcd deletes a key when its etcd lease ends, and nothing tells a reader
+//! why it ended. A holder that stopped renewing counted its lease lost
+//! long before. But etcd 3.4 before 3.4.28 and 3.5 before 3.5.11 also end
+//! leases that are still being renewed: a leader frozen for longer than a
+//! TTL (a pause, a stalled disk) wakes up believing it still leads,
+//! revokes every etcd lease that expired in its stale view, and the
+//! revocation is forwarded to the new leader and committed (etcd issues
+//! #12528 and #15247; the fix narrows the window rather than closing it).
+//! The holders renewing on the new leader then count on their leases for
+//! up to a TTL after their keys are gone. The fault tests reproduce it
+//! with SIGSTOP on the leader of a three-member cluster.
+//!
+//! So a session whose key is gone while its guard remains is taken over by
+//! another owner only after the acquiring client has seen it so, with the
+//! guard unchanged, for the TTL plus the grace on its own monotonic clock:
+//! the holder's last renewal was sent before its key was deleted, so its
+//! own expiry has passed by then. An acquire that meets such a session
+//! waits out the rest of that time before it answers; the sighting is
+//! remembered, so a caller whose timeout is shorter makes progress by
+//! calling again. The same owner takes its lapsed hold back at once.
+//! Released sessions have no guard and are taken at once.
+//!
+//! The price: after a holder dies without releasing, another owner takes
+//! its sessions about two TTLs (plus two graces) after the holder's last
+//! renewal rather than one.
 //!
 //! # Authority
 //!
@@ -148,6 +181,7 @@
 mod error;
 mod held_keys;
 mod keys;
+mod lapsed;
 mod shared_lease;
 pub mod wire;
 
@@ -164,6 +198,7 @@ pub use wire::TlsOptions;
 
 use held_keys::HeldKeys;
 use keys::{KeySpace, decode_owner, encode_value};
+use lapsed::LapsedHolds;
 use shared_lease::{Grant, SharedLease};
 use wire::EtcdClient;
 use wire::messages::{
@@ -201,10 +236,23 @@ pub struct EtcdLeaseBuilder {
     request_timeout: Option<Duration>,
     max_txn_ops: usize,
     grace: Duration,
+    lapsed_hold_wait: Option<Duration>,
     tls: TlsOptions,
 }
 
 impl EtcdLeaseBuilder {
+    /// How long an acquire waits out a [lapsed hold](crate#lapsed-holds)
+    /// before it answers [`Held`](lease_port::LeaseErrorKind::Held),
+    /// naming the previous holder. Default: the whole wait (the TTL plus
+    /// the grace), so an acquire succeeds once the session is safe to take.
+    /// A server that answers requests rather than making them wait sets
+    /// zero: its callers retry, and the wait counts from the first sighting
+    /// whichever call made it.
+    pub fn lapsed_hold_wait(mut self, wait: Duration) -> Self {
+        self.lapsed_hold_wait = Some(wait);
+        self
+    }
+
     /// Certificates for `https://` endpoints; needs the `tls` feature
     /// (without it, any TLS setting is an invalid configuration).
     pub fn tls(mut self, tls: TlsOptions) -> Self {
@@ -300,6 +348,8 @@ impl EtcdLeaseBuilder {
                 ttl: self.ttl,
                 max_txn_ops: self.max_txn_ops,
                 held: HeldKeys::default(),
+                lapsed: LapsedHolds::new(self.ttl + self.grace),
+                lapsed_hold_wait: self.lapsed_hold_wait.unwrap_or(self.ttl + self.grace),
                 authority: tokio::sync::OnceCell::new(),
             }),
         })
@@ -322,6 +372,8 @@ struct Inner {
     max_txn_ops: usize,
     shared: SharedLease,
     held: HeldKeys,
+    lapsed: LapsedHolds,
+    lapsed_hold_wait: Duration,
     authority: tokio::sync::OnceCell<AuthorityId>,
 }
 
@@ -350,6 +402,7 @@ impl EtcdLease {
             request_timeout: None,
             max_txn_ops: DEFAULT_MAX_TXN_OPS,
             grace: DEFAULT_GRACE,
+            lapsed_hold_wait: None,
             tls: TlsOptions::default(),
         }
     }
@@ -388,6 +441,29 @@ fn delete_op(key: Vec<u8>) -> RequestOp {
             range_end: vec![],
         })),
     }
+}
+
+/// Deletes the hold `token` of `value`'s owner: its guard, and its key if
+/// etcd still has it. Every write that takes a session writes both, so an
+/// unchanged guard means the key is this hold's or gone, never another's.
+fn release_if_ours(key: &[u8], guard: &[u8], token: i64, value: Vec<u8>) -> TxnRequest {
+    TxnRequest {
+        compare: vec![
+            compare(guard, compare_target::MOD, TargetUnion::ModRevision(token)),
+            compare(guard, compare_target::VALUE, TargetUnion::Value(value)),
+        ],
+        success: vec![delete_op(key.to_vec()), delete_op(guard.to_vec())],
+        failure: vec![],
+    }
+}
+
+/// The writes that take a session: its key on etcd lease `id`, and its
+/// guard, on no etcd lease, so the guard's revision is the hold's token.
+fn take_ops(key: &[u8], guard: &[u8], value: &[u8], id: i64) -> Vec<RequestOp> {
+    vec![
+        put_op(key.to_vec(), value.to_vec(), id),
+        put_op(guard.to_vec(), value.to_vec(), 0),
+    ]
 }
 
 fn compare(key: &[u8], target: i32, union: TargetUnion) -> Compare {
@@ -470,6 +546,7 @@ fn lost_by_etcd() -> LeaseError {
 impl Inner {
     async fn acquire(&self, session: &SessionId, owner: &OwnerId) -> Result<Lease, LeaseError> {
         let key = self.keys.session_key(session);
+        let guard = self.keys.guard_of(&key);
         let value = encode_value(session, owner);
         let mut force_refresh = false;
         // The caller counts the lease from when it called (a keeper: from
@@ -478,7 +555,9 @@ impl Inner {
         // session while the caller still counts it as its own: only a
         // keep-alive sent after the call began may back it.
         let started = Instant::now();
-        for _ in 0..ACQUIRE_ATTEMPTS {
+        let (mut attempts, mut waits) = (0, 0);
+        while attempts < ACQUIRE_ATTEMPTS {
+            attempts += 1;
             let (id, mut grant) = self
                 .shared
                 .ensure()
@@ -496,13 +575,16 @@ impl Inner {
                 }
             }
             let take_if_free = TxnRequest {
-                compare: vec![compare(
-                    &key,
-                    compare_target::CREATE,
-                    TargetUnion::CreateRevision(0),
-                )],
-                success: vec![put_op(key.clone(), value.clone(), id)],
-                failure: vec![range_op(key.clone())],
+                compare: vec![
+                    compare(&key, compare_target::CREATE, TargetUnion::CreateRevision(0)),
+                    compare(
+                        &guard,
+                        compare_target::CREATE,
+                        TargetUnion::CreateRevision(0),
+                    ),
+                ],
+                success: take_ops(&key, &guard, &value, id),
+                failure: vec![range_op(key.clone()), range_op(guard.clone())],
             };
             let mut answer = match self.client.txn(take_if_free).await {
                 Err(e) if e.is_lease_not_found() => {
@@ -541,7 +623,46 @@ impl Inner {
                 ));
             }
             let Some(kv) = read_kv(&mut answer, 0) else {
-                continue; // deleted since the compare; try again
+                let Some(lapsed) = read_kv(&mut answer, 1) else {
+                    continue; // released since the compare; try again
+                };
+                // The key is gone but not released: its etcd lease ended.
+                // Another owner's hold is taken over only once it has been
+                // seen lapsed long enough (see `lapsed`); the same owner
+                // takes it back at once, as it may re-acquire a live hold.
+                let previous = decode_owner(&lapsed.value);
+                if previous.as_ref() != Some(owner) {
+                    let wait = self
+                        .lapsed
+                        .remaining(&guard, lapsed.mod_revision, Instant::now());
+                    if wait > self.lapsed_hold_wait {
+                        return Err(LeaseError::held(previous)
+                            .with_source(EtcdError::LapsedHold { free_in: wait }));
+                    }
+                    if !wait.is_zero() && waits < ACQUIRE_ATTEMPTS {
+                        waits += 1;
+                        attempts -= 1;
+                        tokio::time::sleep(wait).await;
+                        continue;
+                    }
+                }
+                let unchanged = vec![
+                    compare(&key, compare_target::CREATE, TargetUnion::CreateRevision(0)),
+                    compare(
+                        &guard,
+                        compare_target::MOD,
+                        TargetUnion::ModRevision(lapsed.mod_revision),
+                    ),
+                ];
+                let taken = self
+                    .take(session, owner, &key, &value, unchanged, id, grant)
+                    .await?;
+                if let Some(lease) = taken {
+                    self.lapsed.forget(&guard);
+                    return Ok(lease);
+                }
+                force_refresh = true;
+                continue;
             };
             let holder = decode_owner(&kv.value);
             if holder.as_ref() != Some(owner) {
@@ -578,7 +699,19 @@ impl Inner {
                     grant.expiry(),
                 ));
             }
-            if let Some(lease) = self.move_to(session, owner, &kv, id, grant).await? {
+            // The same owner holds it, but not as a live hold of this
+            // client (another client's, or one whose reported expiry has
+            // passed): rewrite it under our etcd lease, which raises the
+            // token.
+            let unchanged = vec![compare(
+                &key,
+                compare_target::MOD,
+                TargetUnion::ModRevision(kv.mod_revision),
+            )];
+            if let Some(lease) = self
+                .take(session, owner, &key, &value, unchanged, id, grant)
+                .await?
+            {
                 return Ok(lease);
             }
             force_refresh = true;
@@ -588,25 +721,25 @@ impl Inner {
         ))
     }
 
-    /// The same owner holds `kv`, but not as a live hold of this client
-    /// (another client's, or one whose reported expiry has passed):
-    /// rewrites it under our etcd lease, which raises the token. `None`
-    /// when the key changed meanwhile.
-    async fn move_to(
+    /// Writes the session key (on etcd lease `id`) and its guard if
+    /// `unchanged` holds, which raises the token. `None` when it did not
+    /// hold, or the grant backing the write is unproven: the caller tries
+    /// again.
+    #[allow(clippy::too_many_arguments)]
+    async fn take(
         &self,
         session: &SessionId,
         owner: &OwnerId,
-        kv: &KeyValue,
+        key: &[u8],
+        value: &[u8],
+        unchanged: Vec<Compare>,
         id: i64,
         grant: Grant,
     ) -> Result<Option<Lease>, LeaseError> {
+        let guard = self.keys.guard_of(key);
         let rewrite = TxnRequest {
-            compare: vec![compare(
-                &kv.key,
-                compare_target::MOD,
-                TargetUnion::ModRevision(kv.mod_revision),
-            )],
-            success: vec![put_op(kv.key.clone(), kv.value.clone(), id)],
+            compare: unchanged,
+            success: take_ops(key, &guard, value, id),
             failure: vec![],
         };
         match self.client.txn(rewrite).await {
@@ -616,7 +749,7 @@ impl Inner {
                 })?;
                 let until = self.shared.etcd_deadline(&grant);
                 self.held
-                    .hold(kv.key.clone(), id, Some(rev), kv.value.clone(), until);
+                    .hold(key.to_vec(), id, Some(rev), value.to_vec(), until);
                 if raft_term(&answer.header) != Some(grant.term) {
                     return Ok(None);
                 }
@@ -632,7 +765,12 @@ impl Inner {
                 self.shared.forget(id);
                 Ok(None)
             }
-            Err(e) => Err(e.into_lease_error("acquire: transaction failed")),
+            Err(e) => {
+                let until = self.shared.etcd_deadline(&grant);
+                self.held
+                    .hold(key.to_vec(), id, None, value.to_vec(), until);
+                Err(e.into_lease_error("acquire: transaction failed"))
+            }
         }
     }
 
@@ -764,29 +902,31 @@ impl Inner {
     /// value (and revision, when known), so it never touches a new hold.
     async fn sweep(&self) {
         for (key, held) in self.held.take_lapsed(Instant::now()) {
-            let mut conditions = vec![
-                compare(
-                    &key,
-                    compare_target::LEASE,
-                    TargetUnion::Lease(held.lease_id),
-                ),
-                compare(
-                    &key,
-                    compare_target::VALUE,
-                    TargetUnion::Value(held.value.clone()),
-                ),
-            ];
-            if let Some(token) = held.token {
-                conditions.push(compare(
-                    &key,
-                    compare_target::MOD,
-                    TargetUnion::ModRevision(token),
-                ));
-            }
-            let delete = TxnRequest {
-                compare: conditions,
-                success: vec![delete_op(key.clone())],
-                failure: vec![],
+            let delete = match held.token {
+                // The hold ended in its holder's view a grace ago: removed
+                // as its release would.
+                Some(token) => {
+                    release_if_ours(&key, &self.keys.guard_of(&key), token, held.value.clone())
+                }
+                // Whether the write landed is unknown: the key goes only if
+                // it is still ours, and its guard stays, so another owner
+                // waits as for any lapsed hold.
+                None => TxnRequest {
+                    compare: vec![
+                        compare(
+                            &key,
+                            compare_target::LEASE,
+                            TargetUnion::Lease(held.lease_id),
+                        ),
+                        compare(
+                            &key,
+                            compare_target::VALUE,
+                            TargetUnion::Value(held.value.clone()),
+                        ),
+                    ],
+                    success: vec![delete_op(key.clone())],
+                    failure: vec![],
+                },
             };
             if self.client.txn(delete).await.is_err() {
                 self.held.retry(key, held);
@@ -845,16 +985,13 @@ impl Inner {
         };
         let key = self.keys.session_key(lease.session_id());
         let value = encode_value(lease.session_id(), lease.owner());
-        let delete_if_ours = TxnRequest {
-            compare: vec![
-                compare(&key, compare_target::MOD, TargetUnion::ModRevision(token)),
-                compare(&key, compare_target::VALUE, TargetUnion::Value(value)),
-            ],
-            success: vec![delete_op(key.clone())],
-            failure: vec![],
-        };
         self.client
-            .txn(delete_if_ours)
+            .txn(release_if_ours(
+                &key,
+                &self.keys.guard_of(&key),
+                token,
+                value,
+            ))
             .await
             .map_err(|e| e.into_lease_error("release: transaction failed"))?;
         self.held.forget(&key, token);

@@ -133,3 +133,62 @@ async fn a_session_its_holder_abandoned_is_freed_while_the_client_renews_others(
         .await
         .expect("the renewed session is still held");
 }
+
+/// A hold that lapsed without a release is taken over only once the
+/// acquiring client has seen it lapsed for the TTL plus the grace; a
+/// client that does not wait is answered held, naming the previous
+/// holder, until then. A release of the lapsed hold frees it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lapsed_holds_are_waited_out_unless_released() {
+    let etcd = EtcdServer::start().unwrap();
+    let grace = etcdlease::DEFAULT_GRACE;
+    let (alice, bob) = (OwnerId::new("alice").unwrap(), OwnerId::new("bob").unwrap());
+    let holder = client(&etcd, "/lapsed/");
+    let impatient = EtcdLease::builder([etcd.endpoint()])
+        .prefix("/lapsed/")
+        .ttl(TTL)
+        .request_timeout(Duration::from_millis(500))
+        .lapsed_hold_wait(Duration::ZERO)
+        .build()
+        .unwrap();
+
+    // Alice stops renewing; etcd deletes her key after the TTL, the grace
+    // and its next expiry check.
+    let (s, released) = (
+        SessionId::new("lapsed").unwrap(),
+        SessionId::new("lapsed-then-released").unwrap(),
+    );
+    let first = holder.acquire(&s, &alice).await.unwrap();
+    let second = holder.acquire(&released, &alice).await.unwrap();
+    tokio::time::sleep(TTL + grace + Duration::from_millis(1500)).await;
+
+    // The first call that met the lapsed hold began before its sighting,
+    // so the takeover must come at least the wait after that call began.
+    let mut first_sighting_before = None;
+    let taken = loop {
+        let calling = std::time::Instant::now();
+        match impatient.acquire(&s, &bob).await {
+            Ok(lease) => break lease,
+            Err(e) => {
+                assert_eq!(e.kind(), LeaseErrorKind::Held, "{e:?}");
+                assert_eq!(e.holder(), Some(&alice), "{e:?}");
+                if matches!(etcd_source(&e), EtcdError::LapsedHold { .. }) {
+                    first_sighting_before.get_or_insert(calling);
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    let sighted = first_sighting_before.expect("the lapsed hold was taken at first sight");
+    assert!(
+        sighted.elapsed() >= TTL + grace,
+        "taken {:?} after it was first seen lapsed",
+        sighted.elapsed()
+    );
+    assert!(taken.token() > first.token());
+
+    // Released after it lapsed: nothing left to wait for.
+    holder.release(&second).await.unwrap();
+    let after_release = impatient.acquire(&released, &bob).await.unwrap();
+    assert!(after_release.token() > second.token());
+}

@@ -7,7 +7,10 @@
 //! in which it believed it owned the session: from the acquire's answer to
 //! the earliest of its release being sent, its local deadline (the lease's
 //! expiry, counted on the monotonic clock), and learning the lease was
-//! lost (a release that fails leaves the hold running to its deadline).
+//! lost. A release ends the hold when it is sent, whatever its answer: one
+//! that times out may still commit (the member that took it hands it to a
+//! new leader), so a holder stops acting before it releases, as the keeper
+//! does.
 //! Some holds are abandoned (neither renewed nor released), so sessions are
 //! also taken over by expiry. Checked afterwards, per
 //! session: no two holds overlap, tokens rise strictly from one hold to the
@@ -36,6 +39,8 @@ struct Hold {
     token: u64,
     start: Instant,
     end: Instant,
+    /// Why the hold ended, for the report of an overlap.
+    ended: &'static str,
 }
 
 /// The monotonic instant at which `lease` expires, as its holder counts.
@@ -92,7 +97,7 @@ async fn worker(
             tokio::time::sleep(TTL / 3).await;
             let sent = Instant::now();
             if sent >= deadline {
-                end = Some(deadline);
+                end = Some((deadline, "expired: renewals failed"));
                 break;
             }
             match client.renew(&current).await {
@@ -102,29 +107,30 @@ async fn worker(
                     current = renewed;
                 }
                 Err(e) if e.kind() == LeaseErrorKind::Held => {
-                    end = Some(Instant::now().min(deadline));
+                    end = Some((Instant::now().min(deadline), "renewal found it lost"));
                     break;
                 }
                 Err(e) if e.kind() == LeaseErrorKind::Transient => {}
                 Err(e) => panic!("worker {w}: renew failed with {e:?}"),
             }
         }
-        let end = match end {
+        let (end, ended) = match end {
             Some(end) => end,
             // Abandoned: the session is left to expire.
             None if n.is_multiple_of(4) => {
                 abandoned_until[s] = Some(deadline);
-                deadline
+                (deadline, "abandoned")
             }
             None => {
                 let sent = Instant::now();
                 match client.release(&current).await {
-                    Ok(()) => sent.min(deadline),
-                    // Not released: the hold lasts until it expires, and
-                    // the worker stays away until then, as after abandoning.
+                    Ok(()) => (sent.min(deadline), "released"),
+                    // The release may still land, or the key may outlive
+                    // it until it expires: the worker stays away until
+                    // then, as after abandoning, but acts no more.
                     Err(_) => {
                         abandoned_until[s] = Some(deadline);
-                        deadline
+                        (sent.min(deadline), "release failed")
                     }
                 }
             }
@@ -135,6 +141,7 @@ async fn worker(
             token,
             start,
             end,
+            ended,
         });
     }
 }
@@ -155,9 +162,10 @@ fn check(holds: &[Hold]) {
             let (a, b) = (pair[0], pair[1]);
             assert!(
                 a.end <= b.start,
-                "session {s}: worker {} held until {:?} after worker {} acquired at {:?}:\n{a:#?}\n{b:#?}",
+                "session {s}: worker {} held until {:?} ({}) after worker {} acquired at {:?}:\n{a:#?}\n{b:#?}",
                 a.worker,
                 a.end,
+                a.ended,
                 b.worker,
                 b.start
             );

@@ -220,7 +220,10 @@ impl EtcdLeases {
         };
         let mut b = etcdlease::EtcdLease::builder(self.endpoints.iter().map(String::as_str))
             .prefix(self.prefix.clone())
-            .ttl(ttl);
+            .ttl(ttl)
+            // A request meeting a lapsed hold is answered 409 at once, not
+            // kept waiting; its retries see the session free.
+            .lapsed_hold_wait(Duration::ZERO);
         if let Some(ca) = &self.ca {
             let mut tls = etcdlease::TlsOptions::default().ca_certificate_pem(read(ca, "etcd CA")?);
             if let Some((cert, key)) = &self.identity {

@@ -76,7 +76,10 @@ async fn open_backend(cli: &Cli) -> Result<(Arc<dyn SessionLease>, SharedClock),
         BackendSpec::Etcd(endpoints) => {
             let mut b = etcdlease::EtcdLease::builder(endpoints.iter().map(String::as_str))
                 .prefix(cli.etcd_prefix.clone())
-                .ttl(cli.ttl);
+                .ttl(cli.ttl)
+                // Callers are answered held at once, not kept waiting
+                // past their call deadlines; their retries see it free.
+                .lapsed_hold_wait(std::time::Duration::ZERO);
             if let Some(ca) = &cli.etcd_ca {
                 let mut tls =
                     etcdlease::TlsOptions::default().ca_certificate_pem(read(ca, "etcd CA")?);
