@@ -4,15 +4,16 @@
 //!
 //! Groups (read by `cargo xtask bench`: `ours` against `limit`):
 //! - `etcdlease/acquire`: acquire of a free session; limit = the bare
-//!   transaction it sends (compare the key's creation, put with an etcd
-//!   lease, else read).
+//!   transaction it sends (compare the creation of the key and its guard,
+//!   put both, the key with an etcd lease, else read both).
 //! - `etcdlease/renew`: renew of a live lease; limit = one KeepAlive round
 //!   trip on an open stream.
 //! - `etcdlease/renew-vs-keepalive-and-read`: the same renew; limit = a
 //!   KeepAlive round trip, then a linearizable read of the key, which is
 //!   all a renew is made of (the read after the keep-alive proves it).
-//! - `etcdlease/release`: release of a live lease; limit = a bare delete of
-//!   one key.
+//! - `etcdlease/release`: release of a live lease (one transaction that
+//!   deletes the key and its guard if the guard is the lease's); limit = a
+//!   bare delete of one key.
 //! - `etcdlease/renew-1000-sessions`: `renew_many` of 1,000 held sessions;
 //!   limit = 1,000 separate KeepAlive round trips (one per session, as one
 //!   etcd lease per session would need). The target is a ratio of 0.1 or
@@ -82,27 +83,32 @@ fn setup() -> Setup {
     }
 }
 
+/// The shape of an acquire's transaction: the session key and its guard.
 fn take_if_free(key: Vec<u8>, lease: i64) -> TxnRequest {
+    let guard = [key.as_slice(), b"/guard"].concat();
+    let absent = |key: &[u8]| Compare {
+        result: compare_result::EQUAL,
+        target: compare_target::CREATE,
+        key: key.to_vec(),
+        target_union: Some(TargetUnion::CreateRevision(0)),
+    };
+    let put = |key: &[u8], lease| RequestOp {
+        request: Some(Request::Put(PutRequest {
+            key: key.to_vec(),
+            value: b"bench".to_vec(),
+            lease,
+        })),
+    };
+    let read = |key: &[u8]| RequestOp {
+        request: Some(Request::Range(RangeRequest {
+            key: key.to_vec(),
+            ..Default::default()
+        })),
+    };
     TxnRequest {
-        compare: vec![Compare {
-            result: compare_result::EQUAL,
-            target: compare_target::CREATE,
-            key: key.clone(),
-            target_union: Some(TargetUnion::CreateRevision(0)),
-        }],
-        success: vec![RequestOp {
-            request: Some(Request::Put(PutRequest {
-                key: key.clone(),
-                value: b"bench".to_vec(),
-                lease,
-            })),
-        }],
-        failure: vec![RequestOp {
-            request: Some(Request::Range(RangeRequest {
-                key,
-                ..Default::default()
-            })),
-        }],
+        compare: vec![absent(&key), absent(&guard)],
+        success: vec![put(&key, lease), put(&guard, 0)],
+        failure: vec![read(&key), read(&guard)],
     }
 }
 
