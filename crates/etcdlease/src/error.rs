@@ -60,6 +60,15 @@ pub enum EtcdError {
         /// The member's endpoint.
         endpoint: String,
     },
+    /// etcd refused the configured user's name or password.
+    #[error("etcd refused to authenticate user {user:?}: {status}")]
+    Auth {
+        /// The user.
+        user: String,
+        /// What etcd answered.
+        #[source]
+        status: Box<tonic::Status>,
+    },
     /// The session's previous hold lapsed without a release and may still
     /// be counted on by its holder: it may be taken over once this client
     /// has seen it lapsed long enough (see the crate documentation).
@@ -97,6 +106,7 @@ impl EtcdError {
             ),
             EtcdError::Endpoint { .. }
             | EtcdError::Malformed { .. }
+            | EtcdError::Auth { .. }
             | EtcdError::LapsedHold { .. } => false,
         }
     }
@@ -109,12 +119,34 @@ impl EtcdError {
                 && status.message().contains("lease not found"))
     }
 
-    /// The contract's view: a configuration error is bad input, anything
+    /// True when etcd refused the request's auth token as no longer valid
+    /// (lapsed, issued before a restart, or older than the last change of
+    /// users and roles): a new token may succeed.
+    pub(crate) fn is_stale_token(&self) -> bool {
+        matches!(self, EtcdError::Rpc { status, .. }
+            if (status.code() == tonic::Code::Unauthenticated
+                && status.message().contains("invalid auth token"))
+                || status.message().contains("revision in header is old"))
+    }
+
+    /// The contract's view: a configuration error (an unusable endpoint,
+    /// credentials or permissions etcd refuses) is bad input, anything
     /// else a passing fault.
     pub(crate) fn into_lease_error(self, doing: &'static str) -> LeaseError {
-        match self {
-            EtcdError::Endpoint { .. } => LeaseError::invalid(doing).with_source(self),
-            _ => LeaseError::transient(doing).with_source(self),
+        let misconfigured = match &self {
+            EtcdError::Endpoint { .. } | EtcdError::Auth { .. } => true,
+            EtcdError::Rpc { status, .. } => {
+                matches!(
+                    status.code(),
+                    tonic::Code::PermissionDenied | tonic::Code::Unauthenticated
+                ) || status.message().contains("user name is empty")
+            }
+            _ => false,
+        };
+        if misconfigured {
+            LeaseError::invalid(doing).with_source(self)
+        } else {
+            LeaseError::transient(doing).with_source(self)
         }
     }
 }

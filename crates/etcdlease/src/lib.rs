@@ -173,6 +173,8 @@
 //!
 //! # Errors
 //!
+//! Credentials etcd refuses, or a user without permission on the prefix:
+//! [`Invalid`](lease_port::LeaseErrorKind::Invalid), a configuration to fix.
 //! etcd unreachable, a timeout, no leader: [`Transient`](lease_port::LeaseErrorKind::Transient),
 //! keeping an [`EtcdError`] as its source. Every request has its own
 //! timeout ([`request_timeout`](EtcdLeaseBuilder::request_timeout)); after
@@ -194,7 +196,7 @@ use lease_port::{AuthorityId, FencingToken, Lease, LeaseError, OwnerId, SessionI
 
 pub use error::EtcdError;
 pub use keys::MAX_PREFIX_LEN;
-pub use wire::TlsOptions;
+pub use wire::{Credentials, TlsOptions};
 
 use held_keys::HeldKeys;
 use keys::{KeySpace, decode_owner, encode_value};
@@ -238,6 +240,7 @@ pub struct EtcdLeaseBuilder {
     grace: Duration,
     lapsed_hold_wait: Option<Duration>,
     tls: TlsOptions,
+    credentials: Option<Credentials>,
 }
 
 impl EtcdLeaseBuilder {
@@ -257,6 +260,15 @@ impl EtcdLeaseBuilder {
     /// (without it, any TLS setting is an invalid configuration).
     pub fn tls(mut self, tls: TlsOptions) -> Self {
         self.tls = tls;
+        self
+    }
+
+    /// A user of a cluster with authentication enabled. The user needs read
+    /// and write permission on every key under the [prefix](Self::prefix);
+    /// etcd lease calls need no permission. Combine with TLS: etcd sends
+    /// tokens and passwords as plain request metadata.
+    pub fn credentials(mut self, credentials: Credentials) -> Self {
+        self.credentials = Some(credentials);
         self
     }
 
@@ -338,8 +350,11 @@ impl EtcdLeaseBuilder {
                 "EtcdLease must be built within a Tokio runtime",
             ));
         }
-        let client = EtcdClient::with_tls(&self.endpoints, timeout, &self.tls)
+        let mut client = EtcdClient::with_tls(&self.endpoints, timeout, &self.tls)
             .map_err(|e| e.into_lease_error("configure the etcd client"))?;
+        if let Some(credentials) = self.credentials {
+            client = client.with_credentials(credentials);
+        }
         Ok(EtcdLease {
             inner: Arc::new(Inner {
                 shared: SharedLease::new(client.clone(), self.ttl, self.grace),
@@ -404,6 +419,7 @@ impl EtcdLease {
             grace: DEFAULT_GRACE,
             lapsed_hold_wait: None,
             tls: TlsOptions::default(),
+            credentials: None,
         }
     }
 

@@ -208,6 +208,9 @@ pub struct EtcdLeases {
     pub ca: Option<PathBuf>,
     /// PEM client certificate and key, for mutual TLS.
     pub identity: Option<(PathBuf, PathBuf)>,
+    /// A user and the file holding its password, for a cluster with
+    /// authentication enabled.
+    pub user: Option<(String, PathBuf)>,
 }
 
 #[cfg(feature = "etcd")]
@@ -233,6 +236,18 @@ impl EtcdLeases {
                 );
             }
             b = b.tls(tls);
+        }
+        if let Some((user, password_file)) = &self.user {
+            let password = read(password_file, "etcd password file")?;
+            let password = String::from_utf8(password).map_err(|_| {
+                LeaseError::invalid(format!(
+                    "the etcd password file {} is not UTF-8",
+                    password_file.display()
+                ))
+            })?;
+            let password = password.strip_suffix('\n').unwrap_or(&password);
+            let password = password.strip_suffix('\r').unwrap_or(password);
+            b = b.credentials(etcdlease::Credentials::new(user.clone(), password));
         }
         b.build()
     }
@@ -303,6 +318,10 @@ impl LeaseChoice {
                     .session_lease_etcd_cert
                     .clone()
                     .zip(args.session_lease_etcd_key.clone()),
+                user: args
+                    .session_lease_etcd_user
+                    .clone()
+                    .zip(args.session_lease_etcd_password_file.clone()),
             }));
             #[cfg(not(feature = "etcd"))]
             return Err("--session-lease-etcd needs mecated built with the `etcd` feature".into());

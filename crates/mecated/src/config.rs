@@ -205,6 +205,23 @@ pub struct ServeArgs {
     )]
     pub session_lease_etcd_key: Option<PathBuf>,
 
+    /// etcd user, for a cluster with authentication enabled (needs
+    /// --session-lease-etcd-password-file; read-write on the prefix).
+    #[arg(
+        long,
+        env = "MECATED_SESSION_LEASE_ETCD_USER",
+        requires = "session_lease_etcd_password_file"
+    )]
+    pub session_lease_etcd_user: Option<String>,
+
+    /// File holding the password of --session-lease-etcd-user (one line).
+    #[arg(
+        long,
+        env = "MECATED_SESSION_LEASE_ETCD_PASSWORD_FILE",
+        requires = "session_lease_etcd_user"
+    )]
+    pub session_lease_etcd_password_file: Option<PathBuf>,
+
     /// Leases as `coordination.k8s.io/v1` Lease objects in this Kubernetes
     /// namespace: the replicas of one deployment. The service account needs
     /// get, create and update on leases there.

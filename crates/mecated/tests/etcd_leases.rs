@@ -107,3 +107,49 @@ async fn a_store_fenced_by_another_authority_refuses_etcd() {
     };
     scenarios::a_store_fenced_by_another_authority_refuses_it(&backend).await;
 }
+
+/// A cluster with authentication enabled: the user and password file
+/// flags let the server lease; a wrong password stops it at start-up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_with_authentication_is_reached_with_a_user_and_password_file() {
+    let etcd = Etcd::start();
+    let admin = etcdlease::wire::EtcdClient::new(&[etcd.endpoint.as_str()], Duration::from_secs(5))
+        .unwrap();
+    admin.user_add("root", "root-password").await.unwrap();
+    admin.role_add("root").await.unwrap();
+    admin.user_grant_role("root", "root").await.unwrap();
+    admin.user_add("mecated", "right").await.unwrap();
+    admin.role_add("sessions").await.unwrap();
+    admin
+        .role_grant_prefix("sessions", PREFIX.as_bytes())
+        .await
+        .unwrap();
+    admin.user_grant_role("mecated", "sessions").await.unwrap();
+    admin.auth_enable().await.unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let (right, wrong) = (dir.path().join("right"), dir.path().join("wrong"));
+    std::fs::write(&right, "right\n").unwrap();
+    std::fs::write(&wrong, "wrong\n").unwrap();
+    let store = dir.path().join("store");
+    let with = |password: &std::path::Path| -> Vec<std::ffi::OsString> {
+        let mut flags: Vec<std::ffi::OsString> =
+            etcd.flags().iter().map(std::ffi::OsString::from).collect();
+        flags.extend(["--session-lease-etcd-user".into(), "mecated".into()]);
+        flags.extend(["--session-lease-etcd-password-file".into(), password.into()]);
+        flags
+    };
+
+    let refused = with(&wrong);
+    let refused: Vec<&std::ffi::OsStr> = refused.iter().map(|f| f.as_os_str()).collect();
+    let stderr = refused_start(&store, "a", &refused);
+    assert!(stderr.contains("mecated"), "{stderr}");
+    assert!(stderr.contains("authenticate"), "{stderr}");
+
+    let flags = with(&right);
+    let flags: Vec<&str> = flags.iter().map(|f| f.to_str().unwrap()).collect();
+    let server = Mecated::start(&store, "a", &flags);
+    create(&server, "authed").await;
+    let (status, body) = run(&server, "authed", serde_json::json!({"text": "hi"})).await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{body}");
+}

@@ -65,6 +65,15 @@ pub(crate) struct Cli {
     #[arg(long, env = "MECATL_LEASED_ETCD_KEY", requires = "etcd_cert")]
     pub(crate) etcd_key: Option<PathBuf>,
 
+    /// etcd backend: user, for a cluster with authentication enabled
+    /// (needs --etcd-password-file; read-write on the prefix).
+    #[arg(long, env = "MECATL_LEASED_ETCD_USER", requires = "etcd_password_file")]
+    pub(crate) etcd_user: Option<String>,
+
+    /// etcd backend: file holding the password of --etcd-user (one line).
+    #[arg(long, env = "MECATL_LEASED_ETCD_PASSWORD_FILE", requires = "etcd_user")]
+    pub(crate) etcd_password_file: Option<PathBuf>,
+
     /// Redis backend: the key prefix of the leases.
     #[arg(long, env = "MECATL_LEASED_REDIS_PREFIX", default_value = "mecatl:")]
     pub(crate) redis_prefix: String,

@@ -1,5 +1,6 @@
 //! The etcd v3 messages this crate exchanges, declared by hand with their
-//! field numbers from etcd's `rpc.proto`, `kv.proto` and `v3lock.proto`.
+//! field numbers from etcd's `rpc.proto`, `kv.proto`, `auth.proto` and
+//! `v3lock.proto`.
 //!
 //! Declaring them here instead of compiling etcd's `.proto` files keeps the
 //! build free of `protoc` and of a build script. Only the fields this crate
@@ -272,6 +273,88 @@ pub struct UnlockRequest {
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct UnlockResponse {
+    #[prost(message, optional, tag = "1")]
+    pub header: Option<ResponseHeader>,
+}
+
+/// `Auth.Authenticate`: a user's name and password for a token that every
+/// later request carries (metadata `token`).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AuthenticateRequest {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(string, tag = "2")]
+    pub password: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AuthenticateResponse {
+    #[prost(message, optional, tag = "1")]
+    pub header: Option<ResponseHeader>,
+    #[prost(string, tag = "2")]
+    pub token: String,
+}
+
+/// `Auth.UserAdd`, for setting up a cluster with authentication.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AuthUserAddRequest {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(string, tag = "2")]
+    pub password: String,
+}
+
+/// `Auth.RoleAdd`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AuthRoleAddRequest {
+    #[prost(string, tag = "1")]
+    pub name: String,
+}
+
+/// `Auth.UserGrantRole`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AuthUserGrantRoleRequest {
+    #[prost(string, tag = "1")]
+    pub user: String,
+    #[prost(string, tag = "2")]
+    pub role: String,
+}
+
+/// A role's permission on a key range (`authpb.Permission`).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Permission {
+    /// [`permission_type`].
+    #[prost(int32, tag = "1")]
+    pub perm_type: i32,
+    #[prost(bytes = "vec", tag = "2")]
+    pub key: Vec<u8>,
+    #[prost(bytes = "vec", tag = "3")]
+    pub range_end: Vec<u8>,
+}
+
+/// Values of [`Permission::perm_type`].
+pub mod permission_type {
+    pub const READ: i32 = 0;
+    pub const WRITE: i32 = 1;
+    pub const READWRITE: i32 = 2;
+}
+
+/// `Auth.RoleGrantPermission`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AuthRoleGrantPermissionRequest {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(message, optional, tag = "2")]
+    pub perm: Option<Permission>,
+}
+
+/// `Auth.AuthEnable`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AuthEnableRequest {}
+
+/// The answer of every `Auth` administration call used here.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AuthAdminResponse {
     #[prost(message, optional, tag = "1")]
     pub header: Option<ResponseHeader>,
 }

@@ -9,6 +9,7 @@
 //! answer in time makes the next call go to the next member, so a stopped
 //! (SIGSTOP) member costs one timed-out call, not every later one.
 
+mod auth;
 pub mod messages;
 
 use std::sync::Arc;
@@ -21,7 +22,12 @@ use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::EtcdError;
+use auth::Auth;
+pub use auth::Credentials;
 use messages::*;
+
+/// An auth token as request metadata.
+type Token = tonic::metadata::MetadataValue<tonic::metadata::Ascii>;
 
 /// One gRPC method: its path and the name errors use.
 #[derive(Debug, Clone, Copy)]
@@ -54,6 +60,30 @@ const LEASE_KEEP_ALIVE: Method = Method {
     name: "LeaseKeepAlive",
     path: "/etcdserverpb.Lease/LeaseKeepAlive",
 };
+const AUTHENTICATE: Method = Method {
+    name: "Authenticate",
+    path: "/etcdserverpb.Auth/Authenticate",
+};
+const USER_ADD: Method = Method {
+    name: "UserAdd",
+    path: "/etcdserverpb.Auth/UserAdd",
+};
+const ROLE_ADD: Method = Method {
+    name: "RoleAdd",
+    path: "/etcdserverpb.Auth/RoleAdd",
+};
+const USER_GRANT_ROLE: Method = Method {
+    name: "UserGrantRole",
+    path: "/etcdserverpb.Auth/UserGrantRole",
+};
+const ROLE_GRANT_PERMISSION: Method = Method {
+    name: "RoleGrantPermission",
+    path: "/etcdserverpb.Auth/RoleGrantPermission",
+};
+const AUTH_ENABLE: Method = Method {
+    name: "AuthEnable",
+    path: "/etcdserverpb.Auth/AuthEnable",
+};
 const LOCK: Method = Method {
     name: "Lock",
     path: "/v3lockpb.Lock/Lock",
@@ -77,6 +107,7 @@ pub struct EtcdClient {
     members: Arc<[Member]>,
     current: Arc<AtomicUsize>,
     timeout: Duration,
+    auth: Option<Arc<Auth>>,
 }
 
 impl std::fmt::Debug for EtcdClient {
@@ -85,6 +116,7 @@ impl std::fmt::Debug for EtcdClient {
         f.debug_struct("EtcdClient")
             .field("endpoints", &urls)
             .field("timeout", &self.timeout)
+            .field("user", &self.auth.as_ref().map(|a| &a.credentials.user))
             .finish()
     }
 }
@@ -128,7 +160,57 @@ impl EtcdClient {
             members: members.into(),
             current: Arc::new(AtomicUsize::new(0)),
             timeout,
+            auth: None,
         })
+    }
+
+    /// Authenticates as a user of a cluster with authentication enabled:
+    /// every request carries a token bought with `credentials`, bought
+    /// again when etcd refuses it.
+    pub fn with_credentials(mut self, credentials: Credentials) -> Self {
+        self.auth = Some(Arc::new(Auth::new(credentials)));
+        self
+    }
+
+    /// The token requests carry, bought first if there is none; `None`
+    /// without credentials.
+    async fn token(&self) -> Result<Option<Token>, EtcdError> {
+        let Some(auth) = &self.auth else {
+            return Ok(None);
+        };
+        if let Some(token) = auth.token() {
+            return Ok(Some(token));
+        }
+        let _one_at_a_time = auth.authenticating.lock().await;
+        if let Some(token) = auth.token() {
+            return Ok(Some(token));
+        }
+        let request = AuthenticateRequest {
+            name: auth.credentials.user.clone(),
+            password: auth.credentials.password.clone(),
+        };
+        let answer: AuthenticateResponse = self
+            .unary_once(AUTHENTICATE, request, None)
+            .await
+            .map_err(|e| match e {
+                EtcdError::Rpc { status, .. } if status.code() == tonic::Code::InvalidArgument => {
+                    EtcdError::Auth {
+                        user: auth.credentials.user.clone(),
+                        status,
+                    }
+                }
+                other => other,
+            })?;
+        auth.set(&answer.token)?;
+        Ok(auth.token())
+    }
+
+    /// Forgets `used` after etcd refused it, so the next request buys a
+    /// new one.
+    fn refused(&self, used: &Token) {
+        if let Some(auth) = &self.auth {
+            auth.forget(used);
+        }
     }
 
     /// The deadline of every call.
@@ -152,6 +234,32 @@ impl EtcdClient {
 
     async fn unary<Req, Resp>(&self, method: Method, request: Req) -> Result<Resp, EtcdError>
     where
+        Req: prost::Message + Clone + Send + Sync + 'static,
+        Resp: prost::Message + Default + Send + Sync + 'static,
+    {
+        let token = self.token().await?;
+        match self
+            .unary_once(method, request.clone(), token.clone())
+            .await
+        {
+            Err(e) if e.is_stale_token() && token.is_some() => {
+                if let Some(used) = &token {
+                    self.refused(used);
+                }
+                let token = self.token().await?;
+                self.unary_once(method, request, token).await
+            }
+            other => other,
+        }
+    }
+
+    async fn unary_once<Req, Resp>(
+        &self,
+        method: Method,
+        request: Req,
+        token: Option<Token>,
+    ) -> Result<Resp, EtcdError>
+    where
         Req: prost::Message + Send + Sync + 'static,
         Resp: prost::Message + Default + Send + Sync + 'static,
     {
@@ -164,18 +272,18 @@ impl EtcdClient {
                 source: Box::new(e),
             })?;
             let codec = tonic_prost::ProstCodec::<Req, Resp>::default();
-            grpc.unary(
-                tonic::Request::new(request),
-                PathAndQuery::from_static(method.path),
-                codec,
-            )
-            .await
-            .map(tonic::Response::into_inner)
-            .map_err(|status| EtcdError::Rpc {
-                call: method.name,
-                endpoint: member.url.to_string(),
-                status: Box::new(status),
-            })
+            let mut request = tonic::Request::new(request);
+            if let Some(token) = token {
+                request.metadata_mut().insert("token", token);
+            }
+            grpc.unary(request, PathAndQuery::from_static(method.path), codec)
+                .await
+                .map(tonic::Response::into_inner)
+                .map_err(|status| EtcdError::Rpc {
+                    call: method.name,
+                    endpoint: member.url.to_string(),
+                    status: Box::new(status),
+                })
         };
         let result = match tokio::time::timeout(self.timeout, call).await {
             Ok(result) => result,
@@ -234,6 +342,62 @@ impl EtcdClient {
         self.unary(LEASE_REVOKE, LeaseRevokeRequest { id }).await
     }
 
+    /// `Auth.UserAdd`: a user with a password.
+    pub async fn user_add(&self, name: &str, password: &str) -> Result<(), EtcdError> {
+        let request = AuthUserAddRequest {
+            name: name.to_owned(),
+            password: password.to_owned(),
+        };
+        self.unary::<_, AuthAdminResponse>(USER_ADD, request)
+            .await
+            .map(drop)
+    }
+
+    /// `Auth.RoleAdd`.
+    pub async fn role_add(&self, name: &str) -> Result<(), EtcdError> {
+        let request = AuthRoleAddRequest {
+            name: name.to_owned(),
+        };
+        self.unary::<_, AuthAdminResponse>(ROLE_ADD, request)
+            .await
+            .map(drop)
+    }
+
+    /// `Auth.UserGrantRole`.
+    pub async fn user_grant_role(&self, user: &str, role: &str) -> Result<(), EtcdError> {
+        let request = AuthUserGrantRoleRequest {
+            user: user.to_owned(),
+            role: role.to_owned(),
+        };
+        self.unary::<_, AuthAdminResponse>(USER_GRANT_ROLE, request)
+            .await
+            .map(drop)
+    }
+
+    /// `Auth.RoleGrantPermission`: `role` may read and write every key
+    /// starting with `prefix`.
+    pub async fn role_grant_prefix(&self, role: &str, prefix: &[u8]) -> Result<(), EtcdError> {
+        let request = AuthRoleGrantPermissionRequest {
+            name: role.to_owned(),
+            perm: Some(Permission {
+                perm_type: permission_type::READWRITE,
+                key: prefix.to_vec(),
+                range_end: prefix_end(prefix),
+            }),
+        };
+        self.unary::<_, AuthAdminResponse>(ROLE_GRANT_PERMISSION, request)
+            .await
+            .map(drop)
+    }
+
+    /// `Auth.AuthEnable`: from now on every request needs a token. The
+    /// user `root` with the role `root` must exist.
+    pub async fn auth_enable(&self) -> Result<(), EtcdError> {
+        self.unary::<_, AuthAdminResponse>(AUTH_ENABLE, AuthEnableRequest {})
+            .await
+            .map(drop)
+    }
+
     /// `v3lockpb.Lock/Lock`: etcd's own lock; waits until `name` is free.
     pub async fn lock(&self, name: Vec<u8>, lease: i64) -> Result<LockResponse, EtcdError> {
         self.unary(LOCK, LockRequest { name, lease }).await
@@ -251,6 +415,19 @@ impl EtcdClient {
             open: None,
         }
     }
+}
+
+/// The end of the key range of every key starting with `prefix`: the
+/// prefix with its last byte below 0xff raised by one (etcd's convention).
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0] // every key
 }
 
 /// Certificates for `https://` endpoints (feature `tls`), in PEM.
@@ -366,19 +543,36 @@ impl KeepAliveStream {
         let member = open
             .as_ref()
             .map_or_else(|| self.client.pick().0, |o| o.member);
-        let result =
-            match tokio::time::timeout(timeout, exchange(&self.client, open, member, id)).await {
-                Ok(Ok((answer, open))) => {
-                    self.open = Some(open);
-                    Ok(answer)
-                }
-                Ok(Err(e)) => Err(e),
-                Err(_) => Err(EtcdError::Timeout {
-                    call: LEASE_KEEP_ALIVE.name,
-                    endpoint: self.client.members[member].url.to_string(),
-                    after: timeout,
-                }),
+        let client = &self.client;
+        let attempt = async {
+            // A token is checked when a stream opens.
+            let token = match open {
+                Some(_) => None,
+                None => client.token().await?,
             };
+            match exchange(client, open, member, id, token.clone()).await {
+                Err(e) if e.is_stale_token() && token.is_some() => {
+                    if let Some(used) = &token {
+                        client.refused(used);
+                    }
+                    let token = client.token().await?;
+                    exchange(client, None, member, id, token).await
+                }
+                other => other,
+            }
+        };
+        let result = match tokio::time::timeout(timeout, attempt).await {
+            Ok(Ok((answer, open))) => {
+                self.open = Some(open);
+                Ok(answer)
+            }
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(EtcdError::Timeout {
+                call: LEASE_KEEP_ALIVE.name,
+                endpoint: self.client.members[member].url.to_string(),
+                after: timeout,
+            }),
+        };
         if let Err(e) = &result
             && e.is_member_fault()
         {
@@ -395,6 +589,7 @@ async fn exchange(
     open: Option<OpenStream>,
     i: usize,
     id: i64,
+    token: Option<Token>,
 ) -> Result<(LeaseKeepAliveResponse, OpenStream), EtcdError> {
     let request = LeaseKeepAliveRequest { id };
     let member = &client.members[i];
@@ -420,9 +615,13 @@ async fn exchange(
             })?;
             let codec =
                 tonic_prost::ProstCodec::<LeaseKeepAliveRequest, LeaseKeepAliveResponse>::default();
+            let mut call = tonic::Request::new(ReceiverStream::new(rx));
+            if let Some(token) = token {
+                call.metadata_mut().insert("token", token);
+            }
             let answers = grpc
                 .streaming(
-                    tonic::Request::new(ReceiverStream::new(rx)),
+                    call,
                     PathAndQuery::from_static(LEASE_KEEP_ALIVE.path),
                     codec,
                 )

@@ -1,0 +1,109 @@
+//! etcd's user authentication: a name and password exchanged for a token
+//! that every later request carries.
+//!
+//! etcd's tokens lapse: a simple token after `--auth-token-ttl` (300 s) of
+//! disuse and at every restart of the member that issued it, a JWT at its
+//! expiry, and any token once the cluster's users or roles change. A
+//! request refused for its token is sent once more with a new one.
+
+use std::sync::Mutex;
+
+use tonic::metadata::MetadataValue;
+
+use crate::EtcdError;
+
+/// A user name and password for an etcd cluster with authentication
+/// enabled.
+#[derive(Clone)]
+pub struct Credentials {
+    pub(crate) user: String,
+    pub(crate) password: String,
+}
+
+impl Credentials {
+    /// The user `user` with password `password`.
+    pub fn new(user: impl Into<String>, password: impl Into<String>) -> Self {
+        Credentials {
+            user: user.into(),
+            password: password.into(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("user", &self.user)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
+/// The credentials of a client and the token they last bought.
+pub(super) struct Auth {
+    pub(super) credentials: Credentials,
+    token: Mutex<Option<MetadataValue<tonic::metadata::Ascii>>>,
+    /// One authentication at a time: etcd hashes the password with bcrypt
+    /// on every attempt, which is slow on purpose.
+    pub(super) authenticating: tokio::sync::Mutex<()>,
+}
+
+impl Auth {
+    pub(super) fn new(credentials: Credentials) -> Self {
+        Auth {
+            credentials,
+            token: Mutex::new(None),
+            authenticating: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    pub(super) fn token(&self) -> Option<MetadataValue<tonic::metadata::Ascii>> {
+        self.token.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub(super) fn set(&self, token: &str) -> Result<(), EtcdError> {
+        let value = token.parse().map_err(|_| EtcdError::Malformed {
+            call: "Authenticate",
+            detail: "etcd answered a token that is not ASCII".into(),
+        })?;
+        *self.token.lock().unwrap_or_else(|e| e.into_inner()) = Some(value);
+        Ok(())
+    }
+
+    /// Drops `used` when it is still the current token: a request was
+    /// refused for it.
+    pub(super) fn forget(&self, used: &MetadataValue<tonic::metadata::Ascii>) {
+        let mut token = self.token.lock().unwrap_or_else(|e| e.into_inner());
+        if token.as_ref() == Some(used) {
+            *token = None;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_stay_out_of_debug_output() {
+        let shown = format!("{:?}", Credentials::new("app", "s3cret"));
+        assert!(
+            shown.contains("app") && !shown.contains("s3cret"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn a_refused_token_is_forgotten_only_if_still_current() {
+        let auth = Auth::new(Credentials::new("u", "p"));
+        auth.set("one").unwrap();
+        let one = auth.token().unwrap();
+        auth.set("two").unwrap();
+        auth.forget(&one);
+        assert_eq!(auth.token().unwrap(), "two");
+        let two = auth.token().unwrap();
+        auth.forget(&two);
+        assert!(auth.token().is_none());
+        assert!(auth.set("not ascii: é").is_err());
+    }
+}
