@@ -78,20 +78,49 @@ async fn the_page_shows_who_holds_a_running_session() {
     let m = Mecated::start(
         dir.path(),
         "page-holder",
-        &["--echo-delay", "30s", "--echo-steps", "30"],
+        &["--echo-delay", "60s", "--echo-steps", "60"],
     );
     create(&m, "busy").await;
+    create(&m, "idle").await;
     let pending = run_in_background(&m, "busy", json!("long"));
     wait_for_event(&m, "busy", is_run_started_by("page-holder")).await;
 
-    let dom = rendered(&m.url("/#session=busy"));
+    // Showing the idle session, the page does not wait for the busy
+    // one's run to end before it is dumped.
+    let dom = rendered(&m.url("/#session=idle"));
     assert!(
         dom.contains(r#"<td>busy</td><td class="held">held</td><td>page-holder</td><td>1</td>"#),
         "the holder and token are not shown: {dom}"
     );
     assert!(
-        dom.contains(r#""type":"run_started""#),
-        "no live events: {dom}"
+        dom.contains(r#"<td>idle</td><td>free</td>"#),
+        "the idle session is not free: {dom}"
     );
     pending.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_shows_events_appended_while_it_is_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = Mecated::start(
+        dir.path(),
+        "page-live",
+        &["--echo-delay", "3s", "--echo-steps", "3"],
+    );
+    create(&m, "live").await;
+    let pending = run_in_background(&m, "live", json!("appended later"));
+    wait_for_event(&m, "live", is_run_started_by("page-live")).await;
+    let url = m.url("/#session=live");
+    // The page opens mid-run; Chromium's clock does not run while the
+    // page's event stream is open, so the dump comes after the run's last
+    // events reached the page through it.
+    let dom = tokio::task::spawn_blocking(move || rendered(&url))
+        .await
+        .unwrap();
+    assert!(
+        dom.contains("appended later") && dom.contains(r#""type":"run_ended""#),
+        "the events appended while the page was open are not shown: {dom}"
+    );
+    let done = pending.await.unwrap().unwrap();
+    assert_eq!(done["status"], "completed", "{done}");
 }
