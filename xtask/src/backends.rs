@@ -49,7 +49,10 @@ pub(crate) const BACKENDS: &[Backend] = &[
 pub(crate) const OTHER_SERVICE_USERS: &[(&str, &[Service])] = &[
     ("test-services", &[Service::Redis, Service::Etcd]),
     ("mecatl-leased", &[Service::Etcd]),
-    ("mecated", &[Service::Etcd, Service::Redis]),
+    (
+        "mecated",
+        &[Service::Etcd, Service::Redis, Service::Chromium],
+    ),
 ];
 
 pub(crate) fn find(name: &str) -> Option<&'static Backend> {

@@ -17,6 +17,9 @@ pub(crate) enum Service {
     Redis,
     /// `etcd`, from Debian's `etcd-server` package.
     Etcd,
+    /// Headless `chromium`, from Debian's `chromium` package: the browser
+    /// mecated's operator page is tested in.
+    Chromium,
 }
 
 /// Where a service's binary comes from. A service built from the workspace
@@ -36,6 +39,7 @@ impl Service {
         match self {
             Service::Redis => "redis",
             Service::Etcd => "etcd",
+            Service::Chromium => "chromium",
         }
     }
 
@@ -48,6 +52,10 @@ impl Service {
             Service::Etcd => Provision::Debian {
                 binary: "etcd",
                 package: "etcd-server",
+            },
+            Service::Chromium => Provision::Debian {
+                binary: "chromium",
+                package: "chromium",
             },
         }
     }

@@ -371,6 +371,8 @@ impl LeaseChoice {
 pub(crate) struct Opened {
     pub(crate) store: Arc<dyn SessionStore>,
     pub(crate) leases: Arc<dyn SessionLease>,
+    /// The directory of file leases, whose records tell who holds what.
+    pub(crate) lease_dir: Option<PathBuf>,
     pub(crate) exclusivity: Exclusivity,
     /// Locks held for the server's life: the store's single-process lock
     /// (exclusive when unleased, shared when leased) and the owner lock
@@ -442,6 +444,7 @@ pub(crate) async fn open(
         return Ok(Opened {
             store,
             leases: own,
+            lease_dir: None,
             exclusivity: Exclusivity::Leased,
             process_locks,
         });
@@ -546,9 +549,14 @@ pub(crate) async fn open(
             (Arc::new(Unleased), proof)
         }
     };
+    let lease_dir = match lease {
+        LeaseChoice::Dir(dir) => Some(dir.clone()),
+        _ => None,
+    };
     Ok(Opened {
         store,
         leases,
+        lease_dir,
         exclusivity,
         process_locks,
     })

@@ -30,6 +30,15 @@ use crate::agent::{Agent, AgentError, EventSink, SinkError, Turn};
 use crate::error::error_chain;
 use crate::metrics::{Metrics, RunOutcome};
 
+mod follow;
+mod lease_wait;
+mod remote_cancel;
+mod replicas;
+
+pub use follow::{FOLLOW_QUIET_CHECK, FollowEnd, FollowItem, RUN_ENDED};
+pub use lease_wait::{MAX_RUN_WAIT, RUN_WAIT_RETRY};
+pub use remote_cancel::{CANCEL_POLL_INTERVAL, CancelOutcome};
+
 /// Events read per page when loading a transcript.
 const TRANSCRIPT_PAGE: usize = 1000;
 
@@ -77,6 +86,9 @@ struct EngineInner {
     /// from another writer, so a second incarnation under one owner id can
     /// never write beside the first under one token.
     writer: OwnerId,
+    /// Runs of this process by token, and the lease view for runs
+    /// elsewhere.
+    replicas: replicas::Replicas,
 }
 
 /// `owner#<random>`: the owner id extended by an id of this incarnation.
@@ -232,6 +244,7 @@ impl Engine {
                 leased: exclusivity == Exclusivity::Leased,
                 single_process: exclusivity == Exclusivity::ProvenSingleProcess,
                 writer,
+                replicas: replicas::Replicas::default(),
             }),
         }
     }
@@ -444,6 +457,8 @@ impl Engine {
         metrics.run_started();
         let cancel = CancellationToken::new();
         self.runs().insert(session.clone(), cancel.clone());
+        let watch = token.map(|t| self.watch_cancel_requests(&session, t, &cancel));
+        self.register_local_run(&session, token, watch);
         let (tx, events) = mpsc::channel(STREAM_BUFFER);
         let (end_tx, end) = oneshot::channel();
         let (transcript, lagged) = match self.transcript(&session).await {
@@ -550,9 +565,11 @@ impl Engine {
                 info!(status = status.name(), "run ended");
             }
         }
+        self.record_run_end(&guard, &session, &status).await;
         // The keeper's per-session lock is still ours (the guard lives), so
         // the entry cannot belong to another run yet.
         self.runs().remove(&session);
+        self.unregister_local_run(&session);
         // Release before telling the client the run ended, so its next run
         // finds the session free. The keeper first waits (bounded) for the
         // run's writes still in flight — an agent dropped mid-write leaves

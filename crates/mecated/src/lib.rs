@@ -41,6 +41,8 @@
 //!   mapping of engine errors to statuses and codes.
 //! - [`openapi`]: the API description, derived from [`http`] and [`wire`].
 //! - [`config`]: flags, environment variables, and how they combine.
+//! - [`lease_view`]: who holds a session's lease now, read without taking
+//!   part (for `Retry-After`, runs on other replicas, the operator page).
 //! - [`backend`]: the one place flags become a store and a lease backend
 //!   (and the single-process proof of unleased deployments).
 //! - [`server`]: start-up and graceful shutdown.
@@ -52,6 +54,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod http;
+pub mod lease_view;
 pub mod metrics;
 pub mod openapi;
 pub mod server;

@@ -9,7 +9,7 @@ use utoipa::openapi::Required;
 use utoipa::{Modify, OpenApi};
 
 use crate::http;
-use crate::wire::{ErrorCode, Event, RunEnd, RunStatus, SessionIdText};
+use crate::wire::{ErrorCode, Event, FollowEnd, RunEnd, RunStatus, SessionIdText};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -27,17 +27,19 @@ use crate::wire::{ErrorCode, Event, RunEnd, RunStatus, SessionIdText};
         http::get_session,
         http::delete_session,
         http::read_events,
+        http::get_lease,
         http::start_run,
         http::cancel_run,
         http::healthz,
         http::readyz,
         http::metrics,
         http::openapi,
+        http::operator_page::page,
     ),
     // Named here because no JSON body refers to them: `Event` and `RunEnd`
     // are the data of the Server-Sent Events.
     modifiers(&CreateBodyOptional),
-    components(schemas(Event, RunEnd, RunStatus, ErrorCode, SessionIdText)),
+    components(schemas(Event, RunEnd, RunStatus, ErrorCode, SessionIdText, FollowEnd)),
     tags(
         (name = "sessions", description = "Sessions and their event logs"),
         (name = "runs", description = "Leased runs of a session's agent"),
@@ -116,6 +118,7 @@ mod tests {
         assert_eq!(
             listed,
             [
+                "/",
                 "/healthz",
                 "/metrics",
                 "/openapi.json",
@@ -123,6 +126,7 @@ mod tests {
                 "/v1/sessions",
                 "/v1/sessions/{id}",
                 "/v1/sessions/{id}/events",
+                "/v1/sessions/{id}/lease",
                 "/v1/sessions/{id}/runs",
                 "/v1/sessions/{id}/runs/current",
             ]

@@ -14,6 +14,7 @@ use tracing::info;
 use crate::agent::{Agent, EchoAgent};
 use crate::backend::{self, LeaseChoice, Opened, StoreChoice};
 use crate::engine::Engine;
+use crate::lease_view::LeaseView;
 use crate::metrics::Metrics;
 
 /// Everything the server needs, independent of how it was given.
@@ -212,6 +213,7 @@ impl Server {
         let Opened {
             store,
             leases,
+            lease_dir,
             exclusivity,
             process_locks,
         } = backend::open(
@@ -225,6 +227,7 @@ impl Server {
         let metrics = Arc::new(Metrics::default());
         // Runs finish within the first half of the shutdown budget (they are
         // cancelled at once); releases get the second half.
+        let view = LeaseView::new(leases.clone(), lease_dir);
         let keeper = LeaseKeeper::builder(leases, config.owner.clone(), config.lease_ttl)
             .allow_unleased(exclusivity.may_run_unleased())
             .metrics(metrics.clone())
@@ -232,6 +235,7 @@ impl Server {
             .build()
             .map_err(StartError::Keeper)?;
         let app = Engine::new(store, keeper, config.agent.clone(), metrics, exclusivity);
+        app.set_lease_view(view);
 
         let listener =
             TcpListener::bind(config.listen)

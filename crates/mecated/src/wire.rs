@@ -366,3 +366,122 @@ pub struct ErrorDetail {
     /// retryable also carries `Retry-After`.
     pub retryable: bool,
 }
+
+/// `POST /v1/sessions/{id}/runs` query: how long to wait for a session
+/// leased elsewhere. Unknown parameters are refused with 400 `invalid`.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct RunQuery {
+    /// Wait up to this long (`250ms`, `5s`, `1m`; at most 60 s) for another
+    /// process to release the session, and start the run the moment it
+    /// does, instead of answering 409 `session_leased_elsewhere` at once.
+    #[param(value_type = String, example = "5s")]
+    pub wait: Option<String>,
+}
+
+/// `GET /v1/sessions/{id}/events` with `Accept: text/event-stream`: the
+/// data of the last Server-Sent Event of a follow, `event: end`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FollowEnd {
+    /// What went wrong; present for `failed` only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub error: Option<String>,
+    /// `run_ended` (the followed run recorded its end, the event just
+    /// sent), `no_live_run` (no run was live: every stored event was sent),
+    /// `run_gone` (the run stopped without recording its end: its lease
+    /// lapsed or a later run took over) or `failed`.
+    pub reason: String,
+}
+
+impl From<&engine::FollowEnd> for FollowEnd {
+    fn from(end: &engine::FollowEnd) -> Self {
+        Self {
+            error: match end {
+                engine::FollowEnd::Failed(e) => Some(e.clone()),
+                _ => None,
+            },
+            reason: end.name().to_owned(),
+        }
+    }
+}
+
+/// `DELETE /v1/sessions/{id}/runs/current`: what the cancel found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CancelResult {
+    /// Whether the run was in the process that answered (cancelled at
+    /// once) rather than on another replica (asked through the store; it
+    /// stops within about a second).
+    pub here: bool,
+    /// Whether a run was live; null when the lease backend cannot tell
+    /// (the session's latest run was asked to stop anyway).
+    #[schema(required = true)]
+    pub live: Option<bool>,
+    /// The lease token of the run asked to stop: a later run (a greater
+    /// token) is never stopped by this request.
+    #[schema(required = true)]
+    pub token: Option<u64>,
+}
+
+impl From<&engine::CancelOutcome> for CancelResult {
+    fn from(c: &engine::CancelOutcome) -> Self {
+        Self {
+            here: c.here,
+            live: c.live,
+            token: c.token,
+        }
+    }
+}
+
+/// `GET /v1/sessions/{id}/lease`: the session's lease as its backend
+/// reports it now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseStatus {
+    /// When the hold lapses unless renewed, in milliseconds since the Unix
+    /// epoch; null unless `held`.
+    #[schema(required = true)]
+    pub expires_ms: Option<u64>,
+    /// The holding process's owner id; null unless `held`.
+    #[schema(required = true)]
+    pub holder: Option<String>,
+    /// `held`, `free` (free, released or expired) or `unknown` (the
+    /// backend does not report holders, or the server runs unleased).
+    pub state: String,
+    /// The holder's fencing token; null unless `held`.
+    #[schema(required = true)]
+    pub token: Option<u64>,
+}
+
+impl From<&crate::lease_view::HolderState> for LeaseStatus {
+    fn from(s: &crate::lease_view::HolderState) -> Self {
+        use crate::lease_view::HolderState;
+        match s {
+            HolderState::Held(h) => Self {
+                expires_ms: Some(
+                    h.expiry
+                        .duration_since(UNIX_EPOCH)
+                        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+                ),
+                holder: Some(h.owner.as_str().to_owned()),
+                state: "held".into(),
+                token: Some(h.token.get()),
+            },
+            HolderState::Free => Self {
+                expires_ms: None,
+                holder: None,
+                state: "free".into(),
+                token: None,
+            },
+            HolderState::Unknown => Self {
+                expires_ms: None,
+                holder: None,
+                state: "unknown".into(),
+                token: None,
+            },
+        }
+    }
+}

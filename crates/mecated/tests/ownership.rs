@@ -416,7 +416,11 @@ async fn a_client_reset_during_the_claim_does_not_half_start_the_run() {
     let types: Vec<&Value> = events.iter().map(|(_, e)| &e["type"]).collect();
     assert_eq!(
         types,
-        [&json!("run_started"), &json!("message")],
+        [
+            &json!("run_started"),
+            &json!("message"),
+            &json!("run_ended")
+        ],
         "{events:?}"
     );
     // And the run gave the session back.

@@ -45,7 +45,11 @@ async fn second_process_gets_409_while_other_sessions_run_in_parallel() {
     let done = long.await.unwrap().unwrap();
     assert_eq!(done["status"], "completed", "{done}");
     let log = events(&a, "chat-1").await;
-    assert_eq!(log.last().unwrap()["payload"]["content"], "slow");
+    let [.., message, end] = &log[..] else {
+        panic!("{log:?}")
+    };
+    assert_eq!(message["payload"]["content"], "slow");
+    assert_eq!(end["payload"]["type"], "run_ended");
     assert!(
         log.iter().all(|e| e["payload"]["content"] != "me too"),
         "B wrote to A's session"
@@ -136,7 +140,11 @@ async fn sigkill_mid_run_is_taken_over_after_the_ttl_with_a_higher_token() {
         seqs.windows(2).all(|w| w[1] == w[0] + 1),
         "gaps in {seqs:?}"
     );
-    assert_eq!(log.last().unwrap()["payload"]["content"], "after the crash");
+    let [.., message, end] = &log[..] else {
+        panic!("{log:?}")
+    };
+    assert_eq!(message["payload"]["content"], "after the crash");
+    assert_eq!(end["payload"]["status"], "completed");
     assert!(log.iter().any(|e| e["payload"]["type"] == "progress"));
 }
 
@@ -441,8 +449,8 @@ async fn delete_needs_the_lease_or_the_single_process_proof() {
     );
     assert_eq!(
         events(&second, "u1").await.len(),
-        2,
-        "reads still work on the second"
+        3,
+        "reads still work on the second (start, message, end)"
     );
 }
 
@@ -533,8 +541,8 @@ done
     }
     assert_eq!(
         events(&a, "flood").await.len(),
-        5001,
-        "every event is in the log"
+        5002,
+        "every event is in the log (and the run's end)"
     );
     // The stalled client, reading at last, learns it fell behind.
     let text = stalled.text().await.unwrap();

@@ -650,6 +650,19 @@ async fn operations_routes_answer(seen: &Seen) {
             .unwrap()
             .contains("mecated_runs_total")
     );
+    let r = api.get("/").await;
+    assert_eq!(r.status, 200);
+    assert!(String::from_utf8_lossy(&r.body).contains("<title>mecated</title>"));
+    assert_eq!(api.get("/v1/sessions/any/lease").await.status, 200);
+    assert_eq!(api.get("/v1/sessions/a%0Ab/lease").await.status, 400);
+    // Cancel: a missing session, then one without a live run.
+    assert_eq!(
+        api.delete("/v1/sessions/none/runs/current").await.status,
+        404
+    );
+    api.create("quiet").await;
+    let r = api.delete("/v1/sessions/quiet/runs/current").await;
+    assert_eq!((r.status, &r.json()["live"]), (200, &json!(false)));
     let r = api.get("/openapi.json").await;
     assert_eq!(r.status, 200);
     assert_eq!(
@@ -817,16 +830,24 @@ async fn streamed_events_are_the_paged_events(seen: &Seen) {
             None => break,
         }
     }
-    assert_eq!(live, paged);
+    // The log also holds the run's end, recorded after the agent's last
+    // event; the run's own stream ends with its `end` instead.
+    let (run_end, recorded) = paged.split_last().unwrap();
+    assert_eq!(run_end["payload"]["type"], "run_ended");
+    assert_eq!(live, recorded);
     assert!(live.iter().all(|e| e["time_ms"].as_u64().unwrap() > 0));
 
     // Waiting for the result gives the same events for that run.
     let r = api.run("s").await;
     assert_eq!(r.status, 200);
     let result: RunResult = serde_json::from_slice(&r.body).unwrap();
+    // After the first run's five events and its end; this run's own end
+    // follows the events its result holds.
     let all: EventPage =
-        serde_json::from_slice(&api.get("/v1/sessions/s/events?after=5").await.body).unwrap();
-    assert_eq!(result.events, all.events);
+        serde_json::from_slice(&api.get("/v1/sessions/s/events?after=6").await.body).unwrap();
+    let (end, run_events) = all.events.split_last().unwrap();
+    assert_eq!(end.payload["type"], "run_ended");
+    assert_eq!(result.events, run_events);
 }
 
 async fn conflicts_are_409_with_their_codes(seen: &Seen) {
@@ -863,10 +884,10 @@ async fn conflicts_are_409_with_their_codes(seen: &Seen) {
         (409, "session_leased_elsewhere")
     );
 
-    // Cancel: only where the run is.
-    let r = b.delete("/v1/sessions/held/runs/current").await;
-    assert_eq!((r.status, r.error_code().as_str()), (404, "not_found"));
-    assert_eq!(a.delete("/v1/sessions/held/runs/current").await.status, 202);
+    // Cancel where the run is: at once.
+    let r = a.delete("/v1/sessions/held/runs/current").await;
+    assert_eq!(r.status, 202);
+    assert_eq!(r.json()["here"], true);
     let result: RunResult = serde_json::from_slice(&pending.await.unwrap().body).unwrap();
     assert_eq!(serde_json::to_value(result.status).unwrap(), "cancelled");
     gate.open.cancel();
@@ -949,6 +970,7 @@ async fn unavailable_is_503_with_retry_after_when_retryable(seen: &Seen) {
         api.get("/v1/sessions/s/events").await,
         api.run("s").await,
         api.delete("/v1/sessions/s").await,
+        api.delete("/v1/sessions/s/runs/current").await,
     ];
     for r in busy {
         assert_eq!((r.status, r.error_code().as_str()), (503, "store_busy"));
@@ -996,6 +1018,7 @@ async fn faults_are_500_internal(seen: &Seen) {
         api.get("/v1/sessions/s/events").await,
         api.run("s").await,
         api.delete("/v1/sessions/s").await,
+        api.delete("/v1/sessions/s/runs/current").await,
     ];
     for r in failed {
         assert_eq!((r.status, r.error_code().as_str()), (500, "internal"));

@@ -69,6 +69,13 @@ impl Keys {
         self.session(session, "events")
     }
 
+    /// The run tokens a cancel was requested for: a sorted set scored by
+    /// token, so its greatest member is the request that counts and
+    /// adding one is atomic and idempotent.
+    pub(crate) fn cancel_requests(&self, session: &SessionId) -> String {
+        self.session(session, "cancel")
+    }
+
     /// Every existing session id, in a sorted set with equal scores (so in
     /// byte order).
     pub(crate) fn sessions(&self) -> String {

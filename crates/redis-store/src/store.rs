@@ -604,6 +604,45 @@ impl SessionStore for RedisStore {
             .clone()
             .map(|l| Arc::new(l) as Arc<dyn SessionLease>)
     }
+
+    async fn request_cancel(
+        &self,
+        session: &SessionId,
+        run: FencingToken,
+    ) -> Result<(), StoreError> {
+        // Only sessions that exist take requests.
+        self.read(session, 1, 1).await?;
+        let key = self.inner.conn.keys().cancel_requests(session);
+        self.inner
+            .conn
+            .command(redis::cmd("ZADD").arg(&key).arg(run.get()).arg(run.get()))
+            .await
+            .map_err(self.io("recording a cancel request"))?;
+        Ok(())
+    }
+
+    async fn cancel_request(
+        &self,
+        session: &SessionId,
+    ) -> Result<Option<FencingToken>, StoreError> {
+        let key = self.inner.conn.keys().cancel_requests(session);
+        let reply = self
+            .inner
+            .conn
+            .command(redis::cmd("ZRANGE").arg(&key).arg(-1).arg(-1))
+            .await
+            .map_err(self.io("reading cancel requests"))?;
+        let Value::Array(members) = reply else {
+            return Err(self.corrupt(&key, format!("cancel requests: unexpected reply {reply:?}")));
+        };
+        match members.first() {
+            None => Ok(None),
+            Some(member) => text(member)
+                .and_then(|t| t.parse::<u64>().ok())
+                .map(|t| Some(FencingToken::new(t)))
+                .ok_or_else(|| self.corrupt(&key, format!("not a token: {member:?}"))),
+        }
+    }
 }
 
 /// One stream entry: `[id, [field, value, …]]` → sequence number, token,

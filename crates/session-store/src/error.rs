@@ -36,6 +36,9 @@ pub enum StoreErrorKind {
     /// ([`SessionStore::bind_authority`](crate::SessionStore::bind_authority)):
     /// the offered backend's tokens mean nothing to it.
     AuthorityMismatch,
+    /// The store does not offer the operation (a trait method it left to
+    /// its default, such as [`request_cancel`](crate::SessionStore::request_cancel)).
+    Unsupported,
 }
 
 /// The error of every [`SessionStore`](crate::SessionStore) operation.
@@ -134,6 +137,12 @@ pub enum StoreError {
         /// The authority offered.
         offered: AuthorityId,
     },
+    /// The store does not offer the operation.
+    #[error("this store does not support {what}")]
+    Unsupported {
+        /// The operation.
+        what: &'static str,
+    },
 }
 
 impl StoreError {
@@ -162,6 +171,7 @@ impl StoreError {
             StoreError::Io { .. } => StoreErrorKind::Io,
             StoreError::Busy { .. } => StoreErrorKind::Busy,
             StoreError::AuthorityMismatch { .. } => StoreErrorKind::AuthorityMismatch,
+            StoreError::Unsupported { .. } => StoreErrorKind::Unsupported,
         }
     }
 

@@ -238,8 +238,11 @@ mod model;
 
 pub use error::{StoreError, StoreErrorKind};
 pub use jsonl::{
-    AUTHORITY_FILE_NAME, DEFAULT_LEASE_DIR_NAME, DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_EVENT_BYTES,
-    DEFAULT_MAX_OPEN, DEFAULT_MAX_PAGE_BYTES, FILE_SUFFIX, FsyncPolicy, GRAVEYARD_FILE_NAME,
-    JsonlOptions, JsonlStore, ReclaimReport,
+    AUTHORITY_FILE_NAME, CANCEL_DIR_NAME, DEFAULT_LEASE_DIR_NAME, DEFAULT_LOCK_TIMEOUT,
+    DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_OPEN, DEFAULT_MAX_PAGE_BYTES, FILE_SUFFIX, FsyncPolicy,
+    GRAVEYARD_FILE_NAME, JsonlOptions, JsonlStore, ReclaimReport,
 };
-pub use model::{AppendReceipt, Fence, Page, SessionStore, StoredEvent, WriteFence};
+pub use model::{
+    APPEND_POLL_INTERVAL, AppendReceipt, Fence, Page, SessionStore, StoredEvent, WriteFence,
+    poll_for_append,
+};

@@ -1,7 +1,7 @@
 //! The store trait and the values it speaks in.
 
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use lease_port::{AuthorityId, FencingToken, Lease, OwnerId, SessionId, SessionLease};
@@ -195,4 +195,95 @@ pub trait SessionStore: Send + Sync {
     fn session_lease(&self) -> Option<Arc<dyn SessionLease>> {
         None
     }
+
+    /// Waits until `session` holds an event with `seq > after_seq`, for at
+    /// most `timeout`: `true` once it does (possibly at once), `false` when
+    /// the time ran out first. Appends by any process count.
+    ///
+    /// `NotFound` when the session does not exist. Dropping the future
+    /// frees everything it holds (a client that disconnects costs
+    /// nothing afterwards).
+    ///
+    /// The default reads the session every [`APPEND_POLL_INTERVAL`]
+    /// ([`poll_for_append`]); a store that can be told of appends (a file
+    /// watch, a blocking stream read) overrides it to answer as soon as one
+    /// lands.
+    async fn wait_for_append(
+        &self,
+        session: &SessionId,
+        after_seq: u64,
+        timeout: Duration,
+    ) -> Result<bool, StoreError> {
+        poll_for_append(self, session, after_seq, timeout).await
+    }
+
+    /// Records that the run holding `session` under lease token `run`
+    /// should stop. Any process may call it; the process running the run
+    /// watches [`cancel_request`](Self::cancel_request) and cancels.
+    ///
+    /// Idempotent, and only ever raises the recorded token: a request for
+    /// an earlier run never replaces one for a later run, and a request
+    /// names the run it targets, so a later run (a takeover, whose token
+    /// is greater) is never stopped by it. `Unsupported` by default.
+    async fn request_cancel(
+        &self,
+        session: &SessionId,
+        run: FencingToken,
+    ) -> Result<(), StoreError> {
+        let _ = (session, run);
+        Err(StoreError::Unsupported {
+            what: "cancel requests",
+        })
+    }
+
+    /// The highest run token a cancel was requested for in `session`
+    /// ([`request_cancel`](Self::request_cancel)), `None` when none was.
+    /// A run holding token `t` should stop once this is `Some(r)` with
+    /// `r >= t`. `Unsupported` by default.
+    async fn cancel_request(
+        &self,
+        session: &SessionId,
+    ) -> Result<Option<FencingToken>, StoreError> {
+        let _ = session;
+        Err(StoreError::Unsupported {
+            what: "cancel requests",
+        })
+    }
+}
+
+/// How often the default [`SessionStore::wait_for_append`] reads the
+/// session: a bound on the delay it adds, and on its cost (one small read
+/// per interval per waiter).
+pub const APPEND_POLL_INTERVAL: Duration = Duration::from_millis(100);
+
+/// [`SessionStore::wait_for_append`] by reading `session` every
+/// [`APPEND_POLL_INTERVAL`] until an event after `after_seq` exists or
+/// `timeout` passes. For stores without a way to be told of appends.
+pub async fn poll_for_append<S: SessionStore + ?Sized>(
+    store: &S,
+    session: &SessionId,
+    after_seq: u64,
+    timeout: Duration,
+) -> Result<bool, StoreError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if has_event_after(store, session, after_seq).await? {
+            return Ok(true);
+        }
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return Ok(false);
+        }
+        tokio::time::sleep_until(deadline.min(now + APPEND_POLL_INTERVAL)).await;
+    }
+}
+
+/// Whether `session` holds an event with `seq > after_seq`.
+pub(crate) async fn has_event_after<S: SessionStore + ?Sized>(
+    store: &S,
+    session: &SessionId,
+    after_seq: u64,
+) -> Result<bool, StoreError> {
+    let page = store.read(session, after_seq.saturating_add(1), 1).await?;
+    Ok(!page.events.is_empty())
 }

@@ -22,6 +22,9 @@ pub struct ApiError {
     pub message: String,
     /// The live lease holder, for `session_leased_elsewhere`.
     pub holder: Option<String>,
+    /// Seconds to wait before retrying (`Retry-After`), when known better
+    /// than the default of 1 for retryable errors.
+    pub retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -33,6 +36,7 @@ impl ApiError {
             code,
             message: message.into(),
             holder: None,
+            retry_after: None,
         }
     }
 
@@ -88,7 +92,11 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = self.body();
         let mut response = (self.status, Json(body)).into_response();
-        if self.status == StatusCode::SERVICE_UNAVAILABLE && self.code.retryable() {
+        if let Some(secs) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        } else if self.status == StatusCode::SERVICE_UNAVAILABLE && self.code.retryable() {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));

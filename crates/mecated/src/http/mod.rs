@@ -3,6 +3,7 @@
 //! ([`crate::openapi`]), served at `/openapi.json`.
 
 mod error;
+pub(crate) mod operator_page;
 
 use std::convert::Infallible;
 use std::hash::{BuildHasher, RandomState};
@@ -20,10 +21,13 @@ use axum::{Json, Router};
 use lease_port::SessionId;
 
 pub use self::error::ApiError;
-use crate::engine::{Engine, RunEnd as EngineRunEnd, StartedRun};
+use crate::engine::{
+    Engine, EngineError, FollowItem, MAX_RUN_WAIT, RunEnd as EngineRunEnd, StartedRun,
+};
 use crate::wire::{
-    CreateSession, CreatedSession, DEFAULT_PAGE, ErrorBody, Event, EventPage, MAX_PAGE, PageQuery,
-    RunEnd, RunRequest, RunResult, SessionIdText, SessionInfo, SessionList, SessionRef,
+    CancelResult, CreateSession, CreatedSession, DEFAULT_PAGE, ErrorBody, ErrorCode, Event,
+    EventPage, FollowEnd, LeaseStatus, MAX_PAGE, PageQuery, RunEnd, RunQuery, RunRequest,
+    RunResult, SessionIdText, SessionInfo, SessionList, SessionRef,
 };
 
 /// The router of the whole API.
@@ -32,8 +36,10 @@ pub fn router(engine: Engine, max_body_bytes: usize) -> Router {
         .route("/v1/sessions", post(create_session).get(list_sessions))
         .route("/v1/sessions/{id}", get(get_session).delete(delete_session))
         .route("/v1/sessions/{id}/events", get(read_events))
+        .route("/v1/sessions/{id}/lease", get(get_lease))
         .route("/v1/sessions/{id}/runs", post(start_run))
         .route("/v1/sessions/{id}/runs/current", delete(cancel_run))
+        .route("/", get(operator_page::page))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -224,11 +230,24 @@ pub(crate) async fn delete_session(
     path = "/v1/sessions/{id}/events",
     operation_id = "readEvents",
     tag = "sessions",
-    summary = "Read a session's events, paged",
-    params(("id" = SessionIdText, Path, description = "The session's id, percent-encoded"), PageQuery),
+    summary = "Read a session's events, paged, or follow them live",
+    description = "A page of events after `after`. With `Accept: text/event-stream` the call follows the \
+                   session instead, from any replica: the stored events after the position (`Last-Event-ID`, \
+                   else `after`, else the start), then each new one as any process appends it, as \
+                   `event: event` whose `id:` is the event's `seq` and whose data is an `Event`, ending with \
+                   one `event: end` (data: `FollowEnd`, no id) when the run that was live ends (its \
+                   `run_ended` event), at once when no run is live. A client whose stream broke resumes on \
+                   any replica with `Last-Event-ID`, and misses nothing and repeats nothing. Idle streams \
+                   carry keep-alive comments.",
+    params(
+        ("id" = SessionIdText, Path, description = "The session's id, percent-encoded"),
+        ("Last-Event-ID" = Option<u64>, Header, description = "Follow: resume after this `seq` (wins over `after`)"),
+        PageQuery
+    ),
     responses(
-        (status = 200, description = "A page of events", body = EventPage),
-        (status = 400, description = "`invalid`: an id breaking the id rules, a bad or unknown query parameter, or `limit` outside 1..=1000", body = ErrorBody),
+        (status = 200, description = "A page of events, or the followed events",
+            content((EventPage = "application/json"), (String = "text/event-stream"))),
+        (status = 400, description = "`invalid`: an id breaking the id rules, a bad or unknown query parameter, `limit` outside 1..=1000, or a `Last-Event-ID` that is not a sequence number", body = ErrorBody),
         (status = 404, description = "`not_found`: no such session", body = ErrorBody),
         (status = 500, description = "`internal`: a storage fault", body = ErrorBody),
         (status = 503, description = "`store_busy`: another process holds the session's file; retry (`Retry-After`)", body = ErrorBody),
@@ -237,12 +256,27 @@ pub(crate) async fn delete_session(
 pub(crate) async fn read_events(
     State(engine): State<Engine>,
     Id(id): Id,
+    headers: HeaderMap,
     query: Result<Query<PageQuery>, QueryRejection>,
-) -> Result<Json<EventPage>, ApiError> {
+) -> Result<Response, ApiError> {
     let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
     let limit = q.limit.unwrap_or(DEFAULT_PAGE);
     if !(1..=MAX_PAGE).contains(&limit) {
         return Err(ApiError::invalid(format!("limit must be 1..={MAX_PAGE}")));
+    }
+    if wants_stream(&headers) {
+        let after = match headers.get("last-event-id") {
+            Some(v) => v
+                .to_str()
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .ok_or_else(|| ApiError::invalid("Last-Event-ID must be a sequence number"))?,
+            None => q.after.unwrap_or(0),
+        };
+        let follow = engine.follow(id, after).await?;
+        return Ok(Sse::new(follow_events(follow))
+            .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+            .into_response());
     }
     let from = q.after.unwrap_or(0).saturating_add(1);
     let page = engine.read_events(&id, from, limit).await?;
@@ -250,7 +284,50 @@ pub(crate) async fn read_events(
         events: page.events.iter().map(Event::from).collect(),
         next_after: page.next_seq.map(|n| n.saturating_sub(1)),
         torn_tail: page.torn_tail,
-    }))
+    })
+    .into_response())
+}
+
+/// How often an idle event stream carries a keep-alive comment, so
+/// proxies and load balancers do not close it as dead.
+const KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(10);
+
+fn wants_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("text/event-stream"))
+}
+
+/// A follow as SSE: each event with its `seq` as `id:`, then `end`.
+fn follow_events(
+    follow: tokio::sync::mpsc::Receiver<FollowItem>,
+) -> impl futures_util::Stream<Item = Result<SseEvent, Infallible>> {
+    use futures_util::StreamExt;
+    tokio_stream::wrappers::ReceiverStream::new(follow).map(|item| {
+        Ok(match item {
+            FollowItem::Event(e) => json_event("event", &Event::from(&e)).id(e.seq.to_string()),
+            FollowItem::End(end) => json_event("end", &FollowEnd::from(&end)),
+        })
+    })
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/lease",
+    operation_id = "getLease",
+    tag = "sessions",
+    summary = "Who holds the session's lease now",
+    description = "As the lease backend reports it at the time of the call (`unknown` for backends that do \
+                   not report holders, and when the server runs unleased). It does not say whether the session exists.",
+    params(("id" = SessionIdText, Path, description = "The session's id, percent-encoded")),
+    responses(
+        (status = 200, description = "The lease", body = LeaseStatus),
+        (status = 400, description = "`invalid`: an id breaking the id rules", body = ErrorBody),
+    )
+)]
+pub(crate) async fn get_lease(State(engine): State<Engine>, Id(id): Id) -> Json<LeaseStatus> {
+    Json(LeaseStatus::from(&engine.lease_holder(&id).await))
 }
 
 #[utoipa::path(
@@ -266,7 +343,7 @@ pub(crate) async fn read_events(
                    call waits and returns a `RunResult`, the run's events read back from the log. The run \
                    belongs to the server, not the connection: a client disconnect does not stop it (use the \
                    cancel endpoint). The body must be sent as `application/json`.",
-    params(("id" = SessionIdText, Path, description = "The session's id, percent-encoded")),
+    params(("id" = SessionIdText, Path, description = "The session's id, percent-encoded"), RunQuery),
     request_body(content = RunRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "The finished run, or its event stream",
@@ -274,7 +351,9 @@ pub(crate) async fn read_events(
         (status = 400, description = "`invalid`: malformed body, an unknown field, a missing `input`, a content type \
                                       other than JSON, or an id breaking the id rules", body = ErrorBody),
         (status = 404, description = "`not_found`: no such session", body = ErrorBody),
-        (status = 409, description = "`session_leased_elsewhere` (another process owns the session; `holder` when known), \
+        (status = 409, description = "`session_leased_elsewhere` (another process owns the session, and still did at the \
+                                      end of `wait`; `holder` when known; `Retry-After`: seconds until the holder's \
+                                      lease expires when the backend reports it, else the lease TTL), \
                                       `session_busy` (a run of it is in progress in this process), \
                                       `unleased_not_exclusive` (unleased, and another process holds the store's lock) or \
                                       `unfenced_write_refused` (unleased, and the session has fenced writes)", body = ErrorBody),
@@ -288,13 +367,26 @@ pub(crate) async fn start_run(
     State(engine): State<Engine>,
     Id(id): Id,
     headers: HeaderMap,
+    query: Result<Query<RunQuery>, QueryRejection>,
     Body(req): Body<RunRequest>,
 ) -> Result<Response, ApiError> {
-    let wants_stream = headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.contains("text/event-stream"));
-    let run = engine.start_run(id.clone(), req.input).await?;
+    let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
+    let wait = match q.wait.as_deref() {
+        Some(text) => crate::config::parse_duration(text)
+            .map_err(|e| ApiError::invalid(format!("wait: {e}")))?
+            .min(MAX_RUN_WAIT),
+        None => std::time::Duration::ZERO,
+    };
+    let wants_stream = wants_stream(&headers);
+    let started = if wait.is_zero() {
+        engine.start_run(id.clone(), req.input).await
+    } else {
+        engine.start_run_waiting(id.clone(), req.input, wait).await
+    };
+    let run = match started {
+        Ok(run) => run,
+        Err(e) => return Err(refusal(&engine, &id, e).await),
+    };
     if wants_stream {
         return Ok(Sse::new(sse_events(run))
             .keep_alive(KeepAlive::default())
@@ -330,6 +422,16 @@ pub(crate) async fn start_run(
     Ok(Json(RunResult::new(RunEnd::from(&end), collected)).into_response())
 }
 
+/// The API error of a refused start; a session leased elsewhere carries
+/// when to retry.
+async fn refusal(engine: &Engine, id: &SessionId, e: EngineError) -> ApiError {
+    let mut error = ApiError::from(e);
+    if error.code == ErrorCode::SessionLeasedElsewhere {
+        error.retry_after = Some(engine.retry_after(id).await);
+    }
+    error
+}
+
 /// The run's events as SSE `event`s, then one `end` once its lease is
 /// released.
 fn sse_events(run: StartedRun) -> impl futures_util::Stream<Item = Result<SseEvent, Infallible>> {
@@ -357,25 +459,31 @@ fn json_event(name: &str, data: &impl serde::Serialize) -> SseEvent {
     path = "/v1/sessions/{id}/runs/current",
     operation_id = "cancelRun",
     tag = "runs",
-    summary = "Cancel the session's running run on this process",
+    summary = "Cancel the session's live run, on whichever replica it runs",
+    description = "A run in the answering process is cancelled at once. A run on another replica is asked to \
+                   stop through the store, naming its lease token; it ends `cancelled` within about a second, \
+                   and a later run of the session (a greater token) is never stopped by the request. Idempotent.",
     params(("id" = SessionIdText, Path, description = "The session's id, percent-encoded")),
     responses(
-        (status = 202, description = "Cancellation requested"),
+        (status = 202, description = "A run was live (or may be: `live` null) and is asked to stop", body = CancelResult),
+        (status = 200, description = "No run was live: nothing to cancel", body = CancelResult),
         (status = 400, description = "`invalid`: an id breaking the id rules", body = ErrorBody),
-        (status = 404, description = "`not_found`: no run of this session in this process", body = ErrorBody),
+        (status = 404, description = "`not_found`: no such session", body = ErrorBody),
+        (status = 500, description = "`internal`: a storage fault", body = ErrorBody),
+        (status = 503, description = "`store_busy`: another process holds the session's file; retry (`Retry-After`)", body = ErrorBody),
     )
 )]
 pub(crate) async fn cancel_run(
     State(engine): State<Engine>,
     Id(id): Id,
-) -> Result<StatusCode, ApiError> {
-    if engine.cancel_run(&id) {
-        Ok(StatusCode::ACCEPTED)
+) -> Result<Response, ApiError> {
+    let outcome = engine.cancel_anywhere(&id).await?;
+    let status = if outcome.live == Some(false) {
+        StatusCode::OK
     } else {
-        Err(ApiError::not_found(format!(
-            "no run of session {id} in this process"
-        )))
-    }
+        StatusCode::ACCEPTED
+    };
+    Ok((status, Json(CancelResult::from(&outcome))).into_response())
 }
 
 #[utoipa::path(

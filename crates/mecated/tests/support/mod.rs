@@ -3,7 +3,9 @@
 
 #![allow(dead_code)]
 
+pub(crate) mod proxy;
 pub(crate) mod scenarios;
+pub(crate) mod sse;
 
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};

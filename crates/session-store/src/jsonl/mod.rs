@@ -15,12 +15,14 @@
 
 mod authority;
 mod cache;
+mod cancel;
 #[cfg(test)]
 mod crash_sim;
 mod format;
 mod graveyard;
 mod index;
 mod locking;
+mod notify;
 mod ops;
 mod options;
 #[cfg(test)]
@@ -34,6 +36,7 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use lease_port::{AuthorityId, FencingToken, SessionId};
@@ -43,6 +46,7 @@ use serde_json::Value;
 use crate::{AppendReceipt, Page, SessionStore, StoreError, WriteFence};
 pub use authority::AUTHORITY_FILE_NAME;
 use cache::OpenSession;
+pub use cancel::CANCEL_DIR_NAME;
 use format::millis;
 pub use graveyard::{GRAVEYARD_FILE_NAME, ReclaimReport};
 use ops::validate_batch;
@@ -257,5 +261,36 @@ impl SessionStore for JsonlStore {
 
     async fn recorded_authority(&self) -> Result<Option<AuthorityId>, StoreError> {
         self.blocking(StoreCore::read_authority).await
+    }
+
+    async fn wait_for_append(
+        &self,
+        session: &SessionId,
+        after_seq: u64,
+        timeout: Duration,
+    ) -> Result<bool, StoreError> {
+        self.wait_for_append_to_file(session, after_seq, timeout)
+            .await
+    }
+
+    async fn request_cancel(
+        &self,
+        session: &SessionId,
+        run: FencingToken,
+    ) -> Result<(), StoreError> {
+        // Only sessions that exist take requests.
+        self.read(session, 1, 1).await?;
+        let session = session.clone();
+        self.blocking(move |core| core.write_cancel_request(&session, run))
+            .await
+    }
+
+    async fn cancel_request(
+        &self,
+        session: &SessionId,
+    ) -> Result<Option<FencingToken>, StoreError> {
+        let session = session.clone();
+        self.blocking(move |core| core.read_cancel_request(&session))
+            .await
     }
 }

@@ -1,0 +1,223 @@
+//! Following a session's log from any replica: the stored events after a
+//! position, then each new one as any process appends it, until the run
+//! that was live ends.
+
+use std::time::Duration;
+
+use std::sync::Arc;
+
+use lease_keeper::LeaseGuard;
+use lease_port::SessionId;
+use serde_json::json;
+use session_store::StoredEvent;
+use tokio::sync::mpsc;
+use tracing::warn;
+
+use super::replicas::LiveRun;
+use super::{Engine, EngineError, RunStatus, tracked_append};
+use crate::error::error_chain;
+
+/// Events read per page while following.
+const FOLLOW_PAGE: usize = 200;
+
+/// How long a follow waits for an append before asking the lease backend
+/// whether the run is still there (a run that died without its end event
+/// leaves only its lease to lapse).
+pub const FOLLOW_QUIET_CHECK: Duration = Duration::from_secs(2);
+
+/// Items a follower is sent ahead of its client before it waits for it.
+const FOLLOW_BUFFER: usize = 64;
+
+/// What a follow sends.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FollowItem {
+    /// A stored event, in order.
+    Event(StoredEvent),
+    /// The follow ended; nothing follows.
+    End(FollowEnd),
+}
+
+/// Why a follow ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FollowEnd {
+    /// The run that was live recorded its end (the `run_ended` event just
+    /// sent).
+    RunEnded,
+    /// No run was live: every stored event was sent.
+    NoLiveRun,
+    /// The run stopped without recording an end (its lease lapsed, or a
+    /// later run took the session over); every stored event of it was
+    /// sent.
+    RunGone,
+    /// The store failed while following.
+    Failed(String),
+}
+
+impl FollowEnd {
+    /// The wire name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            FollowEnd::RunEnded => "run_ended",
+            FollowEnd::NoLiveRun => "no_live_run",
+            FollowEnd::RunGone => "run_gone",
+            FollowEnd::Failed(_) => "failed",
+        }
+    }
+}
+
+/// The payload type of the event a run records when it ends.
+pub const RUN_ENDED: &str = "run_ended";
+
+/// Whether `event` ends the run `live` (its end, or a later run's start).
+fn ends(event: &StoredEvent, live: LiveRun) -> Option<FollowEnd> {
+    let LiveRun::Run(token) = live else {
+        return None;
+    };
+    match event.payload.get("type").and_then(|t| t.as_str()) {
+        Some(RUN_ENDED) if event.token == token => Some(FollowEnd::RunEnded),
+        Some("run_started") if event.token > token => Some(FollowEnd::RunGone),
+        _ => None,
+    }
+}
+
+impl Engine {
+    /// Records the end of a run in its session's log, under the run's
+    /// fence, before the lease is released: followers on any replica end
+    /// there, and a client waiting for the session learns it is free. A
+    /// run that lost its lease cannot write, and needs not: its
+    /// successor's start ends the followers.
+    pub(super) async fn record_run_end(
+        &self,
+        guard: &LeaseGuard,
+        session: &SessionId,
+        status: &RunStatus,
+    ) {
+        if matches!(status, RunStatus::LeaseLost(_)) {
+            return;
+        }
+        let mut end = json!({ "type": RUN_ENDED, "status": status.name() });
+        if let Some(error) = status.error() {
+            end["error"] = json!(error);
+        }
+        let write = tracked_append(
+            &guard.write_gate(),
+            Arc::clone(&self.inner.store),
+            session.clone(),
+            self.fence(guard),
+            end,
+        );
+        let result = match write {
+            Ok(write) => write.await.map(|_| ()).map_err(|e| error_chain(&e)),
+            Err(e) => Err(error_chain(&e)),
+        };
+        if let Err(e) = result {
+            warn!(error = %e, "cannot record the run's end; followers end when its lease is gone");
+        }
+    }
+
+    /// Follows `session` from the event after `after_seq`. `NotFound`
+    /// when the session does not exist. The follow runs on a task of its
+    /// own and stops as soon as the receiver is dropped.
+    pub async fn follow(
+        &self,
+        session: SessionId,
+        after_seq: u64,
+    ) -> Result<mpsc::Receiver<FollowItem>, EngineError> {
+        self.inner.store.read(&session, 1, 1).await?;
+        let (tx, rx) = mpsc::channel(FOLLOW_BUFFER);
+        let engine = self.clone();
+        tokio::spawn(async move {
+            let end = tokio::select! {
+                end = engine.follow_until_end(&session, after_seq, &tx) => end,
+                () = tx.closed() => return,
+            };
+            if let Some(end) = end {
+                let _ = tx.send(FollowItem::End(end)).await;
+            }
+        });
+        Ok(rx)
+    }
+
+    /// Sends events until the live run ends; the reason, or `None` when
+    /// the client left.
+    async fn follow_until_end(
+        &self,
+        session: &SessionId,
+        after_seq: u64,
+        tx: &mpsc::Sender<FollowItem>,
+    ) -> Option<FollowEnd> {
+        // Asked before reading, so a run that ends meanwhile has its end
+        // event in what is read next.
+        let live = self.live_run(session).await;
+        let mut pos = after_seq;
+        loop {
+            match self.send_stored(session, &mut pos, live, tx).await {
+                Ok(Some(end)) => return Some(end),
+                Ok(None) => {}
+                Err(e) => return Some(e),
+            }
+            if live == LiveRun::None {
+                return Some(FollowEnd::NoLiveRun);
+            }
+            let appended = self
+                .inner
+                .store
+                .wait_for_append(session, pos, FOLLOW_QUIET_CHECK)
+                .await;
+            match appended {
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(e) => return Some(FollowEnd::Failed(error_chain(&e))),
+            }
+            // Quiet: is the run still live?
+            let now = self.live_run(session).await;
+            if now == live && live != LiveRun::Unknown {
+                continue;
+            }
+            // The run is gone (or another took its place), or the backend
+            // still cannot tell and a quiet period is the only sign left:
+            // what was recorded meanwhile is sent, then the follow ends.
+            return Some(match self.send_stored(session, &mut pos, live, tx).await {
+                Ok(Some(end)) => end,
+                Ok(None) => FollowEnd::RunGone,
+                Err(e) => e,
+            });
+        }
+    }
+
+    /// Sends every stored event after `pos`, advancing it; stops early at
+    /// an event that ends `live`.
+    async fn send_stored(
+        &self,
+        session: &SessionId,
+        pos: &mut u64,
+        live: LiveRun,
+        tx: &mpsc::Sender<FollowItem>,
+    ) -> Result<Option<FollowEnd>, FollowEnd> {
+        loop {
+            let page = self
+                .inner
+                .store
+                .read(session, pos.saturating_add(1), FOLLOW_PAGE)
+                .await
+                .map_err(|e| FollowEnd::Failed(error_chain(&e)))?;
+            for event in page.events {
+                let end = ends(&event, live);
+                if end == Some(FollowEnd::RunGone) {
+                    // A later run's start is not part of the followed run.
+                    return Ok(end);
+                }
+                *pos = event.seq;
+                if tx.send(FollowItem::Event(event)).await.is_err() {
+                    return Err(FollowEnd::Failed("the client left".into()));
+                }
+                if end.is_some() {
+                    return Ok(end);
+                }
+            }
+            if page.next_seq.is_none() {
+                return Ok(None);
+            }
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! The operator page (`GET /`) in a real headless Chromium: it loads,
+//! lists a session created over the API with its lease, and shows the
+//! events a run appended, read through the follow endpoint.
+
+mod support;
+
+use std::process::Command;
+
+use serde_json::json;
+use support::*;
+
+/// The page as Chromium renders it once its scripts ran: `--dump-dom`
+/// prints the DOM after the page settled (within a virtual time budget,
+/// which lets its requests and timers run).
+fn rendered(url: &str) -> String {
+    let chromium = ["chromium", "chromium-browser"]
+        .into_iter()
+        .find(|name| {
+            Command::new(name)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+        .expect(
+            "headless Chromium is needed for this test: `cargo xtask ci` installs it as root \
+             (apt-get install chromium)",
+        );
+    let profile = tempfile::tempdir().unwrap();
+    let out = Command::new(chromium)
+        .args([
+            "--headless",
+            // Root in a container has no user namespace for the sandbox.
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            // No internet here: nothing may wait on Google's services.
+            "--disable-background-networking",
+            "--no-first-run",
+            "--virtual-time-budget=5000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .arg("--dump-dom")
+        .arg(url)
+        .output()
+        .expect("run chromium");
+    assert!(
+        out.status.success(),
+        "chromium failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_lists_sessions_and_shows_a_runs_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = Mecated::start(dir.path(), "page-owner", &[]);
+    create(&m, "page-chat").await;
+    let (status, _) = run(&m, "page-chat", json!("shown on the page")).await;
+    assert_eq!(status, reqwest::StatusCode::OK);
+
+    let dom = rendered(&m.url("/#session=page-chat"));
+    assert!(
+        dom.contains(
+            r#"<tr class="session chosen" data-session="page-chat"><td>page-chat</td><td>free</td>"#
+        ),
+        "the session is not listed, free: {dom}"
+    );
+    assert!(
+        dom.contains("shown on the page") && dom.contains(r#"data-seq="1""#),
+        "the run's events are not shown: {dom}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_shows_who_holds_a_running_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = Mecated::start(
+        dir.path(),
+        "page-holder",
+        &["--echo-delay", "60s", "--echo-steps", "60"],
+    );
+    create(&m, "busy").await;
+    create(&m, "idle").await;
+    let pending = run_in_background(&m, "busy", json!("long"));
+    wait_for_event(&m, "busy", is_run_started_by("page-holder")).await;
+
+    // Showing the idle session, the page does not wait for the busy
+    // one's run to end before it is dumped.
+    let dom = rendered(&m.url("/#session=idle"));
+    assert!(
+        dom.contains(r#"<td>busy</td><td class="held">held</td><td>page-holder</td><td>1</td>"#),
+        "the holder and token are not shown: {dom}"
+    );
+    assert!(
+        dom.contains(r#"<td>idle</td><td>free</td>"#),
+        "the idle session is not free: {dom}"
+    );
+    pending.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_shows_events_appended_while_it_is_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = Mecated::start(
+        dir.path(),
+        "page-live",
+        &["--echo-delay", "3s", "--echo-steps", "3"],
+    );
+    create(&m, "live").await;
+    let pending = run_in_background(&m, "live", json!("appended later"));
+    wait_for_event(&m, "live", is_run_started_by("page-live")).await;
+    let url = m.url("/#session=live");
+    // The page opens mid-run; Chromium's clock does not run while the
+    // page's event stream is open, so the dump comes after the run's last
+    // events reached the page through it.
+    let dom = tokio::task::spawn_blocking(move || rendered(&url))
+        .await
+        .unwrap();
+    assert!(
+        dom.contains("appended later") && dom.contains(r#""type":"run_ended""#),
+        "the events appended while the page was open are not shown: {dom}"
+    );
+    let done = pending.await.unwrap().unwrap();
+    assert_eq!(done["status"], "completed", "{done}");
+}

@@ -1,0 +1,92 @@
+//! Cancel requests: `<dir>/.cancel-requests/<stem>`, one small file per
+//! session holding the highest run token a cancel was asked for.
+//!
+//! They live beside the session files, not in them: whoever asks is
+//! usually not the run's lease holder, and a session file takes fenced
+//! writes only. A request is advice to the holder, never a write to the
+//! session, so it needs no fence.
+
+use std::fs::{DirBuilder, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::PathBuf;
+
+use lease_port::{FencingToken, SessionId};
+use nix::fcntl::OFlag;
+
+use super::{StoreCore, tmp_name};
+use crate::StoreError;
+
+/// The directory of cancel requests inside a store directory. Listings
+/// skip it (its name starts with `.`).
+pub const CANCEL_DIR_NAME: &str = ".cancel-requests";
+
+impl StoreCore {
+    fn cancel_path(&self, session: &SessionId) -> PathBuf {
+        self.dir
+            .join(CANCEL_DIR_NAME)
+            .join(session_filename::stem(session))
+    }
+
+    pub(super) fn read_cancel_request(
+        &self,
+        session: &SessionId,
+    ) -> Result<Option<FencingToken>, StoreError> {
+        let path = self.cancel_path(session);
+        let mut text = String::new();
+        match OpenOptions::new()
+            .read(true)
+            .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC).bits())
+            .open(&path)
+        {
+            Ok(mut file) => file
+                .read_to_string(&mut text)
+                .map_err(|e| StoreError::io("reading cancel request", &path, e))?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(StoreError::io("reading cancel request", &path, e)),
+        };
+        let token: u64 = text
+            .trim()
+            .parse()
+            .map_err(|_| StoreError::corrupt(&path, Some(1), format!("not a token: {text:?}")))?;
+        Ok(Some(FencingToken::new(token)))
+    }
+
+    /// Raises the recorded token to `run`. The record is replaced whole
+    /// (written aside, then renamed into place), so a reader sees the old
+    /// token or the new one, never a mix. Two requests racing may both
+    /// write; both name the run live when they were made, and runs follow
+    /// each other, so the loser names the same run or an earlier one.
+    pub(super) fn write_cancel_request(
+        &self,
+        session: &SessionId,
+        run: FencingToken,
+    ) -> Result<(), StoreError> {
+        if self
+            .read_cancel_request(session)?
+            .is_some_and(|recorded| recorded >= run)
+        {
+            return Ok(());
+        }
+        let dir = self.dir.join(CANCEL_DIR_NAME);
+        match DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(StoreError::io("creating cancel requests", &dir, e)),
+        }
+        let tmp = dir.join(tmp_name("cancel"));
+        let result = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC).bits())
+            .open(&tmp)
+            .and_then(|mut f| f.write_all(format!("{}\n", run.get()).as_bytes()))
+            .and_then(|()| std::fs::rename(&tmp, self.cancel_path(session)));
+        if let Err(e) = result {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(StoreError::io("recording cancel request", &dir, e));
+        }
+        Ok(())
+    }
+}
