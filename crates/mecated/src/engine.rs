@@ -379,6 +379,8 @@ impl Engine {
         // claim because an earlier incarnation under our owner id wrote
         // under the very token the backend handed back to us.
         let mut retried = false;
+        // Cancel requests recorded before this run began are not for it.
+        let cancels_before = self.cancel_baseline(&session).await;
         let (guard, token, first_seq) = loop {
             // A run of this session already in this process: answer at
             // once rather than queue behind it (on the retry, wait for our
@@ -457,7 +459,7 @@ impl Engine {
         metrics.run_started();
         let cancel = CancellationToken::new();
         self.runs().insert(session.clone(), cancel.clone());
-        let watch = token.map(|t| self.watch_cancel_requests(&session, t, &cancel));
+        let watch = token.map(|t| self.watch_cancel_requests(&session, t, cancels_before, &cancel));
         self.register_local_run(&session, token, watch);
         let (tx, events) = mpsc::channel(STREAM_BUFFER);
         let (end_tx, end) = oneshot::channel();

@@ -1143,3 +1143,42 @@ fn the_contract_check_refuses_bodies_the_document_does_not_allow() {
             .is_err()
     );
 }
+
+// ---------------------------------------------------------------------
+// Cancel requests name the run they were made for.
+
+/// A cancel request recorded in the store before a run began, even one
+/// naming a token at or above the run's (a holder that re-acquired its own
+/// live lease keeps its token), never stops that run; one recorded while it
+/// runs does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_recorded_before_a_run_began_never_stops_it() {
+    let seen = Seen::default();
+    let world = World::new(&seen);
+    let gate = Arc::new(GateAgent::default());
+    let (api, _) = world.serve(Setup {
+        agent: gate.clone(),
+        ..Setup::default()
+    });
+    api.create("stale-cancel").await;
+    let session = SessionId::new("stale-cancel").unwrap();
+    let other_process = open_store(world.dir.path(), false);
+    other_process
+        .request_cancel(&session, lease_port::FencingToken::new(u64::MAX))
+        .await
+        .unwrap();
+
+    let pending = hold_run(&api, "stale-cancel").await;
+    // The holder reads requests every CANCEL_POLL_INTERVAL: several
+    // readings pass, and the run is still live.
+    tokio::time::sleep(mecated::engine::CANCEL_POLL_INTERVAL * 4).await;
+    assert!(!pending.is_finished(), "an earlier request stopped the run");
+
+    other_process
+        .request_cancel(&session, lease_port::FencingToken::new(u64::MAX))
+        .await
+        .unwrap();
+    let result: RunResult = serde_json::from_slice(&pending.await.unwrap().body).unwrap();
+    assert_eq!(serde_json::to_value(result.status).unwrap(), "cancelled");
+    gate.open.cancel();
+}

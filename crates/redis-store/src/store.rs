@@ -10,7 +10,9 @@ use async_trait::async_trait;
 use lease_port::{AuthorityId, FencingToken, OwnerId, SessionId, SessionLease};
 use redis::Value;
 use serde_json::Value as Json;
-use session_store::{AppendReceipt, Page, SessionStore, StoreError, StoredEvent, WriteFence};
+use session_store::{
+    AppendReceipt, CancelRequest, Page, SessionStore, StoreError, StoredEvent, WriteFence,
+};
 
 use crate::conn::{Conn, ConnectError, DEFAULT_REQUEST_TIMEOUT, RequestError, Target, text};
 use crate::keys::DEFAULT_PREFIX;
@@ -613,37 +615,70 @@ impl SessionStore for RedisStore {
         // Only sessions that exist take requests.
         self.read(session, 1, 1).await?;
         let key = self.inner.conn.keys().cancel_requests(session);
-        self.inner
+        // One script: the token only rises, and the count grows with every
+        // request for the recorded token or a later one.
+        let reply = self
+            .inner
             .conn
-            .command(redis::cmd("ZADD").arg(&key).arg(run.get()).arg(run.get()))
+            .command(
+                redis::cmd("EVAL")
+                    .arg(RECORD_CANCEL)
+                    .arg(1)
+                    .arg(&key)
+                    .arg(run.get()),
+            )
             .await
             .map_err(self.io("recording a cancel request"))?;
-        Ok(())
+        match reply {
+            Value::Int(_) => Ok(()),
+            other => {
+                Err(self.corrupt(&key, format!("cancel requests: unexpected reply {other:?}")))
+            }
+        }
     }
 
     async fn cancel_request(
         &self,
         session: &SessionId,
-    ) -> Result<Option<FencingToken>, StoreError> {
+    ) -> Result<Option<CancelRequest>, StoreError> {
         let key = self.inner.conn.keys().cancel_requests(session);
         let reply = self
             .inner
             .conn
-            .command(redis::cmd("ZRANGE").arg(&key).arg(-1).arg(-1))
+            .command(redis::cmd("HMGET").arg(&key).arg("run").arg("serial"))
             .await
             .map_err(self.io("reading cancel requests"))?;
-        let Value::Array(members) = reply else {
+        let Value::Array(fields) = &reply else {
             return Err(self.corrupt(&key, format!("cancel requests: unexpected reply {reply:?}")));
         };
-        match members.first() {
-            None => Ok(None),
-            Some(member) => text(member)
-                .and_then(|t| t.parse::<u64>().ok())
-                .map(|t| Some(FencingToken::new(t)))
-                .ok_or_else(|| self.corrupt(&key, format!("not a token: {member:?}"))),
+        let number = |v: &Value| text(v).and_then(|t| t.parse::<u64>().ok());
+        match fields.as_slice() {
+            [Value::Nil, Value::Nil] => Ok(None),
+            [run, serial] => match (number(run), number(serial)) {
+                (Some(run), Some(serial)) => Ok(Some(CancelRequest {
+                    run: FencingToken::new(run),
+                    serial,
+                })),
+                _ => Err(self.corrupt(&key, format!("cancel requests: not numbers: {fields:?}"))),
+            },
+            _ => Err(self.corrupt(&key, format!("cancel requests: unexpected reply {reply:?}"))),
         }
     }
 }
+
+/// `KEYS[1]` the session's cancel record (a hash of `run` and `serial`),
+/// `ARGV[1]` the run's token: raises `run` to it unless a later run is
+/// recorded, and counts the request. Compared as strings of digits by
+/// length first, so tokens above 2^53 compare exactly.
+const RECORD_CANCEL: &str = r"
+local run = redis.call('HGET', KEYS[1], 'run')
+local new = ARGV[1]
+if run and (#run > #new or (#run == #new and run > new)) then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'run', new)
+return redis.call('HINCRBY', KEYS[1], 'serial', 1)
+";
 
 /// One stream entry: `[id, [field, value, …]]` → sequence number, token,
 /// time in milliseconds, payload text.

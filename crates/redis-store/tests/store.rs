@@ -946,3 +946,46 @@ async fn a_foreign_stream_entry_refuses_the_append_whole() {
         "$1\r\n1"
     );
 }
+
+/// Cancel requests: any instance records one, every instance reads it; the
+/// token only rises (compared exactly, above 2^53 too), and every request
+/// for the recorded token or a later one is counted.
+#[tokio::test]
+async fn cancel_requests_rise_exactly_and_are_counted() {
+    let redis = RedisServer::start().unwrap();
+    let (holder, other) = (open(&redis).await, open(&redis).await);
+    let s = sid("cancelled");
+    holder.create(&s).await.unwrap();
+    assert_eq!(holder.cancel_request(&s).await.unwrap(), None);
+    let big = (1u64 << 53) + 1;
+    let seen = |run, serial| {
+        Some(session_store::CancelRequest {
+            run: FencingToken::new(run),
+            serial,
+        })
+    };
+    for (run, expected) in [
+        (big, seen(big, 1)),
+        (big, seen(big, 2)),
+        // 2^53 and 2^53 + 1 are one double: compared as numbers, the lower
+        // would pass for equal.
+        (big - 1, seen(big, 2)),
+        (7, seen(big, 2)),
+        (u64::MAX, seen(u64::MAX, 3)),
+    ] {
+        other
+            .request_cancel(&s, FencingToken::new(run))
+            .await
+            .unwrap();
+        assert_eq!(
+            holder.cancel_request(&s).await.unwrap(),
+            expected,
+            "after {run}"
+        );
+    }
+    let err = other
+        .request_cancel(&sid("missing"), FencingToken::new(1))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::NotFound);
+}

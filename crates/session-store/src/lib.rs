@@ -243,6 +243,6 @@ pub use jsonl::{
     GRAVEYARD_FILE_NAME, JsonlOptions, JsonlStore, ReclaimReport,
 };
 pub use model::{
-    APPEND_POLL_INTERVAL, AppendReceipt, Fence, Page, SessionStore, StoredEvent, WriteFence,
-    poll_for_append,
+    APPEND_POLL_INTERVAL, AppendReceipt, CancelRequest, Fence, Page, SessionStore, StoredEvent,
+    WriteFence, poll_for_append,
 };

@@ -221,10 +221,13 @@ pub trait SessionStore: Send + Sync {
     /// should stop. Any process may call it; the process running the run
     /// watches [`cancel_request`](Self::cancel_request) and cancels.
     ///
-    /// Idempotent, and only ever raises the recorded token: a request for
-    /// an earlier run never replaces one for a later run, and a request
-    /// names the run it targets, so a later run (a takeover, whose token
-    /// is greater) is never stopped by it. `Unsupported` by default.
+    /// Only ever raises the recorded token, and counts every request for
+    /// the recorded token or a later one: a request for an earlier run
+    /// never replaces one for a later run, a request names the run it
+    /// targets, so a later run (a takeover, whose token is greater) is
+    /// never stopped by it, and the count tells a run apart from an earlier
+    /// run of the same token (a holder that re-acquired its own live
+    /// lease). `Unsupported` by default.
     async fn request_cancel(
         &self,
         session: &SessionId,
@@ -236,19 +239,32 @@ pub trait SessionStore: Send + Sync {
         })
     }
 
-    /// The highest run token a cancel was requested for in `session`
+    /// The latest cancel request recorded for `session`
     /// ([`request_cancel`](Self::request_cancel)), `None` when none was.
-    /// A run holding token `t` should stop once this is `Some(r)` with
-    /// `r >= t`. `Unsupported` by default.
+    ///
+    /// A run holding token `t` reads it before it acquires its lease (its
+    /// baseline) and stops once it reads a request with `run >= t` and a
+    /// `serial` above the baseline's: requests recorded before the run
+    /// began never stop it. `Unsupported` by default.
     async fn cancel_request(
         &self,
         session: &SessionId,
-    ) -> Result<Option<FencingToken>, StoreError> {
+    ) -> Result<Option<CancelRequest>, StoreError> {
         let _ = session;
         Err(StoreError::Unsupported {
             what: "cancel requests",
         })
     }
+}
+
+/// The latest cancel request of a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CancelRequest {
+    /// The highest run token a cancel was requested for.
+    pub run: FencingToken,
+    /// How many requests were recorded for that token or a later one: it
+    /// only grows.
+    pub serial: u64,
 }
 
 /// How often the default [`SessionStore::wait_for_append`] reads the

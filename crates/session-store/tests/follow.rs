@@ -7,7 +7,7 @@ use std::time::Duration;
 use lease_port::{FencingToken, OwnerId, SessionId};
 use serde_json::json;
 use session_store::{
-    FsyncPolicy, JsonlOptions, JsonlStore, SessionStore, StoreErrorKind, WriteFence,
+    CancelRequest, FsyncPolicy, JsonlOptions, JsonlStore, SessionStore, StoreErrorKind, WriteFence,
 };
 
 fn open(dir: &std::path::Path) -> JsonlStore {
@@ -90,37 +90,37 @@ async fn cancel_requests_are_seen_by_other_instances_and_only_rise() {
     holder.create(&s).await.unwrap();
     assert_eq!(holder.cancel_request(&s).await.unwrap(), None);
 
+    let request = |run, serial| {
+        Some(CancelRequest {
+            run: FencingToken::new(run),
+            serial,
+        })
+    };
     other
         .request_cancel(&s, FencingToken::new(7))
         .await
         .unwrap();
+    assert_eq!(holder.cancel_request(&s).await.unwrap(), request(7, 1));
+    // Asked again: counted, so a run that began after the first request
+    // (a holder re-acquiring its own lease keeps the token) sees it.
     other
         .request_cancel(&s, FencingToken::new(7))
         .await
         .unwrap();
-    assert_eq!(
-        holder.cancel_request(&s).await.unwrap(),
-        Some(FencingToken::new(7))
-    );
+    assert_eq!(holder.cancel_request(&s).await.unwrap(), request(7, 2));
 
-    // A late request for an earlier run never lowers it; a later run's
-    // raises it.
+    // A late request for an earlier run neither lowers the token nor
+    // counts; a later run's raises it.
     other
         .request_cancel(&s, FencingToken::new(3))
         .await
         .unwrap();
-    assert_eq!(
-        holder.cancel_request(&s).await.unwrap(),
-        Some(FencingToken::new(7))
-    );
+    assert_eq!(holder.cancel_request(&s).await.unwrap(), request(7, 2));
     other
         .request_cancel(&s, FencingToken::new(9))
         .await
         .unwrap();
-    assert_eq!(
-        holder.cancel_request(&s).await.unwrap(),
-        Some(FencingToken::new(9))
-    );
+    assert_eq!(holder.cancel_request(&s).await.unwrap(), request(9, 3));
 
     // Not a session: listings do not show the requests' directory.
     assert_eq!(holder.list().await.unwrap(), vec![s.clone()]);

@@ -76,14 +76,30 @@ impl Engine {
         })
     }
 
+    /// What the store records of cancel requests for `session` before a
+    /// run of it begins: the run stops only for requests counted after it.
+    /// `Unknown` when the store could not say; the watch then starts from
+    /// its own first reading.
+    pub(super) async fn cancel_baseline(&self, session: &SessionId) -> CancelBaseline {
+        match self.inner.store.cancel_request(session).await {
+            Ok(request) => CancelBaseline::Known(request.map_or(0, |r| r.serial)),
+            Err(e) if e.kind() == StoreErrorKind::Unsupported => CancelBaseline::Known(0),
+            Err(e) => {
+                warn!(error = %error_chain(&e), "cannot read cancel requests before the run");
+                CancelBaseline::Unknown
+            }
+        }
+    }
+
     /// Starts watching the store for cancel requests aimed at the run of
     /// `session` under `token`; the returned guard stops the watch. The
-    /// run is cancelled through `cancel` once a request names its token or
-    /// a later one.
+    /// run is cancelled through `cancel` once a request counted after
+    /// `before` names its token or a later one.
     pub(super) fn watch_cancel_requests(
         &self,
         session: &SessionId,
         token: FencingToken,
+        before: CancelBaseline,
         cancel: &CancellationToken,
     ) -> DropGuard {
         let stop = CancellationToken::new();
@@ -97,17 +113,27 @@ impl Engine {
             tokio::select! {
                 () = stopped.cancelled() => {}
                 () = cancel.cancelled() => {}
-                () = watch(&*store, &session, token, &cancel) => {}
+                () = watch(&*store, &session, token, before, &cancel) => {}
             }
         });
         stop.drop_guard()
     }
 }
 
+/// The count of cancel requests a run's watch starts from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum CancelBaseline {
+    /// Requests counted up to this number came before the run.
+    Known(u64),
+    /// Not read: the watch's first reading stands in.
+    Unknown,
+}
+
 async fn watch(
     store: &dyn SessionStore,
     session: &SessionId,
     token: FencingToken,
+    mut before: CancelBaseline,
     cancel: &CancellationToken,
 ) {
     let mut interval = tokio::time::interval(CANCEL_POLL_INTERVAL);
@@ -115,12 +141,21 @@ async fn watch(
     loop {
         interval.tick().await;
         match store.cancel_request(session).await {
-            Ok(Some(requested)) if requested >= token => {
-                info!(%token, "cancel requested through the store");
-                cancel.cancel();
-                return;
+            Ok(request) => {
+                let serial = request.map_or(0, |r| r.serial);
+                let CancelBaseline::Known(baseline) = before else {
+                    before = CancelBaseline::Known(serial);
+                    continue;
+                };
+                if let Some(request) = request
+                    && request.run >= token
+                    && request.serial > baseline
+                {
+                    info!(%token, "cancel requested through the store");
+                    cancel.cancel();
+                    return;
+                }
             }
-            Ok(_) => {}
             Err(e) if e.kind() == StoreErrorKind::Unsupported => return,
             Err(e) => {
                 warn!(error = %error_chain(&e), "cannot read cancel requests; retrying");

@@ -1,5 +1,7 @@
 //! Cancel requests: `<dir>/.cancel-requests/<stem>`, one small file per
-//! session holding the highest run token a cancel was asked for.
+//! session holding the highest run token a cancel was asked for and how
+//! many requests were recorded (`TOKEN SERIAL`; a file of an earlier
+//! version holds the token alone, serial 0).
 //!
 //! They live beside the session files, not in them: whoever asks is
 //! usually not the run's lease holder, and a session file takes fenced
@@ -15,7 +17,7 @@ use lease_port::{FencingToken, SessionId};
 use nix::fcntl::OFlag;
 
 use super::{StoreCore, tmp_name};
-use crate::StoreError;
+use crate::{CancelRequest, StoreError};
 
 /// The directory of cancel requests inside a store directory. Listings
 /// skip it (its name starts with `.`).
@@ -31,7 +33,7 @@ impl StoreCore {
     pub(super) fn read_cancel_request(
         &self,
         session: &SessionId,
-    ) -> Result<Option<FencingToken>, StoreError> {
+    ) -> Result<Option<CancelRequest>, StoreError> {
         let path = self.cancel_path(session);
         let mut text = String::new();
         match OpenOptions::new()
@@ -45,16 +47,25 @@ impl StoreCore {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(StoreError::io("reading cancel request", &path, e)),
         };
-        let token: u64 = text
-            .trim()
-            .parse()
-            .map_err(|_| StoreError::corrupt(&path, Some(1), format!("not a token: {text:?}")))?;
-        Ok(Some(FencingToken::new(token)))
+        let bad = || StoreError::corrupt(&path, Some(1), format!("not a cancel request: {text:?}"));
+        let mut fields = text.split_ascii_whitespace();
+        let run: u64 = fields.next().and_then(|t| t.parse().ok()).ok_or_else(bad)?;
+        let serial: u64 = match fields.next() {
+            Some(n) => n.parse().map_err(|_| bad())?,
+            None => 0,
+        };
+        if fields.next().is_some() {
+            return Err(bad());
+        }
+        Ok(Some(CancelRequest {
+            run: FencingToken::new(run),
+            serial,
+        }))
     }
 
-    /// Raises the recorded token to `run`. The record is replaced whole
-    /// (written aside, then renamed into place), so a reader sees the old
-    /// token or the new one, never a mix. Two requests racing may both
+    /// Raises the recorded token to `run` and counts the request. The
+    /// record is replaced whole (written aside, then renamed into place),
+    /// so a reader sees the old record or the new one, never a mix. Two requests racing may both
     /// write; both name the run live when they were made, and runs follow
     /// each other, so the loser names the same run or an earlier one.
     pub(super) fn write_cancel_request(
@@ -62,12 +73,11 @@ impl StoreCore {
         session: &SessionId,
         run: FencingToken,
     ) -> Result<(), StoreError> {
-        if self
-            .read_cancel_request(session)?
-            .is_some_and(|recorded| recorded >= run)
-        {
+        let recorded = self.read_cancel_request(session)?;
+        if recorded.is_some_and(|r| r.run > run) {
             return Ok(());
         }
+        let serial = recorded.map_or(0, |r| r.serial).saturating_add(1);
         let dir = self.dir.join(CANCEL_DIR_NAME);
         match DirBuilder::new().mode(0o700).create(&dir) {
             Ok(()) => {}
@@ -81,7 +91,7 @@ impl StoreCore {
             .mode(0o600)
             .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC).bits())
             .open(&tmp)
-            .and_then(|mut f| f.write_all(format!("{}\n", run.get()).as_bytes()))
+            .and_then(|mut f| f.write_all(format!("{} {serial}\n", run.get()).as_bytes()))
             .and_then(|()| std::fs::rename(&tmp, self.cancel_path(session)));
         if let Err(e) = result {
             let _ = std::fs::remove_file(&tmp);

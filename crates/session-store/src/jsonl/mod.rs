@@ -43,7 +43,7 @@ use lease_port::{AuthorityId, FencingToken, SessionId};
 use nix::fcntl::OFlag;
 use serde_json::Value;
 
-use crate::{AppendReceipt, Page, SessionStore, StoreError, WriteFence};
+use crate::{AppendReceipt, CancelRequest, Page, SessionStore, StoreError, WriteFence};
 pub use authority::AUTHORITY_FILE_NAME;
 use cache::OpenSession;
 pub use cancel::CANCEL_DIR_NAME;
@@ -288,7 +288,7 @@ impl SessionStore for JsonlStore {
     async fn cancel_request(
         &self,
         session: &SessionId,
-    ) -> Result<Option<FencingToken>, StoreError> {
+    ) -> Result<Option<CancelRequest>, StoreError> {
         let session = session.clone();
         self.blocking(move |core| core.read_cancel_request(&session))
             .await
