@@ -1,4 +1,5 @@
-//! Review reproduction (fails on the code it was written against): a renew
+//! Review reproduction (failed before `renew_on_other` extended the sweep
+//! bookkeeping; passes with that one-line fix): a renew
 //! that reclaims a lease just past its reported expiry — within the grace,
 //! the "unraced reclaim" the crate documents — answers a fresh expiry, but
 //! when the client's own view of its shared etcd lease has lapsed too the
