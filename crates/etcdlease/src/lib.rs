@@ -878,6 +878,10 @@ impl Inner {
         if read_term != Some(grant.term) {
             return Err(unproven(grant.term, read_term));
         }
+        // The sweep must count from this renewal too: the holder counts on
+        // it, whichever etcd lease the key is on.
+        self.held
+            .renewed(key, token, self.shared.etcd_deadline(&grant));
         Ok(lease.with_expiry(grant.expiry()))
     }
 
