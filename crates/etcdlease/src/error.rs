@@ -60,6 +60,17 @@ pub enum EtcdError {
         /// The member's endpoint.
         endpoint: String,
     },
+    /// An answer from another cluster than every earlier one, or from a
+    /// store whose revisions went back (its data was replaced): the
+    /// endpoints no longer reach the authority this client's tokens belong
+    /// to. A configuration to fix, not a passing fault.
+    #[error("etcd at {endpoint}: {detail}")]
+    ClusterChanged {
+        /// The member that answered.
+        endpoint: String,
+        /// What changed.
+        detail: String,
+    },
     /// etcd refused the configured user's name or password.
     #[error("etcd refused to authenticate user {user:?}: {status}")]
     Auth {
@@ -104,6 +115,8 @@ impl EtcdError {
                     | tonic::Code::Internal
                     | tonic::Code::Cancelled
             ),
+            // The next member may be of the right cluster.
+            EtcdError::ClusterChanged { .. } => true,
             EtcdError::Endpoint { .. }
             | EtcdError::Malformed { .. }
             | EtcdError::Auth { .. }
@@ -134,7 +147,9 @@ impl EtcdError {
     /// else a passing fault.
     pub(crate) fn into_lease_error(self, doing: &'static str) -> LeaseError {
         let misconfigured = match &self {
-            EtcdError::Endpoint { .. } | EtcdError::Auth { .. } => true,
+            EtcdError::Endpoint { .. }
+            | EtcdError::Auth { .. }
+            | EtcdError::ClusterChanged { .. } => true,
             EtcdError::Rpc { status, .. } => {
                 matches!(
                     status.code(),

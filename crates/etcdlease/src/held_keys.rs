@@ -58,6 +58,33 @@ impl HeldKeys {
         );
     }
 
+    /// `key` may be written on `lease_id` by a call still under way: known
+    /// with no token, unless this client already knows it (a hold it may
+    /// re-acquire keeps its record).
+    pub(crate) fn hold_if_unknown(
+        &self,
+        key: &[u8],
+        lease_id: i64,
+        value: Vec<u8>,
+        until: Instant,
+    ) {
+        self.map().entry(key.to_vec()).or_insert(HeldKey {
+            lease_id,
+            token: None,
+            value,
+            until,
+        });
+    }
+
+    /// Drops the record [`hold_if_unknown`](Self::hold_if_unknown) made for
+    /// `key` once the call's answer showed it wrote nothing.
+    pub(crate) fn forget_unknown(&self, key: &[u8]) {
+        let mut map = self.map();
+        if map.get(key).is_some_and(|h| h.token.is_none()) {
+            map.remove(key);
+        }
+    }
+
     /// The holder of `key` at `token` renewed it until `until`.
     pub(crate) fn renewed(&self, key: &[u8], token: i64, until: Instant) {
         if let Some(held) = self.map().get_mut(key)

@@ -12,6 +12,8 @@
 //! release. A session key gone while its guard remains is a hold that
 //! lapsed without a release (see the crate documentation).
 
+use std::time::Duration;
+
 use lease_port::{LeaseError, OwnerId, SessionId};
 
 /// The longest prefix accepted, in bytes.
@@ -19,7 +21,7 @@ pub const MAX_PREFIX_LEN: usize = 128;
 
 /// First line of every value: a reader that meets another format (a later
 /// version, or something else written under the prefix) does not misread it.
-const VALUE_FORMAT: &str = "mecatl-etcdlease/1";
+const VALUE_FORMAT: &str = "mecatl-etcdlease/2";
 
 const SESSIONS_DIR: &[u8] = b"s/";
 const GUARDS_DIR: &[u8] = b"g/";
@@ -87,20 +89,25 @@ impl KeySpace {
         key
     }
 
-    /// The key whose value names this prefix's authority.
+    /// The key whose value names this prefix's authority. In a directory
+    /// of its own: a prefix may be another prefix's `s/` or `g/`, and no
+    /// session or guard key has a `/` after its directory, so no session of
+    /// an enclosing prefix can be this key.
     pub(crate) fn authority_key(&self) -> Vec<u8> {
-        format!("{}authority", self.prefix).into_bytes()
+        format!("{}a/authority", self.prefix).into_bytes()
     }
 }
 
-/// The value stored under a session's key.
-pub(crate) fn encode_value(session: &SessionId, owner: &OwnerId) -> Vec<u8> {
+/// The value stored under a session's key and its guard: the holder, the
+/// session, and the TTL the holder counts on, so another client waits out
+/// a lapsed hold for the holder's TTL, not its own.
+pub(crate) fn encode_value(session: &SessionId, owner: &OwnerId, ttl: Duration) -> Vec<u8> {
     // Ids hold no control characters, so newlines separate them unambiguously.
-    format!("{VALUE_FORMAT}\n{owner}\n{session}").into_bytes()
+    format!("{VALUE_FORMAT}\n{owner}\n{session}\n{}", ttl.as_secs()).into_bytes()
 }
 
-/// The holder named by a stored value, when it is one of ours.
-pub(crate) fn decode_owner(value: &[u8]) -> Option<OwnerId> {
+/// A stored value's holder and TTL, when it is one of ours.
+pub(crate) fn decode_value(value: &[u8]) -> Option<(OwnerId, Duration)> {
     let text = std::str::from_utf8(value).ok()?;
     let mut lines = text.split('\n');
     if lines.next()? != VALUE_FORMAT {
@@ -108,7 +115,13 @@ pub(crate) fn decode_owner(value: &[u8]) -> Option<OwnerId> {
     }
     let owner = OwnerId::new(lines.next()?).ok()?;
     SessionId::new(lines.next()?).ok()?;
-    Some(owner)
+    let ttl = Duration::from_secs(lines.next()?.parse().ok()?);
+    lines.next().is_none().then_some((owner, ttl))
+}
+
+/// The holder named by a stored value, when it is one of ours.
+pub(crate) fn decode_owner(value: &[u8]) -> Option<OwnerId> {
+    decode_value(value).map(|(owner, _)| owner)
 }
 
 #[cfg(test)]
@@ -156,11 +169,19 @@ mod tests {
             SessionId::new("chat 1").unwrap(),
             OwnerId::new("host/1").unwrap(),
         );
-        assert_eq!(decode_owner(&encode_value(&s, &o)), Some(o));
+        let ttl = Duration::from_secs(15);
+        assert_eq!(
+            decode_value(&encode_value(&s, &o, ttl)),
+            Some((o.clone(), ttl))
+        );
+        assert_eq!(decode_owner(&encode_value(&s, &o, ttl)), Some(o));
         for foreign in [
             &b""[..],
             b"x",
-            b"mecatl-etcdlease/1\n",
+            b"mecatl-etcdlease/2\n",
+            b"mecatl-etcdlease/1\no\ns",
+            b"mecatl-etcdlease/2\no\ns\nx",
+            b"mecatl-etcdlease/2\no\ns\n15\nextra",
             b"\xff\xfe",
             b"other/1\no\ns",
         ] {

@@ -29,30 +29,28 @@ struct Sighting {
 }
 
 /// The lapsed holds this client has seen, by guard key.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct LapsedHolds {
-    wait: Duration,
     seen: Mutex<HashMap<Vec<u8>, Sighting>>,
 }
 
 impl LapsedHolds {
-    /// Lapsed holds may be taken over once seen lapsed for `wait`.
-    pub(crate) fn new(wait: Duration) -> Self {
-        LapsedHolds {
-            wait,
-            seen: Mutex::new(HashMap::new()),
-        }
-    }
-
     /// How much longer the hold behind `guard` at `guard_revision` must be
-    /// seen lapsed before it may be taken over, counting from `now` if it
-    /// was not seen so before. Zero when the wait is over.
-    pub(crate) fn remaining(&self, guard: &[u8], guard_revision: i64, now: Instant) -> Duration {
+    /// seen lapsed before it may be taken over, when it must be seen so for
+    /// `wait`, counting from `now` if it was not seen so before. Zero when
+    /// the wait is over.
+    pub(crate) fn remaining(
+        &self,
+        guard: &[u8],
+        guard_revision: i64,
+        now: Instant,
+        wait: Duration,
+    ) -> Duration {
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         // Sightings outlive their use only when a caller gave up waiting;
         // dropping the long-expired ones keeps the table bounded by the
-        // sessions tried within a few TTLs.
-        let stale = self.wait * 4;
+        // sessions tried within a few waits.
+        let stale = wait * 4;
         seen.retain(|_, s| now.saturating_duration_since(s.first_seen) < stale);
         let sighting = seen
             .entry(guard.to_vec())
@@ -69,7 +67,7 @@ impl LapsedHolds {
                 guard_revision,
                 first_seen: now,
             });
-        (sighting.first_seen + self.wait).saturating_duration_since(now)
+        (sighting.first_seen + wait).saturating_duration_since(now)
     }
 
     /// The hold behind `guard` is over (taken over or released).
@@ -89,29 +87,32 @@ mod tests {
 
     #[test]
     fn the_wait_counts_from_the_first_sighting_of_one_guard_revision() {
-        let holds = LapsedHolds::new(WAIT);
+        let holds = LapsedHolds::default();
         let t0 = Instant::now();
-        assert_eq!(holds.remaining(b"g", 7, t0), WAIT);
+        assert_eq!(holds.remaining(b"g", 7, t0, WAIT), WAIT);
         assert_eq!(
-            holds.remaining(b"g", 7, t0 + Duration::from_secs(2)),
+            holds.remaining(b"g", 7, t0 + Duration::from_secs(2), WAIT),
             Duration::from_secs(3)
         );
-        assert_eq!(holds.remaining(b"g", 7, t0 + WAIT), Duration::ZERO);
+        assert_eq!(holds.remaining(b"g", 7, t0 + WAIT, WAIT), Duration::ZERO);
         // A new hold lapsed meanwhile: its wait starts over.
         let t1 = t0 + Duration::from_secs(6);
-        assert_eq!(holds.remaining(b"g", 9, t1), WAIT);
+        assert_eq!(holds.remaining(b"g", 9, t1, WAIT), WAIT);
         // Other guards are independent.
-        assert_eq!(holds.remaining(b"h", 7, t1), WAIT);
+        assert_eq!(holds.remaining(b"h", 7, t1, WAIT), WAIT);
         holds.forget(b"g");
-        assert_eq!(holds.remaining(b"g", 9, t1 + Duration::from_secs(1)), WAIT);
+        assert_eq!(
+            holds.remaining(b"g", 9, t1 + Duration::from_secs(1), WAIT),
+            WAIT
+        );
     }
 
     #[test]
     fn old_sightings_are_dropped() {
-        let holds = LapsedHolds::new(WAIT);
+        let holds = LapsedHolds::default();
         let t0 = Instant::now();
-        holds.remaining(b"g", 7, t0);
-        holds.remaining(b"h", 7, t0 + WAIT * 5);
+        holds.remaining(b"g", 7, t0, WAIT);
+        holds.remaining(b"h", 7, t0 + WAIT * 5, WAIT);
         assert_eq!(holds.seen.lock().unwrap().len(), 1);
     }
 }

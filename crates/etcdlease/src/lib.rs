@@ -199,7 +199,7 @@ pub use keys::MAX_PREFIX_LEN;
 pub use wire::{Credentials, TlsOptions};
 
 use held_keys::HeldKeys;
-use keys::{KeySpace, decode_owner, encode_value};
+use keys::{KeySpace, decode_owner, decode_value, encode_value};
 use lapsed::LapsedHolds;
 use shared_lease::{Grant, SharedLease};
 use wire::EtcdClient;
@@ -363,7 +363,7 @@ impl EtcdLeaseBuilder {
                 ttl: self.ttl,
                 max_txn_ops: self.max_txn_ops,
                 held: HeldKeys::default(),
-                lapsed: LapsedHolds::new(self.ttl + self.grace),
+                lapsed: LapsedHolds::default(),
                 lapsed_hold_wait: self.lapsed_hold_wait.unwrap_or(self.ttl + self.grace),
                 authority: tokio::sync::OnceCell::new(),
             }),
@@ -563,8 +563,10 @@ impl Inner {
     async fn acquire(&self, session: &SessionId, owner: &OwnerId) -> Result<Lease, LeaseError> {
         let key = self.keys.session_key(session);
         let guard = self.keys.guard_of(&key);
-        let value = encode_value(session, owner);
-        let mut force_refresh = false;
+        let value = encode_value(session, owner, self.ttl);
+        // Set when an answer came from another raft term than the grant
+        // behind it: the next round needs a keep-alive sent after that.
+        let mut refresh_after: Option<Instant> = None;
         // The caller counts the lease from when it called (a keeper: from
         // when it sent the acquire, plus the TTL). A grant refreshed before
         // that would lapse earlier, and another owner could take the
@@ -583,8 +585,9 @@ impl Inner {
             // acquire hands out a whole TTL from the call, and the
             // transaction after it proves the keep-alive (see
             // `Grant::term`). Concurrent acquires share one keep-alive.
-            if force_refresh || grant.sent_at < started {
-                match self.shared.keep_alive(id, started).await {
+            let not_before = refresh_after.unwrap_or(started);
+            if refresh_after.is_some() || grant.sent_at < started {
+                match self.shared.keep_alive(id, not_before).await {
                     Ok(Some(fresh)) => grant = fresh,
                     Ok(None) => continue,
                     Err(e) => return Err(e.into_lease_error("acquire: keep-alive failed")),
@@ -602,6 +605,11 @@ impl Inner {
                 success: take_ops(&key, &guard, &value, id),
                 failure: vec![range_op(key.clone()), range_op(guard.clone())],
             };
+            // Known before it is sent: if this call is dropped while the
+            // write is on its way, the key is on our etcd lease and only
+            // the sweep would ever remove it.
+            self.held
+                .hold_if_unknown(&key, id, value.clone(), self.shared.etcd_deadline(&grant));
             let mut answer = match self.client.txn(take_if_free).await {
                 Err(e) if e.is_lease_not_found() => {
                     self.shared.forget(id);
@@ -627,7 +635,7 @@ impl Inner {
                 if !proven {
                     // Ours, but the grant is unproven: the next round
                     // refreshes it and finds the key ours.
-                    force_refresh = true;
+                    refresh_after = Some(Instant::now());
                     continue;
                 }
                 self.sweep().await;
@@ -646,11 +654,14 @@ impl Inner {
                 // Another owner's hold is taken over only once it has been
                 // seen lapsed long enough (see `lapsed`); the same owner
                 // takes it back at once, as it may re-acquire a live hold.
-                let previous = decode_owner(&lapsed.value);
+                let (previous, holder_ttl) = decode_value(&lapsed.value).unzip();
                 if previous.as_ref() != Some(owner) {
-                    let wait = self
-                        .lapsed
-                        .remaining(&guard, lapsed.mod_revision, Instant::now());
+                    // The holder counts on its own TTL, which may be longer
+                    // than ours.
+                    let wait = holder_ttl.unwrap_or(self.ttl).max(self.ttl) + self.shared.grace();
+                    let wait =
+                        self.lapsed
+                            .remaining(&guard, lapsed.mod_revision, Instant::now(), wait);
                     if wait > self.lapsed_hold_wait {
                         return Err(LeaseError::held(previous)
                             .with_source(EtcdError::LapsedHold { free_in: wait }));
@@ -677,11 +688,13 @@ impl Inner {
                     self.lapsed.forget(&guard);
                     return Ok(lease);
                 }
-                force_refresh = true;
+                refresh_after = Some(Instant::now());
                 continue;
             };
             let holder = decode_owner(&kv.value);
             if holder.as_ref() != Some(owner) {
+                // Answered: nothing of ours was written.
+                self.held.forget_unknown(&key);
                 return Err(match holder {
                     Some(h) => LeaseError::held(Some(h)),
                     None => LeaseError::held(None).with_source(EtcdError::Malformed {
@@ -702,7 +715,7 @@ impl Inner {
                     Instant::now() + self.shared.grace(),
                 );
             if live && !proven {
-                force_refresh = true;
+                refresh_after = Some(Instant::now());
                 continue;
             }
             if live {
@@ -730,7 +743,7 @@ impl Inner {
             {
                 return Ok(lease);
             }
-            force_refresh = true;
+            refresh_after = Some(Instant::now());
         }
         Err(LeaseError::transient(
             "acquire: the key or the etcd lease kept changing; try again",
@@ -753,6 +766,8 @@ impl Inner {
         grant: Grant,
     ) -> Result<Option<Lease>, LeaseError> {
         let guard = self.keys.guard_of(key);
+        self.held
+            .hold_if_unknown(key, id, value.to_vec(), self.shared.etcd_deadline(&grant));
         let rewrite = TxnRequest {
             compare: unchanged,
             success: take_ops(key, &guard, value, id),
@@ -1004,7 +1019,7 @@ impl Inner {
             return Ok(()); // never issued: nothing of ours to remove
         };
         let key = self.keys.session_key(lease.session_id());
-        let value = encode_value(lease.session_id(), lease.owner());
+        let value = encode_value(lease.session_id(), lease.owner(), self.ttl);
         self.client
             .txn(release_if_ours(
                 &key,

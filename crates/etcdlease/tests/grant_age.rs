@@ -15,7 +15,7 @@ const TTL: Duration = Duration::from_secs(12);
 fn client(etcd: &EtcdServer) -> EtcdLease {
     // Default grace (1 s) and default request timeout.
     EtcdLease::builder([etcd.endpoint()])
-        .prefix("/review/")
+        .prefix("/grant-age/")
         .ttl(TTL)
         .build()
         .unwrap()

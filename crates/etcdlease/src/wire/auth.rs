@@ -64,7 +64,7 @@ impl Auth {
     pub(super) fn set(&self, token: &str) -> Result<(), EtcdError> {
         let value = token.parse().map_err(|_| EtcdError::Malformed {
             call: "Authenticate",
-            detail: "etcd answered a token that is not ASCII".into(),
+            detail: "etcd answered a token that cannot be sent as request metadata".into(),
         })?;
         *self.token.lock().unwrap_or_else(|e| e.into_inner()) = Some(value);
         Ok(())
@@ -104,6 +104,6 @@ mod tests {
         let two = auth.token().unwrap();
         auth.forget(&two);
         assert!(auth.token().is_none());
-        assert!(auth.set("not ascii: é").is_err());
+        assert!(auth.set("no\nnewlines in headers").is_err());
     }
 }

@@ -358,3 +358,37 @@ pub struct AuthAdminResponse {
     #[prost(message, optional, tag = "1")]
     pub header: Option<ResponseHeader>,
 }
+
+/// An answer that starts with a [`ResponseHeader`].
+pub trait Answer {
+    /// The header, when etcd sent one.
+    fn header(&self) -> Option<&ResponseHeader>;
+    /// Whether the header's revision is the store's as of a linearizable
+    /// read or a write (KV answers), not a member's possibly lagging view.
+    const LINEARIZABLE_REVISION: bool = false;
+}
+
+macro_rules! answers {
+    ($($t:ty => $linearizable:expr),* $(,)?) => {$(
+        impl Answer for $t {
+            fn header(&self) -> Option<&ResponseHeader> {
+                self.header.as_ref()
+            }
+            const LINEARIZABLE_REVISION: bool = $linearizable;
+        }
+    )*};
+}
+
+answers!(
+    RangeResponse => true,
+    TxnResponse => true,
+    DeleteRangeResponse => true,
+    PutResponse => true,
+    LeaseGrantResponse => false,
+    LeaseRevokeResponse => false,
+    LeaseKeepAliveResponse => false,
+    LockResponse => false,
+    UnlockResponse => false,
+    AuthenticateResponse => false,
+    AuthAdminResponse => false,
+);

@@ -13,7 +13,7 @@ mod auth;
 pub mod messages;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -108,6 +108,15 @@ pub struct EtcdClient {
     current: Arc<AtomicUsize>,
     timeout: Duration,
     auth: Option<Arc<Auth>>,
+    seen: Arc<Seen>,
+}
+
+/// What every answer so far said of the cluster: its id, and the highest
+/// store revision a linearizable answer reported.
+#[derive(Debug, Default)]
+struct Seen {
+    cluster_id: AtomicU64,
+    revision: AtomicI64,
 }
 
 impl std::fmt::Debug for EtcdClient {
@@ -161,6 +170,7 @@ impl EtcdClient {
             current: Arc::new(AtomicUsize::new(0)),
             timeout,
             auth: None,
+            seen: Arc::default(),
         })
     }
 
@@ -235,7 +245,7 @@ impl EtcdClient {
     async fn unary<Req, Resp>(&self, method: Method, request: Req) -> Result<Resp, EtcdError>
     where
         Req: prost::Message + Clone + Send + Sync + 'static,
-        Resp: prost::Message + Default + Send + Sync + 'static,
+        Resp: prost::Message + Answer + Default + Send + Sync + 'static,
     {
         let token = self.token().await?;
         match self
@@ -253,6 +263,56 @@ impl EtcdClient {
         }
     }
 
+    /// Fails unless `answer` comes from the cluster every earlier answer
+    /// came from, and (for a linearizable answer) shows a store at least as
+    /// new as `floor`, the newest revision seen before the request was
+    /// sent. Endpoints that reach two clusters, or a cluster whose data was
+    /// replaced (wiped, restored from a backup), would hand out tokens of
+    /// another authority, or tokens issued before.
+    fn check_answer<R: Answer>(
+        &self,
+        member: &Member,
+        answer: &R,
+        floor: i64,
+    ) -> Result<(), EtcdError> {
+        let Some(header) = answer.header() else {
+            return Ok(());
+        };
+        let changed = |detail: String| EtcdError::ClusterChanged {
+            endpoint: member.url.to_string(),
+            detail,
+        };
+        if header.cluster_id != 0 {
+            match self.seen.cluster_id.compare_exchange(
+                0,
+                header.cluster_id,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {}
+                Err(known) if known == header.cluster_id => {}
+                Err(known) => {
+                    return Err(changed(format!(
+                        "cluster {:016x} answered; this client's cluster is {known:016x}",
+                        header.cluster_id
+                    )));
+                }
+            }
+        }
+        if R::LINEARIZABLE_REVISION && header.revision > 0 {
+            if header.revision < floor {
+                return Err(changed(format!(
+                    "the store's revision went back from {floor} to {}: its data was replaced",
+                    header.revision
+                )));
+            }
+            self.seen
+                .revision
+                .fetch_max(header.revision, Ordering::AcqRel);
+        }
+        Ok(())
+    }
+
     async fn unary_once<Req, Resp>(
         &self,
         method: Method,
@@ -261,8 +321,9 @@ impl EtcdClient {
     ) -> Result<Resp, EtcdError>
     where
         Req: prost::Message + Send + Sync + 'static,
-        Resp: prost::Message + Default + Send + Sync + 'static,
+        Resp: prost::Message + Answer + Default + Send + Sync + 'static,
     {
+        let floor = self.seen.revision.load(Ordering::Acquire);
         let (i, member) = self.pick();
         let call = async {
             let mut grpc = tonic::client::Grpc::new(member.channel.clone());
@@ -292,7 +353,8 @@ impl EtcdClient {
                 endpoint: member.url.to_string(),
                 after: self.timeout,
             }),
-        };
+        }
+        .and_then(|answer| self.check_answer(member, &answer, floor).map(|()| answer));
         if let Err(e) = &result
             && e.is_member_fault()
         {
@@ -563,8 +625,13 @@ impl KeepAliveStream {
         };
         let result = match tokio::time::timeout(timeout, attempt).await {
             Ok(Ok((answer, open))) => {
-                self.open = Some(open);
-                Ok(answer)
+                match client.check_answer(&client.members[member], &answer, 0) {
+                    Ok(()) => {
+                        self.open = Some(open);
+                        Ok(answer)
+                    }
+                    Err(e) => Err(e),
+                }
             }
             Ok(Err(e)) => Err(e),
             Err(_) => Err(EtcdError::Timeout {

@@ -1,13 +1,11 @@
-//! Review reproduction (fails on the code it was written against): an
-//! acquire dropped after its transaction reached etcd but before the answer
-//! came back (a client disconnect cancelling the request that was
-//! acquiring) leaves the session key on the client's shared etcd lease,
-//! unknown to the client's sweep bookkeeping. A lost *reply* is handled
-//! (the key is recorded and swept); a dropped *future* is not. While the
-//! client keeps renewing any other session, the shared keep-alive keeps the
-//! orphaned key alive, and every other owner is answered `Held` for ever.
-//! The trait says a dropped acquire must leave state "exactly as a lost
-//! reply would".
+//! An acquire dropped after its transaction reached etcd but before the
+//! answer came back (a client disconnect cancelling the request that was
+//! acquiring) leaves the session key on the client's shared etcd lease. The
+//! client must know of it, as it does after a lost reply, and sweep it:
+//! otherwise, while the client keeps renewing any other session, the shared
+//! keep-alive keeps the orphaned key alive, and every other owner is
+//! answered `Held` for ever. The trait says a dropped acquire must leave
+//! state exactly as a lost reply would.
 
 use std::time::{Duration, Instant};
 
@@ -19,7 +17,7 @@ const TTL: Duration = Duration::from_secs(4);
 
 fn client(endpoint: String) -> EtcdLease {
     EtcdLease::builder([endpoint])
-        .prefix("/review-cancel/")
+        .prefix("/cancelled-acquire/")
         .ttl(TTL)
         .request_timeout(Duration::from_secs(2))
         .lapsed_hold_wait(Duration::ZERO)

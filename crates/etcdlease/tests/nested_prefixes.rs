@@ -1,15 +1,13 @@
-//! Review reproductions (fail on the code they were written against): the
-//! authority marker of prefix `P` is stored at `{P}authority`, which is the
-//! session key (`{Q}s/authority`) or the guard (`{Q}g/authority`) of the
-//! session named `authority` under the parent prefix `Q` whenever `P` is
-//! `{Q}s/` or `{Q}g/`. Prefixes nested that way pass the builder's checks,
-//! and each is its own authority, yet their keys meet:
+//! Prefixes nested in another prefix's directories (`{Q}s/`, `{Q}g/`) are
+//! authorities of their own, and their keys must never meet the parent's.
+//! A marker stored right under the prefix would be the session key or the
+//! guard of the parent's session named `authority`:
 //!
-//! - under the guard: the session's acquire takes the marker for a lapsed
-//!   hold, overwrites it after the wait, and its release deletes it, so the
-//!   nested prefix's authority becomes unreadable and then changes;
-//! - under the session key: the marker reads as a value this crate did not
-//!   write, so the session is `Held` by nobody, for ever.
+//! - under the guard, the session's acquire would take the marker for a
+//!   lapsed hold, overwrite it, and its release delete it, so the nested
+//!   prefix's authority would become unreadable and then change;
+//! - under the session key, the marker would read as a value this crate
+//!   did not write, so the session would be `Held` by nobody, for ever.
 
 use std::time::{Duration, Instant};
 

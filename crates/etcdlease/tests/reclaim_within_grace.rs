@@ -1,11 +1,9 @@
-//! Review reproduction (failed before `renew_on_other` extended the sweep
-//! bookkeeping; passes with that one-line fix): a renew
-//! that reclaims a lease just past its reported expiry — within the grace,
-//! the "unraced reclaim" the crate documents — answers a fresh expiry, but
-//! when the client's own view of its shared etcd lease has lapsed too the
-//! renewal goes through `renew_on_other`, which never extends the client's
-//! sweep bookkeeping (`HeldKeys::renewed`). The next sweep, set off by any
-//! other call on the same client, then deletes the key *and its guard* as
+//! A renew that reclaims a lease just past its reported expiry (within the
+//! grace: the unraced reclaim the crate documents) answers a fresh expiry.
+//! When the client's own view of its shared etcd lease has lapsed too, the
+//! renewal goes through another path than usual, and that path must extend
+//! the client's sweep bookkeeping as well: otherwise the next sweep, set off
+//! by any other call on the same client, deletes the key and its guard as
 //! if the hold had been released, and another owner takes the session at
 //! once while the holder still counts on the lease it was just given.
 
@@ -22,7 +20,7 @@ const GRACE: Duration = Duration::from_secs(3);
 
 fn client(etcd: &EtcdServer) -> EtcdLease {
     EtcdLease::builder([etcd.endpoint()])
-        .prefix("/review-reclaim/")
+        .prefix("/reclaim/")
         .ttl(TTL)
         .expiry_grace(GRACE)
         .request_timeout(Duration::from_secs(1))
