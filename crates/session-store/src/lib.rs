@@ -242,4 +242,7 @@ pub use jsonl::{
     DEFAULT_MAX_OPEN, DEFAULT_MAX_PAGE_BYTES, FILE_SUFFIX, FsyncPolicy, GRAVEYARD_FILE_NAME,
     JsonlOptions, JsonlStore, ReclaimReport,
 };
-pub use model::{AppendReceipt, Fence, Page, SessionStore, StoredEvent, WriteFence};
+pub use model::{
+    AppendReceipt, Fence, ListCursor, MAX_LIST_LIMIT, Page, SessionPage, SessionStore, StoredEvent,
+    WriteFence, check_list_limit,
+};
