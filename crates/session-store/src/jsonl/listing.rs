@@ -3,7 +3,6 @@
 //! needs, so memory follows the page and not the store.
 
 use std::collections::BinaryHeap;
-use std::path::Path;
 
 use lease_port::SessionId;
 use tracing::warn;
@@ -79,7 +78,7 @@ impl StoreCore {
             if !entry.file_type().is_ok_and(|t| t.is_file()) {
                 continue;
             }
-            let Some(session) = self.session_named(name, stem, &entry.path()) else {
+            let Some(session) = self.session_named(name, stem) else {
                 continue;
             };
             if after.is_some_and(|a| &session <= a) {
@@ -104,20 +103,21 @@ impl StoreCore {
     /// is opened to check the session is live); a hashed one is read from
     /// the header. `None`, with a warning, for a file that cannot be a
     /// session.
-    fn session_named(&self, name: &str, stem: &str, path: &Path) -> Option<SessionId> {
+    fn session_named(&self, name: &str, stem: &str) -> Option<SessionId> {
+        let path = || self.dir.join(name);
         if let Some(id) = session_filename::decode(stem) {
             return match SessionId::new(id) {
                 Ok(session) => Some(session),
                 Err(e) => {
-                    warn!(path = %path.display(), error = %e, "listing skips a file whose name is no session id");
+                    warn!(path = %path().display(), error = %e, "listing skips a file whose name is no session id");
                     None
                 }
             };
         }
-        match self.session_in(name, stem, path) {
+        match self.session_in(name, stem, &path()) {
             Ok(session) => session,
             Err(e) => {
-                warn!(path = %path.display(), error = %e, "listing skips a file that is not a readable session");
+                warn!(path = %path().display(), error = %e, "listing skips a file that is not a readable session");
                 None
             }
         }
