@@ -292,6 +292,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         owner,
         agent,
         max_body_bytes: args.max_body_bytes,
+        transcript_cache_bytes: args.transcript_cache_bytes,
         shutdown_timeout: args.shutdown_timeout,
         allow_volatile_lease_dir: args.allow_volatile_lease_dir,
     };

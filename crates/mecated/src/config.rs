@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::backend::{LeaseChoice, StoreChoice};
+use crate::transcript::DEFAULT_TRANSCRIPT_CACHE_BYTES;
 
 /// mecated: a session server whose every run is owned by one process at a
 /// time, through a lease, and whose every write is fenced by that lease.
@@ -325,6 +326,14 @@ pub struct ServeArgs {
     /// recent events, a process crash does not).
     #[arg(long, env = "MECATED_STORE_FSYNC", value_enum, default_value_t = FsyncChoice::Always)]
     pub store_fsync: FsyncChoice,
+
+    /// Bytes of session transcripts kept in memory between runs, so that a
+    /// run reads only the events added since this process last ran the
+    /// session. The least recently run sessions are dropped first; a
+    /// session larger than this is never kept. 0 keeps none (every run
+    /// reads its whole transcript).
+    #[arg(long, env = "MECATED_TRANSCRIPT_CACHE_BYTES", default_value_t = DEFAULT_TRANSCRIPT_CACHE_BYTES)]
+    pub transcript_cache_bytes: usize,
 
     /// Largest request body accepted, in bytes.
     #[arg(long, env = "MECATED_MAX_BODY_BYTES", default_value_t = 1 << 20)]

@@ -18,7 +18,8 @@ use lease_keeper::{KeeperError, KeeperErrorKind, LeaseGuard, LeaseKeeper, WriteG
 use lease_port::{FencingToken, OwnerId, SessionId};
 use serde_json::{Value, json};
 use session_store::{
-    AppendReceipt, Fence, Page, SessionStore, StoreError, StoreErrorKind, StoredEvent, WriteFence,
+    AppendReceipt, Fence, ListCursor, Page, SessionPage, SessionStore, StoreError, StoreErrorKind,
+    StoredEvent, WriteFence,
 };
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
@@ -29,6 +30,9 @@ use tracing::{Instrument, Span, field, info, info_span, warn};
 use crate::agent::{Agent, AgentError, EventSink, SinkError, Turn};
 use crate::error::error_chain;
 use crate::metrics::{Metrics, RunOutcome};
+use crate::transcript::{
+    CachedTranscript, DEFAULT_TRANSCRIPT_CACHE_BYTES, Transcript, TranscriptCache,
+};
 
 mod follow;
 mod lease_wait;
@@ -75,6 +79,9 @@ struct EngineInner {
     agent: Arc<dyn Agent>,
     metrics: Arc<Metrics>,
     runs: Mutex<HashMap<SessionId, CancellationToken>>,
+    /// What runs read of their sessions' transcripts, so the next run of a
+    /// session reads only what is new.
+    transcripts: TranscriptCache,
     tasks: TaskTracker,
     shutting_down: CancellationToken,
     leased: bool,
@@ -239,6 +246,7 @@ impl Engine {
                 agent,
                 metrics,
                 runs: Mutex::default(),
+                transcripts: TranscriptCache::new(DEFAULT_TRANSCRIPT_CACHE_BYTES),
                 tasks: TaskTracker::new(),
                 shutting_down: CancellationToken::new(),
                 leased: exclusivity == Exclusivity::Leased,
@@ -249,6 +257,20 @@ impl Engine {
         }
     }
 
+    /// Bounds the memory kept of transcripts already read (default
+    /// [`DEFAULT_TRANSCRIPT_CACHE_BYTES`]); 0 keeps none, so every run reads
+    /// its session's whole transcript.
+    pub fn with_transcript_cache_bytes(self, bytes: usize) -> Self {
+        self.inner.transcripts.set_budget(bytes);
+        self
+    }
+
+    /// Bytes of transcripts kept for the next runs, and of how many
+    /// sessions.
+    pub fn transcript_cache_usage(&self) -> (usize, usize) {
+        self.inner.transcripts.usage()
+    }
+
     /// Creates an empty session.
     pub async fn create_session(&self, session: &SessionId) -> Result<(), EngineError> {
         Ok(self.inner.store.create(session).await?)
@@ -257,6 +279,16 @@ impl Engine {
     /// Every session, sorted.
     pub async fn list_sessions(&self) -> Result<Vec<SessionId>, EngineError> {
         Ok(self.inner.store.list().await?)
+    }
+
+    /// At most `limit` sessions after `after`, sorted, and where the next
+    /// page starts.
+    pub async fn list_sessions_page(
+        &self,
+        after: Option<&ListCursor>,
+        limit: usize,
+    ) -> Result<SessionPage, EngineError> {
+        Ok(self.inner.store.list_page(after, limit).await?)
     }
 
     /// What the store knows of `session`; `NotFound` when it does not exist.
@@ -317,9 +349,49 @@ impl Engine {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    async fn transcript(&self, session: &SessionId) -> Result<Vec<StoredEvent>, StoreError> {
+    /// The transcript a run whose claim is event `claim_seq` hands its
+    /// agent — every event up to the claim — and the claim as stored.
+    ///
+    /// Starts from what the last run of the session here read, when the
+    /// store still holds the event it ended with (see [`crate::transcript`]
+    /// for why that proves the rest unchanged), and reads only from there;
+    /// otherwise reads the whole transcript.
+    async fn transcript(
+        &self,
+        session: &SessionId,
+        claim_seq: u64,
+    ) -> Result<(Transcript, Option<StoredEvent>), StoreError> {
+        let cache = &self.inner.transcripts;
+        if let Some(mut cached) = cache.take(session) {
+            let mut newer = self.read_from(session, cached.last().seq).await?;
+            if newer.first() == Some(cached.last()) {
+                newer.remove(0);
+                let claim = newer.iter().find(|e| e.seq == claim_seq).cloned();
+                cached.extend(newer);
+                let transcript = cached.transcript();
+                cache.put(session, cached);
+                return Ok((transcript, claim));
+            }
+            // Deleted since (and perhaps created again): start afresh.
+        }
+        let events = self.read_from(session, 1).await?;
+        let claim = events.iter().find(|e| e.seq == claim_seq).cloned();
+        let transcript =
+            Transcript::from(events.iter().map(|e| e.payload.clone()).collect::<Vec<_>>());
+        if let Some(cached) = CachedTranscript::new(events) {
+            cache.put(session, cached);
+        }
+        Ok((transcript, claim))
+    }
+
+    /// Every event of `session` from `from` on.
+    async fn read_from(
+        &self,
+        session: &SessionId,
+        from: u64,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
         let mut events = Vec::new();
-        let mut from = 1;
+        let mut from = from;
         loop {
             let page = self
                 .inner
@@ -463,17 +535,15 @@ impl Engine {
         self.register_local_run(&session, token, watch);
         let (tx, events) = mpsc::channel(STREAM_BUFFER);
         let (end_tx, end) = oneshot::channel();
-        let (transcript, lagged) = match self.transcript(&session).await {
-            Ok(stored) => {
+        let (transcript, lagged) = match self.transcript(&session, first_seq).await {
+            Ok((transcript, claimed)) => {
                 // The claim was just read back with the transcript: forward
                 // it as stored. It is there, since our token fences everyone
                 // else off.
-                let claimed = stored.iter().find(|e| e.seq == first_seq).cloned();
                 let lagged = match claimed {
                     Some(e) => tx.try_send(e).is_err(),
                     None => true,
                 };
-                let transcript = stored.into_iter().map(|e| e.payload).collect();
                 (Ok(transcript), lagged)
             }
             Err(e) => {
@@ -520,7 +590,7 @@ impl Engine {
     /// A transcript that could not be read (`Err`, why) fails the run: it
     /// is claimed, so it still ends, is counted and released like any
     /// other.
-    async fn drive(&self, run: Run, transcript: Result<Vec<Value>, String>) {
+    async fn drive(&self, run: Run, transcript: Result<Transcript, String>) {
         let Run {
             session,
             guard,
@@ -662,18 +732,21 @@ impl Engine {
         // dropped mid-delete, the delete still ends before the lease is
         // released.
         let permit = guard.begin_write()?;
-        let (store, session, fence) = (
+        let (store, deleted, fence) = (
             Arc::clone(&self.inner.store),
             session.clone(),
             self.fence(&guard),
         );
         let result = Detached::new(async move {
-            let result = store.delete(&session, fence).await;
+            let result = store.delete(&deleted, fence).await;
             drop(permit);
             result
         })
         .await;
         drop(guard);
+        if result.is_ok() {
+            self.inner.transcripts.forget(session);
+        }
         result.map_err(Into::into)
     }
 

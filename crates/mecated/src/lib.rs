@@ -46,6 +46,8 @@
 //! - [`backend`]: the one place flags become a store and a lease backend
 //!   (and the single-process proof of unleased deployments).
 //! - [`server`]: start-up and graceful shutdown.
+//! - [`transcript`]: what a run's agent is given, and the cache that
+//!   spares a run from reading its session's whole transcript again.
 
 pub mod agent;
 pub mod backend;
@@ -58,6 +60,7 @@ pub mod lease_view;
 pub mod metrics;
 pub mod openapi;
 pub mod server;
+pub mod transcript;
 pub mod wire;
 
 pub use server::{Server, ServerConfig, StartError};

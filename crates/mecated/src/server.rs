@@ -34,6 +34,8 @@ pub struct ServerConfig {
     pub agent: Arc<dyn Agent>,
     /// Largest request body.
     pub max_body_bytes: usize,
+    /// Memory bound of the transcripts kept between runs; 0 keeps none.
+    pub transcript_cache_bytes: usize,
     /// Bound on graceful shutdown.
     pub shutdown_timeout: Duration,
     /// Accept a lease directory on tmpfs or ramfs (lost on reboot).
@@ -54,6 +56,7 @@ impl ServerConfig {
             owner: default_owner(),
             agent: Arc::new(EchoAgent::default()),
             max_body_bytes: 1 << 20,
+            transcript_cache_bytes: crate::transcript::DEFAULT_TRANSCRIPT_CACHE_BYTES,
             shutdown_timeout: Duration::from_secs(10),
             allow_volatile_lease_dir: false,
         }
@@ -234,7 +237,8 @@ impl Server {
             .shutdown_timeout(config.shutdown_timeout / 2)
             .build()
             .map_err(StartError::Keeper)?;
-        let app = Engine::new(store, keeper, config.agent.clone(), metrics, exclusivity);
+        let app = Engine::new(store, keeper, config.agent.clone(), metrics, exclusivity)
+            .with_transcript_cache_bytes(config.transcript_cache_bytes);
         app.set_lease_view(view);
 
         let listener =

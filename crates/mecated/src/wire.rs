@@ -99,6 +99,28 @@ pub struct PageQuery {
     pub limit: Option<usize>,
 }
 
+/// Largest page of sessions one listing returns.
+pub const MAX_SESSION_PAGE: usize = 1000;
+
+/// Sessions per listing page when the client does not say.
+pub const DEFAULT_SESSION_PAGE: usize = 100;
+
+/// `GET /v1/sessions`: which page. Unknown parameters are refused with 400
+/// `invalid`.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct SessionListQuery {
+    /// At most this many sessions (100 when absent).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<usize>,
+    /// The `continue` of the previous page: this page starts after it.
+    /// Opaque; it does not expire.
+    #[serde(rename = "continue")]
+    #[param(rename = "continue")]
+    pub continue_token: Option<String>,
+}
+
 /// `201` of `POST /v1/sessions`: the new session.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -123,7 +145,14 @@ pub struct SessionRef {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SessionList {
-    /// Every session, sorted by id.
+    /// Pass as `continue` for the next page; null when this page is the
+    /// last.
+    #[serde(rename = "continue")]
+    #[schema(required = true)]
+    pub continue_token: Option<String>,
+    /// One page of sessions, sorted by id. Paging through while sessions
+    /// are created and deleted lists every session that exists throughout
+    /// exactly once.
     pub sessions: Vec<SessionRef>,
 }
 
@@ -317,6 +346,8 @@ pub enum ErrorCode {
     NotFound,
     /// 400 (bad input) or 413 (body too large).
     Invalid,
+    /// 400: a `continue` token this server did not issue.
+    InvalidContinue,
     /// 409: a session with this id exists.
     SessionExists,
     /// 503: the server is shutting down; retry on another process.

@@ -609,6 +609,26 @@ async fn sessions_are_created_listed_described_and_deleted(seen: &Seen) {
     assert_eq!(r.status, 200);
     let ids: Vec<Value> = r.json()["sessions"].as_array().unwrap().clone();
     assert_eq!(ids.len(), 2);
+    assert!(r.json()["continue"].is_null());
+
+    // Paged: one at a time, then a cursor this server never issued and a
+    // limit out of bounds.
+    let r = api.get("/v1/sessions?limit=1").await;
+    assert_eq!(r.status, 200);
+    let token = r.json()["continue"].as_str().unwrap().to_owned();
+    let r = api
+        .get(&format!("/v1/sessions?limit=1&continue={token}"))
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["sessions"].as_array().unwrap().len(), 1);
+    assert!(r.json()["continue"].is_null());
+    let r = api.get("/v1/sessions?continue=bogus").await;
+    assert_eq!(
+        (r.status, r.error_code().as_str()),
+        (400, "invalid_continue")
+    );
+    let r = api.get("/v1/sessions?limit=0").await;
+    assert_eq!((r.status, r.error_code().as_str()), (400, "invalid"));
 
     let r = api.get("/v1/sessions/alpha").await;
     assert_eq!(r.status, 200);

@@ -11,7 +11,8 @@ use lease_port::{AuthorityId, FencingToken, OwnerId, SessionId, SessionLease};
 use redis::Value;
 use serde_json::Value as Json;
 use session_store::{
-    AppendReceipt, CancelRequest, Page, SessionStore, StoreError, StoredEvent, WriteFence,
+    AppendReceipt, CancelRequest, ListCursor, Page, SessionPage, SessionStore, StoreError,
+    StoredEvent, WriteFence, check_list_limit,
 };
 
 use crate::conn::{Conn, ConnectError, DEFAULT_REQUEST_TIMEOUT, RequestError, Target, text};
@@ -505,6 +506,47 @@ impl SessionStore for RedisStore {
         // again costs little and keeps the promise whatever wrote the set.
         out.sort();
         Ok(out)
+    }
+
+    async fn list_page(
+        &self,
+        after: Option<&ListCursor>,
+        limit: usize,
+    ) -> Result<SessionPage, StoreError> {
+        check_list_limit(limit)?;
+        let key = self.inner.conn.keys().sessions();
+        // The session index has one score, so it is ordered by bytes, as
+        // ids compare: a page is a lexicographic range after the cursor,
+        // one more than asked to tell whether another page follows.
+        let min = after.map_or_else(|| "-".to_owned(), |c| format!("({}", c.last().as_str()));
+        let reply = self
+            .inner
+            .conn
+            .command(
+                redis::cmd("ZRANGEBYLEX")
+                    .arg(&key)
+                    .arg(min)
+                    .arg("+")
+                    .arg("LIMIT")
+                    .arg(0)
+                    .arg(limit + 1),
+            )
+            .await
+            .map_err(self.io("listing sessions"))?;
+        let Value::Array(members) = reply else {
+            return Err(self.corrupt(&key, format!("list: unexpected reply {reply:?}")));
+        };
+        let mut sessions = members
+            .iter()
+            .map(|m| {
+                text(m)
+                    .and_then(|s| SessionId::new(s).ok())
+                    .ok_or_else(|| self.corrupt(&key, format!("not a session id: {m:?}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let more = sessions.len() > limit;
+        sessions.truncate(limit);
+        Ok(SessionPage::new(sessions, more))
     }
 
     async fn delete(&self, session: &SessionId, fence: WriteFence) -> Result<(), StoreError> {

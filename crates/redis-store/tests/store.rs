@@ -989,3 +989,88 @@ async fn cancel_requests_rise_exactly_and_are_counted() {
         .unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::NotFound);
 }
+
+#[tokio::test]
+async fn sessions_are_listed_in_pages_that_survive_concurrent_changes() {
+    use std::collections::BTreeSet;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use session_store::{ListCursor, MAX_LIST_LIMIT};
+
+    let redis = RedisServer::start().unwrap();
+    let store = open(&redis).await;
+    async fn walk(store: &RedisStore, limit: usize) -> Vec<SessionId> {
+        let mut out = Vec::new();
+        let mut after: Option<ListCursor> = None;
+        loop {
+            let page = store.list_page(after.as_ref(), limit).await.unwrap();
+            assert!(page.sessions.len() <= limit);
+            out.extend(page.sessions);
+            match page.next {
+                Some(next) => after = Some(ListCursor::decode(&next.encode()).unwrap()),
+                None => return out,
+            }
+        }
+    }
+    // Ids whose bytes sort differently from naive expectations.
+    let mut ids: Vec<SessionId> = ["b", "a", "a{x}", "A", "é", "a b", "a-", "zz", "a%7B"]
+        .into_iter()
+        .map(sid)
+        .collect();
+    for id in &ids {
+        store.create(id).await.unwrap();
+    }
+    store.delete(&sid("zz"), tok(1)).await.unwrap();
+    ids.retain(|i| i.as_str() != "zz");
+    ids.sort();
+    for limit in [1, 2, 3, ids.len(), MAX_LIST_LIMIT] {
+        assert_eq!(walk(&store, limit).await, ids, "limit {limit}");
+    }
+    assert_eq!(store.list().await.unwrap(), ids);
+    for limit in [0, MAX_LIST_LIMIT + 1] {
+        let e = store.list_page(None, limit).await.unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Invalid);
+    }
+
+    // Stable sessions every third id; another client creates and deletes
+    // the ids between while pages are read.
+    let stable: BTreeSet<SessionId> = (0..150)
+        .step_by(3)
+        .map(|i| sid(&format!("k-{i:03}")))
+        .collect();
+    for id in &stable {
+        store.create(id).await.unwrap();
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let churn = {
+        let other = open(&redis).await;
+        let stop = Arc::clone(&stop);
+        tokio::spawn(async move {
+            let mut round = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                for i in (0u64..150).filter(|i| !i.is_multiple_of(3)) {
+                    let id = sid(&format!("k-{i:03}"));
+                    if (i + round).is_multiple_of(2) {
+                        let _ = other.create(&id).await;
+                    } else {
+                        let _ = other.delete(&id, tok(round + 10)).await;
+                    }
+                }
+                round += 1;
+            }
+            round
+        })
+    };
+    for limit in [1, 4, 7] {
+        let flat = walk(&store, limit).await;
+        assert!(flat.windows(2).all(|w| w[0] < w[1]), "limit {limit}");
+        let seen: BTreeSet<SessionId> = flat.into_iter().collect();
+        assert!(
+            stable.is_subset(&seen),
+            "limit {limit}: a stable session missing"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    assert!(churn.await.unwrap() > 0);
+}

@@ -224,6 +224,14 @@
 //!   locked past the timeout fails the listing with `Busy`. Each file's
 //!   header is read once per store; afterwards a listing only brings the
 //!   open sessions' views up to date (reading what was appended since).
+//! - **Paged listing** ([`SessionStore::list_page`]) streams the
+//!   directory and keeps only the `limit + 1` smallest ids after the
+//!   cursor (a plain file name spells its id; a hashed one's id is read
+//!   from its header), then checks those are live; a page cut short by
+//!   deleted sessions scans again after them, keeping twice as many. Memory
+//!   follows the page; time follows the directory (one scan per page).
+//!   [`ListCursor`] names the last id of a page, so a session that exists
+//!   throughout a walk is listed exactly once.
 //! - **Pages** hold at most `limit` events and at most
 //!   [`JsonlOptions::max_page_bytes`] (default 4 MiB) of stored lines, but
 //!   always at least one event; [`Page::next_seq`] says where the rest
@@ -243,6 +251,6 @@ pub use jsonl::{
     GRAVEYARD_FILE_NAME, JsonlOptions, JsonlStore, ReclaimReport,
 };
 pub use model::{
-    APPEND_POLL_INTERVAL, AppendReceipt, CancelRequest, Fence, Page, SessionStore, StoredEvent,
-    WriteFence, poll_for_append,
+    APPEND_POLL_INTERVAL, AppendReceipt, CancelRequest, Fence, ListCursor, MAX_LIST_LIMIT, Page,
+    SessionPage, SessionStore, StoredEvent, WriteFence, check_list_limit, poll_for_append,
 };

@@ -55,7 +55,7 @@ mod tests {
     fn turn(input: serde_json::Value) -> Turn {
         Turn {
             session_id: "s".into(),
-            transcript: vec![],
+            transcript: Default::default(),
             input,
         }
     }

@@ -145,7 +145,7 @@ mod tests {
     fn turn() -> Turn {
         Turn {
             session_id: "s-1".into(),
-            transcript: vec![json!({"type": "message", "content": "earlier"})],
+            transcript: vec![json!({"type": "message", "content": "earlier"})].into(),
             input: json!("hello"),
         }
     }

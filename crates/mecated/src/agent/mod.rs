@@ -18,6 +18,8 @@ use serde_json::Value;
 pub use echo::EchoAgent;
 pub use exec::ExecAgent;
 
+pub use crate::transcript::Transcript;
+
 /// Where a run's events go. Each `emit` returns once the event is durable
 /// in the session's log; an error means the run must stop (for example its
 /// lease token was fenced off).
@@ -37,8 +39,10 @@ pub struct SinkError(pub String);
 pub struct Turn {
     /// The session's id, as text.
     pub session_id: String,
-    /// Every event of the session before this run, oldest first.
-    pub transcript: Vec<Value>,
+    /// Every event of the session before this run, oldest first, and the
+    /// run's own claim (`run_started`) last. Shared, not copied, between
+    /// runs: build one from a `Vec<Value>` with `into()`.
+    pub transcript: Transcript,
     /// The run's input as the client sent it.
     pub input: Value,
 }

@@ -74,7 +74,7 @@ impl ApiError {
 /// The status of each code.
 fn status_of(code: ErrorCode) -> StatusCode {
     match code {
-        ErrorCode::Invalid => StatusCode::BAD_REQUEST,
+        ErrorCode::Invalid | ErrorCode::InvalidContinue => StatusCode::BAD_REQUEST,
         ErrorCode::NotFound => StatusCode::NOT_FOUND,
         ErrorCode::SessionLeasedElsewhere
         | ErrorCode::SessionBusy
@@ -168,6 +168,7 @@ mod tests {
         use ErrorCode::*;
         let table = [
             (Invalid, 400, false),
+            (InvalidContinue, 400, false),
             (NotFound, 404, false),
             (SessionLeasedElsewhere, 409, false),
             (SessionBusy, 409, true),

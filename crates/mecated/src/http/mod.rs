@@ -19,15 +19,17 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use lease_port::SessionId;
+use session_store::ListCursor;
 
 pub use self::error::ApiError;
 use crate::engine::{
     Engine, EngineError, FollowItem, MAX_RUN_WAIT, RunEnd as EngineRunEnd, StartedRun,
 };
 use crate::wire::{
-    CancelResult, CreateSession, CreatedSession, DEFAULT_PAGE, ErrorBody, ErrorCode, Event,
-    EventPage, FollowEnd, LeaseStatus, MAX_PAGE, PageQuery, RunEnd, RunQuery, RunRequest,
-    RunResult, SessionIdText, SessionInfo, SessionList, SessionRef,
+    CancelResult, CreateSession, CreatedSession, DEFAULT_PAGE, DEFAULT_SESSION_PAGE, ErrorBody,
+    ErrorCode, Event, EventPage, FollowEnd, LeaseStatus, MAX_PAGE, MAX_SESSION_PAGE, PageQuery,
+    RunEnd, RunQuery, RunRequest, RunResult, SessionIdText, SessionInfo, SessionList,
+    SessionListQuery, SessionRef,
 };
 
 /// The router of the whole API.
@@ -151,24 +153,48 @@ pub(crate) async fn create_session(
     path = "/v1/sessions",
     operation_id = "listSessions",
     tag = "sessions",
-    summary = "List sessions",
+    summary = "List sessions, paged",
+    description = "Sessions in id order, a page at a time: pass the page's `continue` to get the next. \
+                   A session that exists for the whole walk is listed exactly once, whatever is created or \
+                   deleted meanwhile; one created or deleted during it may or may not be.",
+    params(SessionListQuery),
     responses(
-        (status = 200, description = "Every session, sorted by id", body = SessionList),
+        (status = 200, description = "A page of sessions", body = SessionList),
+        (status = 400, description = "`invalid` (a bad or unknown query parameter, or `limit` outside 1..=1000) or \
+                                      `invalid_continue` (a `continue` this server did not issue)", body = ErrorBody),
         (status = 500, description = "`internal`: a storage fault", body = ErrorBody),
         (status = 503, description = "`store_busy`: the store is locked by another process; retry (`Retry-After`)", body = ErrorBody),
     )
 )]
 pub(crate) async fn list_sessions(
     State(engine): State<Engine>,
+    query: Result<Query<SessionListQuery>, QueryRejection>,
 ) -> Result<Json<SessionList>, ApiError> {
-    let ids = engine.list_sessions().await?;
-    let sessions = ids
+    let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
+    let limit = q.limit.unwrap_or(DEFAULT_SESSION_PAGE);
+    if !(1..=MAX_SESSION_PAGE).contains(&limit) {
+        return Err(ApiError::invalid(format!(
+            "limit must be 1..={MAX_SESSION_PAGE}"
+        )));
+    }
+    let after = q
+        .continue_token
+        .as_deref()
+        .map(ListCursor::decode)
+        .transpose()
+        .map_err(|e| ApiError::new(ErrorCode::InvalidContinue, e.to_string()))?;
+    let page = engine.list_sessions_page(after.as_ref(), limit).await?;
+    let sessions = page
+        .sessions
         .iter()
         .map(|id| SessionRef {
             id: id.as_str().to_owned(),
         })
         .collect();
-    Ok(Json(SessionList { sessions }))
+    Ok(Json(SessionList {
+        continue_token: page.next.as_ref().map(ListCursor::encode),
+        sessions,
+    }))
 }
 
 #[utoipa::path(

@@ -77,6 +77,17 @@ impl JsonlStore {
                 Err(AttemptError::Contended) => {}
             }
         }
+        self.run_blocking(f).await
+    }
+
+    /// Runs `f` on tokio's blocking pool only, waiting for locks until the
+    /// store's deadline: for calls too long for an async worker (a
+    /// directory scan) whatever the fsync policy.
+    pub(super) async fn run_blocking<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: Fn(&StoreCore, Wait) -> Result<R, AttemptError> + Send + 'static,
+    {
         let core = Arc::clone(&self.core);
         let task = tokio::task::spawn_blocking(move || {
             let deadline = Instant::now() + core.opts.lock_timeout;

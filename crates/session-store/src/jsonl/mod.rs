@@ -8,7 +8,7 @@
 // `SessionStore` methods); the work is split by concern: `options`
 // (configuration), `format` (what a line of a session file says), `index`
 // (what the store knows of a file), `cache` (the open sessions and the
-// names a listing learnt), `locking` (in-process mutex, `flock`, when a
+// names a listing learnt), `listing` (paged listing), `locking` (in-process mutex, `flock`, when a
 // call leaves the async worker), `write` (how bytes reach the end of a
 // file, and are taken back on failure) and `ops` (the fenced operations
 // built from them).
@@ -21,6 +21,7 @@ mod crash_sim;
 mod format;
 mod graveyard;
 mod index;
+mod listing;
 mod locking;
 mod notify;
 mod ops;
@@ -43,7 +44,10 @@ use lease_port::{AuthorityId, FencingToken, SessionId};
 use nix::fcntl::OFlag;
 use serde_json::Value;
 
-use crate::{AppendReceipt, CancelRequest, Page, SessionStore, StoreError, WriteFence};
+use crate::{
+    AppendReceipt, CancelRequest, ListCursor, Page, SessionPage, SessionStore, StoreError,
+    WriteFence, check_list_limit,
+};
 pub use authority::AUTHORITY_FILE_NAME;
 use cache::OpenSession;
 pub use cancel::CANCEL_DIR_NAME;
@@ -239,6 +243,17 @@ impl SessionStore for JsonlStore {
 
     async fn list(&self) -> Result<Vec<SessionId>, StoreError> {
         self.run(|core, wait| core.list(wait)).await
+    }
+
+    async fn list_page(
+        &self,
+        after: Option<&ListCursor>,
+        limit: usize,
+    ) -> Result<SessionPage, StoreError> {
+        check_list_limit(limit)?;
+        let after = after.map(|c| c.last().clone());
+        self.run_blocking(move |core, wait| core.list_page(after.as_ref(), limit, wait))
+            .await
     }
 
     async fn delete(&self, session: &SessionId, fence: WriteFence) -> Result<(), StoreError> {
