@@ -85,13 +85,18 @@ impl HeldKeys {
         }
     }
 
-    /// The holder of `key` at `token` renewed it until `until`.
-    pub(crate) fn renewed(&self, key: &[u8], token: i64, until: Instant) {
-        if let Some(held) = self.map().get_mut(key)
-            && held.token == Some(token)
-            && until > held.until
-        {
-            held.until = until;
+    /// The holder of `key` at `token` renewed it until `until`. False when
+    /// this client knows no such hold: released, or taken by the sweep, in
+    /// which case the key is being deleted and the renewal must not stand.
+    /// The table's lock orders the two: a renewal recorded here first is
+    /// never swept.
+    pub(crate) fn renewed(&self, key: &[u8], token: i64, until: Instant) -> bool {
+        match self.map().get_mut(key) {
+            Some(held) if held.token == Some(token) => {
+                held.until = held.until.max(until);
+                true
+            }
+            _ => false,
         }
     }
 

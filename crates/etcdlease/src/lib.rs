@@ -552,6 +552,16 @@ fn unproven(keep_alive_term: u64, read_term: Option<u64>) -> LeaseError {
     })
 }
 
+/// The sweep took the hold as lapsed (its last renewal was a TTL and a
+/// grace ago) while a renewal read it: it is being deleted, as etcd would
+/// have deleted it.
+fn swept() -> LeaseError {
+    LeaseError::held(None).with_source(EtcdError::Malformed {
+        call: "Txn",
+        detail: "the hold lapsed and was swept while this renewal read it".into(),
+    })
+}
+
 fn lost_by_etcd() -> LeaseError {
     LeaseError::held(None).with_source(EtcdError::Malformed {
         call: "LeaseKeepAlive",
@@ -840,8 +850,12 @@ impl Inner {
         }
         match refreshed {
             Some(grant) => {
-                self.held
-                    .renewed(&key, token, self.shared.etcd_deadline(&grant));
+                if !self
+                    .held
+                    .renewed(&key, token, self.shared.etcd_deadline(&grant))
+                {
+                    return Err(swept());
+                }
                 Ok(lease.with_expiry(grant.expiry()))
             }
             None => {
@@ -894,9 +908,14 @@ impl Inner {
             return Err(unproven(grant.term, read_term));
         }
         // The sweep must count from this renewal too: the holder counts on
-        // it, whichever etcd lease the key is on.
-        self.held
+        // it, whichever etcd lease the key is on. A key on this client's own
+        // etcd lease that the sweep has taken meanwhile is being deleted.
+        let known = self
+            .held
             .renewed(key, token, self.shared.etcd_deadline(&grant));
+        if !known && self.shared.is_ours(id) {
+            return Err(swept());
+        }
         Ok(lease.with_expiry(grant.expiry()))
     }
 

@@ -94,6 +94,11 @@ impl SharedLease {
             .map(|c| c.id)
     }
 
+    /// Whether `id` is this client's etcd lease, live or not.
+    pub(crate) fn is_ours(&self, id: i64) -> bool {
+        self.current().is_some_and(|c| c.id == id)
+    }
+
     /// Drops `id` as the current lease: etcd said it is gone.
     pub(crate) fn forget(&self, id: i64) {
         let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
