@@ -90,6 +90,8 @@ pub struct Verdict {
     pub first: Option<Violation>,
     /// Operations completed up to the first violation.
     pub ops_to_first: Option<usize>,
+    /// Per property, operations completed up to its first violation.
+    pub ops_to_first_by: BTreeMap<Property, usize>,
 }
 
 impl Verdict {
@@ -164,20 +166,24 @@ pub fn check(history: &History) -> Verdict {
     for fault in &history.faults {
         *verdict.faults.entry(fault.kind.name()).or_default() += 1;
     }
+    let mut completions: Vec<Duration> = history.ops.iter().map(|op| op.completed).collect();
+    completions.sort_unstable();
+    let ops_until = |at: Duration| completions.partition_point(|c| *c <= at);
+    let mut first_at: BTreeMap<Property, Duration> = BTreeMap::new();
     for v in &found {
         *verdict.violations.entry(v.property).or_default() += 1;
+        let at = first_at.entry(v.property).or_insert(v.at);
+        *at = (*at).min(v.at);
     }
+    verdict.ops_to_first_by = first_at
+        .into_iter()
+        .map(|(p, at)| (p, ops_until(at)))
+        .collect();
     if let Some(first) = found
         .into_iter()
         .min_by_key(|v| (v.at, v.property, v.ops.clone()))
     {
-        verdict.ops_to_first = Some(
-            history
-                .ops
-                .iter()
-                .filter(|op| op.completed <= first.at)
-                .count(),
-        );
+        verdict.ops_to_first = Some(ops_until(first.at));
         let ops = &by_session[&first.session];
         let context = context(ops, &first.ops);
         verdict.first = Some(Violation { context, ..first });
