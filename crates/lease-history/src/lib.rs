@@ -17,8 +17,13 @@
 //! - [`write_svg`]: a timeline a person reads at a glance, written beside
 //!   the verdict.
 //! - [`run`]: the workload ([`Workload`], [`Target`], [`FaultInjector`]).
-//! - [`broken`]: wrappers that break one rule each; the checker must find
-//!   them, and the tests show it does.
+//!
+//! Wrappers that break one rule each (`tests/support/broken.rs`: no
+//! fencing in the store, a store accepting an equal token from another
+//! owner, no token bump on takeover, a renew that ignores loss, a release
+//! of another owner's hold) are test support, shared by the tests and the
+//! `faults` example: the checker must find every one, and the tests show
+//! it does.
 //!
 //! Use it to test a backend or a store under faults (`cargo xtask faults`
 //! drives it for every backend of this workspace), or to check histories
@@ -89,7 +94,6 @@
 //!   agrees with real time (a write answered before another began is not
 //!   ordered after it).
 
-pub mod broken;
 mod check;
 mod clock;
 mod history;

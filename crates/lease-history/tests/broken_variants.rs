@@ -4,7 +4,10 @@
 
 use std::sync::Arc;
 
-use lease_history::broken::{BrokenLease, BrokenStore, LeaseBreakage, StoreBreakage};
+#[path = "support/broken.rs"]
+mod broken;
+
+use broken::{BrokenLease, BrokenStore, LeaseBreakage, StoreBreakage};
 use lease_history::{
     ClockStepper, FaultInjector, History, OpKind, Outcome, Property, SteppedClock, Target, Verdict,
     Workload, check, run, write_svg,

@@ -1,5 +1,8 @@
 //! Deliberately broken wrappers around real backends and stores: the
-//! checker must find every one of them.
+//! checker must find every one of them. Test support (shared with the
+//! `faults` example), never a backend: nothing here may be used for real.
+
+#![allow(dead_code, unreachable_pub)]
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
