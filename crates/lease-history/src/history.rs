@@ -152,6 +152,15 @@ pub enum FaultKind {
     ProxyBlackhole,
     /// Requests forwarded, replies discarded: writes commit unanswered.
     ProxyDropReplies,
+    /// A service delays every request it handles.
+    ServiceLatency,
+    /// A service answers requests with 5xx errors instead of handling them.
+    ServiceErrors,
+    /// A service commits writes and then loses their replies.
+    ServiceDropsReplies,
+    /// A second handle on the same lease store opened, used and closed in
+    /// the holders' process (a descriptor closed under their locks).
+    HandleChurn,
 }
 
 impl FaultKind {
@@ -168,6 +177,10 @@ impl FaultKind {
             FaultKind::ProxyDrop => "proxy-drop",
             FaultKind::ProxyBlackhole => "proxy-blackhole",
             FaultKind::ProxyDropReplies => "proxy-drop-replies",
+            FaultKind::ServiceLatency => "service-latency",
+            FaultKind::ServiceErrors => "service-errors",
+            FaultKind::ServiceDropsReplies => "service-drops-replies",
+            FaultKind::HandleChurn => "handle-churn",
         }
     }
 }
