@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::check::{Verdict, holds};
-use crate::history::{History, Op, OpKind, Outcome, ms};
+use crate::history::{FaultKind, History, Op, OpKind, Outcome, ms};
 
 /// Most operations drawn: a long run is shown as a window of this many
 /// around its first violation (or from its start when it has none), which
@@ -18,7 +18,9 @@ pub const MAX_DRAWN_OPS: usize = 1500;
 const WIDTH: f64 = 1400.0;
 const LABEL: f64 = 150.0;
 const LANE: f64 = 20.0;
-const TOP: f64 = 60.0;
+const TOP: f64 = 84.0;
+/// Fault labels take turns on this many rows, so neighbours stay legible.
+const LABEL_ROWS: usize = 3;
 
 /// Writes [`render_svg`]'s picture to `path`.
 pub fn write_svg(history: &History, verdict: &Verdict, path: &Path) -> io::Result<()> {
@@ -29,7 +31,7 @@ pub fn write_svg(history: &History, verdict: &Verdict, path: &Path) -> io::Resul
 /// per session; holds (by the checker's lease model) as bars coloured by
 /// token; writes as ticks (green accepted, red fenced, grey unknown);
 /// refused and unanswered lease calls as small marks; faults as shaded
-/// bands; the first violation of `verdict` outlined in red. Hovering any
+/// bands (a paused holder's over its own lanes only); the first violation of `verdict` outlined in red. Hovering any
 /// mark shows the operation.
 pub fn render_svg(history: &History, verdict: &Verdict) -> String {
     let mut ops: Vec<&Op> = history.ops.iter().collect();
@@ -106,17 +108,43 @@ pub fn render_svg(history: &History, verdict: &Verdict) -> String {
         );
     }
     // Faults: shaded bands across every lane.
-    for f in &history.faults {
-        if f.ended < t0 || f.started > t1 {
-            continue;
-        }
+    let shown = history
+        .faults
+        .iter()
+        .filter(|f| f.ended >= t0 && f.started <= t1);
+    for (i, f) in shown.enumerate() {
+        let label_y = TOP - 8.0 - 10.0 * (i % LABEL_ROWS) as f64;
         let (a, b) = (x(f.started), x(f.ended).max(x(f.started) + 2.0));
+        // A paused holder is one owner's fault: shade only its lanes.
+        let (band_top, band_height) = match f.kind {
+            FaultKind::HolderPause => {
+                for ((_, owner), i) in &lanes {
+                    if **owner == *f.target {
+                        let _ = writeln!(
+                            svg,
+                            r##"<rect x="{a:.1}" y="{:.1}" width="{:.1}" height="{LANE}" fill="#f90" fill-opacity="0.25"><title>{}</title></rect>"##,
+                            TOP + LANE * *i as f64,
+                            b - a,
+                            escape(&format!(
+                                "{} of {} {:.3}..{:.3}ms",
+                                f.kind.name(),
+                                f.target,
+                                ms(f.started),
+                                ms(f.ended)
+                            ))
+                        );
+                    }
+                }
+                continue;
+            }
+            _ => (TOP - 6.0, height - TOP - 24.0),
+        };
         let _ = writeln!(
             svg,
             r##"<rect x="{a:.1}" y="{}" width="{:.1}" height="{}" fill="#f90" fill-opacity="0.18"><title>{}</title></rect><text x="{a:.1}" y="{}" fill="#c60" font-size="9">{}</text>"##,
-            TOP - 6.0,
+            band_top,
             b - a,
-            height - TOP - 24.0,
+            band_height,
             escape(&format!(
                 "{} on {} {:.3}..{:.3}ms",
                 f.kind.name(),
@@ -124,7 +152,7 @@ pub fn render_svg(history: &History, verdict: &Verdict) -> String {
                 ms(f.started),
                 ms(f.ended)
             )),
-            TOP - 8.0,
+            label_y,
             escape(f.kind.name())
         );
     }
