@@ -5,7 +5,7 @@ use std::fmt::{self, Write as _};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::history::{FaultKind, History, Op, OpKind, Outcome, ms};
+use crate::history::{Fault, FaultKind, History, Op, OpKind, Outcome, ms};
 
 /// The properties a history must keep, per session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -185,7 +185,7 @@ pub fn check(history: &History) -> Verdict {
     {
         verdict.ops_to_first = Some(ops_until(first.at));
         let ops = &by_session[&first.session];
-        let context = context(ops, &first.ops);
+        let context = context(ops, &first.ops, &history.faults);
         verdict.first = Some(Violation { context, ..first });
     }
     verdict
@@ -570,7 +570,7 @@ fn store_fencing(
 /// report shows.
 const CONTEXT_OPS: usize = 4;
 
-fn context(ops: &[&Op], involved: &[u64]) -> String {
+fn context(ops: &[&Op], involved: &[u64], faults: &[Fault]) -> String {
     let positions: Vec<usize> = ops
         .iter()
         .enumerate()
@@ -597,5 +597,37 @@ fn context(ops: &[&Op], involved: &[u64]) -> String {
         let _ = writeln!(text, "{mark} {}", ops[i]);
         last = Some(i);
     }
+    // The faults that were under way while those operations ran, and one
+    // TTL's worth before: a fault's effect outlives its healing.
+    let shown = positions.iter().flat_map(|&p| {
+        let from = p.saturating_sub(CONTEXT_OPS);
+        let to = (p + CONTEXT_OPS).min(ops.len().saturating_sub(1));
+        [ops[from].invoked, ops[to].completed]
+    });
+    let (Some(lo), Some(hi)) = (shown.clone().min(), shown.max()) else {
+        return text;
+    };
+    let lo = lo.saturating_sub(FAULT_LOOKBACK);
+    let mut nearby: Vec<&Fault> = faults
+        .iter()
+        .filter(|f| f.ended >= lo && f.started <= hi)
+        .collect();
+    nearby.sort_by_key(|f| f.started);
+    if !nearby.is_empty() {
+        text.push_str("   faults around it:\n");
+    }
+    for f in nearby {
+        let _ = writeln!(
+            text,
+            "   !! {:>10.3}..{:<10.3}ms {} on {}",
+            ms(f.started),
+            ms(f.ended),
+            f.kind.name(),
+            f.target
+        );
+    }
     text
 }
+
+/// How far before the reported operations a fault is still listed.
+const FAULT_LOOKBACK: Duration = Duration::from_secs(5);
