@@ -360,3 +360,35 @@ fn sessions_are_checked_apart() {
     h.history.store_logs = BTreeMap::new();
     assert!(check(&h.history).is_clean());
 }
+
+#[test]
+fn the_report_lists_the_faults_around_the_first_violation() {
+    let mut h = H::default();
+    h.acquire("w1", 0, 1);
+    h.acquire("w2", 60, 2);
+    h.history.faults.push(Fault {
+        kind: FaultKind::ServiceKill,
+        target: "etcd-0 (leader)".into(),
+        started: ms(30),
+        ended: ms(40),
+    });
+    h.history.faults.push(Fault {
+        kind: FaultKind::ProxyDrop,
+        target: "long before".into(),
+        started: Duration::ZERO,
+        ended: Duration::ZERO,
+    });
+    h.history.ops.iter_mut().for_each(|op| {
+        op.invoked += Duration::from_secs(10);
+        op.completed += Duration::from_secs(10);
+    });
+    h.history.faults[0].started += Duration::from_secs(10);
+    h.history.faults[0].ended += Duration::from_secs(10);
+    let v = check(&h.history);
+    let context = &v.first.as_ref().unwrap().context;
+    assert!(
+        context.contains("service-kill on etcd-0 (leader)"),
+        "{context}"
+    );
+    assert!(!context.contains("long before"), "{context}");
+}
