@@ -43,7 +43,7 @@ impl Profile {
     /// Operations per backend when `--ops` is not given.
     fn ops(self) -> u64 {
         match self {
-            Profile::Short => 600,
+            Profile::Short => 500,
             Profile::Long => 1_000_000,
         }
     }
