@@ -10,10 +10,14 @@ use std::time::Duration;
 use crate::check::{Verdict, holds};
 use crate::history::{FaultKind, History, Op, OpKind, Outcome, ms};
 
-/// Most operations drawn: a long run is shown as a window of this many
-/// around its first violation (or from its start when it has none), which
-/// keeps the file small enough for a browser.
+/// Most operations drawn: a long run without violations is shown from its
+/// start, this many operations, which keeps the file small enough for a
+/// browser. A run with a violation is shown around the first one.
 pub const MAX_DRAWN_OPS: usize = 1500;
+
+/// Operations drawn either side of the first violation: few enough that
+/// its bars are wide enough to read.
+const AROUND_VIOLATION: usize = 100;
 
 const WIDTH: f64 = 1400.0;
 const LABEL: f64 = 150.0;
@@ -31,8 +35,8 @@ pub fn write_svg(history: &History, verdict: &Verdict, path: &Path) -> io::Resul
 /// per session; holds (by the checker's lease model) as bars coloured by
 /// token; writes as ticks (green accepted, red fenced, grey unknown);
 /// refused and unanswered lease calls as small marks; faults as shaded
-/// bands (a paused holder's over its own lanes only); the first violation of `verdict` outlined in red. Hovering any
-/// mark shows the operation.
+/// bands (a paused holder's over its own lanes only); the first violation
+/// of `verdict` outlined in red. Hovering any mark shows the operation.
 pub fn render_svg(history: &History, verdict: &Verdict) -> String {
     let mut ops: Vec<&Op> = history.ops.iter().collect();
     ops.sort_by_key(|op| (op.invoked, op.id));
@@ -41,10 +45,10 @@ pub fn render_svg(history: &History, verdict: &Verdict) -> String {
         .as_ref()
         .and_then(|v| ops.iter().position(|op| v.ops.contains(&op.id)));
     let (lo, hi) = match centre {
-        Some(c) => {
-            let lo = c.saturating_sub(MAX_DRAWN_OPS * 2 / 3);
-            (lo, (lo + MAX_DRAWN_OPS).min(ops.len()))
-        }
+        Some(c) => (
+            c.saturating_sub(AROUND_VIOLATION),
+            (c + AROUND_VIOLATION).min(ops.len()),
+        ),
         None => (0, MAX_DRAWN_OPS.min(ops.len())),
     };
     let window = &ops[lo..hi];
