@@ -89,6 +89,7 @@ pub(crate) fn ci() -> Result {
         "benches, once each (criterion test mode)",
         cargo().args(["test", "--workspace", "--locked", "--bench", "*"]),
     )?;
+    crate::faults::faults(&["--profile".into(), "short".into()])?;
     println!("\nci: all checks passed");
     Ok(())
 }

@@ -11,11 +11,14 @@
 //!                                     criterion benches, then one table of ours / limit ratios
 //! cargo xtask proto [--check | --bless]
 //!                                     regenerate the gRPC code; check it and wire compatibility
+//! cargo xtask faults [--backend NAME|all] [--ops N] [--seed S] [--profile short|long] [--out DIR]
+//!                                     every backend under injected faults, histories checked
 //! ```
 
 mod backends;
 mod bench;
 mod ci;
+mod faults;
 mod proto;
 mod services;
 #[cfg(test)]
@@ -30,7 +33,8 @@ type Result<T = ()> = std::result::Result<T, String>;
 const USAGE: &str = "usage: cargo xtask <ci | conformance [--backend NAME] \
                      [--kubeconfig PATH [--namespace NS]] | \
                      services [--backend NAME] | bench [--quick] [FILTER] | \
-                     proto [--check | --bless]>";
+                     proto [--check | --bless] | faults [--backend NAME] [--ops N] \
+                     [--seed S] [--profile short|long] [--out DIR]>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = env::args().skip(1).collect();
@@ -40,6 +44,7 @@ fn main() -> ExitCode {
         Some("services") => services(&args[1..]),
         Some("bench") => bench::bench(&args[1..]),
         Some("proto") => proto::proto(&args[1..]),
+        Some("faults") => faults::faults(&args[1..]),
         _ => {
             eprintln!("{USAGE}");
             return ExitCode::from(2);

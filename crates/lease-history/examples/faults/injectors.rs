@@ -1,0 +1,289 @@
+//! The faults each rig can inject, chosen from the run's seed.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use grpcdriver::{LeaseServer, ServeError};
+use k8s_emulator::{DroppedReply, Failure};
+use lease_history::{ClockStepper, FaultInjector, FaultKind, Recorder, Rng};
+use lease_port::{Clock, SessionLease};
+use test_services::{EtcdCluster, EtcdServer, FaultProxy, ProxyMode, RedisServer};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::{JoinHandle, block_in_place};
+use tokio::time::sleep;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A lease server on a fixed loopback port that can be restarted in place.
+pub(crate) struct GrpcServer {
+    backend: Arc<dyn SessionLease>,
+    clock: Arc<dyn Clock>,
+    pub(crate) addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), ServeError>>>,
+}
+
+impl GrpcServer {
+    pub(crate) async fn start(
+        backend: Arc<dyn SessionLease>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<GrpcServer, String> {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|e| format!("bind the lease server: {e}"))?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let mut server = GrpcServer {
+            backend,
+            clock,
+            addr,
+            stop: None,
+            task: None,
+        };
+        server.serve(listener);
+        Ok(server)
+    }
+
+    fn serve(&mut self, listener: TcpListener) {
+        let server = LeaseServer::new(Arc::clone(&self.backend)).clock(Arc::clone(&self.clock));
+        let (stop, stopped) = oneshot::channel::<()>();
+        self.stop = Some(stop);
+        self.task = Some(tokio::spawn(server.serve(listener, async {
+            let _ = stopped.await;
+        })));
+    }
+
+    /// Stops serving, then serves again on the same address.
+    pub(crate) async fn restart(&mut self, down_for: Duration) -> Result<(), String> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            // In-flight calls finish first; a blackholed one must not hold
+            // the restart for ever.
+            match tokio::time::timeout(Duration::from_secs(5), task).await {
+                Ok(joined) => {
+                    joined
+                        .map_err(|e| e.to_string())?
+                        .map_err(|e| e.to_string())?;
+                }
+                Err(_) => return Err("the lease server did not stop within 5 s".into()),
+            }
+        }
+        sleep(down_for).await;
+        let mut last = None;
+        for _ in 0..100 {
+            match TcpListener::bind(self.addr).await {
+                Ok(listener) => {
+                    self.serve(listener);
+                    return Ok(());
+                }
+                Err(e) => last = Some(e),
+            }
+            sleep(Duration::from_millis(20)).await;
+        }
+        Err(format!("rebind {}: {last:?}", self.addr))
+    }
+}
+
+impl Drop for GrpcServer {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// One way to hurt a rig.
+pub(crate) enum Action {
+    /// Step the authority's wall clock.
+    Clock(ClockStepper),
+    /// Delay, drop, blackhole or lose the replies of a proxy's traffic for
+    /// up to `longest`.
+    Proxy {
+        proxy: Arc<FaultProxy>,
+        name: &'static str,
+        longest: Duration,
+    },
+    /// Restart the lease server, down for up to `longest`.
+    GrpcRestart {
+        server: Arc<tokio::sync::Mutex<GrpcServer>>,
+        longest: Duration,
+    },
+    /// Restart Redis (SIGTERM) or kill it (SIGKILL) and start it again.
+    Redis {
+        redis: Arc<Mutex<RedisServer>>,
+        kill: bool,
+        longest: Duration,
+    },
+    /// Kill etcd (SIGKILL) and start it again.
+    EtcdServerKill {
+        etcd: Arc<Mutex<EtcdServer>>,
+        longest: Duration,
+    },
+    /// Kill the cluster's leader, restart it after up to `longest`.
+    EtcdKillLeader {
+        cluster: Arc<Mutex<EtcdCluster>>,
+        longest: Duration,
+    },
+    /// SIGSTOP a member for up to `longest`, then SIGCONT.
+    EtcdPauseMember {
+        cluster: Arc<Mutex<EtcdCluster>>,
+        longest: Duration,
+    },
+    /// Restart every member.
+    EtcdRestartAll { cluster: Arc<Mutex<EtcdCluster>> },
+    /// The API emulator's own faults: latency, 5xx, replies lost after
+    /// commit.
+    Emulator {
+        faults: k8s_emulator::Faults,
+        longest: Duration,
+    },
+    /// A second handle on the lease directory, opened, used and closed.
+    HandleChurn { dir: PathBuf, ttl: Duration },
+}
+
+/// Picks one action per fault, uniformly, from the run's seed.
+pub(crate) struct Chaos {
+    pub(crate) actions: Vec<Action>,
+}
+
+#[async_trait]
+impl FaultInjector for Chaos {
+    async fn inject(&mut self, rng: &mut Rng, rec: &Recorder) -> Result<(), String> {
+        if self.actions.is_empty() {
+            return Ok(());
+        }
+        let i = rng.below(self.actions.len() as u64) as usize;
+        match &mut self.actions[i] {
+            Action::Clock(stepper) => stepper.inject(rng, rec).await,
+            Action::Proxy {
+                proxy,
+                name,
+                longest,
+            } => {
+                let (mode, kind) = match rng.below(4) {
+                    0 => (
+                        ProxyMode::delay(rng.between(Duration::from_millis(2), *longest / 4)),
+                        FaultKind::ProxyDelay,
+                    ),
+                    1 => (ProxyMode::Drop, FaultKind::ProxyDrop),
+                    2 => (ProxyMode::Blackhole, FaultKind::ProxyBlackhole),
+                    _ => (ProxyMode::DropReplies, FaultKind::ProxyDropReplies),
+                };
+                let fault = rec.fault(kind, name);
+                proxy.set_mode(mode);
+                sleep(rng.between(*longest / 4, *longest)).await;
+                proxy.set_mode(ProxyMode::Pass);
+                rec.heal(fault);
+                Ok(())
+            }
+            Action::GrpcRestart { server, longest } => {
+                let fault = rec.fault(FaultKind::ServiceRestart, "lease-server");
+                let down = rng.between(Duration::ZERO, *longest);
+                server.lock().await.restart(down).await?;
+                rec.heal(fault);
+                Ok(())
+            }
+            Action::Redis {
+                redis,
+                kill,
+                longest,
+            } => {
+                let kind = if *kill {
+                    FaultKind::ServiceKill
+                } else {
+                    FaultKind::ServiceRestart
+                };
+                let fault = rec.fault(kind, "redis");
+                if *kill {
+                    block_in_place(|| lock(redis).kill());
+                    sleep(rng.between(Duration::ZERO, *longest)).await;
+                }
+                block_in_place(|| lock(redis).restart()).map_err(|e| e.to_string())?;
+                rec.heal(fault);
+                Ok(())
+            }
+            Action::EtcdServerKill { etcd, longest } => {
+                let fault = rec.fault(FaultKind::ServiceKill, "etcd");
+                block_in_place(|| lock(etcd).kill());
+                sleep(rng.between(Duration::ZERO, *longest)).await;
+                block_in_place(|| lock(etcd).restart()).map_err(|e| e.to_string())?;
+                rec.heal(fault);
+                Ok(())
+            }
+            Action::EtcdKillLeader { cluster, longest } => {
+                let leader =
+                    block_in_place(|| lock(cluster).leader()).map_err(|e| e.to_string())?;
+                let fault = rec.fault(FaultKind::ServiceKill, &format!("etcd-{leader} (leader)"));
+                block_in_place(|| lock(cluster).kill(leader));
+                sleep(rng.between(*longest / 4, *longest)).await;
+                block_in_place(|| lock(cluster).start_member(leader)).map_err(|e| e.to_string())?;
+                rec.heal(fault);
+                Ok(())
+            }
+            Action::EtcdPauseMember { cluster, longest } => {
+                let member = rng.below(3) as usize;
+                let fault = rec.fault(FaultKind::ServicePause, &format!("etcd-{member}"));
+                block_in_place(|| lock(cluster).pause(member)).map_err(|e| e.to_string())?;
+                sleep(rng.between(*longest / 4, *longest)).await;
+                block_in_place(|| lock(cluster).resume(member)).map_err(|e| e.to_string())?;
+                rec.heal(fault);
+                Ok(())
+            }
+            Action::EtcdRestartAll { cluster } => {
+                let fault = rec.fault(FaultKind::ServiceRestart, "etcd (every member)");
+                block_in_place(|| lock(cluster).restart_all()).map_err(|e| e.to_string())?;
+                rec.heal(fault);
+                Ok(())
+            }
+            Action::Emulator { faults, longest } => {
+                let kind = match rng.below(3) {
+                    0 => {
+                        faults.set_latency(rng.between(Duration::from_millis(5), *longest / 4));
+                        FaultKind::ServiceLatency
+                    }
+                    1 => {
+                        let failure = match rng.below(3) {
+                            0 => Failure::InternalError,
+                            1 => Failure::ServiceUnavailable,
+                            _ => Failure::GatewayTimeout,
+                        };
+                        faults.fail_next(1 + rng.below(4) as u32, failure, None);
+                        FaultKind::ServiceErrors
+                    }
+                    _ => {
+                        let how = if rng.below(2) == 0 {
+                            DroppedReply::CloseConnection
+                        } else {
+                            DroppedReply::Timeout
+                        };
+                        faults.drop_reply_after_commit(1 + rng.below(3) as u32, how, None);
+                        FaultKind::ServiceDropsReplies
+                    }
+                };
+                let fault = rec.fault(kind, "k8s-emulator");
+                sleep(rng.between(*longest / 4, *longest)).await;
+                faults.clear();
+                rec.heal(fault);
+                Ok(())
+            }
+            Action::HandleChurn { dir, ttl } => {
+                let fault = rec.fault(FaultKind::HandleChurn, "lease directory");
+                let handle = flocklease::FlockLease::builder(dir.clone())
+                    .ttl(*ttl)
+                    .open()
+                    .map_err(|e| e.to_string())?;
+                handle.list().await.map_err(|e| e.to_string())?;
+                drop(handle);
+                rec.heal(fault);
+                Ok(())
+            }
+        }
+    }
+}

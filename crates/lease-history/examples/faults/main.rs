@@ -1,0 +1,368 @@
+//! Every backend of the workspace under faults, each history checked, then
+//! the broken variants, which the checker must catch. `cargo xtask faults`
+//! runs this; see `--help`.
+
+#[path = "../../tests/support/broken.rs"]
+mod broken;
+mod injectors;
+mod rigs;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use broken::{BrokenLease, BrokenStore, LeaseBreakage, StoreBreakage};
+use lease_history::{History, Progress, Property, Verdict, Workload, check, run, write_svg};
+use lease_port::{Clock, SessionLease};
+
+const USAGE: &str = "usage: faults [--backend NAME|all] [--ops N] [--seed S] \
+                     [--profile short|long] [--out DIR] [--skip-broken] [--broken-only]\n\
+                     backends: memlease flocklease grpc-memlease grpc-flocklease grpc-etcd etcd redis k8s";
+
+/// The backends, in the order `all` runs them.
+const BACKENDS: &[&str] = &[
+    "memlease",
+    "flocklease",
+    "grpc-memlease",
+    "grpc-flocklease",
+    "redis",
+    "k8s",
+    "etcd",
+    "grpc-etcd",
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Profile {
+    Short,
+    Long,
+}
+
+impl Profile {
+    /// Operations per backend when `--ops` is not given.
+    fn ops(self) -> u64 {
+        match self {
+            Profile::Short => 500,
+            Profile::Long => 1_000_000,
+        }
+    }
+
+    /// The budget each broken variant must be caught within.
+    fn broken_ops(self) -> u64 {
+        match self {
+            Profile::Short => 800,
+            Profile::Long => 20_000,
+        }
+    }
+}
+
+struct Args {
+    backends: Vec<&'static str>,
+    ops: Option<u64>,
+    seed: u64,
+    profile: Profile,
+    out: PathBuf,
+    broken: bool,
+}
+
+fn parse(args: &[String]) -> Result<Args, String> {
+    let mut parsed = Args {
+        backends: BACKENDS.to_vec(),
+        ops: None,
+        seed: 1,
+        profile: Profile::Short,
+        out: std::env::temp_dir().join("mecatl-faults"),
+        broken: true,
+    };
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let mut value = || {
+            it.next()
+                .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))
+        };
+        match flag.as_str() {
+            "--backend" => {
+                let name = value()?;
+                parsed.backends = if name == "all" {
+                    BACKENDS.to_vec()
+                } else {
+                    let found = BACKENDS
+                        .iter()
+                        .find(|b| *b == name)
+                        .ok_or_else(|| format!("unknown backend {name:?}\n{USAGE}"))?;
+                    vec![*found]
+                };
+            }
+            "--ops" => {
+                parsed.ops = Some(value()?.parse().map_err(|e| format!("--ops: {e}"))?);
+            }
+            "--seed" => parsed.seed = value()?.parse().map_err(|e| format!("--seed: {e}"))?,
+            "--profile" => {
+                parsed.profile = match value()?.as_str() {
+                    "short" => Profile::Short,
+                    "long" => Profile::Long,
+                    other => return Err(format!("unknown profile {other:?}\n{USAGE}")),
+                }
+            }
+            "--out" => parsed.out = PathBuf::from(value()?),
+            "--skip-broken" => parsed.broken = false,
+            "--broken-only" => parsed.backends.clear(),
+            "--help" | "-h" => return Err(USAGE.into()),
+            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+        }
+    }
+    Ok(parsed)
+}
+
+/// One line of the closing table.
+struct Row {
+    name: String,
+    ops: usize,
+    elapsed: Duration,
+    verdict: Verdict,
+    /// For a broken variant: the property it must break.
+    must_break: Option<Property>,
+}
+
+impl Row {
+    fn passed(&self) -> bool {
+        match self.must_break {
+            None => self.verdict.is_clean(),
+            Some(p) => self.verdict.count(p) > 0,
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let args = match parse(&argv) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("faults: cannot start a runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut rows = Vec::new();
+    let mut errors = Vec::new();
+    for &backend in &args.backends {
+        let ops = args.ops.unwrap_or(args.profile.ops());
+        println!("\n== {backend}: {ops} operations, seed {}", args.seed);
+        match runtime.block_on(run_backend(backend, ops, &args)) {
+            Ok(row) => rows.push(row),
+            Err(e) => {
+                eprintln!("{backend}: {e}");
+                errors.push(format!("{backend}: {e}"));
+            }
+        }
+    }
+    if args.broken {
+        for variant in VARIANTS {
+            println!("\n== broken variant: {}", variant.name);
+            match runtime.block_on(run_broken(variant, &args)) {
+                Ok(row) => rows.push(row),
+                Err(e) => errors.push(format!("{}: {e}", variant.name)),
+            }
+        }
+    }
+    print_table(&rows, args.seed);
+    let failed: Vec<&Row> = rows.iter().filter(|r| !r.passed()).collect();
+    for r in &failed {
+        match r.must_break {
+            None => eprintln!("FAIL {}: {} violations", r.name, r.verdict.total()),
+            Some(p) => eprintln!("FAIL {}: no {p} violation found", r.name),
+        }
+    }
+    for e in &errors {
+        eprintln!("ERROR {e}");
+    }
+    if failed.is_empty() && errors.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+async fn run_backend(name: &'static str, ops: u64, args: &Args) -> Result<Row, String> {
+    let mut workload = Workload::new(ops, args.seed);
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let rig = rigs::setup(name, &mut workload, dir.path()).await?;
+    let started = Instant::now();
+    let mut progress = progress_line(name);
+    let history = run(
+        &workload,
+        rig.target.clone(),
+        rig.faults,
+        Some(&mut progress),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    let elapsed = started.elapsed();
+    drop(rig.keep);
+    let verdict = report(name, &history, &args.out)?;
+    Ok(Row {
+        name: name.into(),
+        ops: history.ops.len(),
+        elapsed,
+        verdict,
+        must_break: None,
+    })
+}
+
+fn progress_line(name: &'static str) -> impl FnMut(&Progress) + Send {
+    move |p: &Progress| {
+        println!(
+            "  {name}: {}/{} operations, {:.0} ops/s, {} faults so far, ~{}s left",
+            p.ops,
+            p.target,
+            p.rate(),
+            p.faults,
+            p.remaining().as_secs()
+        );
+    }
+}
+
+/// Checks `history`, writes the verdict and the timeline under `out`, and
+/// prints where.
+fn report(name: &str, history: &History, out: &Path) -> Result<Verdict, String> {
+    let verdict = check(history);
+    let dir = out.join(name);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let text = dir.join("verdict.txt");
+    std::fs::write(&text, verdict.to_string()).map_err(|e| format!("{}: {e}", text.display()))?;
+    let svg = dir.join("timeline.svg");
+    write_svg(history, &verdict, &svg).map_err(|e| format!("{}: {e}", svg.display()))?;
+    print!("{verdict}");
+    println!(
+        "  verdict:  {}\n  timeline: {}",
+        text.display(),
+        svg.display()
+    );
+    Ok(verdict)
+}
+
+struct Variant {
+    name: &'static str,
+    lease: Option<LeaseBreakage>,
+    store: Option<StoreBreakage>,
+    must_break: Property,
+}
+
+const VARIANTS: &[Variant] = &[
+    Variant {
+        name: "store-without-fencing",
+        lease: None,
+        store: Some(StoreBreakage::NoFence),
+        must_break: Property::StoreFencing,
+    },
+    Variant {
+        name: "store-accepts-equal-token-from-other",
+        // Equal tokens from two owners reach a store only when something
+        // before it failed; a lease that never bumps its token feeds the
+        // store a twin at every takeover.
+        lease: Some(LeaseBreakage::NoTokenBump),
+        store: Some(StoreBreakage::EqualTokenFromOther),
+        must_break: Property::StoreFencing,
+    },
+    Variant {
+        name: "no-token-bump-on-takeover",
+        lease: Some(LeaseBreakage::NoTokenBump),
+        store: None,
+        must_break: Property::TokenOrder,
+    },
+    Variant {
+        name: "renew-ignores-loss",
+        lease: Some(LeaseBreakage::RenewIgnoresLoss),
+        store: None,
+        must_break: Property::TokenOrder,
+    },
+    Variant {
+        name: "release-of-another-owners-hold",
+        lease: Some(LeaseBreakage::ReleaseOthersHold),
+        store: None,
+        must_break: Property::SingleHolder,
+    },
+];
+
+/// A broken variant over the in-memory backend and the JSONL store.
+async fn run_broken(variant: &Variant, args: &Args) -> Result<Row, String> {
+    let mut workload = Workload::new(args.profile.broken_ops(), args.seed);
+    // Three of the five need a stale holder to show; pausing holders more
+    // often finds them sooner.
+    workload.pause_per_mille = 50;
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let rig = rigs::setup("memlease", &mut workload, dir.path()).await?;
+    let mut target = rig.target.clone();
+    let clock: Arc<dyn Clock> = Arc::clone(&target.clock);
+    if let Some(breakage) = variant.lease {
+        let inner = Arc::clone(&target.leases[0]);
+        let broken: Arc<dyn SessionLease> =
+            Arc::new(BrokenLease::new(inner, breakage, workload.ttl, clock));
+        target.leases = vec![broken];
+    }
+    if let Some(breakage) = variant.store {
+        target.store = Arc::new(BrokenStore::new(Arc::clone(&target.store), breakage));
+    }
+    let started = Instant::now();
+    let history = run(&workload, target, None, None)
+        .await
+        .map_err(|e| e.to_string())?;
+    let elapsed = started.elapsed();
+    let verdict = report(&format!("broken-{}", variant.name), &history, &args.out)?;
+    match verdict.ops_to_first_by.get(&variant.must_break) {
+        Some(n) => println!(
+            "  caught: first {} violation after {n} operations",
+            variant.must_break
+        ),
+        None => println!("  NOT caught: no {} violation", variant.must_break),
+    }
+    Ok(Row {
+        name: format!("broken: {}", variant.name),
+        ops: history.ops.len(),
+        elapsed,
+        verdict,
+        must_break: Some(variant.must_break),
+    })
+}
+
+fn print_table(rows: &[Row], seed: u64) {
+    println!("\n== summary (seed {seed})");
+    println!(
+        "{:<44} {:>9} {:>8} {:>7} {:>11}  {:<}",
+        "run", "ops", "ops/s", "faults", "violations", "faults by kind / first violation"
+    );
+    for r in rows {
+        let kinds: BTreeMap<_, _> = r.verdict.faults.clone();
+        let detail = match r.must_break {
+            None => kinds
+                .iter()
+                .map(|(k, n)| format!("{k}={n}"))
+                .collect::<Vec<_>>()
+                .join(" "),
+            Some(p) => match r.verdict.ops_to_first_by.get(&p) {
+                Some(n) => format!("{p} caught after {n} ops"),
+                None => format!("{p} NOT caught"),
+            },
+        };
+        println!(
+            "{:<44} {:>9} {:>8.0} {:>7} {:>11}  {}",
+            r.name,
+            r.ops,
+            r.ops as f64 / r.elapsed.as_secs_f64().max(1e-9),
+            r.verdict.fault_total(),
+            r.verdict.total(),
+            detail
+        );
+    }
+}

@@ -1,0 +1,312 @@
+//! One rig per backend: the real services, the lease handles the workers
+//! use, the store they write to, and the faults that fit.
+
+use std::any::Any;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcdlease::EtcdLease;
+use flocklease::FlockLease;
+use grpcdriver::GrpcLease;
+use k8s_emulator::{Emulator, EmulatorConfig};
+use k8slease::K8sLease;
+use lease_history::{ClockStepper, FaultInjector, SteppedClock, Target, Workload};
+use lease_port::{Clock, SessionLease, SystemClock};
+use memlease::MemLease;
+use redis_session_store::{RedisLease, RedisStore};
+use session_store::{FsyncPolicy, JsonlOptions, JsonlStore, SessionStore};
+use test_services::{EtcdCluster, EtcdServer, FaultProxy, RedisServer};
+
+use crate::injectors::{Action, Chaos, GrpcServer};
+
+pub(crate) struct Rig {
+    pub(crate) target: Target,
+    pub(crate) faults: Option<Box<dyn FaultInjector>>,
+    /// Services and directories that must live until the run ends.
+    pub(crate) keep: Vec<Box<dyn Any + Send>>,
+}
+
+fn jsonl(dir: &Path) -> Result<Arc<dyn SessionStore>, String> {
+    let store = JsonlStore::open(
+        dir.join("store"),
+        JsonlOptions::default().fsync(FsyncPolicy::Never),
+    )
+    .map_err(|e| format!("open the JSONL store: {e}"))?;
+    Ok(Arc::new(store))
+}
+
+fn chaos(actions: Vec<Action>) -> Option<Box<dyn FaultInjector>> {
+    Some(Box::new(Chaos { actions }))
+}
+
+/// A lease call gives up well within a third of the TTL, so a renewal
+/// that meets a fault still leaves time for another.
+fn call_timeout(ttl: Duration) -> Duration {
+    ttl / 4
+}
+
+pub(crate) async fn setup(name: &str, w: &mut Workload, dir: &Path) -> Result<Rig, String> {
+    let system: Arc<dyn Clock> = Arc::new(SystemClock);
+    match name {
+        "memlease" => {
+            let clock = SteppedClock::new();
+            let leases = MemLease::builder()
+                .ttl(w.ttl)
+                .clock(Arc::new(clock.clone()))
+                .build();
+            Ok(Rig {
+                target: Target {
+                    leases: vec![Arc::new(leases)],
+                    store: jsonl(dir)?,
+                    clock: Arc::new(clock.clone()),
+                },
+                faults: chaos(vec![Action::Clock(ClockStepper::new(
+                    clock, w.ttl, "memlease",
+                ))]),
+                keep: Vec::new(),
+            })
+        }
+        "flocklease" => {
+            w.ttl = Duration::from_millis(300);
+            let leases_dir = dir.join("leases");
+            // One handle per worker: its own descriptors on the lease
+            // files, as separate processes would have (the workers are
+            // tasks of this process, not processes).
+            let leases = (0..w.workers)
+                .map(|_| {
+                    FlockLease::builder(leases_dir.clone())
+                        .ttl(w.ttl)
+                        .open()
+                        .map(|l| Arc::new(l) as Arc<dyn SessionLease>)
+                        .map_err(|e| format!("open the lease directory: {e}"))
+                })
+                .collect::<Result<_, _>>()?;
+            Ok(Rig {
+                target: Target {
+                    leases,
+                    store: jsonl(dir)?,
+                    clock: system,
+                },
+                faults: chaos(vec![Action::HandleChurn {
+                    dir: leases_dir,
+                    ttl: w.ttl,
+                }]),
+                keep: Vec::new(),
+            })
+        }
+        "grpc-memlease" | "grpc-flocklease" | "grpc-etcd" => grpc(name, w, dir).await,
+        "redis" => redis(w).await,
+        "k8s" => k8s(w, dir).await,
+        "etcd" => etcd(w, dir).await,
+        other => Err(format!("unknown backend {other}")),
+    }
+}
+
+/// A lease server over a backend, reached by every worker through a fault
+/// proxy with a client (and connection) of its own.
+async fn grpc(name: &str, w: &mut Workload, dir: &Path) -> Result<Rig, String> {
+    let mut keep: Vec<Box<dyn Any + Send>> = Vec::new();
+    let mut actions = Vec::new();
+    let system: Arc<dyn Clock> = Arc::new(SystemClock);
+    let (backend, server_clock): (Arc<dyn SessionLease>, Arc<dyn Clock>) = match name {
+        "grpc-memlease" => {
+            w.ttl = Duration::from_millis(600);
+            let clock = SteppedClock::new();
+            actions.push(Action::Clock(ClockStepper::new(
+                clock.clone(),
+                w.ttl,
+                "lease-server clock",
+            )));
+            let backend = MemLease::builder()
+                .ttl(w.ttl)
+                .clock(Arc::new(clock.clone()))
+                .build();
+            (Arc::new(backend), Arc::new(clock))
+        }
+        "grpc-flocklease" => {
+            w.ttl = Duration::from_millis(600);
+            let backend = FlockLease::builder(dir.join("leases"))
+                .ttl(w.ttl)
+                .open()
+                .map_err(|e| format!("open the lease directory: {e}"))?;
+            (Arc::new(backend), Arc::clone(&system))
+        }
+        _ => {
+            w.ttl = Duration::from_secs(2);
+            let etcd = tokio::task::block_in_place(EtcdServer::start)
+                .map_err(|e| format!("start etcd: {e}"))?;
+            let backend = EtcdLease::builder([etcd.endpoint()])
+                .prefix("/faults/")
+                .ttl(w.ttl)
+                .request_timeout(call_timeout(w.ttl))
+                .build()
+                .map_err(|e| format!("etcd lease: {e}"))?;
+            let etcd = Arc::new(Mutex::new(etcd));
+            actions.push(Action::EtcdServerKill {
+                etcd: Arc::clone(&etcd),
+                longest: w.ttl,
+            });
+            keep.push(Box::new(etcd));
+            (Arc::new(backend), Arc::clone(&system))
+        }
+    };
+    let server = GrpcServer::start(backend, server_clock).await?;
+    let proxy = Arc::new(FaultProxy::start(server.addr).map_err(|e| format!("proxy: {e}"))?);
+    let leases = (0..w.workers)
+        .map(|_| {
+            GrpcLease::builder(proxy.addr().to_string())
+                .call_timeout(call_timeout(w.ttl))
+                .build()
+                .map(|l| Arc::new(l) as Arc<dyn SessionLease>)
+                .map_err(|e| format!("gRPC client: {e}"))
+        })
+        .collect::<Result<_, _>>()?;
+    let server = Arc::new(tokio::sync::Mutex::new(server));
+    actions.push(Action::Proxy {
+        proxy: Arc::clone(&proxy),
+        name: "proxy to the lease server",
+        longest: w.ttl,
+    });
+    actions.push(Action::GrpcRestart {
+        server: Arc::clone(&server),
+        longest: w.ttl / 2,
+    });
+    keep.push(Box::new(server));
+    keep.push(Box::new(proxy));
+    Ok(Rig {
+        target: Target {
+            leases,
+            store: jsonl(dir)?,
+            clock: system,
+        },
+        faults: chaos(actions),
+        keep,
+    })
+}
+
+/// Leases and the store in one persistent Redis, reached through a fault
+/// proxy: a partition cuts both, as it would in a deployment.
+async fn redis(w: &mut Workload) -> Result<Rig, String> {
+    w.ttl = Duration::from_millis(600);
+    let redis = tokio::task::block_in_place(RedisServer::start_persistent)
+        .map_err(|e| format!("start redis: {e}"))?;
+    let proxy = Arc::new(FaultProxy::start(redis.addr()).map_err(|e| format!("proxy: {e}"))?);
+    let url = format!("redis://{}", proxy.addr());
+    let mut leases: Vec<Arc<dyn SessionLease>> = Vec::new();
+    for _ in 0..w.workers {
+        let lease = RedisLease::builder(url.clone())
+            .ttl(w.ttl)
+            .request_timeout(call_timeout(w.ttl))
+            .connect()
+            .await
+            .map_err(|e| format!("redis lease: {e}"))?;
+        leases.push(Arc::new(lease));
+    }
+    let store = RedisStore::builder(url)
+        .request_timeout(call_timeout(w.ttl))
+        .connect()
+        .await
+        .map_err(|e| format!("redis store: {e}"))?;
+    let redis = Arc::new(Mutex::new(redis));
+    Ok(Rig {
+        target: Target {
+            leases,
+            store: Arc::new(store),
+            clock: Arc::new(SystemClock),
+        },
+        faults: chaos(vec![
+            Action::Proxy {
+                proxy: Arc::clone(&proxy),
+                name: "proxy to redis",
+                longest: w.ttl,
+            },
+            Action::Redis {
+                redis: Arc::clone(&redis),
+                kill: false,
+                longest: w.ttl,
+            },
+            Action::Redis {
+                redis: Arc::clone(&redis),
+                kill: true,
+                longest: w.ttl,
+            },
+        ]),
+        keep: vec![Box::new(redis), Box::new(proxy)],
+    })
+}
+
+/// The Kubernetes API emulator, every worker with a kube client of its
+/// own; faults are the emulator's (latency, 5xx, replies lost after the
+/// write committed).
+async fn k8s(w: &mut Workload, dir: &Path) -> Result<Rig, String> {
+    w.ttl = Duration::from_secs(1);
+    let emulator = Emulator::start(EmulatorConfig::default())
+        .await
+        .map_err(|e| format!("start the API emulator: {e}"))?;
+    let mut leases: Vec<Arc<dyn SessionLease>> = Vec::new();
+    for _ in 0..w.workers {
+        let client = k8slease::client_from_kubeconfig(emulator.kubeconfig_path())
+            .await
+            .map_err(|e| format!("kube client: {e}"))?;
+        let lease = K8sLease::builder(client, "default")
+            .ttl(w.ttl)
+            .request_timeout(call_timeout(w.ttl))
+            .build()
+            .map_err(|e| format!("k8s lease: {e}"))?;
+        leases.push(Arc::new(lease));
+    }
+    let faults = emulator.faults().clone();
+    Ok(Rig {
+        target: Target {
+            leases,
+            store: jsonl(dir)?,
+            clock: Arc::new(SystemClock),
+        },
+        faults: chaos(vec![Action::Emulator {
+            faults,
+            longest: w.ttl,
+        }]),
+        keep: vec![Box::new(emulator)],
+    })
+}
+
+/// A three-member etcd cluster, every worker with a client of its own
+/// holding every endpoint.
+async fn etcd(w: &mut Workload, dir: &Path) -> Result<Rig, String> {
+    w.ttl = Duration::from_secs(2);
+    let cluster = tokio::task::block_in_place(EtcdCluster::start)
+        .map_err(|e| format!("start the etcd cluster: {e}"))?;
+    let mut leases: Vec<Arc<dyn SessionLease>> = Vec::new();
+    for _ in 0..w.workers {
+        let lease = EtcdLease::builder(cluster.endpoints())
+            .prefix("/faults/")
+            .ttl(w.ttl)
+            .request_timeout(call_timeout(w.ttl))
+            .build()
+            .map_err(|e| format!("etcd lease: {e}"))?;
+        leases.push(Arc::new(lease));
+    }
+    let cluster = Arc::new(Mutex::new(cluster));
+    Ok(Rig {
+        target: Target {
+            leases,
+            store: jsonl(dir)?,
+            clock: Arc::new(SystemClock),
+        },
+        faults: chaos(vec![
+            Action::EtcdKillLeader {
+                cluster: Arc::clone(&cluster),
+                longest: w.ttl,
+            },
+            Action::EtcdPauseMember {
+                cluster: Arc::clone(&cluster),
+                longest: w.ttl,
+            },
+            Action::EtcdRestartAll {
+                cluster: Arc::clone(&cluster),
+            },
+        ]),
+        keep: vec![Box::new(cluster)],
+    })
+}

@@ -1,0 +1,633 @@
+//! The checker: the lease model, the three properties, the verdict.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt::{self, Write as _};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::history::{Fault, FaultKind, History, Op, OpKind, Outcome, ms};
+
+/// The properties a history must keep, per session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Property {
+    /// (a) At most one owner holds a valid lease at any instant.
+    SingleHolder,
+    /// (b) A grant's token is above every token granted earlier to another
+    /// owner, never below the owner's own earlier tokens, and a renewal
+    /// keeps the token.
+    TokenOrder,
+    /// (c) The store never accepts a write whose token is below one it
+    /// accepted before, nor an equal token from another owner; it keeps
+    /// what it acknowledged, drops what it refused, and its order agrees
+    /// with real time.
+    StoreFencing,
+}
+
+impl Property {
+    /// Short name used in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Property::SingleHolder => "single-holder",
+            Property::TokenOrder => "token-order",
+            Property::StoreFencing => "store-fencing",
+        }
+    }
+}
+
+impl fmt::Display for Property {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A span during which, by the lease model, `owner` may act for `session`
+/// under `token`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hold {
+    /// The session held.
+    pub session: Arc<str>,
+    /// Who holds it.
+    pub owner: Arc<str>,
+    /// Under which token.
+    pub token: u64,
+    /// The grant's completion: the holder cannot count on it earlier.
+    pub from: Duration,
+    /// The grant's expiry counted from its invocation on the authority's
+    /// clock, or the invocation of the holder's release of it if earlier.
+    pub until: Duration,
+    /// The acquire or renew that granted it.
+    pub op: u64,
+}
+
+/// One broken rule, with the operations that show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// Which property.
+    pub property: Property,
+    /// The session it happened on.
+    pub session: Arc<str>,
+    /// When it became visible on the history's timeline.
+    pub at: Duration,
+    /// The operations involved (ids).
+    pub ops: Vec<u64>,
+    /// What is wrong, in one sentence.
+    pub message: String,
+    /// The involved operations and a few of the session's operations
+    /// either side, one per line, the involved ones marked `>>`.
+    pub context: String,
+}
+
+/// The result of [`check`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Verdict {
+    /// Operations checked.
+    pub ops: usize,
+    /// Faults in the history, by [`FaultKind::name`].
+    pub faults: BTreeMap<&'static str, usize>,
+    /// Violations found, by property (properties without any are absent).
+    pub violations: BTreeMap<Property, usize>,
+    /// The earliest violation on the timeline.
+    pub first: Option<Violation>,
+    /// Operations completed up to the first violation.
+    pub ops_to_first: Option<usize>,
+    /// Per property, operations completed up to its first violation.
+    pub ops_to_first_by: BTreeMap<Property, usize>,
+}
+
+impl Verdict {
+    /// No violation of any property.
+    pub fn is_clean(&self) -> bool {
+        self.violations.is_empty()
+    }
+
+    /// Violations of all properties together.
+    pub fn total(&self) -> usize {
+        self.violations.values().sum()
+    }
+
+    /// Violations of one property.
+    pub fn count(&self, property: Property) -> usize {
+        self.violations.get(&property).copied().unwrap_or(0)
+    }
+
+    /// Faults of all kinds together.
+    pub fn fault_total(&self) -> usize {
+        self.faults.values().sum()
+    }
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "operations: {}", self.ops)?;
+        write!(f, "faults: {}", self.fault_total())?;
+        for (kind, n) in &self.faults {
+            write!(f, "  {kind}={n}")?;
+        }
+        writeln!(f)?;
+        write!(f, "violations: {}", self.total())?;
+        for (p, n) in &self.violations {
+            write!(f, "  {p}={n}")?;
+        }
+        writeln!(f)?;
+        if let Some(v) = &self.first {
+            writeln!(
+                f,
+                "first violation ({}, session {}, at {:.3}ms, after {} operations): {}",
+                v.property,
+                v.session,
+                ms(v.at),
+                self.ops_to_first.unwrap_or(0),
+                v.message
+            )?;
+            f.write_str(&v.context)?;
+        }
+        Ok(())
+    }
+}
+
+/// Checks `history` against the lease model; see the [crate
+/// documentation](crate#the-lease-model) for the model and the rules.
+pub fn check(history: &History) -> Verdict {
+    let by_session = ops_by_session(history);
+    let jumps = ClockSteps::new(history);
+    let mut found = Vec::new();
+    for (session, ops) in &by_session {
+        let holds = holds_of(ops, &jumps);
+        single_holder(session, &holds, ops, &mut found);
+        token_order(session, ops, &mut found);
+        if let Some(log) = history.store_logs.get(session) {
+            store_fencing(session, ops, log, &mut found);
+        }
+    }
+    let mut verdict = Verdict {
+        ops: history.ops.len(),
+        ..Verdict::default()
+    };
+    for fault in &history.faults {
+        *verdict.faults.entry(fault.kind.name()).or_default() += 1;
+    }
+    let mut completions: Vec<Duration> = history.ops.iter().map(|op| op.completed).collect();
+    completions.sort_unstable();
+    let ops_until = |at: Duration| completions.partition_point(|c| *c <= at);
+    let mut first_at: BTreeMap<Property, Duration> = BTreeMap::new();
+    for v in &found {
+        *verdict.violations.entry(v.property).or_default() += 1;
+        let at = first_at.entry(v.property).or_insert(v.at);
+        *at = (*at).min(v.at);
+    }
+    verdict.ops_to_first_by = first_at
+        .into_iter()
+        .map(|(p, at)| (p, ops_until(at)))
+        .collect();
+    if let Some(first) = found
+        .into_iter()
+        .min_by_key(|v| (v.at, v.property, v.ops.clone()))
+    {
+        verdict.ops_to_first = Some(ops_until(first.at));
+        let ops = &by_session[&first.session];
+        let context = context(ops, &first.ops, &history.faults);
+        verdict.first = Some(Violation { context, ..first });
+    }
+    verdict
+}
+
+/// Every hold in `history` by the lease model, per session in order of
+/// start.
+pub fn holds(history: &History) -> Vec<Hold> {
+    let jumps = ClockSteps::new(history);
+    ops_by_session(history)
+        .values()
+        .flat_map(|ops| holds_of(ops, &jumps))
+        .collect()
+}
+
+/// Each session's operations, in order of invocation.
+fn ops_by_session(history: &History) -> BTreeMap<Arc<str>, Vec<&Op>> {
+    let mut by: BTreeMap<Arc<str>, Vec<&Op>> = BTreeMap::new();
+    for op in &history.ops {
+        by.entry(Arc::clone(&op.session)).or_default().push(op);
+    }
+    for session in history.store_logs.keys() {
+        by.entry(Arc::clone(session)).or_default();
+    }
+    for ops in by.values_mut() {
+        ops.sort_by_key(|op| (op.invoked, op.id));
+    }
+    by
+}
+
+/// Steps of the authority's clock, as signed offsets taking effect at an
+/// instant. A forward step counts from the start of its injection and a
+/// backward one from its end: both choices end holds as early as the
+/// step could have made them, so no hold is longer than the backend's.
+struct ClockSteps {
+    steps: Vec<(Duration, i128)>,
+}
+
+impl ClockSteps {
+    fn new(history: &History) -> Self {
+        let mut steps: Vec<(Duration, i128)> = history
+            .faults
+            .iter()
+            .filter_map(|f| match f.kind {
+                FaultKind::ClockForward(by) => Some((f.started, by.as_nanos() as i128)),
+                FaultKind::ClockBackward(by) => Some((f.ended, -(by.as_nanos() as i128))),
+                _ => None,
+            })
+            .collect();
+        steps.sort();
+        ClockSteps { steps }
+    }
+
+    /// The instant on the timeline when `valid_for` has passed on the
+    /// authority's clock since `from`.
+    fn deadline(&self, from: Duration, valid_for: Duration) -> Duration {
+        let start = self.steps.partition_point(|(at, _)| *at < from);
+        let mut t = from.as_nanos() as i128;
+        let mut left = valid_for.as_nanos() as i128;
+        for &(at, step) in &self.steps[start..] {
+            let at = at.as_nanos() as i128;
+            if at - t >= left {
+                break;
+            }
+            left -= at - t;
+            t = at;
+            left -= step;
+            if left <= 0 {
+                return nanos(t);
+            }
+        }
+        nanos(t + left)
+    }
+}
+
+fn nanos(n: i128) -> Duration {
+    Duration::from_nanos(n.clamp(0, u64::MAX as i128) as u64)
+}
+
+fn holds_of(ops: &[&Op], jumps: &ClockSteps) -> Vec<Hold> {
+    // Release invocations per (owner, token), in order.
+    let mut releases: HashMap<(&str, u64), Vec<Duration>> = HashMap::new();
+    for op in ops {
+        if let (OpKind::Release, Some(token)) = (op.kind, op.token) {
+            releases
+                .entry((&op.owner, token))
+                .or_default()
+                .push(op.invoked);
+        }
+    }
+    let mut holds = Vec::new();
+    for op in ops {
+        let Outcome::Granted { token, valid_for } = op.outcome else {
+            continue;
+        };
+        let mut until = jumps.deadline(op.invoked, valid_for);
+        if let Some(rel) = releases.get(&(&*op.owner, token)) {
+            let i = rel.partition_point(|at| *at < op.invoked);
+            if let Some(&at) = rel.get(i) {
+                until = until.min(at);
+            }
+        }
+        if until > op.completed {
+            holds.push(Hold {
+                session: Arc::clone(&op.session),
+                owner: Arc::clone(&op.owner),
+                token,
+                from: op.completed,
+                until,
+                op: op.id,
+            });
+        }
+    }
+    holds.sort_by_key(|h| (h.from, h.op));
+    holds
+}
+
+/// The two largest values seen, kept for two different owners, so the
+/// largest of "every owner but X" is one comparison away.
+#[derive(Default)]
+struct TopTwo<'a> {
+    best: Option<(u128, &'a str, u64)>,
+    second: Option<(u128, &'a str, u64)>,
+}
+
+impl<'a> TopTwo<'a> {
+    fn offer(&mut self, value: u128, owner: &'a str, op: u64) {
+        let entry = Some((value, owner, op));
+        match self.best {
+            Some((v, o, _)) if o == owner => {
+                if value > v {
+                    self.best = entry;
+                }
+            }
+            Some((v, _, _)) if value > v => {
+                self.second = self.best;
+                self.best = entry;
+            }
+            None => self.best = entry,
+            Some(_) => {
+                if self.second.is_none_or(|(v, _, _)| value > v) {
+                    self.second = entry;
+                }
+            }
+        }
+        // The owner may have been second and just overtaken best.
+        if let (Some(b), Some(s)) = (self.best, self.second)
+            && b.1 == s.1
+        {
+            self.second = None;
+        }
+    }
+
+    fn other_than(&self, owner: &str) -> Option<(u128, &'a str, u64)> {
+        match self.best {
+            Some(b) if b.1 != owner => Some(b),
+            _ => self.second,
+        }
+    }
+}
+
+fn single_holder(session: &Arc<str>, holds: &[Hold], ops: &[&Op], out: &mut Vec<Violation>) {
+    let _ = ops;
+    let mut top = TopTwo::default();
+    let mut tokens: HashMap<u64, u64> = HashMap::new();
+    for h in holds {
+        if let Some((until, owner, op)) = top.other_than(&h.owner)
+            && until > h.from.as_nanos()
+        {
+            out.push(Violation {
+                property: Property::SingleHolder,
+                session: Arc::clone(session),
+                at: h.from,
+                ops: vec![op, h.op],
+                message: format!(
+                    "{} holds token {} from {:.3}ms while {} holds token {} until {:.3}ms",
+                    h.owner,
+                    h.token,
+                    ms(h.from),
+                    owner,
+                    tokens.get(&op).copied().unwrap_or(0),
+                    ms(nanos(until as i128))
+                ),
+                context: String::new(),
+            });
+        }
+        tokens.insert(h.op, h.token);
+        top.offer(h.until.as_nanos(), &h.owner, h.op);
+    }
+}
+
+fn token_order(session: &Arc<str>, ops: &[&Op], out: &mut Vec<Violation>) {
+    let granted: Vec<(&Op, u64)> = ops
+        .iter()
+        .filter_map(|op| match op.outcome {
+            Outcome::Granted { token, .. } => Some((*op, token)),
+            _ => None,
+        })
+        .collect();
+    let mut by_completion = granted.clone();
+    by_completion.sort_by_key(|(op, _)| (op.completed, op.id));
+    let mut seen = 0;
+    let mut top = TopTwo::default();
+    let mut own_max: HashMap<&str, (u64, u64)> = HashMap::new();
+    let mut violation = |op: &Op, other: Option<u64>, message: String| {
+        let mut involved: Vec<u64> = other.into_iter().collect();
+        involved.push(op.id);
+        out.push(Violation {
+            property: Property::TokenOrder,
+            session: Arc::clone(session),
+            at: op.completed,
+            ops: involved,
+            message,
+            context: String::new(),
+        });
+    };
+    for &(op, token) in &granted {
+        while let Some(&(earlier, t)) = by_completion.get(seen) {
+            if earlier.completed >= op.invoked {
+                break;
+            }
+            top.offer(u128::from(t), &earlier.owner, earlier.id);
+            let own = own_max.entry(&earlier.owner).or_insert((t, earlier.id));
+            if t > own.0 {
+                *own = (t, earlier.id);
+            }
+            seen += 1;
+        }
+        if op.kind == OpKind::Renew && op.token != Some(token) {
+            violation(
+                op,
+                None,
+                format!(
+                    "renew of token {} answered token {token}",
+                    op.token.unwrap_or(0)
+                ),
+            );
+        }
+        if let Some((other, other_owner, other_op)) = top.other_than(&op.owner) {
+            let other = other as u64;
+            if other >= token {
+                let message = match op.kind {
+                    OpKind::Renew if other > token => format!(
+                        "renew of token {token} by {} succeeded after {other_owner} was granted token {other}",
+                        op.owner
+                    ),
+                    _ if other == token => format!(
+                        "token {token} granted to {} after it was granted to {other_owner}",
+                        op.owner
+                    ),
+                    _ => format!(
+                        "takeover by {} got token {token}, not above token {other} granted earlier to {other_owner}",
+                        op.owner
+                    ),
+                };
+                violation(op, Some(other_op), message);
+                continue;
+            }
+        }
+        if op.kind == OpKind::Acquire
+            && let Some(&(own, own_op)) = own_max.get(&*op.owner)
+            && own > token
+        {
+            violation(
+                op,
+                Some(own_op),
+                format!(
+                    "{} acquired token {token} after holding token {own}",
+                    op.owner
+                ),
+            );
+        }
+    }
+}
+
+fn store_fencing(
+    session: &Arc<str>,
+    ops: &[&Op],
+    log: &[crate::history::Logged],
+    out: &mut Vec<Violation>,
+) {
+    let writes: HashMap<u64, &Op> = ops
+        .iter()
+        .filter(|op| op.kind == OpKind::Write)
+        .map(|op| (op.id, *op))
+        .collect();
+    let mut violation = |at: Duration, involved: Vec<u64>, message: String| {
+        out.push(Violation {
+            property: Property::StoreFencing,
+            session: Arc::clone(session),
+            at,
+            ops: involved,
+            message,
+            context: String::new(),
+        });
+    };
+    let mut mark: Option<(u64, &str, u64)> = None;
+    let mut latest_invocation: Option<(Duration, u64)> = None;
+    let mut landed = HashSet::new();
+    for entry in log {
+        let Some(op) = writes.get(&entry.op) else {
+            violation(
+                Duration::MAX,
+                vec![entry.op],
+                format!(
+                    "the store holds event {} from op #{}, which no write of this session carried",
+                    entry.seq, entry.op
+                ),
+            );
+            continue;
+        };
+        landed.insert(op.id);
+        let token = op.token.unwrap_or(0);
+        // An ambiguous write may have landed any time after its invocation.
+        let seen_at = match op.outcome {
+            Outcome::Done | Outcome::Fenced => op.completed,
+            _ => op.invoked,
+        };
+        if op.outcome == Outcome::Fenced {
+            violation(
+                seen_at,
+                vec![op.id],
+                format!(
+                    "write of token {token} by {} was refused, yet the store holds it (seq {})",
+                    op.owner, entry.seq
+                ),
+            );
+        }
+        match mark {
+            Some((m, m_owner, m_op)) if token < m => violation(
+                seen_at,
+                vec![m_op, op.id],
+                format!(
+                    "the store accepted token {token} from {} (seq {}) after accepting token {m} from {m_owner}",
+                    op.owner, entry.seq
+                ),
+            ),
+            Some((m, m_owner, m_op)) if token == m && m_owner != &*op.owner => violation(
+                seen_at,
+                vec![m_op, op.id],
+                format!(
+                    "the store accepted token {token} from {} (seq {}) while its mark {m} belongs to {m_owner}",
+                    op.owner, entry.seq
+                ),
+            ),
+            Some((m, _, _)) if token <= m => {}
+            _ => mark = Some((token, &op.owner, op.id)),
+        }
+        if op.outcome == Outcome::Done
+            && let Some((inv, inv_op)) = latest_invocation
+            && op.completed < inv
+        {
+            violation(
+                op.completed,
+                vec![inv_op, op.id],
+                format!(
+                    "the store ordered op #{} (seq {}) after op #{inv_op}, which began only after #{} had been answered",
+                    op.id, entry.seq, op.id
+                ),
+            );
+        }
+        if latest_invocation.is_none_or(|(inv, _)| op.invoked > inv) {
+            latest_invocation = Some((op.invoked, op.id));
+        }
+    }
+    for op in writes.values() {
+        if op.outcome == Outcome::Done && !landed.contains(&op.id) {
+            violation(
+                op.completed,
+                vec![op.id],
+                format!(
+                    "write of token {} by {} was acknowledged but the store does not hold it",
+                    op.token.unwrap_or(0),
+                    op.owner
+                ),
+            );
+        }
+    }
+}
+
+/// How many of the session's operations either side of the violation the
+/// report shows.
+const CONTEXT_OPS: usize = 4;
+
+fn context(ops: &[&Op], involved: &[u64], faults: &[Fault]) -> String {
+    let positions: Vec<usize> = ops
+        .iter()
+        .enumerate()
+        .filter(|(_, op)| involved.contains(&op.id))
+        .map(|(i, _)| i)
+        .collect();
+    let mut show: Vec<usize> = Vec::new();
+    for &p in &positions {
+        show.extend(p.saturating_sub(CONTEXT_OPS)..(p + CONTEXT_OPS + 1).min(ops.len()));
+    }
+    show.sort_unstable();
+    show.dedup();
+    let mut text = String::new();
+    let mut last = None;
+    for i in show {
+        if last.is_some_and(|l: usize| i > l + 1) {
+            text.push_str("   ...\n");
+        }
+        let mark = if involved.contains(&ops[i].id) {
+            ">>"
+        } else {
+            "  "
+        };
+        let _ = writeln!(text, "{mark} {}", ops[i]);
+        last = Some(i);
+    }
+    // The faults that were under way while those operations ran, and one
+    // TTL's worth before: a fault's effect outlives its healing.
+    let shown = positions.iter().flat_map(|&p| {
+        let from = p.saturating_sub(CONTEXT_OPS);
+        let to = (p + CONTEXT_OPS).min(ops.len().saturating_sub(1));
+        [ops[from].invoked, ops[to].completed]
+    });
+    let (Some(lo), Some(hi)) = (shown.clone().min(), shown.max()) else {
+        return text;
+    };
+    let lo = lo.saturating_sub(FAULT_LOOKBACK);
+    let mut nearby: Vec<&Fault> = faults
+        .iter()
+        .filter(|f| f.ended >= lo && f.started <= hi)
+        .collect();
+    nearby.sort_by_key(|f| f.started);
+    if !nearby.is_empty() {
+        text.push_str("   faults around it:\n");
+    }
+    for f in nearby {
+        let _ = writeln!(
+            text,
+            "   !! {:>10.3}..{:<10.3}ms {} on {}",
+            ms(f.started),
+            ms(f.ended),
+            f.kind.name(),
+            f.target
+        );
+    }
+    text
+}
+
+/// How far before the reported operations a fault is still listed.
+const FAULT_LOOKBACK: Duration = Duration::from_secs(5);

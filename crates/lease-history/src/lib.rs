@@ -1,0 +1,112 @@
+//! Safety under faults: record what concurrent lease holders did, check the
+//! record against the lease and fencing rules, and draw it.
+//!
+//! # What it is for
+//!
+//! A lease backend can pass every conformance case and still let two
+//! owners act on one session when a holder pauses, a reply is lost, a
+//! clock steps or a service restarts. This crate runs workers that
+//! acquire, write fenced events, renew and release against a real backend
+//! and a real store while faults are injected, records every operation
+//! with its invocation and completion instants and its outcome (ambiguous
+//! ones included), and checks the history afterwards:
+//!
+//! - [`Recorder`] and [`History`]: the thread-safe record.
+//! - [`check`] → [`Verdict`]: the three properties below, with the first
+//!   violation and the operations around it, as text.
+//! - [`write_svg`]: a timeline a person reads at a glance, written beside
+//!   the verdict.
+//! - [`run`]: the workload ([`Workload`], [`Target`], [`FaultInjector`]).
+//!
+//! Wrappers that break one rule each (`tests/support/broken.rs`: no
+//! fencing in the store, a store accepting an equal token from another
+//! owner, no token bump on takeover, a renew that ignores loss, a release
+//! of another owner's hold) are test support, shared by the tests and the
+//! `faults` example: the checker must find every one, and the tests show
+//! it does.
+//!
+//! Use it to test a backend or a store under faults (`cargo xtask faults`
+//! drives it for every backend of this workspace), or to check histories
+//! your own harness records.
+//!
+//! # Example
+//!
+//! ```
+//! use std::sync::Arc;
+//! use lease_history::{SteppedClock, Target, Workload, check, run, write_svg};
+//! use session_store::{FsyncPolicy, JsonlOptions, JsonlStore};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = tempfile::tempdir()?;
+//! let workload = Workload::new(300, 7);
+//! let clock = Arc::new(SteppedClock::new());
+//! let leases = memlease::MemLease::builder()
+//!     .ttl(workload.ttl)
+//!     .clock(clock.clone())
+//!     .build();
+//! let store = JsonlStore::open(dir.path(), JsonlOptions::default().fsync(FsyncPolicy::Never))?;
+//! let target = Target {
+//!     leases: vec![Arc::new(leases)],
+//!     store: Arc::new(store),
+//!     clock,
+//! };
+//!
+//! let history = run(&workload, target, None, None).await?;
+//! let verdict = check(&history);
+//! assert!(verdict.is_clean(), "{verdict}");
+//! write_svg(&history, &verdict, &dir.path().join("timeline.svg"))?;
+//! # Ok(()) }
+//! ```
+//!
+//! # The lease model
+//!
+//! All instants are on one monotonic timeline, from the recorder's start.
+//! A successful acquire or renew invoked at `i`, completed at `c`, whose
+//! lease had `v` left when the caller read the authority's clock just
+//! after `i` (capped at the TTL), gives its owner a **hold** from `c` until
+//! `v` has passed on the authority's clock since `i`, or until the owner
+//! invokes the release of that token, whichever is first. The holder
+//! cannot count on the lease before it has the answer, and the backend
+//! counts the grant from no earlier than `i`, so a hold is never longer
+//! than the backend's own view of it: a hold that overlaps another
+//! owner's is a real fault, never an artefact of timing.
+//!
+//! The authority's clock runs with the monotonic one except for recorded
+//! steps ([`FaultKind::ClockForward`], [`FaultKind::ClockBackward`]); a
+//! forward step takes effect from the start of its injection and a
+//! backward one from its end, which again only shortens holds.
+//!
+//! Per session, [`check`] verifies:
+//!
+//! - **(a) single holder** — no two holds of different owners overlap.
+//!   Ambiguous grants give no hold.
+//! - **(b) token order** — a grant's token is above every token granted
+//!   to another owner by a grant completed before it was invoked (a
+//!   takeover bumps the token; a renewal after a takeover fails), never
+//!   below the owner's own earlier tokens, and a renewal answers the token
+//!   it renewed.
+//! - **(c) store fencing** — judged on what the store holds at the end
+//!   ([`History::store_logs`]), so an ambiguous write counts exactly when
+//!   it landed: in the store's order, no event carries a token below an
+//!   earlier event's, nor the mark's token from another owner; every
+//!   acknowledged write is there and no refused one is; and the order
+//!   agrees with real time (a write answered before another began is not
+//!   ordered after it).
+
+mod check;
+mod clock;
+mod history;
+mod rng;
+mod runner;
+mod timeline;
+
+pub use check::{Hold, Property, Verdict, Violation, check, holds};
+pub use clock::{ClockStepper, SteppedClock};
+pub use history::{
+    Ambiguity, Fault, FaultInvocation, FaultKind, History, Invocation, Logged, Op, OpKind, Outcome,
+    Recorder,
+};
+pub use rng::Rng;
+pub use runner::{FaultInjector, Progress, RunError, Target, Workload, run};
+pub use timeline::{MAX_DRAWN_OPS, render_svg, write_svg};

@@ -1,0 +1,394 @@
+//! The checker on histories written by hand: each property holds on a
+//! correct history and fails on one broken step.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_history::{
+    Ambiguity, Fault, FaultKind, History, Logged, Op, OpKind, Outcome, Property, check, render_svg,
+};
+
+const TTL: Duration = Duration::from_millis(100);
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// Builds histories one operation at a time, ids in order.
+#[derive(Default)]
+struct H {
+    history: History,
+}
+
+impl H {
+    #[allow(clippy::too_many_arguments)]
+    fn op(
+        &mut self,
+        owner: &str,
+        kind: OpKind,
+        token: Option<u64>,
+        invoked: u64,
+        completed: u64,
+        outcome: Outcome,
+    ) -> u64 {
+        let id = self.history.ops.len() as u64;
+        self.history.ops.push(Op {
+            id,
+            worker: owner.trim_start_matches('w').parse().unwrap_or(0),
+            owner: owner.into(),
+            session: "s0".into(),
+            kind,
+            token,
+            invoked: ms(invoked),
+            completed: ms(completed),
+            outcome,
+        });
+        id
+    }
+
+    fn acquire(&mut self, owner: &str, at: u64, token: u64) -> u64 {
+        self.op(owner, OpKind::Acquire, None, at, at + 1, granted(token))
+    }
+
+    fn renew(&mut self, owner: &str, at: u64, token: u64, answered: Outcome) -> u64 {
+        self.op(owner, OpKind::Renew, Some(token), at, at + 1, answered)
+    }
+
+    fn release(&mut self, owner: &str, at: u64, token: u64) -> u64 {
+        self.op(
+            owner,
+            OpKind::Release,
+            Some(token),
+            at,
+            at + 1,
+            Outcome::Done,
+        )
+    }
+
+    fn write(&mut self, owner: &str, at: u64, token: u64, outcome: Outcome) -> u64 {
+        self.op(owner, OpKind::Write, Some(token), at, at + 1, outcome)
+    }
+
+    fn log(&mut self, ops: &[u64]) {
+        let log = ops
+            .iter()
+            .enumerate()
+            .map(|(i, &op)| Logged {
+                seq: i as u64 + 1,
+                op,
+            })
+            .collect();
+        self.history.store_logs.insert("s0".into(), log);
+    }
+}
+
+fn granted(token: u64) -> Outcome {
+    Outcome::Granted {
+        token,
+        valid_for: TTL,
+    }
+}
+
+/// A takeover after expiry, a stale write refused, a release, another
+/// takeover: everything as it should be.
+fn correct() -> (H, Vec<u64>) {
+    let mut h = H::default();
+    h.acquire("w1", 0, 1);
+    let a = h.write("w1", 10, 1, Outcome::Done);
+    h.renew("w1", 50, 1, granted(1));
+    let b = h.write("w1", 60, 1, Outcome::Done);
+    // w1 pauses; its grant (invoked at 50) ends at 150.
+    h.acquire("w2", 151, 2);
+    let c = h.write("w2", 160, 2, Outcome::Done);
+    h.write("w1", 170, 1, Outcome::Fenced);
+    h.renew("w1", 180, 1, Outcome::Held);
+    h.release("w2", 200, 2);
+    h.acquire("w1", 202, 3);
+    let d = h.write("w1", 210, 3, Outcome::Done);
+    (h, vec![a, b, c, d])
+}
+
+#[test]
+fn a_correct_history_is_clean() {
+    let (mut h, landed) = correct();
+    h.log(&landed);
+    let verdict = check(&h.history);
+    assert!(verdict.is_clean(), "{verdict}");
+    assert_eq!(verdict.ops, h.history.ops.len());
+    assert!(verdict.first.is_none());
+}
+
+#[test]
+fn a_takeover_before_expiry_breaks_single_holder() {
+    let mut h = H::default();
+    h.acquire("w1", 0, 1);
+    let late = h.acquire("w2", 90, 2); // w1 holds until 100
+    h.log(&[]);
+    let v = check(&h.history);
+    assert_eq!(v.count(Property::SingleHolder), 1, "{v}");
+    let first = v.first.unwrap();
+    assert_eq!(first.property, Property::SingleHolder);
+    assert!(first.ops.contains(&late));
+    assert!(first.context.contains(">>"), "{}", first.context);
+    assert_eq!(v.ops_to_first, Some(2));
+}
+
+#[test]
+fn a_hold_starts_at_completion_and_ends_at_release() {
+    // w1's grant comes back at 95 although invoked at 0; w2's at 120:
+    // holds 95..100 and 120.. do not overlap.
+    let mut h = H::default();
+    h.op("w1", OpKind::Acquire, None, 0, 95, granted(1));
+    h.op("w2", OpKind::Acquire, None, 30, 120, granted(2));
+    // w2 (grant counted from 30, so until 130) releases at 125; w3 takes
+    // over at 126: no overlap either.
+    h.release("w2", 125, 2);
+    h.acquire("w3", 126, 3);
+    assert!(check(&h.history).is_clean());
+    // Without the release, w3 overlaps w2.
+    h.history.ops.retain(|op| op.kind != OpKind::Release);
+    assert_eq!(check(&h.history).count(Property::SingleHolder), 1);
+}
+
+#[test]
+fn ambiguous_grants_are_not_holds() {
+    let mut h = H::default();
+    h.op(
+        "w1",
+        OpKind::Acquire,
+        None,
+        0,
+        2000,
+        Outcome::Ambiguous(Ambiguity::Timeout),
+    );
+    h.acquire("w2", 10, 2);
+    assert!(check(&h.history).is_clean());
+}
+
+#[test]
+fn a_forward_clock_step_shortens_holds_and_a_backward_one_lengthens_them() {
+    let mut h = H::default();
+    h.acquire("w1", 0, 1);
+    h.acquire("w2", 60, 2); // 60 < 100: overlap without a step
+    assert_eq!(check(&h.history).count(Property::SingleHolder), 1);
+    h.history.faults.push(Fault {
+        kind: FaultKind::ClockForward(ms(50)),
+        target: "authority".into(),
+        started: ms(20),
+        ended: ms(21),
+    });
+    // The authority's clock reached 100ms of grant at 50ms.
+    let v = check(&h.history);
+    assert!(v.is_clean(), "{v}");
+    assert_eq!(v.faults.get("clock-forward"), Some(&1));
+
+    let mut h = H::default();
+    h.acquire("w1", 0, 1);
+    h.acquire("w2", 120, 2);
+    assert!(check(&h.history).is_clean());
+    h.history.faults.push(Fault {
+        kind: FaultKind::ClockBackward(ms(50)),
+        target: "authority".into(),
+        started: ms(10),
+        ended: ms(20),
+    });
+    // Now w1's grant lasts until 150.
+    assert_eq!(check(&h.history).count(Property::SingleHolder), 1);
+}
+
+#[test]
+fn tokens_must_rise_on_takeover() {
+    let mut h = H::default();
+    h.acquire("w1", 0, 5);
+    h.release("w1", 10, 5);
+    h.acquire("w2", 20, 5);
+    let v = check(&h.history);
+    assert_eq!(v.count(Property::TokenOrder), 1, "{v}");
+    assert!(v.first.unwrap().message.contains("token 5 granted to w2"));
+
+    let mut h = H::default();
+    h.acquire("w1", 0, 5);
+    h.release("w1", 10, 5);
+    h.acquire("w2", 20, 4);
+    assert_eq!(check(&h.history).count(Property::TokenOrder), 1);
+
+    // Concurrent grants are not ordered: nothing to say.
+    let mut h = H::default();
+    h.op("w1", OpKind::Acquire, None, 0, 30, Outcome::Held);
+    h.op("w2", OpKind::Acquire, None, 0, 30, granted(4));
+    h.op("w1", OpKind::Acquire, None, 10, 200, granted(3));
+    assert_eq!(check(&h.history).count(Property::TokenOrder), 0);
+}
+
+#[test]
+fn a_renewal_keeps_its_token_and_fails_after_a_takeover() {
+    let mut h = H::default();
+    h.acquire("w1", 0, 1);
+    h.renew("w1", 10, 1, granted(2));
+    let v = check(&h.history);
+    assert_eq!(v.count(Property::TokenOrder), 1, "{v}");
+
+    let mut h = H::default();
+    h.acquire("w1", 0, 1);
+    h.acquire("w2", 150, 2);
+    h.renew("w1", 160, 1, granted(1)); // loss ignored
+    let v = check(&h.history);
+    assert!(v.count(Property::TokenOrder) >= 1, "{v}");
+    assert!(v.count(Property::SingleHolder) >= 1, "{v}");
+}
+
+#[test]
+fn an_owner_never_goes_back_to_a_lower_token() {
+    let mut h = H::default();
+    h.acquire("w1", 0, 7);
+    h.acquire("w1", 10, 3);
+    assert_eq!(check(&h.history).count(Property::TokenOrder), 1);
+}
+
+#[test]
+fn the_store_must_refuse_lower_and_foreign_equal_tokens() {
+    // A lower token after a higher one.
+    let (mut h, mut landed) = correct();
+    let stale = h.write("w2", 220, 2, Outcome::Done);
+    landed.push(stale);
+    h.log(&landed);
+    let v = check(&h.history);
+    assert_eq!(v.count(Property::StoreFencing), 1, "{v}");
+    assert!(v.first.unwrap().message.contains("after accepting token 3"));
+
+    // An equal token from another owner.
+    let (mut h, mut landed) = correct();
+    landed.push(h.write("w9", 220, 3, Outcome::Done));
+    h.log(&landed);
+    let v = check(&h.history);
+    assert_eq!(v.count(Property::StoreFencing), 1, "{v}");
+    assert!(v.first.unwrap().message.contains("belongs to w1"));
+
+    // The same owner again with the mark's token is fine.
+    let (mut h, mut landed) = correct();
+    landed.push(h.write("w1", 220, 3, Outcome::Done));
+    h.log(&landed);
+    assert!(check(&h.history).is_clean());
+}
+
+#[test]
+fn the_store_keeps_what_it_acknowledged_and_nothing_it_refused() {
+    let (mut h, mut landed) = correct();
+    landed.pop();
+    h.log(&landed);
+    let v = check(&h.history);
+    assert_eq!(v.count(Property::StoreFencing), 1, "{v}");
+    assert!(v.first.unwrap().message.contains("acknowledged"));
+
+    let (mut h, mut landed) = correct();
+    let refused = h.write("w1", 220, 3, Outcome::Fenced);
+    landed.push(refused);
+    h.log(&landed);
+    let v = check(&h.history);
+    assert_eq!(v.count(Property::StoreFencing), 1, "{v}");
+}
+
+#[test]
+fn an_ambiguous_write_counts_exactly_when_it_landed() {
+    // w1's write timed out; it landed after w2's (token 2) was accepted.
+    let mut h = H::default();
+    h.acquire("w1", 0, 1);
+    let lost = h.op(
+        "w1",
+        OpKind::Write,
+        Some(1),
+        10,
+        2010,
+        Outcome::Ambiguous(Ambiguity::Timeout),
+    );
+    h.acquire("w2", 200, 2);
+    let ok = h.write("w2", 210, 2, Outcome::Done);
+    h.log(&[lost, ok]);
+    assert!(check(&h.history).is_clean());
+    h.log(&[ok]);
+    assert!(check(&h.history).is_clean());
+    h.log(&[ok, lost]);
+    assert_eq!(check(&h.history).count(Property::StoreFencing), 1);
+}
+
+#[test]
+fn the_store_order_must_agree_with_real_time() {
+    let (mut h, landed) = correct();
+    let mut swapped = landed.clone();
+    swapped.swap(0, 1);
+    h.log(&swapped);
+    let v = check(&h.history);
+    assert_eq!(v.count(Property::StoreFencing), 1, "{v}");
+    assert!(v.first.unwrap().message.contains("began only after"));
+}
+
+#[test]
+fn the_first_violation_is_the_earliest_and_drawn() {
+    let mut h = H::default();
+    h.acquire("w1", 0, 5);
+    h.acquire("w2", 50, 6); // overlap at 51
+    h.release("w2", 60, 6);
+    h.acquire("w3", 200, 6); // token reuse at 201
+    h.log(&[]);
+    let v = check(&h.history);
+    assert_eq!(v.total(), 2, "{v}");
+    let first = v.first.as_ref().unwrap();
+    assert_eq!(first.property, Property::SingleHolder);
+    assert_eq!(first.at, ms(51));
+    let text = v.to_string();
+    assert!(text.contains("first violation (single-holder"), "{text}");
+    assert!(text.contains("violations: 2"), "{text}");
+
+    let svg = render_svg(&h.history, &v);
+    assert!(svg.starts_with("<svg"));
+    assert!(svg.trim_end().ends_with("</svg>"));
+    assert!(svg.contains(r#"stroke="red""#));
+    assert!(!svg.contains("http://") || svg.matches("http://").count() == 1);
+    let lanes = ["s0 w1", "s0 w2", "s0 w3"];
+    for lane in lanes {
+        assert!(svg.contains(lane), "lane {lane} missing");
+    }
+}
+
+#[test]
+fn sessions_are_checked_apart() {
+    let mut h = H::default();
+    h.acquire("w1", 0, 1);
+    h.acquire("w2", 10, 1);
+    h.history.ops[1].session = Arc::from("s1");
+    h.history.store_logs = BTreeMap::new();
+    assert!(check(&h.history).is_clean());
+}
+
+#[test]
+fn the_report_lists_the_faults_around_the_first_violation() {
+    let mut h = H::default();
+    h.acquire("w1", 0, 1);
+    h.acquire("w2", 60, 2);
+    h.history.faults.push(Fault {
+        kind: FaultKind::ServiceKill,
+        target: "etcd-0 (leader)".into(),
+        started: ms(30),
+        ended: ms(40),
+    });
+    h.history.faults.push(Fault {
+        kind: FaultKind::ProxyDrop,
+        target: "long before".into(),
+        started: Duration::ZERO,
+        ended: Duration::ZERO,
+    });
+    h.history.ops.iter_mut().for_each(|op| {
+        op.invoked += Duration::from_secs(10);
+        op.completed += Duration::from_secs(10);
+    });
+    h.history.faults[0].started += Duration::from_secs(10);
+    h.history.faults[0].ended += Duration::from_secs(10);
+    let v = check(&h.history);
+    let context = &v.first.as_ref().unwrap().context;
+    assert!(
+        context.contains("service-kill on etcd-0 (leader)"),
+        "{context}"
+    );
+    assert!(!context.contains("long before"), "{context}");
+}
