@@ -22,6 +22,10 @@ pub(crate) struct HeldKey {
     pub(crate) token: Option<i64>,
     pub(crate) value: Vec<u8>,
     until: Instant,
+    /// A release of this hold was sent: it may land at any time, even
+    /// after it failed here, so the hold is no longer anyone's to renew or
+    /// to re-acquire as live.
+    releasing: bool,
 }
 
 #[derive(Debug, Default)]
@@ -54,6 +58,7 @@ impl HeldKeys {
                 token,
                 value,
                 until,
+                releasing: false,
             },
         );
     }
@@ -73,6 +78,7 @@ impl HeldKeys {
             token: None,
             value,
             until,
+            releasing: false,
         });
     }
 
@@ -92,11 +98,22 @@ impl HeldKeys {
     /// never swept.
     pub(crate) fn renewed(&self, key: &[u8], token: i64, until: Instant) -> bool {
         match self.map().get_mut(key) {
-            Some(held) if held.token == Some(token) => {
+            Some(held) if held.token == Some(token) && !held.releasing => {
                 held.until = held.until.max(until);
                 true
             }
             _ => false,
+        }
+    }
+
+    /// A release of `key` at `token` is about to be sent. Until it is known
+    /// to have landed, the hold stays here for the sweep (which removes it
+    /// as the release would), but counts as neither live nor renewable.
+    pub(crate) fn releasing(&self, key: &[u8], token: i64) {
+        if let Some(held) = self.map().get_mut(key)
+            && held.token == Some(token)
+        {
+            held.releasing = true;
         }
     }
 
@@ -113,7 +130,7 @@ impl HeldKeys {
     pub(crate) fn renewed_past(&self, key: &[u8], token: i64, at: Instant) -> bool {
         self.map()
             .get(key)
-            .is_some_and(|h| h.token == Some(token) && h.until > at)
+            .is_some_and(|h| h.token == Some(token) && !h.releasing && h.until > at)
     }
 
     /// Takes out the keys whose holders stopped renewing before `now`, at

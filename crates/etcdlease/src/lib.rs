@@ -1039,6 +1039,9 @@ impl Inner {
         };
         let key = self.keys.session_key(lease.session_id());
         let value = encode_value(lease.session_id(), lease.owner(), self.ttl);
+        // Sent, it may land whatever this call learns: a re-acquire by the
+        // same owner must then write a new hold, not keep this one.
+        self.held.releasing(&key, token);
         self.client
             .txn(release_if_ours(
                 &key,

@@ -192,3 +192,47 @@ async fn lapsed_holds_are_waited_out_unless_released() {
     let after_release = impatient.acquire(&released, &bob).await.unwrap();
     assert!(after_release.token() > second.token());
 }
+
+/// A release that times out may still land. If its owner acquires the
+/// session again meanwhile, the new hold must be a new write (a greater
+/// token), so that the late release, which names the old one, removes
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_release_never_removes_the_hold_its_owner_took_again() {
+    use test_services::{FaultProxy, ProxyMode};
+    let etcd = EtcdServer::start().unwrap();
+    let proxy = FaultProxy::start(etcd.addr()).unwrap();
+    // The proxy first, then etcd itself: after the release times out at
+    // the proxy, the client moves on to the direct endpoint.
+    let holder = EtcdLease::builder([format!("http://{}", proxy.addr()), etcd.endpoint()])
+        .prefix("/late-release/")
+        .ttl(Duration::from_secs(4))
+        .request_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let other = client(&etcd, "/late-release/");
+    let (s, alice, bob) = (
+        SessionId::new("late").unwrap(),
+        OwnerId::new("alice").unwrap(),
+        OwnerId::new("bob").unwrap(),
+    );
+    let first = holder.acquire(&s, &alice).await.unwrap();
+
+    let delay = Duration::from_millis(1500);
+    proxy.set_mode(ProxyMode::Delay {
+        to_upstream: delay,
+        to_client: Duration::ZERO,
+    });
+    let err = holder.release(&first).await.unwrap_err();
+    assert_eq!(err.kind(), LeaseErrorKind::Transient, "{err:?}");
+    let again = holder.acquire(&s, &alice).await.unwrap();
+    assert!(
+        again.token() > first.token(),
+        "re-acquired under the token a release in flight names: {again:?}"
+    );
+    // The release reaches etcd now.
+    tokio::time::sleep(delay * 2).await;
+    let held = other.acquire(&s, &bob).await.unwrap_err();
+    assert_eq!(held.holder(), Some(&alice), "{held:?}");
+    holder.renew(&again).await.unwrap();
+}
