@@ -2,6 +2,7 @@
 //! without taking part in it: for a `Retry-After`, for knowing which run
 //! of a session is live on another replica, and for the operator page.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -35,18 +36,24 @@ pub enum HolderState {
 #[derive(Clone)]
 pub struct LeaseView {
     backend: Arc<dyn SessionLease>,
+    /// Where file leases live, for diagnostics only: the backend answers
+    /// for one session without anyone reading the directory.
+    lease_dir: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for LeaseView {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LeaseView").finish_non_exhaustive()
+        f.debug_struct("LeaseView")
+            .field("lease_dir", &self.lease_dir)
+            .finish_non_exhaustive()
     }
 }
 
 impl LeaseView {
-    /// A view of `backend`.
-    pub fn new(backend: Arc<dyn SessionLease>) -> Self {
-        Self { backend }
+    /// A view of `backend`; `lease_dir` when its leases are files there
+    /// (shown in diagnostics).
+    pub fn new(backend: Arc<dyn SessionLease>, lease_dir: Option<PathBuf>) -> Self {
+        Self { backend, lease_dir }
     }
 
     /// The live holder of `session`'s lease, as the backend sees it now.

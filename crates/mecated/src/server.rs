@@ -213,7 +213,7 @@ impl Server {
         let Opened {
             store,
             leases,
-            lease_dir: _,
+            lease_dir,
             exclusivity,
             process_locks,
         } = backend::open(
@@ -227,7 +227,7 @@ impl Server {
         let metrics = Arc::new(Metrics::default());
         // Runs finish within the first half of the shutdown budget (they are
         // cancelled at once); releases get the second half.
-        let view = LeaseView::new(leases.clone());
+        let view = LeaseView::new(leases.clone(), lease_dir);
         let keeper = LeaseKeeper::builder(leases, config.owner.clone(), config.lease_ttl)
             .allow_unleased(exclusivity.may_run_unleased())
             .metrics(metrics.clone())
