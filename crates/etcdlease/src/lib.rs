@@ -161,6 +161,36 @@
 //! its sessions about two TTLs (plus two graces) after the holder's last
 //! renewal rather than one.
 //!
+//! # Reporting the holder
+//!
+//! [`current`](SessionLease::current) reads the session's key
+//! (linearizably), then asks etcd how long the key's etcd lease has left
+//! (`LeaseTimeToLive`, which refreshes nothing). The holder is the owner
+//! the key's value names, the token the key's `mod_revision` — the token
+//! its acquire returned — and the expiry is the time the second request
+//! was *sent*, plus the whole seconds etcd says are left (it rounds down
+//! and counts from when it answered), minus the [grace](EtcdLeaseBuilder::expiry_grace):
+//! never later than when etcd could free the key, less the grace the
+//! holder itself leaves out of its expiry. So it answers `None` for:
+//!
+//! - a session never taken, or released (no key, no guard);
+//! - a [lapsed hold](#lapsed-holds) (the key gone, its guard left): nobody
+//!   renews it any more — its holder's next renewal finds the key gone
+//!   and stops. Another owner's acquire may still be refused for a while
+//!   (it waits out the lapse), so a caller told `None` should still expect
+//!   `Held` from acquire and retry;
+//! - a key whose etcd lease has less than the grace left: its holder's own
+//!   expiry has passed and etcd is about to delete it.
+//!
+//! A hold is reported live as long as its etcd lease is: a client that
+//! keeps renewing other sessions keeps this one's etcd lease alive too,
+//! until it sweeps keys nobody renewed for the TTL plus the grace (see
+//! [One etcd lease per client](#one-etcd-lease-per-client)) — so a hold
+//! whose keeper stopped without releasing may show a little longer than it
+//! is used. The report assumes every client of the prefix has the same
+//! grace. A key under the prefix that this crate did not write is a
+//! `Transient` error with [`EtcdError::Malformed`] as its source.
+//!
 //! # Authority
 //!
 //! [`authority`](SessionLease::authority) names the cluster (its id, from
@@ -1033,6 +1063,68 @@ impl Inner {
         out
     }
 
+    /// The live holder of `session` (see the crate docs, "Reporting the
+    /// holder"): the key as stored, and how long its etcd lease has left.
+    async fn current(&self, session: &SessionId) -> Result<Option<Lease>, LeaseError> {
+        let read = RangeRequest {
+            key: self.keys.session_key(session),
+            ..Default::default()
+        };
+        let answer = self
+            .client
+            .range(read)
+            .await
+            .map_err(|e| e.into_lease_error("current: reading the key failed"))?;
+        // Gone, guard or not: released, or lapsed and no longer renewed.
+        let Some(kv) = answer.kvs.into_iter().next() else {
+            return Ok(None);
+        };
+        let malformed = |detail: String| {
+            LeaseError::transient(format!("current: the key of {session} is not one of ours"))
+                .with_source(EtcdError::Malformed {
+                    call: "Range",
+                    detail,
+                })
+        };
+        let holder = decode_owner(&kv.value).ok_or_else(|| {
+            malformed(format!(
+                "the key of {session} holds a value this crate did not write"
+            ))
+        })?;
+        if kv.lease == 0 {
+            return Err(malformed(format!(
+                "the key of {session} is on no etcd lease, so it never expires"
+            )));
+        }
+        let sent = SystemTime::now();
+        let left = match self.client.lease_time_to_live(kv.lease).await {
+            Ok(answer) => answer.ttl,
+            Err(e) if e.is_lease_not_found() => return Ok(None),
+            Err(e) => return Err(e.into_lease_error("current: reading the etcd lease failed")),
+        };
+        let Ok(left @ 1..) = u64::try_from(left) else {
+            return Ok(None);
+        };
+        let grace = self.shared.grace();
+        // etcd counts from when it served the request and rounds down, so
+        // counting from the send gives no later a time than etcd's; a
+        // member that knows no deadline yet (just elected) answers more
+        // than was ever granted, which is capped. The grace is left out
+        // as the holder leaves it out of its own expiry.
+        let left = Duration::from_secs(left)
+            .min(self.ttl + grace)
+            .saturating_sub(grace);
+        if left.is_zero() {
+            return Ok(None);
+        }
+        Ok(Some(Lease::new(
+            session.clone(),
+            holder,
+            token_of(kv.mod_revision),
+            sent + left,
+        )))
+    }
+
     async fn release(&self, lease: &Lease) -> Result<(), LeaseError> {
         let Some(token) = token_revision(lease.token()) else {
             return Ok(()); // never issued: nothing of ours to remove
@@ -1133,6 +1225,10 @@ impl SessionLease for EtcdLease {
 
     async fn authority(&self) -> Result<AuthorityId, LeaseError> {
         self.inner.authority().await
+    }
+
+    async fn current(&self, session: &SessionId) -> Result<Option<Lease>, LeaseError> {
+        self.inner.current(session).await
     }
 
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LeaseError>> {

@@ -259,6 +259,23 @@
 //! callers; [`list_leases`] judges live or expired on the wall clock it is
 //! given. The lock timeout is always real, monotonic time.
 //!
+//! # Reporting the holder
+//!
+//! [`current`](SessionLease::current) reads the one session's file — the
+//! same name its acquire uses — under a shared `flock` held for one
+//! `pread`, and judges it exactly as an acquire would at that moment, on
+//! the same clocks: a live hold is reported with its owner, its token and
+//! its expiry (counted from now on the clock that judged it); a released
+//! or expired hold, or a session that never had a file, is `None`. It
+//! opens the file read-only and never creates, writes or syncs anything,
+//! so asking about any number of sessions leaves the directory as it was.
+//! Waiting for the lock follows the same [lock timeout](FlockLeaseBuilder::lock_timeout)
+//! and runs off the async workers as every other operation does. A hold
+//! whose holder's name was lost to a torn write (see "On-disk format") is
+//! live with no owner to name: it is reported as a `Held` error without a
+//! holder rather than as `None`. A damaged file is the same `Transient`
+//! error every other operation gives.
+//!
 //! # Operators
 //!
 //! [`list_leases`] lists every file of a directory with session, owner,
@@ -588,7 +605,9 @@ impl Drop for AbandonOnDrop {
 fn granted(reply: Reply) -> Result<Lease, LeaseError> {
     match reply {
         Reply::Granted(lease) => Ok(lease),
-        Reply::Released => Err(LeaseError::transient("internal: release answered a grant")),
+        Reply::Released | Reply::Current(_) => Err(LeaseError::transient(
+            "internal: a grant was answered by another operation's reply",
+        )),
     }
 }
 
@@ -620,6 +639,17 @@ impl SessionLease for FlockLease {
 
     async fn release(&self, lease: &Lease) -> Result<(), LeaseError> {
         self.run(Op::Release(lease.clone())).await.map(|_| ())
+    }
+
+    /// The live holder recorded in the session's file (see the crate docs,
+    /// "Reporting the holder").
+    async fn current(&self, session: &SessionId) -> Result<Option<Lease>, LeaseError> {
+        match self.run(Op::Current(session.clone())).await? {
+            Reply::Current(holder) => Ok(holder),
+            Reply::Granted(_) | Reply::Released => Err(LeaseError::transient(
+                "internal: a holder report was answered by another operation's reply",
+            )),
+        }
     }
 
     /// The directory's id (see [`AUTHORITY_FILE`]), created on first call.

@@ -72,17 +72,20 @@ pub(crate) enum Op {
     Acquire(SessionId, OwnerId),
     Renew(Lease),
     Release(Lease),
+    /// Reads the live holder; writes nothing.
+    Current(SessionId),
 }
 
 pub(crate) enum Reply {
     Granted(Lease),
     Released,
+    Current(Option<Lease>),
 }
 
 impl Op {
     pub(crate) fn session(&self) -> &SessionId {
         match self {
-            Op::Acquire(s, _) => s,
+            Op::Acquire(s, _) | Op::Current(s) => s,
             Op::Renew(l) | Op::Release(l) => l.session_id(),
         }
     }
@@ -91,11 +94,19 @@ impl Op {
         matches!(self, Op::Acquire(..))
     }
 
+    /// Only a read: it opens the file read-only and shares the lock with
+    /// other readers, so reporting a holder never holds up another reader,
+    /// and a writer only for the few microseconds of one `pread`.
+    fn reads_only(&self) -> bool {
+        matches!(self, Op::Current(..))
+    }
+
     /// The answer when the session's file does not exist: nothing was ever
     /// issued for it.
     fn reply_without_file(&self) -> Result<Reply, LeaseError> {
         match self {
             Op::Release(_) => Ok(Reply::Released),
+            Op::Current(_) => Ok(Reply::Current(None)),
             _ => Err(LeaseError::held(None)),
         }
     }
@@ -351,6 +362,12 @@ impl Store {
         }
     }
 
+    /// Whether `r`'s expiry is judged on this boot's monotonic clock (it was
+    /// written in this boot and time namespace) rather than the wall clock.
+    fn judged_on_monotonic(&self, r: &Record) -> bool {
+        self.boot_id != [0; 16] && r.boot_id == self.boot_id && r.mono_expiry_nanos != 0
+    }
+
     /// The reservation ceiling this instance last synced on file `name`.
     fn armed_ceiling(&self, name: &str) -> Option<u64> {
         let armed = self.armed.lock().unwrap_or_else(PoisonError::into_inner);
@@ -455,8 +472,19 @@ impl Store {
 
     /// Opens the lease file `name` inside the directory opened at start-up,
     /// never following a symlink, and checks it is a regular file.
-    pub(crate) fn open_file(&self, name: &str, create: bool) -> Result<Opened, LeaseFileError> {
-        let mut flags = OFlag::O_RDWR | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
+    /// Only `write` opens it for writing; only `create` creates it.
+    pub(crate) fn open_file(
+        &self,
+        name: &str,
+        create: bool,
+        write: bool,
+    ) -> Result<Opened, LeaseFileError> {
+        let access = if write {
+            OFlag::O_RDWR
+        } else {
+            OFlag::O_RDONLY
+        };
+        let mut flags = access | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
         if create {
             flags |= OFlag::O_CREAT;
         }
@@ -489,15 +517,21 @@ impl Store {
         Ok(Opened::File(File::from(fd)))
     }
 
-    /// One non-blocking attempt: `Ok(Err(file))` when another open file
-    /// description holds the lock.
+    /// One non-blocking attempt, exclusive unless `shared`: `Ok(Err(file))`
+    /// when another open file description holds a conflicting lock.
     pub(crate) fn try_lock(
         &self,
         mut file: File,
         name: &str,
+        shared: bool,
     ) -> Result<Result<Flock<File>, File>, LeaseFileError> {
+        let mode = if shared {
+            FlockArg::LockSharedNonblock
+        } else {
+            FlockArg::LockExclusiveNonblock
+        };
         loop {
-            match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            match Flock::lock(file, mode) {
                 Ok(locked) => return Ok(Ok(locked)),
                 Err((f, Errno::EWOULDBLOCK)) => return Ok(Err(f)),
                 Err((f, Errno::EINTR)) => file = f,
@@ -512,6 +546,7 @@ impl Store {
         &self,
         mut file: File,
         name: &str,
+        shared: bool,
         abandoned: &AtomicBool,
     ) -> Result<Option<Flock<File>>, LeaseFileError> {
         let start = Instant::now();
@@ -520,7 +555,7 @@ impl Store {
             if abandoned.load(Ordering::Acquire) {
                 return Ok(None);
             }
-            file = match self.try_lock(file, name)? {
+            file = match self.try_lock(file, name, shared)? {
                 Ok(locked) => return Ok(Some(locked)),
                 Err(file) => file,
             };
@@ -567,13 +602,15 @@ impl Store {
         // Live: on this boot's monotonic clock when the record was written in
         // this boot, so wall-clock steps move nothing; on the wall clock only
         // across a reboot (or for records of older versions).
-        let live = |r: &Record| {
-            if self.boot_id != [0; 16] && r.boot_id == self.boot_id && r.mono_expiry_nanos != 0 {
-                now_mono < r.mono_expiry_nanos
+        let left = |r: &Record| {
+            let nanos = if self.judged_on_monotonic(r) {
+                r.mono_expiry_nanos.saturating_sub(now_mono)
             } else {
-                now < r.expiry_nanos
-            }
+                r.expiry_nanos.saturating_sub(now)
+            };
+            Duration::from_nanos(nanos)
         };
+        let live = |r: &Record| !left(r).is_zero();
         let nothing = |reply| Plan {
             write: None,
             sync: false,
@@ -668,6 +705,24 @@ impl Store {
                 }
                 Some(r) if live(&r) => nothing(Err(LeaseError::held(r.owner))),
                 _ => nothing(Err(LeaseError::held(None))),
+            },
+            // Judged exactly as acquire judges it: reported live here means
+            // another owner's acquire would be refused now. The expiry is
+            // counted on the clock that judged it, from now, so a wall-clock
+            // step since the write does not show in it.
+            Op::Current(session) => match record {
+                Some(r) if live(&r) => match &r.owner {
+                    Some(holder) => nothing(Ok(Reply::Current(Some(Lease::new(
+                        session.clone(),
+                        holder.clone(),
+                        FencingToken::new(r.token),
+                        now_time + left(&r),
+                    ))))),
+                    // Held, but a torn write lost the holder's name: a
+                    // lease cannot be reported without one.
+                    None => nothing(Err(LeaseError::held(None))),
+                },
+                _ => nothing(Ok(Reply::Current(None))),
             },
             Op::Release(lease) => match record {
                 Some(r)
@@ -811,7 +866,7 @@ impl Store {
         abandoned: &AtomicBool,
     ) -> Result<Reply, LeaseError> {
         let name = file_name(op.session());
-        let file = match self.open_file(&name, op.creates_file())? {
+        let file = match self.open_file(&name, op.creates_file(), !op.reads_only())? {
             Opened::File(f) => f,
             Opened::Absent => return op.reply_without_file(),
         };
@@ -827,7 +882,7 @@ impl Store {
         op: &Op,
         abandoned: &AtomicBool,
     ) -> Result<Reply, LeaseError> {
-        let Some(locked) = self.wait_lock(file, name, abandoned)? else {
+        let Some(locked) = self.wait_lock(file, name, op.reads_only(), abandoned)? else {
             return Err(abandoned_error());
         };
         let plan = self.plan(&locked, name, op)?;
@@ -853,11 +908,11 @@ impl Store {
     /// to wait (for the lock, or for fdatasync). Returns what is left.
     pub(crate) fn run_until_wait(&self, op: &Op) -> Result<Step, LeaseError> {
         let name = file_name(op.session());
-        let file = match self.open_file(&name, op.creates_file())? {
+        let file = match self.open_file(&name, op.creates_file(), !op.reads_only())? {
             Opened::File(f) => f,
             Opened::Absent => return op.reply_without_file().map(Step::Done),
         };
-        let locked = match self.try_lock(file, &name)? {
+        let locked = match self.try_lock(file, &name, op.reads_only())? {
             Ok(locked) => locked,
             Err(file) => return Ok(Step::WaitLock(file, name)),
         };

@@ -586,6 +586,43 @@ impl K8sLease {
         Err(self.out_of_rounds(&name, last_fault))
     }
 
+    async fn current_object(&self, session: &SessionId) -> Result<Option<Lease>, LeaseError> {
+        let inner = &self.inner;
+        let name = object_name(session);
+        let Some(observed) = self.read(&name).await? else {
+            return Ok(None);
+        };
+        self.check_session(&observed, session)?;
+        let object = &observed.object;
+        let Some(holder) = record::holder(object) else {
+            return Ok(None);
+        };
+        let now = inner.clock.now();
+        // The judgement a takeover by this process would make now: live
+        // here means its acquire for another owner would be refused.
+        let left =
+            inner
+                .expiry
+                .time_left(object, observed.seen, inner.ttl, now, inner.clock.instant());
+        if left.is_zero() {
+            return Ok(None);
+        }
+        let foreign = |why: &str| foreign_object(&inner.namespace, &name, why);
+        let owner = OwnerId::new(holder)
+            .map_err(|e| foreign("its holderIdentity is not an owner id").with_source(e))?;
+        let token = match self.token_of(&name, object) {
+            StoredToken::Known(token) => token,
+            // Unchanged since the create that granted it.
+            StoredToken::CreationVersion => FencingToken::new(observed.version),
+            StoredToken::Unreadable => {
+                return Err(foreign(
+                    "its mecatl.dev/fencing-token annotation is not a number",
+                ));
+            }
+        };
+        Ok(Some(Lease::new(session.clone(), owner, token, now + left)))
+    }
+
     async fn authority_object(&self) -> Result<AuthorityId, LeaseError> {
         if let Some(known) = self.inner.authority.get() {
             return Ok(known.clone());
@@ -691,6 +728,12 @@ impl SessionLease for K8sLease {
 
     async fn release(&self, lease: &Lease) -> Result<(), LeaseError> {
         self.release_object(lease).await
+    }
+
+    /// One GET of the session's Lease object; see the crate docs,
+    /// "Reporting the holder".
+    async fn current(&self, session: &SessionId) -> Result<Option<Lease>, LeaseError> {
+        self.current_object(session).await
     }
 
     /// `k8s:<namespace>:<uid>`, where `<uid>` is the uid of the Lease object

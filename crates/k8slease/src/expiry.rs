@@ -58,12 +58,29 @@ impl ExpiryJudgement {
         now_wall: SystemTime,
         now_mono: Instant,
     ) -> bool {
+        self.time_left(object, seen, ttl, now_wall, now_mono)
+            .is_zero()
+    }
+
+    /// How long the hold recorded in `object` stays live by this judgement;
+    /// zero once it has lapsed (see [`expired`](Self::expired)).
+    pub(crate) fn time_left(
+        self,
+        object: &LeaseObject,
+        seen: Seen,
+        ttl: Duration,
+        now_wall: SystemTime,
+        now_mono: Instant,
+    ) -> Duration {
         let duration = record::duration(object, ttl);
-        let by_observation = || now_mono.saturating_duration_since(seen.at) >= duration;
+        let by_observation =
+            || duration.saturating_sub(now_mono.saturating_duration_since(seen.at));
         match self {
             ExpiryJudgement::SkewSafe => by_observation(),
             ExpiryJudgement::RecordTime => match record::renewed_at(object) {
-                Some(renewed) => now_wall >= renewed + duration,
+                Some(renewed) => (renewed + duration)
+                    .duration_since(now_wall)
+                    .unwrap_or(Duration::ZERO),
                 // Written by something that keeps no time: only our own
                 // observation can tell.
                 None => by_observation(),

@@ -137,6 +137,30 @@
 //! is the local wall clock when the granting request was *sent*, plus the
 //! TTL: the holder's deadline never extends past what any reader allows.
 //!
+//! # Reporting the holder
+//!
+//! [`current`](lease_port::SessionLease::current) is one GET of the
+//! session's object. No object, or no holder, is `None`. Otherwise the
+//! holder is judged exactly as this client's acquire would judge it at
+//! that moment, by its [`ExpiryJudgement`], and a lapsed hold is `None`:
+//!
+//! - [`SkewSafe`](ExpiryJudgement::SkewSafe): live until this process has
+//!   seen that version unchanged for its `leaseDurationSeconds`, counted
+//!   from when the reply that first showed it arrived (the read itself
+//!   counts as a sighting). The expiry reported is when that ends, on the
+//!   local clock. A process that never saw the object before reports a
+//!   whole duration from now, however long ago the holder last wrote —
+//!   conservative, and exactly when its own acquire would first succeed.
+//! - [`RecordTime`](ExpiryJudgement::RecordTime): live until `renewTime`
+//!   plus `leaseDurationSeconds`, which is the expiry reported.
+//!
+//! The token is the one the backend stored: the `mecatl.dev/fencing-token`
+//! annotation, or, for an object unchanged since the create that made its
+//! holder, that create's resourceVersion. An object that is not ours (no
+//! or another session annotation, an unreadable token, a holder that is
+//! not a valid owner id) is [`Invalid`](lease_port::LeaseErrorKind::Invalid),
+//! as everywhere else. Needs only the `get` verb.
+//!
 //! # API-server faults
 //!
 //! Every request has its own timeout ([`Builder::request_timeout`], default

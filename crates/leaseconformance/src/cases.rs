@@ -5,8 +5,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
-use lease_port::{FencingToken, Lease, SessionLease};
+use lease_port::{FencingToken, Lease, LeaseErrorKind, SessionLease};
 use tokio::sync::Barrier;
 
 use crate::LeaseFactory;
@@ -560,4 +561,104 @@ pub async fn renew_many<F: LeaseFactory>(f: &F) {
         Some(&a),
     );
     must("b renews the session it took", cb.renew(&taken).await);
+}
+
+/// `current` (optional: `Unsupported` passes) reports the live holder
+/// only: nothing while free, the holder's owner and token while held and
+/// after a renewal, nothing once released or expired, and one session's
+/// hold never shows on another.
+pub async fn current_reports_the_live_holder<F: LeaseFactory>(f: &F) {
+    let (ca, cb) = (f.client().await, f.client().await);
+    let (s, other, a, b) = (
+        session("current"),
+        session("current-other"),
+        owner("a"),
+        owner("b"),
+    );
+    match cb.current(&s).await {
+        Err(e) if e.kind() == LeaseErrorKind::Unsupported => return,
+        r => assert_eq!(
+            must("current of a free session", r),
+            None,
+            "a session never leased is reported held"
+        ),
+    }
+    let la = must("a acquires", ca.acquire(&s, &a).await);
+    let seen = check_current(f, "after the acquire", cb.current(&s).await, &la);
+    assert_eq!(
+        must("current of another session", cb.current(&other).await),
+        None,
+        "one session's hold is reported on another"
+    );
+    let lo = must("b acquires another session", cb.acquire(&other, &b).await);
+    check_current(
+        f,
+        "while another session is taken",
+        cb.current(&s).await,
+        &la,
+    );
+
+    advance(f, f.ttl() / 2).await;
+    let renewed = must("a renews", ca.renew(&la).await);
+    let after = check_current(f, "after the renewal", cb.current(&s).await, &renewed);
+    assert!(
+        after.expiry() > seen.expiry(),
+        "the renewal did not move the reported expiry later: {seen:?} then {after:?}"
+    );
+
+    must("a releases", ca.release(&renewed).await);
+    assert_eq!(
+        must("current after the release", cb.current(&s).await),
+        None,
+        "a released lease is reported held"
+    );
+    check_current(
+        f,
+        "another session after the release",
+        ca.current(&other).await,
+        &lo,
+    );
+
+    must("a acquires again", ca.acquire(&s, &a).await);
+    advance(f, past_expiry(f)).await;
+    assert_eq!(
+        must("current after the expiry", cb.current(&s).await),
+        None,
+        "an expired lease is reported held"
+    );
+}
+
+/// Checks that `current` reported the live `held`, and returns the report.
+#[track_caller]
+fn check_current<F: LeaseFactory>(
+    f: &F,
+    step: &str,
+    reported: Result<Option<Lease>, lease_port::LeaseError>,
+    held: &Lease,
+) -> Lease {
+    let Some(lease) = must(&format!("current {step}"), reported) else {
+        panic!("current {step}: a live lease ({held:?}) is reported free");
+    };
+    assert_eq!(
+        lease.session_id(),
+        held.session_id(),
+        "{step}: wrong session"
+    );
+    assert_eq!(lease.owner(), held.owner(), "{step}: wrong holder");
+    assert_eq!(lease.token(), held.token(), "{step}: wrong token");
+    let now = f.now();
+    assert!(
+        lease.expiry() > now,
+        "{step}: a live lease is reported with an expiry {:?} not after now {now:?}",
+        lease.expiry()
+    );
+    // Backends may count the reported expiry from when they were asked
+    // (a little later than the grant) or round it to whole seconds.
+    assert!(
+        lease.expiry() <= held.expiry() + Duration::from_secs(1),
+        "{step}: reported expiry {:?} is later than the holder's {:?} by more than a second",
+        lease.expiry(),
+        held.expiry()
+    );
+    lease
 }

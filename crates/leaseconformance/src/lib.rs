@@ -68,7 +68,10 @@
 //! one winner per round), [`concurrent_exclusion`](cases::concurrent_exclusion)
 //! (holds never overlap), [`invalid_input`](cases::invalid_input) (forged
 //! values, extreme tokens), [`authority_stable`](cases::authority_stable)
-//! (one authority for every client, across restarts), and [`model_check`](cases::model_check): random
+//! (one authority for every client, across restarts),
+//! [`renew_many`](cases::renew_many) (batch renewal answers lease by lease),
+//! [`current_reports_the_live_holder`](cases::current_reports_the_live_holder)
+//! (the optional holder report), and [`model_check`](cases::model_check): random
 //! operation sequences compared with a reference model, shrunk on failure.
 //!
 //! # Time
@@ -128,6 +131,7 @@ macro_rules! __with_cases {
             invalid_input
             authority_stable
             renew_many
+            current_reports_the_live_holder
             model_check
         }
     };

@@ -19,6 +19,9 @@ const TTL: Duration = Duration::from_secs(10);
 enum Flaw {
     /// None: the reference backend, which must pass everything.
     None,
+    /// No flaw either: the backend does not report holders (`current` is
+    /// optional and answers `Unsupported`), which must pass everything too.
+    NoHolderReports,
     /// A takeover reuses the previous holder's token.
     NoTokenBumpOnTakeover,
     /// Release removes whatever hold the session has.
@@ -47,6 +50,8 @@ enum Flaw {
     BatchOutOfOrder,
     /// Batch renewal fails every lease when one of them is lost.
     BatchAllOrNothing,
+    /// The holder report still shows a lease after its release.
+    CurrentIgnoresRelease,
 }
 
 #[derive(Debug, Clone)]
@@ -196,6 +201,26 @@ impl SessionLease for Broken {
     fn renews_in_batches(&self) -> bool {
         true
     }
+
+    async fn current(&self, s: &SessionId) -> Result<Option<Lease>, LeaseError> {
+        if self.flaw == Flaw::NoHolderReports {
+            return Err(LeaseError::unsupported("this backend reports no holders"));
+        }
+        let now = self.clock.now();
+        let table = self.table.lock().unwrap();
+        let shown = table.get(&self.key(s)).filter(|r| {
+            let released = r.released && self.flaw != Flaw::CurrentIgnoresRelease;
+            !released && now < r.expiry
+        });
+        Ok(shown.map(|r| {
+            Lease::new(
+                s.clone(),
+                r.owner.clone(),
+                FencingToken::new(r.token),
+                r.expiry,
+            )
+        }))
+    }
 }
 
 struct Factory(Broken, AtomicU64);
@@ -252,6 +277,14 @@ async fn the_reference_backend_passes_everything() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_without_holder_reports_passes_everything() {
+    assert_eq!(
+        failing_cases(Flaw::NoHolderReports).await,
+        Vec::<&str>::new()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_flaw_is_caught_by_the_case_made_for_it() {
     let expectations = [
         (Flaw::NoTokenBumpOnTakeover, "expiry"),
@@ -267,6 +300,10 @@ async fn every_flaw_is_caught_by_the_case_made_for_it() {
         (Flaw::AuthorityPerClient, "authority_stable"),
         (Flaw::BatchOutOfOrder, "renew_many"),
         (Flaw::BatchAllOrNothing, "renew_many"),
+        (
+            Flaw::CurrentIgnoresRelease,
+            "current_reports_the_live_holder",
+        ),
     ];
     let mut missed = Vec::new();
     for (flaw, case) in expectations {

@@ -30,12 +30,14 @@ pub enum HolderState {
     Unknown,
 }
 
-/// Reads lease holders from a backend.
+/// Reads lease holders from a backend, through its
+/// [`current`](SessionLease::current): one session's record per question,
+/// whatever the backend (a file, a key, an object), never a scan.
 #[derive(Clone)]
 pub struct LeaseView {
     backend: Arc<dyn SessionLease>,
-    /// File leases answer through their directory: the backend itself does
-    /// not report holders, but every record is readable there.
+    /// Where file leases live, for diagnostics only: the backend answers
+    /// for one session without anyone reading the directory.
     lease_dir: Option<PathBuf>,
 }
 
@@ -48,63 +50,34 @@ impl std::fmt::Debug for LeaseView {
 }
 
 impl LeaseView {
-    /// A view of `backend`; `lease_dir` when its leases are files there.
+    /// A view of `backend`; `lease_dir` when its leases are files there
+    /// (shown in diagnostics).
     pub fn new(backend: Arc<dyn SessionLease>, lease_dir: Option<PathBuf>) -> Self {
         Self { backend, lease_dir }
     }
 
     /// The live holder of `session`'s lease, as the backend sees it now.
     pub async fn holder(&self, session: &SessionId) -> HolderState {
-        match &self.lease_dir {
-            Some(dir) => file_holder(dir.clone(), session.clone()).await,
-            None => match self.backend.current(session).await {
-                Ok(Some(lease)) if lease.expiry() > SystemTime::now() => {
-                    HolderState::Held(Holder {
-                        owner: lease.owner().clone(),
-                        token: lease.token(),
-                        expiry: lease.expiry(),
-                    })
-                }
-                Ok(_) => HolderState::Free,
-                Err(e) => unknown(&e),
-            },
+        match self.backend.current(session).await {
+            // A report that arrives already expired (a slow answer) shows no
+            // live run.
+            Ok(Some(lease)) if lease.expiry() > SystemTime::now() => HolderState::Held(Holder {
+                owner: lease.owner().clone(),
+                token: lease.token(),
+                expiry: lease.expiry(),
+            }),
+            Ok(_) => HolderState::Free,
+            Err(e) => unknown(&e),
         }
     }
 }
 
+/// A backend that does not report holders says nothing worth logging; any
+/// other failure (a damaged record, an unreachable service, a hold whose
+/// holder is unknown) leaves the state unknown too, but is worth a line.
 fn unknown(e: &LeaseError) -> HolderState {
     if e.kind() != LeaseErrorKind::Unsupported {
         tracing::debug!(error = %e, "cannot read the session's lease holder");
     }
     HolderState::Unknown
-}
-
-/// The holder recorded in a lease directory. The directory is listed
-/// whole (`flocklease` reads one record only through a listing), on the
-/// blocking pool.
-async fn file_holder(dir: PathBuf, session: SessionId) -> HolderState {
-    let listed = tokio::task::spawn_blocking(move || {
-        flocklease::list_leases(&dir, SystemTime::now()).map(|entries| {
-            entries.into_iter().find_map(|entry| {
-                let info = entry.lease.ok()?;
-                (info.session.as_ref() == Some(&session)).then_some(info)
-            })
-        })
-    })
-    .await;
-    match listed {
-        Ok(Ok(Some(info))) => match (info.state, info.owner, info.token, info.expiry) {
-            (flocklease::LeaseState::Live, Some(owner), Some(token), Some(expiry)) => {
-                HolderState::Held(Holder {
-                    owner,
-                    token,
-                    expiry,
-                })
-            }
-            _ => HolderState::Free,
-        },
-        Ok(Ok(None)) => HolderState::Free,
-        Ok(Err(e)) => unknown(&e),
-        Err(_) => HolderState::Unknown,
-    }
 }

@@ -549,6 +549,80 @@ impl SessionStore for RedisStore {
         Ok(SessionPage::new(sessions, more))
     }
 
+    /// A blocking `XREAD` on the session's stream, from `after_seq`, on a
+    /// connection of its own: it returns as soon as any process appends
+    /// past `after_seq` (or at once when one already did). Redis keeps a
+    /// reader blocked on a stream that is deleted, so the wait asks Redis
+    /// every second whether the session still exists (`NotFound` once it
+    /// does not). Dropping the future closes the connection, which frees
+    /// the read in Redis too.
+    async fn wait_for_append(
+        &self,
+        session: &SessionId,
+        after_seq: u64,
+        timeout: Duration,
+    ) -> Result<bool, StoreError> {
+        // How late a waiter learns of a deletion; an append wakes it at once.
+        const DELETION_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+        let deadline = tokio::time::Instant::now() + timeout;
+        let first = after_seq.saturating_add(1);
+        // NotFound for a missing session, and no wait for an append made.
+        if !self.read(session, first, 1).await?.events.is_empty() {
+            return Ok(true);
+        }
+        let key = self.inner.conn.keys().events(session);
+        // Entry ids are `<seq>-0`: XREAD answers entries after this one.
+        let after = format!("{after_seq}-0");
+        let mut blocking = None;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            // BLOCK counts whole milliseconds and 0 means forever.
+            let block_ms = left.min(DELETION_CHECK_INTERVAL).as_millis();
+            if block_ms == 0 {
+                return Ok(false);
+            }
+            let conn = match &mut blocking {
+                Some(conn) => conn,
+                None => blocking.insert(
+                    self.inner
+                        .conn
+                        .dedicated()
+                        .await
+                        .map_err(self.io("waiting for an append"))?,
+                ),
+            };
+            let mut xread = redis::cmd("XREAD");
+            xread
+                .arg("COUNT")
+                .arg(1)
+                .arg("BLOCK")
+                .arg(block_ms.to_string())
+                .arg("STREAMS")
+                .arg(&key)
+                .arg(&after);
+            let held_for = Duration::from_millis(u64::try_from(block_ms).unwrap_or(u64::MAX));
+            match conn
+                .command(&xread, held_for)
+                .await
+                .map_err(self.io("waiting for an append"))?
+            {
+                // The block ran out with nothing new.
+                Value::Nil => {}
+                Value::Array(streams) if streams.is_empty() => {}
+                Value::Map(streams) if streams.is_empty() => {}
+                Value::Array(_) | Value::Map(_) => return Ok(true),
+                other => {
+                    return Err(
+                        self.corrupt(&key, format!("wait: unexpected XREAD reply {other:?}"))
+                    );
+                }
+            }
+            // Deleted meanwhile: NotFound. (An append between two blocks
+            // needs no look here: the next XREAD answers it at once.)
+            self.read(session, first, 1).await?;
+        }
+    }
+
     async fn delete(&self, session: &SessionId, fence: WriteFence) -> Result<(), StoreError> {
         let keys = self.inner.conn.keys();
         self.fenced(

@@ -248,6 +248,30 @@ pub struct LeaseKeepAliveResponse {
     pub ttl: i64,
 }
 
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct LeaseTimeToLiveRequest {
+    #[prost(int64, tag = "1")]
+    pub id: i64,
+    /// Whether to list the lease's keys; this crate never asks (it needs
+    /// no permission that way).
+    #[prost(bool, tag = "2")]
+    pub keys: bool,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct LeaseTimeToLiveResponse {
+    #[prost(message, optional, tag = "1")]
+    pub header: Option<ResponseHeader>,
+    #[prost(int64, tag = "2")]
+    pub id: i64,
+    /// Whole seconds left (rounded down) from when etcd served the
+    /// request; -1 when the lease is gone.
+    #[prost(int64, tag = "3")]
+    pub ttl: i64,
+    #[prost(int64, tag = "4")]
+    pub granted_ttl: i64,
+}
+
 /// etcd's own lock service (`v3lockpb.Lock/Lock`), measured beside ours.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct LockRequest {

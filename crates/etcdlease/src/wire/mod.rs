@@ -60,6 +60,10 @@ const LEASE_KEEP_ALIVE: Method = Method {
     name: "LeaseKeepAlive",
     path: "/etcdserverpb.Lease/LeaseKeepAlive",
 };
+const LEASE_TIME_TO_LIVE: Method = Method {
+    name: "LeaseTimeToLive",
+    path: "/etcdserverpb.Lease/LeaseTimeToLive",
+};
 const AUTHENTICATE: Method = Method {
     name: "Authenticate",
     path: "/etcdserverpb.Auth/Authenticate",
@@ -402,6 +406,17 @@ impl EtcdClient {
     /// `Lease.LeaseRevoke`: ends the etcd lease and deletes its keys.
     pub async fn lease_revoke(&self, id: i64) -> Result<LeaseRevokeResponse, EtcdError> {
         self.unary(LEASE_REVOKE, LeaseRevokeRequest { id }).await
+    }
+
+    /// `Lease.LeaseTimeToLive`: how long etcd lease `id` has left, without
+    /// refreshing it. A lease that is gone answers a `ttl` of -1 (or, from
+    /// some versions, `NotFound`).
+    pub async fn lease_time_to_live(&self, id: i64) -> Result<LeaseTimeToLiveResponse, EtcdError> {
+        self.unary(
+            LEASE_TIME_TO_LIVE,
+            LeaseTimeToLiveRequest { id, keys: false },
+        )
+        .await
     }
 
     /// `Auth.UserAdd`: a user with a password.

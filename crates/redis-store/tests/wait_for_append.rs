@@ -1,0 +1,217 @@
+//! `wait_for_append` against a real `redis-server`: a waiter blocked in
+//! Redis wakes when another process (another `RedisStore`, its own
+//! connections) appends, runs out at its timeout with nothing, never holds
+//! up the store's other requests, and reports a missing or deleted session
+//! as the JSONL store does.
+
+use std::time::Duration;
+
+use lease_port::{FencingToken, OwnerId, SessionId};
+use redis_session_store::RedisStore;
+use serde_json::json;
+use session_store::{SessionStore, StoreErrorKind, WriteFence};
+use test_services::RedisServer;
+
+/// Longer than any wait below should last: a waiter that is not woken
+/// fails its test by outliving it.
+const NEVER: Duration = Duration::from_secs(60);
+
+fn sid(s: &str) -> SessionId {
+    SessionId::new(s).unwrap()
+}
+
+fn fence() -> WriteFence {
+    WriteFence::new(FencingToken::new(1), OwnerId::new("writer").unwrap())
+}
+
+async fn open(server: &RedisServer) -> RedisStore {
+    RedisStore::builder(server.url())
+        .prefix("w:")
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// One connection of the test's own, asking Redis about its clients.
+struct Probe(redis::aio::MultiplexedConnection);
+
+impl Probe {
+    async fn new(redis: &RedisServer) -> Probe {
+        let client = redis::Client::open(redis.url()).unwrap();
+        Probe(client.get_multiplexed_async_connection().await.unwrap())
+    }
+
+    /// A field of `INFO clients`: `blocked_clients`, `connected_clients`.
+    async fn clients(&mut self, field: &str) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("clients")
+            .query_async(&mut self.0)
+            .await
+            .unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("INFO clients reports no {field}: {info}"))
+    }
+
+    /// Polls until `field` satisfies `done`; fails the test if it never does.
+    async fn until(&mut self, field: &str, what: &str, done: impl Fn(u64) -> bool) {
+        let give_up = tokio::time::Instant::now() + NEVER;
+        while !done(self.clients(field).await) {
+            assert!(tokio::time::Instant::now() < give_up, "{what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// Waits on `store` in a task of its own, returning once the wait is
+/// blocked in Redis (the server counts one more blocked client).
+async fn spawn_waiter(
+    probe: &mut Probe,
+    store: &RedisStore,
+    s: &SessionId,
+    after_seq: u64,
+    timeout: Duration,
+) -> tokio::task::JoinHandle<Result<bool, session_store::StoreError>> {
+    let before = probe.clients("blocked_clients").await;
+    let (store, s) = (store.clone(), s.clone());
+    let waiter = tokio::spawn(async move { store.wait_for_append(&s, after_seq, timeout).await });
+    probe
+        .until(
+            "blocked_clients",
+            "the waiter never blocked in Redis",
+            |n| n > before,
+        )
+        .await;
+    assert!(!waiter.is_finished());
+    waiter
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_by_another_process_wakes_the_waiter_with_the_new_event() {
+    let redis = RedisServer::start().unwrap();
+    let (follower, writer) = (open(&redis).await, open(&redis).await);
+    let mut probe = Probe::new(&redis).await;
+    let s = sid("followed");
+    writer.create(&s).await.unwrap();
+    writer.append(&s, fence(), &[json!("one")]).await.unwrap();
+
+    let waiter = spawn_waiter(&mut probe, &follower, &s, 1, NEVER).await;
+    // One event: a wait that skipped the first event after `after_seq`
+    // would sleep through it.
+    let receipt = writer.append(&s, fence(), &[json!("two")]).await.unwrap();
+    assert_eq!((receipt.first_seq, receipt.last_seq), (2, 2));
+    let woke = tokio::time::timeout(NEVER, waiter)
+        .await
+        .expect("the waiter was not woken by the append")
+        .unwrap()
+        .unwrap();
+    assert!(woke, "the waiter reported no append");
+    let page = follower.read(&s, 2, 10).await.unwrap();
+    let seqs: Vec<u64> = page.events.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, [2]);
+    assert_eq!(page.events[0].payload, json!("two"));
+
+    // An append made before the wait begins is answered at once.
+    assert!(
+        follower.wait_for_append(&s, 1, NEVER).await.unwrap(),
+        "an event already past after_seq was not seen"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_wait_ends_at_its_timeout_with_nothing() {
+    let redis = RedisServer::start().unwrap();
+    let store = open(&redis).await;
+    let s = sid("idle");
+    store.create(&s).await.unwrap();
+    store.append(&s, fence(), &[json!(1)]).await.unwrap();
+    // Past the one event there is nothing, over several blocking reads
+    // (each at most a second).
+    assert!(
+        !store
+            .wait_for_append(&s, 1, Duration::from_millis(2500))
+            .await
+            .unwrap()
+    );
+    // A wait with no time at all answers from what is stored.
+    assert!(!store.wait_for_append(&s, 1, Duration::ZERO).await.unwrap());
+    assert!(store.wait_for_append(&s, 0, Duration::ZERO).await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_never_holds_up_the_stores_other_requests() {
+    let redis = RedisServer::start().unwrap();
+    // A short request deadline: a request stuck behind the blocked read
+    // would fail with it long before the waiter's timeout.
+    let store = RedisStore::builder(redis.url())
+        .prefix("w:")
+        .request_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .unwrap();
+    let mut probe = Probe::new(&redis).await;
+    let s = sid("busy");
+    store.create(&s).await.unwrap();
+    let waiters = [
+        spawn_waiter(&mut probe, &store, &s, 0, NEVER).await,
+        spawn_waiter(&mut probe, &store, &s, 0, NEVER).await,
+    ];
+    // The same store (its shared connection) keeps serving while both
+    // waiters are blocked in Redis.
+    for _ in 0..3 {
+        assert!(store.read(&s, 1, 10).await.unwrap().events.is_empty());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    store.append(&s, fence(), &[json!("x")]).await.unwrap();
+    for waiter in waiters {
+        assert!(waiter.await.unwrap().unwrap());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_or_deleted_session_is_not_found() {
+    let redis = RedisServer::start().unwrap();
+    let (follower, writer) = (open(&redis).await, open(&redis).await);
+    let mut probe = Probe::new(&redis).await;
+    let err = follower
+        .wait_for_append(&sid("never-created"), 0, NEVER)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::NotFound, "{err:?}");
+
+    let s = sid("deleted");
+    writer.create(&s).await.unwrap();
+    writer.append(&s, fence(), &[json!(1)]).await.unwrap();
+    let waiter = spawn_waiter(&mut probe, &follower, &s, 1, NEVER).await;
+    writer.delete(&s, fence()).await.unwrap();
+    let err = tokio::time::timeout(NEVER, waiter)
+        .await
+        .expect("the waiter did not notice the deletion")
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::NotFound, "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_waiter_leaves_nothing_behind_in_redis() {
+    let redis = RedisServer::start().unwrap();
+    let store = open(&redis).await;
+    let mut probe = Probe::new(&redis).await;
+    let s = sid("dropped");
+    store.create(&s).await.unwrap();
+    let connected = probe.clients("connected_clients").await;
+    let waiter = spawn_waiter(&mut probe, &store, &s, 0, NEVER).await;
+    assert!(probe.clients("connected_clients").await > connected);
+    waiter.abort();
+    assert!(waiter.await.unwrap_err().is_cancelled());
+    // The waiter's connection closes with it, which frees its read.
+    probe
+        .until(
+            "connected_clients",
+            "the dropped waiter's connection stayed open",
+            |n| n <= connected,
+        )
+        .await;
+    assert_eq!(probe.clients("blocked_clients").await, 0);
+}
