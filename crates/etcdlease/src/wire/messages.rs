@@ -411,6 +411,7 @@ answers!(
     LeaseGrantResponse => false,
     LeaseRevokeResponse => false,
     LeaseKeepAliveResponse => false,
+    LeaseTimeToLiveResponse => false,
     LockResponse => false,
     UnlockResponse => false,
     AuthenticateResponse => false,
