@@ -13,12 +13,15 @@
 //!                                     regenerate the gRPC code; check it and wire compatibility
 //! cargo xtask faults [--backend NAME|all] [--ops N] [--seed S] [--profile short|long] [--out DIR]
 //!                                     every backend under injected faults, histories checked
+//! cargo xtask fuzz [--seconds N] [TARGET…]
+//!                                     the coverage-guided fuzz targets in fuzz/, N seconds each
 //! ```
 
 mod backends;
 mod bench;
 mod ci;
 mod faults;
+mod fuzz;
 mod proto;
 mod services;
 #[cfg(test)]
@@ -34,7 +37,8 @@ const USAGE: &str = "usage: cargo xtask <ci | conformance [--backend NAME] \
                      [--kubeconfig PATH [--namespace NS]] | \
                      services [--backend NAME] | bench [--quick] [FILTER] | \
                      proto [--check | --bless] | faults [--backend NAME] [--ops N] \
-                     [--seed S] [--profile short|long] [--out DIR]>";
+                     [--seed S] [--profile short|long] [--out DIR] | \
+                     fuzz [--seconds N] [TARGET…]>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = env::args().skip(1).collect();
@@ -45,6 +49,7 @@ fn main() -> ExitCode {
         Some("bench") => bench::bench(&args[1..]),
         Some("proto") => proto::proto(&args[1..]),
         Some("faults") => faults::faults(&args[1..]),
+        Some("fuzz") => fuzz::fuzz(&args[1..]),
         _ => {
             eprintln!("{USAGE}");
             return ExitCode::from(2);
