@@ -17,7 +17,8 @@ fn dir() -> &'static tempfile::TempDir {
 fuzz_target!(|data: &[u8]| {
     let dir = dir();
     std::fs::write(dir.path().join("chat-1.lease"), data).expect("write the lease file");
-    let entries = flocklease::list_leases(dir.path(), SystemTime::now()).expect("list the directory");
+    let entries =
+        flocklease::list_leases(dir.path(), SystemTime::now()).expect("list the directory");
     assert_eq!(entries.len(), 1);
     if let Ok(info) = &entries[0].lease {
         // A record that decodes names its session, or holds nothing.

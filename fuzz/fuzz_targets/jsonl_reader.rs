@@ -55,9 +55,15 @@ fuzz_target!(|data: &[u8]| {
                 _ => break,
             }
         }
-        let fence = WriteFence::new(FencingToken::new(u64::MAX - 1), OwnerId::new("fuzz").unwrap());
+        let fence = WriteFence::new(
+            FencingToken::new(u64::MAX - 1),
+            OwnerId::new("fuzz").unwrap(),
+        );
         let event = serde_json::json!({"type": "fuzz"});
-        if let Ok(receipt) = store.append(&w.session, fence, std::slice::from_ref(&event)).await {
+        if let Ok(receipt) = store
+            .append(&w.session, fence, std::slice::from_ref(&event))
+            .await
+        {
             let page = store
                 .read(&w.session, receipt.first_seq, 1)
                 .await
