@@ -1,0 +1,174 @@
+//! Attacks on the multi-replica run features (follow, wait, cancel) with
+//! real `mecated` processes. Each test states the behaviour the API
+//! promises; a failure is a defect of the server, not of the test.
+
+mod support;
+
+use std::time::Instant;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use support::sse::SseReader;
+use support::*;
+
+async fn follow_from(m: &Mecated, id: &str, last_event_id: Option<u64>) -> SseReader {
+    let mut req = client()
+        .get(m.url(&format!("/v1/sessions/{id}/events")))
+        .header("accept", "text/event-stream");
+    if let Some(last) = last_event_id {
+        req = req.header("last-event-id", last.to_string());
+    }
+    let r = req.send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    SseReader::new(r)
+}
+
+/// Reads a follow to its end: the payloads of its events and the end's data.
+async fn payloads_to_end(stream: &mut SseReader) -> (Vec<Value>, Value) {
+    let mut payloads = Vec::new();
+    loop {
+        let m = tokio::time::timeout(PATIENCE, stream.next())
+            .await
+            .expect("the follow never ended")
+            .expect("the stream broke before its end");
+        if m.event == "end" {
+            return (payloads, m.data);
+        }
+        payloads.push(m.data["payload"].clone());
+    }
+}
+
+/// `?wait=` promises to wait for the session instead of refusing. Behind a
+/// load balancer the waiting request lands on the replica that holds the
+/// run as often as on any other; there it must wait too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_run_on_the_holders_own_replica_waits_instead_of_refusing() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = Mecated::start(
+        dir.path(),
+        "holder",
+        &["--echo-delay", "2s", "--echo-steps", "4"],
+    );
+    create(&m, "queued-here").await;
+    let first = run_in_background(&m, "queued-here", json!("first"));
+    wait_for_event(&m, "queued-here", is_run_started_by("holder")).await;
+
+    let r = client()
+        .post(m.url("/v1/sessions/queued-here/runs?wait=30s"))
+        .json(&json!({ "input": "second" }))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    let body: Value = r.json().await.unwrap_or(Value::Null);
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "a run asked to wait 30 s for a session busy for 2 s was refused: {body}"
+    );
+    assert_eq!(body["status"], "completed", "{body}");
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(first["status"], "completed", "{first}");
+}
+
+/// A follow ends when *the run that was live* ends. Unleased, runs carry no
+/// token, so the end of an earlier, finished run must not be taken for the
+/// end of the live one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unleased_follow_from_the_start_does_not_end_at_an_earlier_runs_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = Mecated::start(
+        dir.path(),
+        "solo",
+        &[
+            "--no-session-lease",
+            "--echo-delay",
+            "3s",
+            "--echo-steps",
+            "3",
+        ],
+    );
+    create(&m, "history").await;
+    // A finished run: its `run_ended` stays in the log.
+    let (status, done) = run(&m, "history", json!("earlier")).await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+    let before = events(&m, "history").await.len();
+
+    // A second run, live while the follow starts.
+    let live = run_in_background(&m, "history", json!("live"));
+    let start = Instant::now();
+    while events(&m, "history").await.len() <= before {
+        assert!(start.elapsed() < PATIENCE, "the second run never started");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+
+    let mut stream = follow_from(&m, "history", None).await;
+    let (payloads, end) = payloads_to_end(&mut stream).await;
+    let starts = payloads
+        .iter()
+        .filter(|p| p["type"] == "run_started")
+        .count();
+    let ends = payloads.iter().filter(|p| p["type"] == "run_ended").count();
+    assert_eq!(
+        (starts, ends),
+        (2, 2),
+        "the follow ended ({end}) before the live run did; it saw {payloads:?}"
+    );
+    let live = live.await.unwrap().unwrap();
+    assert_eq!(live["status"], "completed", "{live}");
+}
+
+/// The per-user inotify instance limit, which the JSONL store's waits for
+/// appends draw on.
+fn inotify_instance_limit() -> usize {
+    std::fs::read_to_string("/proc/sys/fs/inotify/max_user_instances")
+        .expect("a Linux host")
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Many clients following one live run (an operator page open in many
+/// tabs, a fan-out of dashboards) must all follow it. On the JSONL store
+/// each waiting follower holds an inotify instance of its own, and the
+/// kernel allows a user few of them (128 by default, shared with every
+/// other process of the user).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_followers_of_one_live_run_all_follow_it() {
+    let followers = inotify_instance_limit() + 8;
+    let dir = tempfile::tempdir().unwrap();
+    let m = Mecated::start(
+        dir.path(),
+        "watched",
+        &["--echo-delay", "10s", "--echo-steps", "2"],
+    );
+    create(&m, "popular").await;
+    let pending = run_in_background(&m, "popular", json!("slow"));
+    let started = wait_for_event(&m, "popular", is_run_started_by("watched")).await;
+    let after = started["seq"].as_u64().unwrap();
+
+    let mut streams = Vec::with_capacity(followers);
+    for _ in 0..followers {
+        streams.push(follow_from(&m, "popular", Some(after)).await);
+    }
+    // Every follower's first message must be the run's next event, never
+    // an end: the run is live and quiet until its first progress step.
+    let mut failed = Vec::new();
+    for (i, stream) in streams.iter_mut().enumerate() {
+        let first = tokio::time::timeout(PATIENCE, stream.next())
+            .await
+            .expect("a follower heard nothing at all")
+            .expect("a follower's stream broke");
+        if first.event == "end" {
+            failed.push((i, first.data));
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of {followers} followers of a live run were ended at once; first: {:?}",
+        failed.len(),
+        failed.first()
+    );
+    drop(streams);
+    let _ = pending.await;
+}
