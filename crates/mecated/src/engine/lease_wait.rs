@@ -21,8 +21,8 @@ pub const MAX_RUN_WAIT: Duration = Duration::from_secs(60);
 pub const RUN_WAIT_RETRY: Duration = Duration::from_millis(50);
 
 impl Engine {
-    /// [`start_run`](Engine::start_run), but while another process holds
-    /// the session, tries again until it is released or `wait` (at most
+    /// [`start_run`](Engine::start_run), but while another run (in another
+    /// process or this one) holds the session, tries again until it is released or `wait` (at most
     /// [`MAX_RUN_WAIT`]) has passed; then answers like `start_run`.
     pub async fn start_run_waiting(
         &self,
@@ -34,8 +34,12 @@ impl Engine {
         loop {
             match self.start_run(session.clone(), input.clone()).await {
                 Err(EngineError::Lease(e))
-                    if e.kind() == KeeperErrorKind::LeasedElsewhere
-                        && Instant::now() + RUN_WAIT_RETRY < deadline =>
+                    // Busy: the run holding the session is this process's
+                    // own, which a load balancer makes as likely as any.
+                    if matches!(
+                        e.kind(),
+                        KeeperErrorKind::LeasedElsewhere | KeeperErrorKind::Busy
+                    ) && Instant::now() + RUN_WAIT_RETRY < deadline =>
                 {
                     tokio::time::sleep(RUN_WAIT_RETRY).await;
                 }
