@@ -532,7 +532,7 @@ impl Engine {
         let cancel = CancellationToken::new();
         self.runs().insert(session.clone(), cancel.clone());
         let watch = token.map(|t| self.watch_cancel_requests(&session, t, cancels_before, &cancel));
-        self.register_local_run(&session, token, watch);
+        self.register_local_run(&session, token, first_seq, watch);
         let (tx, events) = mpsc::channel(STREAM_BUFFER);
         let (end_tx, end) = oneshot::channel();
         let (transcript, lagged) = match self.transcript(&session, first_seq).await {

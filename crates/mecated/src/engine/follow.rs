@@ -68,14 +68,29 @@ impl FollowEnd {
 /// The payload type of the event a run records when it ends.
 pub const RUN_ENDED: &str = "run_ended";
 
-/// Whether `event` ends the run `live` (its end, or a later run's start).
-fn ends(event: &StoredEvent, live: LiveRun) -> Option<FollowEnd> {
-    let LiveRun::Run(token) = live else {
+/// The run a follow waits to end: its token, and where it started in the
+/// log when this process runs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Followed {
+    live: LiveRun,
+    /// Runs without a lease all carry no token (and a holder that
+    /// re-acquired its own lease keeps its token): where the run started
+    /// tells its end from an earlier run's.
+    started_at: Option<u64>,
+}
+
+/// Whether `event` ends the followed run (its end, or a later run's start).
+fn ends(event: &StoredEvent, followed: Followed) -> Option<FollowEnd> {
+    let LiveRun::Run(token) = followed.live else {
         return None;
     };
+    let after_start = followed.started_at.is_none_or(|s| event.seq > s);
     match event.payload.get("type").and_then(|t| t.as_str()) {
-        Some(RUN_ENDED) if event.token == token => Some(FollowEnd::RunEnded),
+        Some(RUN_ENDED) if event.token == token && after_start => Some(FollowEnd::RunEnded),
         Some("run_started") if event.token > token => Some(FollowEnd::RunGone),
+        Some("run_started") if followed.started_at.is_some() && after_start => {
+            Some(FollowEnd::RunGone)
+        }
         _ => None,
     }
 }
@@ -148,10 +163,12 @@ impl Engine {
     ) -> Option<FollowEnd> {
         // Asked before reading, so a run that ends meanwhile has its end
         // event in what is read next.
+        let started_at = self.local_run_start(session);
         let live = self.live_run(session).await;
+        let followed = Followed { live, started_at };
         let mut pos = after_seq;
         loop {
-            match self.send_stored(session, &mut pos, live, tx).await {
+            match self.send_stored(session, &mut pos, followed, tx).await {
                 Ok(Some(end)) => return Some(end),
                 Ok(None) => {}
                 Err(e) => return Some(e),
@@ -177,11 +194,13 @@ impl Engine {
             // The run is gone (or another took its place), or the backend
             // still cannot tell and a quiet period is the only sign left:
             // what was recorded meanwhile is sent, then the follow ends.
-            return Some(match self.send_stored(session, &mut pos, live, tx).await {
-                Ok(Some(end)) => end,
-                Ok(None) => FollowEnd::RunGone,
-                Err(e) => e,
-            });
+            return Some(
+                match self.send_stored(session, &mut pos, followed, tx).await {
+                    Ok(Some(end)) => end,
+                    Ok(None) => FollowEnd::RunGone,
+                    Err(e) => e,
+                },
+            );
         }
     }
 
@@ -191,7 +210,7 @@ impl Engine {
         &self,
         session: &SessionId,
         pos: &mut u64,
-        live: LiveRun,
+        followed: Followed,
         tx: &mpsc::Sender<FollowItem>,
     ) -> Result<Option<FollowEnd>, FollowEnd> {
         loop {
@@ -202,7 +221,7 @@ impl Engine {
                 .await
                 .map_err(|e| FollowEnd::Failed(error_chain(&e)))?;
             for event in page.events {
-                let end = ends(&event, live);
+                let end = ends(&event, followed);
                 if end == Some(FollowEnd::RunGone) {
                     // A later run's start is not part of the followed run.
                     return Ok(end);

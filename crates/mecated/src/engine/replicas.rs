@@ -22,6 +22,8 @@ pub(super) struct Replicas {
 struct LocalRun {
     /// `None` when unleased.
     token: Option<FencingToken>,
+    /// The sequence number of its `run_started` event.
+    first_seq: u64,
     /// Stops the run's watch for cancel requests when the run ends.
     _watch: Option<DropGuard>,
 }
@@ -65,15 +67,27 @@ impl Engine {
         &self,
         session: &SessionId,
         token: Option<FencingToken>,
+        first_seq: u64,
         watch: Option<DropGuard>,
     ) {
         self.inner.replicas.local().insert(
             session.clone(),
             LocalRun {
                 token,
+                first_seq,
                 _watch: watch,
             },
         );
+    }
+
+    /// Where this process's run of `session` started in its log: runs
+    /// without a lease all carry no token, so only this tells them apart.
+    pub(super) fn local_run_start(&self, session: &SessionId) -> Option<u64> {
+        self.inner
+            .replicas
+            .local()
+            .get(session)
+            .map(|r| r.first_seq)
     }
 
     /// Forgets a run of this process (it ended).

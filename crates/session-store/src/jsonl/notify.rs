@@ -1,5 +1,6 @@
 //! Waiting for appends to a session file: an inotify watch on the file,
-//! so a waiter wakes when any process writes it instead of polling.
+//! so a waiter wakes when any process writes it instead of polling. Past
+//! the kernel's per-user inotify limits a waiter polls instead.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
@@ -14,6 +15,7 @@ use tokio::io::unix::AsyncFd;
 use super::JsonlStore;
 use crate::StoreError;
 use crate::model::has_event_after;
+use crate::poll_for_append;
 
 /// An inotify instance that tokio can wait on.
 struct Watch(Inotify);
@@ -34,8 +36,16 @@ impl JsonlStore {
     ) -> Result<bool, StoreError> {
         let deadline = tokio::time::Instant::now() + timeout;
         let path = self.path_of(session);
-        let watch = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
-            .map_err(|e| StoreError::io("watching session file", &path, e.into()))?;
+        let watch = match Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC) {
+            Ok(watch) => watch,
+            // The kernel's limits on inotify instances and watches are per
+            // user and shared by every process of that user: past them a
+            // waiter reads the file at intervals rather than failing.
+            Err(Errno::EMFILE | Errno::ENFILE | Errno::ENOMEM) => {
+                return poll_for_append(self, session, after_seq, timeout).await;
+            }
+            Err(e) => return Err(StoreError::io("watching session file", &path, e.into())),
+        };
         // Every way the file can change: written (appends, a torn tail
         // cut), or unlinked (reclaimed) so the next read reports it.
         let mask = AddWatchFlags::IN_MODIFY
@@ -48,6 +58,9 @@ impl JsonlStore {
                 return Err(StoreError::NotFound {
                     session: session.clone(),
                 });
+            }
+            Err(Errno::ENOSPC | Errno::ENOMEM) => {
+                return poll_for_append(self, session, after_seq, timeout).await;
             }
             Err(e) => return Err(StoreError::io("watching session file", &path, e.into())),
         }

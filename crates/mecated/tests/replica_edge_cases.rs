@@ -1,6 +1,7 @@
-//! Attacks on the multi-replica run features (follow, wait, cancel) with
-//! real `mecated` processes. Each test states the behaviour the API
-//! promises; a failure is a defect of the server, not of the test.
+//! Edge cases of the multi-replica run features (follow, wait, cancel)
+//! with real `mecated` processes: a wait that lands on the holder's own
+//! replica, a follow of an unleased session with earlier runs, and more
+//! followers than the kernel gives a user inotify instances.
 
 mod support;
 

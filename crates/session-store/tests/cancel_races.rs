@@ -1,5 +1,6 @@
-//! Attack on the JSONL store's cancel requests: requests made at once by
-//! several processes (replicas answering cancels for one session).
+//! The JSONL store's cancel requests made at once by several processes
+//! (replicas answering cancels for one session): the token never goes
+//! down and no request goes uncounted.
 
 use lease_port::{FencingToken, OwnerId, SessionId};
 use serde_json::json;
