@@ -84,7 +84,8 @@ async fn replicas_share_sessions_in_redis_and_lease_them_as_lease_objects() {
         seqs.windows(2).all(|w| w[1] == w[0] + 1),
         "gaps in {seqs:?}"
     );
-    assert_eq!(log.last().unwrap()["payload"]["content"], "after the crash");
+    assert_eq!(log.last().unwrap()["payload"]["type"], "run_ended");
+    assert_eq!(log[log.len() - 2]["payload"]["content"], "after the crash");
 
     // The sessions were leased as Lease objects, with exactly the verbs the
     // deployment's Role grants (deploy/kubernetes/role.yaml): no more (the

@@ -140,17 +140,18 @@ async fn another_process_appending_between_runs_is_seen() {
     a.engine.create_session(&s).await.unwrap();
 
     assert_eq!(a.run_and_check(&s, "a1").await, 1);
-    assert_eq!(a.run_and_check(&s, "a2").await, 3);
+    // Every run leaves its claim, its reply and its end.
+    assert_eq!(a.run_and_check(&s, "a2").await, 4);
     assert!(
         a.engine.transcript_cache_usage().1 == 1,
         "a keeps the session"
     );
     // b runs twice in between: a's next run must see both.
-    assert_eq!(b.run_and_check(&s, "b1").await, 5);
-    assert_eq!(b.run_and_check(&s, "b2").await, 7);
-    assert_eq!(a.run_and_check(&s, "a3").await, 9);
+    assert_eq!(b.run_and_check(&s, "b1").await, 7);
+    assert_eq!(b.run_and_check(&s, "b2").await, 10);
+    assert_eq!(a.run_and_check(&s, "a3").await, 13);
     // Nothing in between: a's cache alone plus its own reply.
-    assert_eq!(a.run_and_check(&s, "a4").await, 11);
+    assert_eq!(a.run_and_check(&s, "a4").await, 16);
     let inputs: Vec<Value> = a
         .stored(&s, u64::MAX)
         .await
@@ -186,7 +187,7 @@ async fn a_session_deleted_and_created_again_is_read_afresh() {
     b.engine.delete_session(&s).await.unwrap();
     b.engine.create_session(&s).await.unwrap();
     b.run_and_check(&s, "other 1").await;
-    assert_eq!(a.run_and_check(&s, "new 2").await, 3);
+    assert_eq!(a.run_and_check(&s, "new 2").await, 4);
     let seen = a.agent.seen.lock().unwrap().last().cloned().unwrap();
     assert_eq!(seen[1]["content"], "other 1");
 
@@ -204,7 +205,7 @@ async fn a_cache_too_small_for_the_session_keeps_nothing_and_runs_stay_right() {
         let p = process(dir.path(), &leases, &format!("p{budget}"), budget);
         let s = SessionId::new(format!("chat-{budget}")).unwrap();
         p.engine.create_session(&s).await.unwrap();
-        for (i, expected) in [1, 3, 5, 7, 9].into_iter().enumerate() {
+        for (i, expected) in [1, 4, 7, 10, 13].into_iter().enumerate() {
             assert_eq!(p.run_and_check(&s, &format!("r{i}")).await, expected);
             let (bytes, _) = p.engine.transcript_cache_usage();
             assert!(

@@ -95,7 +95,8 @@ pub(crate) async fn sigkill_mid_run_is_taken_over_with_a_higher_token(backend: &
     );
     assert_eq!(last_start["token"].as_u64(), Some(token), "{last_start}");
     assert_only_token_after_takeover(&log, &b.owner, token);
-    assert_eq!(log.last().unwrap()["payload"]["content"], "after the crash");
+    assert_eq!(log.last().unwrap()["payload"]["type"], "run_ended");
+    assert_eq!(log[log.len() - 2]["payload"]["content"], "after the crash");
 }
 
 /// The holder paused past its lease: the other takes over with a higher
