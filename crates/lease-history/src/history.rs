@@ -138,6 +138,12 @@ pub enum FaultKind {
     /// A holder stopped (did nothing, renewed nothing) past its TTL, then
     /// went on as if it still held the lease.
     HolderPause,
+    /// A holder's own process stopped with SIGSTOP past its TTL, then
+    /// resumed with SIGCONT: whatever it was doing carries on late.
+    HolderStopped,
+    /// A holder's own process killed with SIGKILL mid-operation (and a new
+    /// one started in its place).
+    HolderKilled,
     /// A service process stopped with SIGSTOP, then resumed with SIGCONT.
     ServicePause,
     /// A service process killed with SIGKILL (and started again).
@@ -170,6 +176,8 @@ impl FaultKind {
             FaultKind::ClockForward(_) => "clock-forward",
             FaultKind::ClockBackward(_) => "clock-backward",
             FaultKind::HolderPause => "holder-pause",
+            FaultKind::HolderStopped => "holder-sigstop",
+            FaultKind::HolderKilled => "holder-sigkill",
             FaultKind::ServicePause => "service-pause",
             FaultKind::ServiceKill => "service-kill",
             FaultKind::ServiceRestart => "service-restart",

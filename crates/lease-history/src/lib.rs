@@ -46,11 +46,7 @@
 //!     .clock(clock.clone())
 //!     .build();
 //! let store = JsonlStore::open(dir.path(), JsonlOptions::default().fsync(FsyncPolicy::Never))?;
-//! let target = Target {
-//!     leases: vec![Arc::new(leases)],
-//!     store: Arc::new(store),
-//!     clock,
-//! };
+//! let target = Target::new(vec![Arc::new(leases)], Arc::new(store), clock);
 //!
 //! let history = run(&workload, target, None, None).await?;
 //! let verdict = check(&history);
@@ -108,5 +104,5 @@ pub use history::{
     Recorder,
 };
 pub use rng::Rng;
-pub use runner::{FaultInjector, Progress, RunError, Target, Workload, run};
+pub use runner::{FaultInjector, Progress, RunError, Target, Workload, Writer, run};
 pub use timeline::{MAX_DRAWN_OPS, render_svg, write_svg};

@@ -70,12 +70,50 @@ pub struct Target {
     /// shared handle, or one per worker (its own connection, its own file
     /// descriptors).
     pub leases: Vec<Arc<dyn SessionLease>>,
-    /// The store every worker writes to.
+    /// The store: sessions are created in it before the run and read back
+    /// from it after.
     pub store: Arc<dyn SessionStore>,
+    /// Where the workers' writes go: worker `i` writes through
+    /// `writers[i % writers.len()]` (a holder process that writes the store
+    /// itself, say); when empty, straight to `store`.
+    pub writers: Vec<Arc<dyn Writer>>,
     /// The lease authority's wall clock as the workers can read it: the
     /// time left on a grant is its expiry minus this clock's reading at
     /// invocation.
     pub clock: Arc<dyn Clock>,
+}
+
+impl Target {
+    /// Workers using `leases` (see [`leases`](Self::leases)) and writing
+    /// straight to `store`, with grants timed by `clock`.
+    pub fn new(
+        leases: Vec<Arc<dyn SessionLease>>,
+        store: Arc<dyn SessionStore>,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        Target {
+            leases,
+            store,
+            writers: Vec::new(),
+            clock,
+        }
+    }
+}
+
+/// Appends one event under a fence on a worker's behalf: the store itself,
+/// or something standing between the worker and the store (a holder in
+/// another process).
+#[async_trait]
+pub trait Writer: Send + Sync {
+    /// Appends `payload` to `session` under `fence`. Only
+    /// [`StoreErrorKind::Fenced`] counts as a refusal; any other error
+    /// leaves the write's fate unknown.
+    async fn append(
+        &self,
+        session: &SessionId,
+        fence: WriteFence,
+        payload: &serde_json::Value,
+    ) -> Result<(), StoreError>;
 }
 
 /// Injects faults into a running target.
@@ -466,14 +504,31 @@ impl Actor<'_> {
             "owner": self.owner.as_str(),
             "token": lease.token().get(),
         });
-        let append = self.shared.target.store.append(
-            lease.session_id(),
-            WriteFence::from(lease),
-            std::slice::from_ref(&payload),
-        );
+        let target = &self.shared.target;
+        let append = async {
+            match target
+                .writers
+                .get(self.worker as usize % target.writers.len().max(1))
+            {
+                Some(writer) => {
+                    writer
+                        .append(lease.session_id(), WriteFence::from(lease), &payload)
+                        .await
+                }
+                None => target
+                    .store
+                    .append(
+                        lease.session_id(),
+                        WriteFence::from(lease),
+                        std::slice::from_ref(&payload),
+                    )
+                    .await
+                    .map(drop),
+            }
+        };
         let (outcome, result) =
             match tokio::time::timeout(self.shared.workload.call_timeout, append).await {
-                Ok(Ok(_)) => (Outcome::Done, Some(true)),
+                Ok(Ok(())) => (Outcome::Done, Some(true)),
                 Ok(Err(e)) if e.kind() == StoreErrorKind::Fenced => (Outcome::Fenced, Some(false)),
                 Ok(Err(_)) => (Outcome::Ambiguous(Ambiguity::Other), None),
                 Err(_) => (Outcome::Ambiguous(Ambiguity::Timeout), None),

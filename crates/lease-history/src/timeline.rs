@@ -121,7 +121,7 @@ pub fn render_svg(history: &History, verdict: &Verdict) -> String {
         let (a, b) = (x(f.started), x(f.ended).max(x(f.started) + 2.0));
         // A paused holder is one owner's fault: shade only its lanes.
         let (band_top, band_height) = match f.kind {
-            FaultKind::HolderPause => {
+            FaultKind::HolderPause | FaultKind::HolderStopped | FaultKind::HolderKilled => {
                 for ((_, owner), i) in &lanes {
                     if **owner == *f.target {
                         let _ = writeln!(

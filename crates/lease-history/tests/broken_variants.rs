@@ -55,11 +55,7 @@ fn rig(seed: u64) -> Rig {
 
 impl Rig {
     fn target(&self, leases: Vec<Arc<dyn SessionLease>>, store: Arc<dyn SessionStore>) -> Target {
-        Target {
-            leases,
-            store,
-            clock: Arc::new(self.clock.clone()),
-        }
+        Target::new(leases, store, Arc::new(self.clock.clone()))
     }
 
     fn broken_lease(&self, breakage: LeaseBreakage) -> Arc<dyn SessionLease> {

@@ -1,7 +1,6 @@
 //! The faults each rig can inject, chosen from the run's seed.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -10,11 +9,13 @@ use grpcdriver::{LeaseServer, ServeError};
 use k8s_emulator::{DroppedReply, Failure};
 use lease_history::{ClockStepper, FaultInjector, FaultKind, Recorder, Rng};
 use lease_port::{Clock, SessionLease};
-use test_services::{EtcdCluster, EtcdServer, FaultProxy, ProxyMode, RedisServer};
+use test_services::{Controls, EtcdCluster, EtcdServer, FaultProxy, ProxyMode, RedisServer};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::{JoinHandle, block_in_place};
 use tokio::time::sleep;
+
+use crate::holders::{self, Holder};
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -121,6 +122,12 @@ pub(crate) enum Action {
         kill: bool,
         longest: Duration,
     },
+    /// Stop Redis with SIGSTOP for up to `longest` (past the TTL at times),
+    /// then SIGCONT: connections stay open and nothing is answered.
+    RedisPause {
+        redis: Arc<Mutex<RedisServer>>,
+        longest: Duration,
+    },
     /// Kill etcd (SIGKILL) and start it again.
     EtcdServerKill {
         etcd: Arc<Mutex<EtcdServer>>,
@@ -144,8 +151,9 @@ pub(crate) enum Action {
         faults: k8s_emulator::Faults,
         longest: Duration,
     },
-    /// A second handle on the lease directory, opened, used and closed.
-    HandleChurn { dir: PathBuf, ttl: Duration },
+    /// Holders in processes of their own: stopped past their TTL, killed
+    /// and replaced, or a descriptor churned in them.
+    Holders(Vec<Arc<Holder>>),
 }
 
 /// Picks one action per fault, uniformly, from the run's seed.
@@ -206,6 +214,14 @@ impl FaultInjector for Chaos {
                     sleep(rng.between(Duration::ZERO, *longest)).await;
                 }
                 block_in_place(|| lock(redis).restart()).map_err(|e| e.to_string())?;
+                rec.heal(fault);
+                Ok(())
+            }
+            Action::RedisPause { redis, longest } => {
+                let fault = rec.fault(FaultKind::ServicePause, "redis");
+                lock(redis).pause().map_err(|e| e.to_string())?;
+                sleep(rng.between(*longest / 4, *longest)).await;
+                lock(redis).resume().map_err(|e| e.to_string())?;
                 rec.heal(fault);
                 Ok(())
             }
@@ -273,17 +289,7 @@ impl FaultInjector for Chaos {
                 rec.heal(fault);
                 Ok(())
             }
-            Action::HandleChurn { dir, ttl } => {
-                let fault = rec.fault(FaultKind::HandleChurn, "lease directory");
-                let handle = flocklease::FlockLease::builder(dir.clone())
-                    .ttl(*ttl)
-                    .open()
-                    .map_err(|e| e.to_string())?;
-                handle.list().await.map_err(|e| e.to_string())?;
-                drop(handle);
-                rec.heal(fault);
-                Ok(())
-            }
+            Action::Holders(holders) => holders::hurt(holders, rng, rec).await,
         }
     }
 }

@@ -4,6 +4,7 @@
 
 #[path = "../../tests/support/broken.rs"]
 mod broken;
+mod holders;
 mod injectors;
 mod rigs;
 
@@ -136,6 +137,9 @@ impl Row {
 
 fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().skip(1).collect();
+    if argv.first().map(String::as_str) == Some(holders::HOLDER_PROCESS) {
+        return holders::holder_main(&argv[1..]);
+    }
     let args = match parse(&argv) {
         Ok(a) => a,
         Err(e) => {

@@ -11,13 +11,14 @@ use flocklease::FlockLease;
 use grpcdriver::GrpcLease;
 use k8s_emulator::{Emulator, EmulatorConfig};
 use k8slease::K8sLease;
-use lease_history::{ClockStepper, FaultInjector, SteppedClock, Target, Workload};
+use lease_history::{ClockStepper, FaultInjector, SteppedClock, Target, Workload, Writer};
 use lease_port::{Clock, SessionLease, SystemClock};
 use memlease::MemLease;
 use redis_session_store::{RedisLease, RedisStore};
 use session_store::{FsyncPolicy, JsonlOptions, JsonlStore, SessionStore};
 use test_services::{EtcdCluster, EtcdServer, FaultProxy, RedisServer};
 
+use crate::holders::Holder;
 use crate::injectors::{Action, Chaos, GrpcServer};
 
 pub(crate) struct Rig {
@@ -56,11 +57,7 @@ pub(crate) async fn setup(name: &str, w: &mut Workload, dir: &Path) -> Result<Ri
                 .clock(Arc::new(clock.clone()))
                 .build();
             Ok(Rig {
-                target: Target {
-                    leases: vec![Arc::new(leases)],
-                    store: jsonl(dir)?,
-                    clock: Arc::new(clock.clone()),
-                },
+                target: Target::new(vec![Arc::new(leases)], jsonl(dir)?, Arc::new(clock.clone())),
                 faults: chaos(vec![Action::Clock(ClockStepper::new(
                     clock, w.ttl, "memlease",
                 ))]),
@@ -69,29 +66,35 @@ pub(crate) async fn setup(name: &str, w: &mut Workload, dir: &Path) -> Result<Ri
         }
         "flocklease" => {
             w.ttl = Duration::from_millis(300);
-            let leases_dir = dir.join("leases");
-            // One handle per worker: its own descriptors on the lease
-            // files, as separate processes would have (the workers are
-            // tasks of this process, not processes).
-            let leases = (0..w.workers)
-                .map(|_| {
-                    FlockLease::builder(leases_dir.clone())
-                        .ttl(w.ttl)
-                        .open()
-                        .map(|l| Arc::new(l) as Arc<dyn SessionLease>)
-                        .map_err(|e| format!("open the lease directory: {e}"))
+            // Every worker's holder is a process of its own, opening the
+            // lease directory and the store itself, as session servers on
+            // one host do; the faults stop and kill those processes.
+            let store = jsonl(dir)?;
+            let holders = (0..w.workers)
+                .map(|i| {
+                    Holder::start(
+                        format!("w{i}"),
+                        dir.join("leases"),
+                        dir.join("store"),
+                        w.ttl,
+                    )
                 })
-                .collect::<Result<_, _>>()?;
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut target = Target::new(
+                holders
+                    .iter()
+                    .map(|h| Arc::clone(h) as Arc<dyn SessionLease>)
+                    .collect(),
+                store,
+                system,
+            );
+            target.writers = holders
+                .iter()
+                .map(|h| Arc::clone(h) as Arc<dyn Writer>)
+                .collect();
             Ok(Rig {
-                target: Target {
-                    leases,
-                    store: jsonl(dir)?,
-                    clock: system,
-                },
-                faults: chaos(vec![Action::HandleChurn {
-                    dir: leases_dir,
-                    ttl: w.ttl,
-                }]),
+                target,
+                faults: chaos(vec![Action::Holders(holders)]),
                 keep: Vec::new(),
             })
         }
@@ -175,11 +178,7 @@ async fn grpc(name: &str, w: &mut Workload, dir: &Path) -> Result<Rig, String> {
     keep.push(Box::new(server));
     keep.push(Box::new(proxy));
     Ok(Rig {
-        target: Target {
-            leases,
-            store: jsonl(dir)?,
-            clock: system,
-        },
+        target: Target::new(leases, jsonl(dir)?, system),
         faults: chaos(actions),
         keep,
     })
@@ -210,11 +209,7 @@ async fn redis(w: &mut Workload) -> Result<Rig, String> {
         .map_err(|e| format!("redis store: {e}"))?;
     let redis = Arc::new(Mutex::new(redis));
     Ok(Rig {
-        target: Target {
-            leases,
-            store: Arc::new(store),
-            clock: Arc::new(SystemClock),
-        },
+        target: Target::new(leases, Arc::new(store), Arc::new(SystemClock)),
         faults: chaos(vec![
             Action::Proxy {
                 proxy: Arc::clone(&proxy),
@@ -230,6 +225,10 @@ async fn redis(w: &mut Workload) -> Result<Rig, String> {
                 redis: Arc::clone(&redis),
                 kill: true,
                 longest: w.ttl,
+            },
+            Action::RedisPause {
+                redis: Arc::clone(&redis),
+                longest: w.ttl * 2,
             },
         ]),
         keep: vec![Box::new(redis), Box::new(proxy)],
@@ -258,11 +257,7 @@ async fn k8s(w: &mut Workload, dir: &Path) -> Result<Rig, String> {
     }
     let faults = emulator.faults().clone();
     Ok(Rig {
-        target: Target {
-            leases,
-            store: jsonl(dir)?,
-            clock: Arc::new(SystemClock),
-        },
+        target: Target::new(leases, jsonl(dir)?, Arc::new(SystemClock)),
         faults: chaos(vec![Action::Emulator {
             faults,
             longest: w.ttl,
@@ -289,11 +284,7 @@ async fn etcd(w: &mut Workload, dir: &Path) -> Result<Rig, String> {
     }
     let cluster = Arc::new(Mutex::new(cluster));
     Ok(Rig {
-        target: Target {
-            leases,
-            store: jsonl(dir)?,
-            clock: Arc::new(SystemClock),
-        },
+        target: Target::new(leases, jsonl(dir)?, Arc::new(SystemClock)),
         faults: chaos(vec![
             Action::EtcdKillLeader {
                 cluster: Arc::clone(&cluster),

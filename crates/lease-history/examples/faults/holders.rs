@@ -1,0 +1,658 @@
+//! Holders in processes of their own.
+//!
+//! Each worker's lease calls and writes go through a child process (this
+//! same executable, started as `faults holder-process …`) that opens the
+//! lease directory and the store itself, as a session server would. The
+//! fault injector can then stop a holder with SIGSTOP past its TTL and kill
+//! it with SIGKILL in the middle of an operation, for real: a stopped
+//! holder carries on with whatever it was doing when it is let go, a killed
+//! one leaves behind whatever half-done work the kernel and the files hold.
+//!
+//! The worker, in this process, still records every invocation and
+//! completion; a call the holder does not answer in time is recorded as
+//! ambiguous, and a cancel is sent so the holder drops it as an in-process
+//! caller would drop its future (the holder may have started it already).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{ExitCode, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use flocklease::FlockLease;
+use lease_history::{FaultKind, Recorder, Rng, Writer};
+use lease_port::{
+    AuthorityId, FencingToken, Lease, LeaseError, LeaseErrorKind, OwnerId, SessionId, SessionLease,
+};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use session_store::{FsyncPolicy, JsonlOptions, JsonlStore, SessionStore, StoreError, WriteFence};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, Command};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::AbortHandle;
+use tokio::time::sleep;
+
+/// The first argument that makes this executable a holder process.
+pub(crate) const HOLDER_PROCESS: &str = "holder-process";
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What a worker asks its holder process to do.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case")]
+enum Call {
+    Acquire {
+        session: SessionId,
+        owner: OwnerId,
+    },
+    Renew {
+        lease: Lease,
+    },
+    Release {
+        lease: Lease,
+    },
+    Current {
+        session: SessionId,
+    },
+    Authority,
+    Append {
+        lease: Lease,
+        payload: Value,
+    },
+    /// A second handle on the lease directory, opened, used and closed in
+    /// the holder's own process: a descriptor closed beside the ones its
+    /// locks are held through.
+    Churn,
+}
+
+/// One line to the holder.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum ToHolder {
+    Call {
+        id: u64,
+        call: Call,
+    },
+    /// The caller gave up on call `id`: drop it where it stands.
+    Cancel {
+        id: u64,
+    },
+}
+
+/// One line from the holder: the answer to call `id`.
+#[derive(Debug, Serialize, Deserialize)]
+struct Reply {
+    id: u64,
+    answer: Result<Answer, Failure>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum Answer {
+    Lease(Lease),
+    Current(Option<Lease>),
+    Authority(String),
+    Done,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum Failure {
+    Lease {
+        kind: String,
+        holder: Option<OwnerId>,
+        message: String,
+    },
+    Fenced {
+        session: SessionId,
+        presented: u64,
+        presented_by: OwnerId,
+        high_water: u64,
+        high_water_owner: Option<OwnerId>,
+    },
+    Store {
+        message: String,
+    },
+}
+
+impl From<LeaseError> for Failure {
+    fn from(e: LeaseError) -> Self {
+        let kind = match e.kind() {
+            LeaseErrorKind::Held => "held",
+            LeaseErrorKind::Unsupported => "unsupported",
+            LeaseErrorKind::Invalid => "invalid",
+            LeaseErrorKind::Transient => "transient",
+            _ => "other",
+        };
+        Failure::Lease {
+            kind: kind.into(),
+            holder: e.holder().cloned(),
+            message: e.to_string(),
+        }
+    }
+}
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Fenced {
+                session,
+                presented,
+                presented_by,
+                high_water,
+                high_water_owner,
+            } => Failure::Fenced {
+                session,
+                presented: presented.get(),
+                presented_by,
+                high_water: high_water.get(),
+                high_water_owner,
+            },
+            other => Failure::Store {
+                message: other.to_string(),
+            },
+        }
+    }
+}
+
+impl Failure {
+    fn into_lease_error(self) -> LeaseError {
+        match self {
+            Failure::Lease {
+                kind,
+                holder,
+                message,
+            } => match kind.as_str() {
+                "held" => LeaseError::held(holder),
+                "unsupported" => LeaseError::new(LeaseErrorKind::Unsupported, message),
+                "invalid" => LeaseError::new(LeaseErrorKind::Invalid, message),
+                _ => LeaseError::transient(message),
+            },
+            other => LeaseError::transient(format!("holder process answered {other:?}")),
+        }
+    }
+
+    fn into_store_error(self, session: &SessionId) -> StoreError {
+        match self {
+            Failure::Fenced {
+                session,
+                presented,
+                presented_by,
+                high_water,
+                high_water_owner,
+            } => StoreError::Fenced {
+                session,
+                presented: FencingToken::new(presented),
+                presented_by,
+                high_water: FencingToken::new(high_water),
+                high_water_owner,
+            },
+            other => unknown_fate(session, format!("holder process answered {other:?}")),
+        }
+    }
+}
+
+/// A write whose fate this process cannot know.
+fn unknown_fate(session: &SessionId, why: String) -> StoreError {
+    StoreError::Io {
+        op: "append through the holder process",
+        path: PathBuf::from(session.as_str()),
+        source: std::io::Error::other(why),
+    }
+}
+
+// ---------------------------------------------------------------- the child
+
+/// How a holder process is started: `holder-process LEASE_DIR STORE_DIR TTL_MS`.
+struct HolderArgs {
+    leases: PathBuf,
+    store: PathBuf,
+    ttl: Duration,
+}
+
+fn holder_args(args: &[String]) -> Result<HolderArgs, String> {
+    match args {
+        [leases, store, ttl_ms] => Ok(HolderArgs {
+            leases: leases.into(),
+            store: store.into(),
+            ttl: Duration::from_millis(ttl_ms.parse().map_err(|e| format!("TTL_MS: {e}"))?),
+        }),
+        _ => Err(format!(
+            "usage: faults {HOLDER_PROCESS} LEASE_DIR STORE_DIR TTL_MS"
+        )),
+    }
+}
+
+/// The holder process's `main`: answers calls from stdin on stdout until
+/// stdin closes.
+pub(crate) fn holder_main(args: &[String]) -> ExitCode {
+    let args = match holder_args(args) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("holder process: no runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(serve(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("holder process: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+struct Hands {
+    leases: FlockLease,
+    store: JsonlStore,
+    dir: PathBuf,
+    ttl: Duration,
+}
+
+impl Hands {
+    async fn act(&self, call: Call) -> Result<Answer, Failure> {
+        Ok(match call {
+            Call::Acquire { session, owner } => {
+                Answer::Lease(self.leases.acquire(&session, &owner).await?)
+            }
+            Call::Renew { lease } => Answer::Lease(self.leases.renew(&lease).await?),
+            Call::Release { lease } => {
+                self.leases.release(&lease).await?;
+                Answer::Done
+            }
+            Call::Current { session } => Answer::Current(self.leases.current(&session).await?),
+            Call::Authority => Answer::Authority(self.leases.authority().await?.to_string()),
+            Call::Append { lease, payload } => {
+                self.store
+                    .append(
+                        lease.session_id(),
+                        WriteFence::from(&lease),
+                        std::slice::from_ref(&payload),
+                    )
+                    .await?;
+                Answer::Done
+            }
+            Call::Churn => {
+                let second = FlockLease::builder(self.dir.clone()).ttl(self.ttl).open()?;
+                second.list().await?;
+                Answer::Done
+            }
+        })
+    }
+}
+
+async fn serve(args: HolderArgs) -> Result<(), String> {
+    let hands = Arc::new(Hands {
+        leases: FlockLease::builder(args.leases.clone())
+            .ttl(args.ttl)
+            .open()
+            .map_err(|e| format!("open the lease directory: {e}"))?,
+        store: JsonlStore::open(
+            &args.store,
+            JsonlOptions::default().fsync(FsyncPolicy::Never),
+        )
+        .map_err(|e| format!("open the store: {e}"))?,
+        dir: args.leases,
+        ttl: args.ttl,
+    });
+    let (replies, mut outbox) = mpsc::unbounded_channel::<Reply>();
+    let writer = tokio::spawn(async move {
+        let mut stdout = tokio::io::stdout();
+        while let Some(reply) = outbox.recv().await {
+            let mut line = serde_json::to_vec(&reply).map_err(|e| e.to_string())?;
+            line.push(b'\n');
+            stdout.write_all(&line).await.map_err(|e| e.to_string())?;
+            stdout.flush().await.map_err(|e| e.to_string())?;
+        }
+        Ok::<(), String>(())
+    });
+    let running: Arc<Mutex<HashMap<u64, AbortHandle>>> = Arc::default();
+    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    while let Some(line) = lines.next_line().await.map_err(|e| e.to_string())? {
+        match serde_json::from_str::<ToHolder>(&line).map_err(|e| format!("{e}: {line}"))? {
+            ToHolder::Call { id, call } => {
+                let hands = Arc::clone(&hands);
+                let replies = replies.clone();
+                let done = Arc::clone(&running);
+                let task = tokio::spawn(async move {
+                    let answer = hands.act(call).await;
+                    lock(&done).remove(&id);
+                    let _ = replies.send(Reply { id, answer });
+                });
+                let mut running = lock(&running);
+                if !task.is_finished() {
+                    running.insert(id, task.abort_handle());
+                }
+            }
+            ToHolder::Cancel { id } => {
+                if let Some(task) = lock(&running).remove(&id) {
+                    task.abort();
+                }
+            }
+        }
+    }
+    drop(replies);
+    writer.await.map_err(|e| e.to_string())?
+}
+
+// --------------------------------------------------------------- the parent
+
+/// Calls sent to a holder process, by id, each with where its answer goes.
+type Waiting = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Answer, Failure>>>>>;
+
+/// One running holder process and the calls waiting for its answers.
+struct HolderProcess {
+    pid: Pid,
+    calls: mpsc::UnboundedSender<ToHolder>,
+    waiting: Waiting,
+    next: AtomicU64,
+    child: Mutex<Option<Child>>,
+}
+
+impl HolderProcess {
+    fn spawn(leases: &Path, store: &Path, ttl: Duration) -> Result<HolderProcess, String> {
+        let exe = std::env::current_exe().map_err(|e| format!("find this executable: {e}"))?;
+        let mut child = Command::new(exe)
+            .arg(HOLDER_PROCESS)
+            .arg(leases)
+            .arg(store)
+            .arg(ttl.as_millis().to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("start a holder process: {e}"))?;
+        let pid = child
+            .id()
+            .and_then(|p| i32::try_from(p).ok())
+            .map(Pid::from_raw)
+            .ok_or("the holder process has no pid")?;
+        let stdin = child.stdin.take().ok_or("no stdin")?;
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let (calls, outbox) = mpsc::unbounded_channel();
+        tokio::spawn(send_calls(stdin, outbox));
+        let waiting: Waiting = Arc::default();
+        let answered = Arc::clone(&waiting);
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                let Ok(reply) = serde_json::from_str::<Reply>(&line) else {
+                    eprintln!("holder process {pid}: unreadable answer {line:?}");
+                    break;
+                };
+                if let Some(caller) = lock(&answered).remove(&reply.id) {
+                    let _ = caller.send(reply.answer);
+                }
+            }
+            // The process is gone: every call still waiting never gets an
+            // answer, and its caller learns so from the dropped sender.
+            lock(&answered).clear();
+        });
+        Ok(HolderProcess {
+            pid,
+            calls,
+            waiting,
+            next: AtomicU64::new(1),
+            child: Mutex::new(Some(child)),
+        })
+    }
+
+    async fn call(&self, call: Call) -> Result<Answer, Failure> {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        lock(&self.waiting).insert(id, tx);
+        let gone = || Failure::Store {
+            message: format!("holder process {} is gone", self.pid),
+        };
+        if self.calls.send(ToHolder::Call { id, call }).is_err() {
+            lock(&self.waiting).remove(&id);
+            return Err(gone());
+        }
+        let mut pending = Pending {
+            id,
+            holder: self,
+            answered: false,
+        };
+        let answer = rx.await.map_err(|_| gone());
+        pending.answered = true;
+        answer?
+    }
+
+    fn signal(&self, signal: Signal) -> Result<(), String> {
+        kill(self.pid, signal).map_err(|e| format!("send {signal} to holder {}: {e}", self.pid))
+    }
+}
+
+impl Drop for HolderProcess {
+    fn drop(&mut self) {
+        // A stopped process ignores everything but SIGKILL and SIGCONT.
+        let _ = kill(self.pid, Signal::SIGKILL);
+        if let Some(mut child) = lock(&self.child).take() {
+            let _ = child.start_kill();
+            // Reaped by tokio's orphan queue once it has exited.
+            drop(child);
+        }
+    }
+}
+
+/// A call in flight; dropped unanswered, it tells the holder to drop it too.
+struct Pending<'a> {
+    id: u64,
+    holder: &'a HolderProcess,
+    answered: bool,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            lock(&self.holder.waiting).remove(&self.id);
+            let _ = self.holder.calls.send(ToHolder::Cancel { id: self.id });
+        }
+    }
+}
+
+async fn send_calls(mut stdin: ChildStdin, mut outbox: mpsc::UnboundedReceiver<ToHolder>) {
+    while let Some(message) = outbox.recv().await {
+        let Ok(mut line) = serde_json::to_vec(&message) else {
+            continue;
+        };
+        line.push(b'\n');
+        if stdin.write_all(&line).await.is_err() || stdin.flush().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A worker's holder: the process now standing in for it, replaced by a
+/// new one when it is killed.
+pub(crate) struct Holder {
+    name: String,
+    leases: PathBuf,
+    store: PathBuf,
+    ttl: Duration,
+    process: Mutex<Arc<HolderProcess>>,
+}
+
+impl Holder {
+    /// Starts the holder process of worker `name`.
+    pub(crate) fn start(
+        name: String,
+        leases: PathBuf,
+        store: PathBuf,
+        ttl: Duration,
+    ) -> Result<Arc<Holder>, String> {
+        let process = HolderProcess::spawn(&leases, &store, ttl)?;
+        Ok(Arc::new(Holder {
+            name,
+            leases,
+            store,
+            ttl,
+            process: Mutex::new(Arc::new(process)),
+        }))
+    }
+
+    fn process(&self) -> Arc<HolderProcess> {
+        Arc::clone(&lock(&self.process))
+    }
+
+    async fn call(&self, call: Call) -> Result<Answer, Failure> {
+        self.process().call(call).await
+    }
+
+    /// SIGKILL, then a new process in its place: calls in flight on the old
+    /// one end unanswered.
+    fn kill_and_replace(&self) -> Result<(), String> {
+        let old = self.process();
+        old.signal(Signal::SIGKILL)?;
+        let new = HolderProcess::spawn(&self.leases, &self.store, self.ttl)?;
+        *lock(&self.process) = Arc::new(new);
+        Ok(())
+    }
+}
+
+fn unexpected(answer: Answer) -> LeaseError {
+    LeaseError::transient(format!("holder process answered {answer:?}"))
+}
+
+#[async_trait]
+impl SessionLease for Holder {
+    async fn acquire(&self, session: &SessionId, owner: &OwnerId) -> Result<Lease, LeaseError> {
+        let call = Call::Acquire {
+            session: session.clone(),
+            owner: owner.clone(),
+        };
+        match self.call(call).await.map_err(Failure::into_lease_error)? {
+            Answer::Lease(lease) => Ok(lease),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<Lease, LeaseError> {
+        let call = Call::Renew {
+            lease: lease.clone(),
+        };
+        match self.call(call).await.map_err(Failure::into_lease_error)? {
+            Answer::Lease(lease) => Ok(lease),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), LeaseError> {
+        let call = Call::Release {
+            lease: lease.clone(),
+        };
+        match self.call(call).await.map_err(Failure::into_lease_error)? {
+            Answer::Done => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn authority(&self) -> Result<AuthorityId, LeaseError> {
+        match self
+            .call(Call::Authority)
+            .await
+            .map_err(Failure::into_lease_error)?
+        {
+            Answer::Authority(id) => AuthorityId::new(id),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn current(&self, session: &SessionId) -> Result<Option<Lease>, LeaseError> {
+        let call = Call::Current {
+            session: session.clone(),
+        };
+        match self.call(call).await.map_err(Failure::into_lease_error)? {
+            Answer::Current(lease) => Ok(lease),
+            other => Err(unexpected(other)),
+        }
+    }
+}
+
+#[async_trait]
+impl Writer for Holder {
+    async fn append(
+        &self,
+        session: &SessionId,
+        fence: WriteFence,
+        payload: &Value,
+    ) -> Result<(), StoreError> {
+        // The holder writes under the lease it was given; the fence is
+        // rebuilt from it on the other side.
+        let WriteFence::Fenced(fence) = fence else {
+            return Err(StoreError::Unfenced {
+                session: session.clone(),
+                high_water: None,
+            });
+        };
+        let lease = Lease::new(
+            session.clone(),
+            fence.owner().clone(),
+            fence.token(),
+            std::time::SystemTime::UNIX_EPOCH,
+        );
+        let call = Call::Append {
+            lease,
+            payload: payload.clone(),
+        };
+        match self.call(call).await {
+            Ok(Answer::Done) => Ok(()),
+            Ok(other) => Err(unknown_fate(session, format!("answered {other:?}"))),
+            Err(failure) => Err(failure.into_store_error(session)),
+        }
+    }
+}
+
+/// Stops a holder process with SIGSTOP past its TTL, or kills it and
+/// starts another in its place, or churns a descriptor in it.
+pub(crate) async fn hurt(
+    holders: &[Arc<Holder>],
+    rng: &mut Rng,
+    rec: &Recorder,
+) -> Result<(), String> {
+    let Some(holder) = holders.get(rng.below(holders.len() as u64) as usize) else {
+        return Ok(());
+    };
+    let ttl = holder.ttl;
+    match rng.below(3) {
+        0 => {
+            let process = holder.process();
+            let fault = rec.fault(FaultKind::HolderStopped, &holder.name);
+            process.signal(Signal::SIGSTOP)?;
+            sleep(rng.between(ttl * 5 / 4, ttl * 2)).await;
+            process.signal(Signal::SIGCONT)?;
+            rec.heal(fault);
+        }
+        1 => {
+            let fault = rec.fault(FaultKind::HolderKilled, &holder.name);
+            holder.kill_and_replace()?;
+            rec.heal(fault);
+        }
+        _ => {
+            let fault = rec.fault(FaultKind::HandleChurn, &holder.name);
+            // Its answer does not matter: the fault is the descriptor
+            // opened and closed beside the holder's own.
+            let _ = holder.call(Call::Churn).await;
+            rec.heal(fault);
+        }
+    }
+    Ok(())
+}
