@@ -37,6 +37,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 use tokio::time::sleep;
 
+use crate::broken::{BrokenStore, StoreBreakage};
+
 /// The first argument that makes this executable a holder process.
 pub(crate) const HOLDER_PROCESS: &str = "holder-process";
 
@@ -210,24 +212,38 @@ fn unknown_fate(session: &SessionId, why: String) -> StoreError {
 
 // ---------------------------------------------------------------- the child
 
-/// How a holder process is started: `holder-process LEASE_DIR STORE_DIR TTL_MS`.
+/// How a holder process is started:
+/// `holder-process LEASE_DIR STORE_DIR TTL_MS [store-without-fencing]`.
 struct HolderArgs {
     leases: PathBuf,
     store: PathBuf,
     ttl: Duration,
+    /// A broken variant: the holder writes through a store that writes
+    /// refused writes anyway.
+    broken_store: bool,
 }
 
+/// The argument that starts a holder over a store without fencing.
+const STORE_WITHOUT_FENCING: &str = "store-without-fencing";
+
 fn holder_args(args: &[String]) -> Result<HolderArgs, String> {
-    match args {
-        [leases, store, ttl_ms] => Ok(HolderArgs {
-            leases: leases.into(),
-            store: store.into(),
-            ttl: Duration::from_millis(ttl_ms.parse().map_err(|e| format!("TTL_MS: {e}"))?),
-        }),
-        _ => Err(format!(
-            "usage: faults {HOLDER_PROCESS} LEASE_DIR STORE_DIR TTL_MS"
-        )),
-    }
+    let (leases, store, ttl_ms, broken_store) = match args {
+        [leases, store, ttl_ms] => (leases, store, ttl_ms, false),
+        [leases, store, ttl_ms, broken] if broken == STORE_WITHOUT_FENCING => {
+            (leases, store, ttl_ms, true)
+        }
+        _ => {
+            return Err(format!(
+                "usage: faults {HOLDER_PROCESS} LEASE_DIR STORE_DIR TTL_MS [{STORE_WITHOUT_FENCING}]"
+            ));
+        }
+    };
+    Ok(HolderArgs {
+        leases: leases.into(),
+        store: store.into(),
+        ttl: Duration::from_millis(ttl_ms.parse().map_err(|e| format!("TTL_MS: {e}"))?),
+        broken_store,
+    })
 }
 
 /// The holder process's `main`: answers calls from stdin on stdout until
@@ -261,7 +277,7 @@ pub(crate) fn holder_main(args: &[String]) -> ExitCode {
 
 struct Hands {
     leases: FlockLease,
-    store: JsonlStore,
+    store: Arc<dyn SessionStore>,
     dir: PathBuf,
     ttl: Duration,
 }
@@ -299,16 +315,22 @@ impl Hands {
 }
 
 async fn serve(args: HolderArgs) -> Result<(), String> {
+    let mut store: Arc<dyn SessionStore> = Arc::new(
+        JsonlStore::open(
+            &args.store,
+            JsonlOptions::default().fsync(FsyncPolicy::Never),
+        )
+        .map_err(|e| format!("open the store: {e}"))?,
+    );
+    if args.broken_store {
+        store = Arc::new(BrokenStore::new(store, StoreBreakage::NoFence));
+    }
     let hands = Arc::new(Hands {
         leases: FlockLease::builder(args.leases.clone())
             .ttl(args.ttl)
             .open()
             .map_err(|e| format!("open the lease directory: {e}"))?,
-        store: JsonlStore::open(
-            &args.store,
-            JsonlOptions::default().fsync(FsyncPolicy::Never),
-        )
-        .map_err(|e| format!("open the store: {e}"))?,
+        store,
         dir: args.leases,
         ttl: args.ttl,
     });
@@ -367,13 +389,19 @@ struct HolderProcess {
 }
 
 impl HolderProcess {
-    fn spawn(leases: &Path, store: &Path, ttl: Duration) -> Result<HolderProcess, String> {
+    fn spawn(
+        leases: &Path,
+        store: &Path,
+        ttl: Duration,
+        broken_store: bool,
+    ) -> Result<HolderProcess, String> {
         let exe = std::env::current_exe().map_err(|e| format!("find this executable: {e}"))?;
         let mut child = Command::new(exe)
             .arg(HOLDER_PROCESS)
             .arg(leases)
             .arg(store)
             .arg(ttl.as_millis().to_string())
+            .args(broken_store.then_some(STORE_WITHOUT_FENCING))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -488,23 +516,27 @@ pub(crate) struct Holder {
     leases: PathBuf,
     store: PathBuf,
     ttl: Duration,
+    broken_store: bool,
     process: Mutex<Arc<HolderProcess>>,
 }
 
 impl Holder {
-    /// Starts the holder process of worker `name`.
+    /// Starts the holder process of worker `name`; with `broken_store`,
+    /// one that writes through a store without fencing.
     pub(crate) fn start(
         name: String,
         leases: PathBuf,
         store: PathBuf,
         ttl: Duration,
+        broken_store: bool,
     ) -> Result<Arc<Holder>, String> {
-        let process = HolderProcess::spawn(&leases, &store, ttl)?;
+        let process = HolderProcess::spawn(&leases, &store, ttl, broken_store)?;
         Ok(Arc::new(Holder {
             name,
             leases,
             store,
             ttl,
+            broken_store,
             process: Mutex::new(Arc::new(process)),
         }))
     }
@@ -522,7 +554,7 @@ impl Holder {
     fn kill_and_replace(&self) -> Result<(), String> {
         let old = self.process();
         old.signal(Signal::SIGKILL)?;
-        let new = HolderProcess::spawn(&self.leases, &self.store, self.ttl)?;
+        let new = HolderProcess::spawn(&self.leases, &self.store, self.ttl, self.broken_store)?;
         *lock(&self.process) = Arc::new(new);
         Ok(())
     }
@@ -632,8 +664,9 @@ pub(crate) async fn hurt(
         return Ok(());
     };
     let ttl = holder.ttl;
-    match rng.below(3) {
-        0 => {
+    // Stops are the fault that makes stale writers; half are stops.
+    match rng.below(4) {
+        0 | 1 => {
             let process = holder.process();
             let fault = rec.fault(FaultKind::HolderStopped, &holder.name);
             process.signal(Signal::SIGSTOP)?;
@@ -641,7 +674,7 @@ pub(crate) async fn hurt(
             process.signal(Signal::SIGCONT)?;
             rec.heal(fault);
         }
-        1 => {
+        2 => {
             let fault = rec.fault(FaultKind::HolderKilled, &holder.name);
             holder.kill_and_replace()?;
             rec.heal(fault);

@@ -260,6 +260,9 @@ struct Variant {
     name: &'static str,
     lease: Option<LeaseBreakage>,
     store: Option<StoreBreakage>,
+    /// Over file leases with every holder a process of its own, the
+    /// store's breakage in the holders; else in-process over memlease.
+    processes: bool,
     must_break: Property,
 }
 
@@ -268,6 +271,7 @@ const VARIANTS: &[Variant] = &[
         name: "store-without-fencing",
         lease: None,
         store: Some(StoreBreakage::NoFence),
+        processes: false,
         must_break: Property::StoreFencing,
     },
     Variant {
@@ -277,36 +281,61 @@ const VARIANTS: &[Variant] = &[
         // store a twin at every takeover.
         lease: Some(LeaseBreakage::NoTokenBump),
         store: Some(StoreBreakage::EqualTokenFromOther),
+        processes: false,
         must_break: Property::StoreFencing,
     },
     Variant {
         name: "no-token-bump-on-takeover",
         lease: Some(LeaseBreakage::NoTokenBump),
         store: None,
+        processes: false,
         must_break: Property::TokenOrder,
     },
     Variant {
         name: "renew-ignores-loss",
         lease: Some(LeaseBreakage::RenewIgnoresLoss),
         store: None,
+        processes: false,
         must_break: Property::TokenOrder,
     },
     Variant {
         name: "release-of-another-owners-hold",
         lease: Some(LeaseBreakage::ReleaseOthersHold),
         store: None,
+        processes: false,
         must_break: Property::SingleHolder,
+    },
+    Variant {
+        // Stale writes from holder processes stopped or killed for real,
+        // not only from workers that pause themselves.
+        name: "holder-processes-over-store-without-fencing",
+        lease: None,
+        store: Some(StoreBreakage::NoFence),
+        processes: true,
+        must_break: Property::StoreFencing,
     },
 ];
 
 /// A broken variant over the in-memory backend and the JSONL store.
 async fn run_broken(variant: &Variant, args: &Args) -> Result<Row, String> {
     let mut workload = Workload::new(args.profile.broken_ops(), args.seed);
-    // Three of the five need a stale holder to show; pausing holders more
+    // Most variants need a stale holder to show; pausing holders more
     // often finds them sooner.
-    workload.pause_per_mille = 50;
+    workload.pause_per_mille = if variant.processes { 0 } else { 50 };
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let rig = rigs::setup("memlease", &mut workload, dir.path()).await?;
+    let rig = if variant.processes {
+        rigs::flock_holders(&mut workload, dir.path(), variant.store.is_some())?
+    } else {
+        rigs::setup("memlease", &mut workload, dir.path()).await?
+    };
+    if variant.processes {
+        // A stale write needs a stop to catch a holder mid-hold, with a
+        // write about to go and a rival taking over meanwhile: a few stops
+        // in a hundred operations do. Faults come one after another, more
+        // of them find it sooner, and the budget is four times the others'.
+        workload.fault_every = workload.ttl / 3;
+        workload.ops *= 4;
+    }
     let mut target = rig.target.clone();
     let clock: Arc<dyn Clock> = Arc::clone(&target.clock);
     if let Some(breakage) = variant.lease {
@@ -315,11 +344,14 @@ async fn run_broken(variant: &Variant, args: &Args) -> Result<Row, String> {
             Arc::new(BrokenLease::new(inner, breakage, workload.ttl, clock));
         target.leases = vec![broken];
     }
-    if let Some(breakage) = variant.store {
+    if let Some(breakage) = variant.store.filter(|_| !variant.processes) {
         target.store = Arc::new(BrokenStore::new(Arc::clone(&target.store), breakage));
     }
     let started = Instant::now();
-    let history = run(&workload, target, None, None)
+    // The process variant's only stale writers are holders the injector
+    // stops or kills: workers never pause themselves there.
+    let faults = if variant.processes { rig.faults } else { None };
+    let history = run(&workload, target, faults, None)
         .await
         .map_err(|e| e.to_string())?;
     let elapsed = started.elapsed();
@@ -343,7 +375,7 @@ async fn run_broken(variant: &Variant, args: &Args) -> Result<Row, String> {
 fn print_table(rows: &[Row], seed: u64) {
     println!("\n== summary (seed {seed})");
     println!(
-        "{:<44} {:>9} {:>8} {:>7} {:>11}  {:<}",
+        "{:<52} {:>9} {:>8} {:>7} {:>11}  {:<}",
         "run", "ops", "ops/s", "faults", "violations", "faults by kind / first violation"
     );
     for r in rows {
@@ -360,7 +392,7 @@ fn print_table(rows: &[Row], seed: u64) {
             },
         };
         println!(
-            "{:<44} {:>9} {:>8.0} {:>7} {:>11}  {}",
+            "{:<52} {:>9} {:>8.0} {:>7} {:>11}  {}",
             r.name,
             r.ops,
             r.ops as f64 / r.elapsed.as_secs_f64().max(1e-9),

@@ -48,7 +48,6 @@ fn call_timeout(ttl: Duration) -> Duration {
 }
 
 pub(crate) async fn setup(name: &str, w: &mut Workload, dir: &Path) -> Result<Rig, String> {
-    let system: Arc<dyn Clock> = Arc::new(SystemClock);
     match name {
         "memlease" => {
             let clock = SteppedClock::new();
@@ -64,46 +63,54 @@ pub(crate) async fn setup(name: &str, w: &mut Workload, dir: &Path) -> Result<Ri
                 keep: Vec::new(),
             })
         }
-        "flocklease" => {
-            w.ttl = Duration::from_millis(300);
-            // Every worker's holder is a process of its own, opening the
-            // lease directory and the store itself, as session servers on
-            // one host do; the faults stop and kill those processes.
-            let store = jsonl(dir)?;
-            let holders = (0..w.workers)
-                .map(|i| {
-                    Holder::start(
-                        format!("w{i}"),
-                        dir.join("leases"),
-                        dir.join("store"),
-                        w.ttl,
-                    )
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            let mut target = Target::new(
-                holders
-                    .iter()
-                    .map(|h| Arc::clone(h) as Arc<dyn SessionLease>)
-                    .collect(),
-                store,
-                system,
-            );
-            target.writers = holders
-                .iter()
-                .map(|h| Arc::clone(h) as Arc<dyn Writer>)
-                .collect();
-            Ok(Rig {
-                target,
-                faults: chaos(vec![Action::Holders(holders)]),
-                keep: Vec::new(),
-            })
-        }
+        "flocklease" => flock_holders(w, dir, false),
         "grpc-memlease" | "grpc-flocklease" | "grpc-etcd" => grpc(name, w, dir).await,
         "redis" => redis(w).await,
         "k8s" => k8s(w, dir).await,
         "etcd" => etcd(w, dir).await,
         other => Err(format!("unknown backend {other}")),
     }
+}
+
+/// Every worker's holder is a process of its own, opening the lease
+/// directory and the store itself, as session servers on one host do; the
+/// faults stop and kill those processes. With `broken_store`, the holders
+/// write through a store without fencing (a broken variant).
+pub(crate) fn flock_holders(
+    w: &mut Workload,
+    dir: &Path,
+    broken_store: bool,
+) -> Result<Rig, String> {
+    w.ttl = Duration::from_millis(300);
+    let store = jsonl(dir)?;
+    let holders = (0..w.workers)
+        .map(|i| {
+            Holder::start(
+                format!("w{i}"),
+                dir.join("leases"),
+                dir.join("store"),
+                w.ttl,
+                broken_store,
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut target = Target::new(
+        holders
+            .iter()
+            .map(|h| Arc::clone(h) as Arc<dyn SessionLease>)
+            .collect(),
+        store,
+        Arc::new(SystemClock),
+    );
+    target.writers = holders
+        .iter()
+        .map(|h| Arc::clone(h) as Arc<dyn Writer>)
+        .collect();
+    Ok(Rig {
+        target,
+        faults: chaos(vec![Action::Holders(holders)]),
+        keep: Vec::new(),
+    })
 }
 
 /// A lease server over a backend, reached by every worker through a fault

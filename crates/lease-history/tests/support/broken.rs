@@ -201,7 +201,17 @@ impl SessionStore for BrokenStore {
                 let WriteFence::Fenced(presented) = &fence else {
                     return Err(e);
                 };
-                let mark = lock(&self.mark).get(session).cloned();
+                // The store names its mark's owner when it refuses; a
+                // wrapper in another process than the mark's writer learns
+                // it only so.
+                let mark = match &e {
+                    StoreError::Fenced {
+                        high_water,
+                        high_water_owner: Some(owner),
+                        ..
+                    } => Some(Fence::new(*high_water, owner.clone())),
+                    _ => lock(&self.mark).get(session).cloned(),
+                };
                 match mark {
                     Some(mark)
                         if self.breakage == StoreBreakage::NoFence
