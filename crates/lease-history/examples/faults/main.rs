@@ -49,6 +49,17 @@ impl Profile {
         }
     }
 
+    /// Shapes the workload: the long profile runs four times the workers
+    /// over four times the sessions, so a million operations finish in
+    /// hours rather than days, with more holders at once to go wrong.
+    fn shape(self, w: &mut Workload) {
+        if self == Profile::Long {
+            w.workers *= 4;
+            w.sessions *= 4;
+            w.progress_every = Duration::from_secs(30);
+        }
+    }
+
     /// The budget each broken variant must be caught within.
     fn broken_ops(self) -> u64 {
         match self {
@@ -200,6 +211,7 @@ fn main() -> ExitCode {
 
 async fn run_backend(name: &'static str, ops: u64, args: &Args) -> Result<Row, String> {
     let mut workload = Workload::new(ops, args.seed);
+    args.profile.shape(&mut workload);
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let rig = rigs::setup(name, &mut workload, dir.path()).await?;
     let started = Instant::now();
