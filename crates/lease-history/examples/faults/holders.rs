@@ -14,13 +14,14 @@
 //! caller would drop its future (the holder may have started it already).
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{ExitCode, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use etcdlease::EtcdLease;
 use flocklease::FlockLease;
 use lease_history::{FaultKind, Recorder, Rng, Writer};
 use lease_port::{
@@ -212,10 +213,66 @@ fn unknown_fate(session: &SessionId, why: String) -> StoreError {
 
 // ---------------------------------------------------------------- the child
 
+/// The lease backend a holder process opens.
+#[derive(Debug, Clone)]
+pub(crate) enum LeaseSpec {
+    /// A lease directory on this host: `flock:DIR`.
+    Flock(PathBuf),
+    /// An etcd cluster: `etcd:PREFIX@ENDPOINT,ENDPOINT…`.
+    Etcd {
+        prefix: String,
+        endpoints: Vec<String>,
+    },
+}
+
+impl LeaseSpec {
+    fn to_arg(&self) -> String {
+        match self {
+            LeaseSpec::Flock(dir) => format!("flock:{}", dir.display()),
+            LeaseSpec::Etcd { prefix, endpoints } => {
+                format!("etcd:{prefix}@{}", endpoints.join(","))
+            }
+        }
+    }
+
+    fn parse(arg: &str) -> Result<LeaseSpec, String> {
+        if let Some(dir) = arg.strip_prefix("flock:") {
+            return Ok(LeaseSpec::Flock(dir.into()));
+        }
+        let etcd = arg
+            .strip_prefix("etcd:")
+            .and_then(|rest| rest.split_once('@'))
+            .ok_or_else(|| format!("LEASES: flock:DIR or etcd:PREFIX@ENDPOINTS, not {arg:?}"))?;
+        Ok(LeaseSpec::Etcd {
+            prefix: etcd.0.into(),
+            endpoints: etcd.1.split(',').map(str::to_owned).collect(),
+        })
+    }
+
+    fn open(&self, ttl: Duration) -> Result<Box<dyn SessionLease>, String> {
+        Ok(match self {
+            LeaseSpec::Flock(dir) => Box::new(
+                FlockLease::builder(dir.clone())
+                    .ttl(ttl)
+                    .open()
+                    .map_err(|e| format!("open the lease directory: {e}"))?,
+            ),
+            LeaseSpec::Etcd { prefix, endpoints } => Box::new(
+                EtcdLease::builder(endpoints.iter().cloned())
+                    .prefix(prefix.clone())
+                    .ttl(ttl)
+                    .request_timeout(ttl / 4)
+                    .build()
+                    .map_err(|e| format!("etcd lease: {e}"))?,
+            ),
+        })
+    }
+}
+
 /// How a holder process is started:
-/// `holder-process LEASE_DIR STORE_DIR TTL_MS [store-without-fencing]`.
+/// `holder-process LEASES STORE_DIR TTL_MS [store-without-fencing]`.
 struct HolderArgs {
-    leases: PathBuf,
+    leases: LeaseSpec,
     store: PathBuf,
     ttl: Duration,
     /// A broken variant: the holder writes through a store that writes
@@ -234,12 +291,12 @@ fn holder_args(args: &[String]) -> Result<HolderArgs, String> {
         }
         _ => {
             return Err(format!(
-                "usage: faults {HOLDER_PROCESS} LEASE_DIR STORE_DIR TTL_MS [{STORE_WITHOUT_FENCING}]"
+                "usage: faults {HOLDER_PROCESS} LEASES STORE_DIR TTL_MS [{STORE_WITHOUT_FENCING}]"
             ));
         }
     };
     Ok(HolderArgs {
-        leases: leases.into(),
+        leases: LeaseSpec::parse(leases)?,
         store: store.into(),
         ttl: Duration::from_millis(ttl_ms.parse().map_err(|e| format!("TTL_MS: {e}"))?),
         broken_store,
@@ -276,9 +333,9 @@ pub(crate) fn holder_main(args: &[String]) -> ExitCode {
 }
 
 struct Hands {
-    leases: FlockLease,
+    leases: Box<dyn SessionLease>,
     store: Arc<dyn SessionStore>,
-    dir: PathBuf,
+    spec: LeaseSpec,
     ttl: Duration,
 }
 
@@ -306,8 +363,21 @@ impl Hands {
                 Answer::Done
             }
             Call::Churn => {
-                let second = FlockLease::builder(self.dir.clone()).ttl(self.ttl).open()?;
-                second.list().await?;
+                // A second handle, opened, used and closed beside the one
+                // the holder's leases go through: for file leases, every
+                // lease file opened and closed again in this process.
+                match &self.spec {
+                    LeaseSpec::Flock(dir) => {
+                        let second = FlockLease::builder(dir.clone()).ttl(self.ttl).open()?;
+                        second.list().await?;
+                    }
+                    other => {
+                        let second = other
+                            .open(self.ttl)
+                            .map_err(|message| Failure::Store { message })?;
+                        second.authority().await?;
+                    }
+                }
                 Answer::Done
             }
         })
@@ -326,12 +396,9 @@ async fn serve(args: HolderArgs) -> Result<(), String> {
         store = Arc::new(BrokenStore::new(store, StoreBreakage::NoFence));
     }
     let hands = Arc::new(Hands {
-        leases: FlockLease::builder(args.leases.clone())
-            .ttl(args.ttl)
-            .open()
-            .map_err(|e| format!("open the lease directory: {e}"))?,
+        leases: args.leases.open(args.ttl)?,
         store,
-        dir: args.leases,
+        spec: args.leases,
         ttl: args.ttl,
     });
     let (replies, mut outbox) = mpsc::unbounded_channel::<Reply>();
@@ -389,19 +456,22 @@ struct HolderProcess {
 }
 
 impl HolderProcess {
-    fn spawn(
-        leases: &Path,
-        store: &Path,
-        ttl: Duration,
-        broken_store: bool,
-    ) -> Result<HolderProcess, String> {
+    fn spawn(config: &HolderConfig) -> Result<HolderProcess, String> {
         let exe = std::env::current_exe().map_err(|e| format!("find this executable: {e}"))?;
-        let mut child = Command::new(exe)
+        let mut command = match config.launcher.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(exe);
+                c
+            }
+            None => Command::new(exe),
+        };
+        let mut child = command
             .arg(HOLDER_PROCESS)
-            .arg(leases)
-            .arg(store)
-            .arg(ttl.as_millis().to_string())
-            .args(broken_store.then_some(STORE_WITHOUT_FENCING))
+            .arg(config.leases.to_arg())
+            .arg(&config.store)
+            .arg(config.ttl.as_millis().to_string())
+            .args(config.broken_store.then_some(STORE_WITHOUT_FENCING))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -509,34 +579,35 @@ async fn send_calls(mut stdin: ChildStdin, mut outbox: mpsc::UnboundedReceiver<T
     }
 }
 
+/// How a worker's holder processes are started.
+#[derive(Debug, Clone)]
+pub(crate) struct HolderConfig {
+    pub(crate) leases: LeaseSpec,
+    /// The JSONL store's directory.
+    pub(crate) store: PathBuf,
+    pub(crate) ttl: Duration,
+    /// A broken variant: write through a store without fencing.
+    pub(crate) broken_store: bool,
+    /// A command the holder is started under (`ip netns exec NAME`), if
+    /// any; it must exec the holder in its own place, keeping its pid.
+    pub(crate) launcher: Vec<String>,
+}
+
 /// A worker's holder: the process now standing in for it, replaced by a
 /// new one when it is killed.
 pub(crate) struct Holder {
     name: String,
-    leases: PathBuf,
-    store: PathBuf,
-    ttl: Duration,
-    broken_store: bool,
+    config: HolderConfig,
     process: Mutex<Arc<HolderProcess>>,
 }
 
 impl Holder {
-    /// Starts the holder process of worker `name`; with `broken_store`,
-    /// one that writes through a store without fencing.
-    pub(crate) fn start(
-        name: String,
-        leases: PathBuf,
-        store: PathBuf,
-        ttl: Duration,
-        broken_store: bool,
-    ) -> Result<Arc<Holder>, String> {
-        let process = HolderProcess::spawn(&leases, &store, ttl, broken_store)?;
+    /// Starts the holder process of worker `name`.
+    pub(crate) fn start(name: String, config: HolderConfig) -> Result<Arc<Holder>, String> {
+        let process = HolderProcess::spawn(&config)?;
         Ok(Arc::new(Holder {
             name,
-            leases,
-            store,
-            ttl,
-            broken_store,
+            config,
             process: Mutex::new(Arc::new(process)),
         }))
     }
@@ -554,7 +625,7 @@ impl Holder {
     fn kill_and_replace(&self) -> Result<(), String> {
         let old = self.process();
         old.signal(Signal::SIGKILL)?;
-        let new = HolderProcess::spawn(&self.leases, &self.store, self.ttl, self.broken_store)?;
+        let new = HolderProcess::spawn(&self.config)?;
         *lock(&self.process) = Arc::new(new);
         Ok(())
     }
@@ -663,7 +734,7 @@ pub(crate) async fn hurt(
     let Some(holder) = holders.get(rng.below(holders.len() as u64) as usize) else {
         return Ok(());
     };
-    let ttl = holder.ttl;
+    let ttl = holder.config.ttl;
     // Stops are the fault that makes stale writers; half are stops.
     match rng.below(4) {
         0 | 1 => {

@@ -18,7 +18,7 @@ use redis_session_store::{RedisLease, RedisStore};
 use session_store::{FsyncPolicy, JsonlOptions, JsonlStore, SessionStore};
 use test_services::{EtcdCluster, EtcdServer, FaultProxy, RedisServer};
 
-use crate::holders::Holder;
+use crate::holders::{Holder, HolderConfig, LeaseSpec};
 use crate::injectors::{Action, Chaos, GrpcServer};
 
 pub(crate) struct Rig {
@@ -87,10 +87,13 @@ pub(crate) fn flock_holders(
         .map(|i| {
             Holder::start(
                 format!("w{i}"),
-                dir.join("leases"),
-                dir.join("store"),
-                w.ttl,
-                broken_store,
+                HolderConfig {
+                    leases: LeaseSpec::Flock(dir.join("leases")),
+                    store: dir.join("store"),
+                    ttl: w.ttl,
+                    broken_store,
+                    launcher: Vec::new(),
+                },
             )
         })
         .collect::<Result<Vec<_>, _>>()?;
