@@ -216,48 +216,83 @@ fn ops_by_session(history: &History) -> BTreeMap<Arc<str>, Vec<&Op>> {
     by
 }
 
-/// Steps of the authority's clock, as signed offsets taking effect at an
-/// instant. A forward step counts from the start of its injection and a
-/// backward one from its end: both choices end holds as early as the
-/// step could have made them, so no hold is longer than the backend's.
-struct ClockSteps {
-    steps: Vec<(Duration, i128)>,
+/// What the authority's clock did, at an instant of the timeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum ClockChange {
+    /// Stepped by this many nanoseconds, signed.
+    Step(i128),
+    /// Runs at this many thousandths of real time from here on.
+    Rate(i128),
 }
+
+/// Steps and rate spells of the authority's clock, in timeline order. A
+/// forward step counts from the start of its injection and a backward one
+/// from its end; a fast spell is recorded from before it began to after it
+/// ended and a slow one within its true span. All these choices end holds
+/// as early as the clock could have, so no hold is longer than the
+/// backend's.
+struct ClockSteps {
+    changes: Vec<(Duration, ClockChange)>,
+}
+
+const NORMAL_RATE: i128 = 1000;
 
 impl ClockSteps {
     fn new(history: &History) -> Self {
-        let mut steps: Vec<(Duration, i128)> = history
-            .faults
-            .iter()
-            .filter_map(|f| match f.kind {
-                FaultKind::ClockForward(by) => Some((f.started, by.as_nanos() as i128)),
-                FaultKind::ClockBackward(by) => Some((f.ended, -(by.as_nanos() as i128))),
-                _ => None,
-            })
-            .collect();
-        steps.sort();
-        ClockSteps { steps }
+        let mut changes = Vec::new();
+        for f in &history.faults {
+            match f.kind {
+                FaultKind::ClockForward(by) => {
+                    changes.push((f.started, ClockChange::Step(by.as_nanos() as i128)));
+                }
+                FaultKind::ClockBackward(by) => {
+                    changes.push((f.ended, ClockChange::Step(-(by.as_nanos() as i128))));
+                }
+                FaultKind::ClockRate(per_mille) => {
+                    changes.push((f.started, ClockChange::Rate(i128::from(per_mille.max(1)))));
+                    changes.push((f.ended, ClockChange::Rate(NORMAL_RATE)));
+                }
+                _ => {}
+            }
+        }
+        changes.sort();
+        ClockSteps { changes }
     }
 
     /// The instant on the timeline when `valid_for` has passed on the
     /// authority's clock since `from`.
     fn deadline(&self, from: Duration, valid_for: Duration) -> Duration {
-        let start = self.steps.partition_point(|(at, _)| *at < from);
+        let start = self.changes.partition_point(|(at, _)| *at < from);
+        let mut rate = self.changes[..start]
+            .iter()
+            .rev()
+            .find_map(|(_, c)| match c {
+                ClockChange::Rate(r) => Some(*r),
+                ClockChange::Step(_) => None,
+            })
+            .unwrap_or(NORMAL_RATE);
         let mut t = from.as_nanos() as i128;
+        // Nanoseconds of the authority's clock still to pass.
         let mut left = valid_for.as_nanos() as i128;
-        for &(at, step) in &self.steps[start..] {
+        for &(at, change) in &self.changes[start..] {
             let at = at.as_nanos() as i128;
-            if at - t >= left {
+            let passes = (at - t) * rate / NORMAL_RATE;
+            if passes >= left {
                 break;
             }
-            left -= at - t;
+            left -= passes;
             t = at;
-            left -= step;
-            if left <= 0 {
-                return nanos(t);
+            match change {
+                ClockChange::Step(step) => {
+                    left -= step;
+                    if left <= 0 {
+                        return nanos(t);
+                    }
+                }
+                ClockChange::Rate(r) => rate = r,
             }
         }
-        nanos(t + left)
+        nanos(t + left * NORMAL_RATE / rate)
     }
 }
 

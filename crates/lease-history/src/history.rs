@@ -135,6 +135,9 @@ pub enum FaultKind {
     ClockForward(Duration),
     /// The lease authority's wall clock stepped back by this much.
     ClockBackward(Duration),
+    /// The lease authority's wall clock ran at this many thousandths of
+    /// real time (fast above 1000, slow below) while the fault lasted.
+    ClockRate(u32),
     /// A holder stopped (did nothing, renewed nothing) past its TTL, then
     /// went on as if it still held the lease.
     HolderPause,
@@ -175,6 +178,8 @@ impl FaultKind {
         match self {
             FaultKind::ClockForward(_) => "clock-forward",
             FaultKind::ClockBackward(_) => "clock-backward",
+            FaultKind::ClockRate(per_mille) if per_mille >= 1000 => "clock-fast",
+            FaultKind::ClockRate(_) => "clock-slow",
             FaultKind::HolderPause => "holder-pause",
             FaultKind::HolderStopped => "holder-sigstop",
             FaultKind::HolderKilled => "holder-sigkill",

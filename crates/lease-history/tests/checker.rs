@@ -198,6 +198,39 @@ fn a_forward_clock_step_shortens_holds_and_a_backward_one_lengthens_them() {
 }
 
 #[test]
+fn a_fast_authority_clock_shortens_holds_and_a_slow_one_lengthens_them() {
+    let rate = |per_mille, started, ended| Fault {
+        kind: FaultKind::ClockRate(per_mille),
+        target: "authority".into(),
+        started: ms(started),
+        ended: ms(ended),
+    };
+    let mut h = H::default();
+    h.acquire("w1", 0, 1);
+    h.acquire("w2", 60, 2);
+    assert_eq!(check(&h.history).count(Property::SingleHolder), 1);
+    // At twice real time, 100ms of grant passed by 50ms.
+    h.history.faults.push(rate(2000, 0, 200));
+    let v = check(&h.history);
+    assert!(v.is_clean(), "{v}");
+    assert_eq!(v.faults.get("clock-fast"), Some(&1));
+    // A spell that ended at 30 leaves 40ms of grant at the normal rate,
+    // up to 70.
+    h.history.faults[0] = rate(2000, 0, 30);
+    assert_eq!(check(&h.history).count(Property::SingleHolder), 1);
+
+    let mut h = H::default();
+    h.acquire("w1", 0, 1);
+    h.acquire("w2", 120, 2);
+    assert!(check(&h.history).is_clean());
+    // At half real time from 10ms, the last 90ms of grant take 180ms.
+    h.history.faults.push(rate(500, 10, 1000));
+    let v = check(&h.history);
+    assert_eq!(v.count(Property::SingleHolder), 1, "{v}");
+    assert_eq!(v.faults.get("clock-slow"), Some(&1));
+}
+
+#[test]
 fn tokens_must_rise_on_takeover() {
     let mut h = H::default();
     h.acquire("w1", 0, 5);
