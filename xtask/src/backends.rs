@@ -47,11 +47,19 @@ pub(crate) const BACKENDS: &[Backend] = &[
 
 /// Crates other than backends whose tests start services of their own.
 pub(crate) const OTHER_SERVICE_USERS: &[(&str, &[Service])] = &[
-    ("test-services", &[Service::Redis, Service::Etcd]),
+    (
+        "test-services",
+        &[Service::Redis, Service::Etcd, Service::Iproute2],
+    ),
     ("mecatl-leased", &[Service::Etcd]),
     (
         "mecated",
-        &[Service::Etcd, Service::Redis, Service::Chromium],
+        &[
+            Service::Etcd,
+            Service::Redis,
+            Service::Chromium,
+            Service::Iproute2,
+        ],
     ),
 ];
 

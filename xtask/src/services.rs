@@ -20,6 +20,9 @@ pub(crate) enum Service {
     /// Headless `chromium`, from Debian's `chromium` package: the browser
     /// mecated's operator page is tested in.
     Chromium,
+    /// `ip`, from Debian's `iproute2` package: the network namespaces,
+    /// veth links and bridge of partition tests (`test_services::netns`).
+    Iproute2,
 }
 
 /// Where a service's binary comes from. A service built from the workspace
@@ -40,6 +43,7 @@ impl Service {
             Service::Redis => "redis",
             Service::Etcd => "etcd",
             Service::Chromium => "chromium",
+            Service::Iproute2 => "iproute2",
         }
     }
 
@@ -56,6 +60,10 @@ impl Service {
             Service::Chromium => Provision::Debian {
                 binary: "chromium",
                 package: "chromium",
+            },
+            Service::Iproute2 => Provision::Debian {
+                binary: "ip",
+                package: "iproute2",
             },
         }
     }

@@ -39,6 +39,26 @@ pub enum ServiceError {
         /// The end of the log.
         tail: String,
     },
+    /// A command that sets up or changes a service's environment (such as
+    /// `ip`, for a [`Network`](crate::netns::Network)) failed.
+    #[error("{what} failed ({status}): {stderr}")]
+    Command {
+        /// The command, as run.
+        what: String,
+        /// How it exited.
+        status: std::process::ExitStatus,
+        /// What it wrote to standard error.
+        stderr: String,
+    },
+    /// A host name a [`Network`](crate::netns::Network) cannot take, or a
+    /// host of another network.
+    #[error("host {name:?} {reason}")]
+    InvalidHost {
+        /// The name given.
+        name: String,
+        /// Why it was refused.
+        reason: String,
+    },
 }
 
 impl ServiceError {

@@ -129,13 +129,29 @@ pub(crate) fn http(
     path: &str,
     body: &str,
 ) -> Result<String, ServiceError> {
+    http_at(
+        SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+        method,
+        path,
+        body,
+    )
+}
+
+/// [`http`] to any address. The connection attempt is bounded: across a
+/// cut link it would otherwise wait for the kernel's own timeout.
+pub(crate) fn http_at(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> Result<String, ServiceError> {
     let io = |e| ServiceError::io(format!("etcd {method} {path}"), e);
-    let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, port)).map_err(io)?;
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(io)?;
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .map_err(io)?;
     let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n\
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
          Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );

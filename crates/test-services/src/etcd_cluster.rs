@@ -1,6 +1,7 @@
 //! A private three-member etcd cluster, for tests of leader loss, a stopped
 //! member and a whole-cluster restart.
 
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::thread;
@@ -9,7 +10,8 @@ use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
 use crate::ServiceError;
-use crate::etcd::http;
+use crate::etcd::http_at;
+use crate::netns::{Host, Network};
 use crate::process::{Binary, READY_TIMEOUT, START_ATTEMPTS, ServerProcess, free_port};
 
 const BINARY: Binary = Binary {
@@ -26,9 +28,16 @@ pub const CLUSTER_SIZE: usize = 3;
 const HEARTBEAT_MS: u32 = 50;
 const ELECTION_MS: u32 = 500;
 
+/// The ports of a member on a host of its own: etcd's usual ones.
+const HOST_CLIENT_PORT: u16 = 2379;
+const HOST_PEER_PORT: u16 = 2380;
+
 #[derive(Debug)]
 struct Member {
     name: String,
+    /// The host it runs on, on a [`Network`]; loopback otherwise.
+    host: Option<Host>,
+    ip: Ipv4Addr,
     client_port: u16,
     peer_port: u16,
     process: Option<ServerProcess>,
@@ -47,6 +56,7 @@ struct Member {
 #[derive(Debug)]
 pub struct EtcdCluster {
     members: Vec<Member>,
+    network: Option<Network>,
     token: String,
     dir: TempDir,
 }
@@ -54,6 +64,29 @@ pub struct EtcdCluster {
 impl EtcdCluster {
     /// Starts a new cluster and waits until it has a leader.
     pub fn start() -> Result<EtcdCluster, ServiceError> {
+        Self::start_with(None)
+    }
+
+    /// Starts a new cluster whose members run on three new hosts of
+    /// `network`, `etcd-0` to `etcd-2` (see [`host`](Self::host)), each
+    /// serving clients at `http://ADDR:2379` and its peers at port 2380,
+    /// and waits until it has a leader. Cut links between members, or
+    /// between a member and its clients' hosts, with
+    /// [`Network::cut`]; the cluster itself never needs a cut link (it
+    /// checks its members from their own hosts).
+    pub fn start_on(network: &Network) -> Result<EtcdCluster, ServiceError> {
+        Self::start_with(Some(network))
+    }
+
+    fn start_with(network: Option<&Network>) -> Result<EtcdCluster, ServiceError> {
+        let hosts = match network {
+            Some(network) => Some(
+                (0..CLUSTER_SIZE)
+                    .map(|i| network.add_host(&format!("etcd-{i}")))
+                    .collect::<Result<Vec<Host>, ServiceError>>()?,
+            ),
+            None => None,
+        };
         let mut dir = tempfile::Builder::new()
             .prefix("etcd-cluster-")
             .tempdir()
@@ -67,21 +100,38 @@ impl EtcdCluster {
         let mut last = None;
         for _ in 0..START_ATTEMPTS {
             let mut members = Vec::with_capacity(CLUSTER_SIZE);
-            let mut ports = std::collections::BTreeSet::new();
-            while ports.len() < CLUSTER_SIZE * 2 {
-                ports.insert(free_port()?);
-            }
-            let mut ports = ports.into_iter();
-            for i in 0..CLUSTER_SIZE {
-                members.push(Member {
-                    name: format!("m{i}"),
-                    client_port: ports.next().expect("enough ports"),
-                    peer_port: ports.next().expect("enough ports"),
-                    process: None,
-                });
+            if let Some(hosts) = &hosts {
+                // A host of its own per member: the usual ports are free.
+                for (i, host) in hosts.iter().enumerate() {
+                    members.push(Member {
+                        name: format!("m{i}"),
+                        host: Some(host.clone()),
+                        ip: host.addr(),
+                        client_port: HOST_CLIENT_PORT,
+                        peer_port: HOST_PEER_PORT,
+                        process: None,
+                    });
+                }
+            } else {
+                let mut ports = std::collections::BTreeSet::new();
+                while ports.len() < CLUSTER_SIZE * 2 {
+                    ports.insert(free_port()?);
+                }
+                let mut ports = ports.into_iter();
+                for i in 0..CLUSTER_SIZE {
+                    members.push(Member {
+                        name: format!("m{i}"),
+                        host: None,
+                        ip: Ipv4Addr::LOCALHOST,
+                        client_port: ports.next().expect("enough ports"),
+                        peer_port: ports.next().expect("enough ports"),
+                        process: None,
+                    });
+                }
             }
             let mut cluster = EtcdCluster {
                 members,
+                network: network.cloned(),
                 token: token.clone(),
                 dir,
             };
@@ -124,7 +174,7 @@ impl EtcdCluster {
     fn initial_cluster(&self) -> String {
         self.members
             .iter()
-            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
+            .map(|m| format!("{}=http://{}:{}", m.name, m.ip, m.peer_port))
             .collect::<Vec<_>>()
             .join(",")
     }
@@ -132,8 +182,8 @@ impl EtcdCluster {
     fn spawn(&self, i: usize) -> Result<ServerProcess, ServiceError> {
         let m = &self.members[i];
         let binary = BINARY.find()?;
-        let client = format!("http://127.0.0.1:{}", m.client_port);
-        let peer = format!("http://127.0.0.1:{}", m.peer_port);
+        let client = format!("http://{}:{}", m.ip, m.client_port);
+        let peer = format!("http://{}:{}", m.ip, m.peer_port);
         let mut cmd = Command::new(binary);
         cmd.current_dir(self.dir.path())
             .args(["--name", &m.name])
@@ -151,14 +201,15 @@ impl EtcdCluster {
             .args(["--logger", "zap", "--log-level", "warn"])
             .env_remove("ETCDCTL_API")
             .env_remove("ETCD_DATA_DIR");
-        let port = m.client_port;
         let log = self.dir.path().join(format!("{}.log", m.name));
         // A member serves clients only once it has joined a quorum, so
         // the members are started together and the cluster is waited for
         // afterwards (`wait_for_leader`). A member restarted alone into a
         // running cluster answers as soon as it has caught up.
-        let _ = port;
-        ServerProcess::start(BINARY.name, cmd, &log, || true)
+        match (&self.network, &m.host) {
+            (Some(network), Some(host)) => network.spawn(host, BINARY.name, &cmd, &log, || true),
+            _ => ServerProcess::start(BINARY.name, cmd, &log, || true),
+        }
     }
 
     fn start_all_and_wait(&mut self) -> Result<(), ServiceError> {
@@ -179,12 +230,32 @@ impl EtcdCluster {
         }
     }
 
-    /// Every member's client endpoint, `http://127.0.0.1:PORT`.
+    /// Every member's client endpoint, `http://127.0.0.1:PORT` (or
+    /// `http://ADDR:2379` on a [`Network`]).
     pub fn endpoints(&self) -> Vec<String> {
         self.members
             .iter()
-            .map(|m| format!("http://127.0.0.1:{}", m.client_port))
+            .map(|m| format!("http://{}:{}", m.ip, m.client_port))
             .collect()
+    }
+
+    /// The host member `i` runs on, when the cluster was started with
+    /// [`start_on`](Self::start_on).
+    pub fn host(&self, i: usize) -> Option<&Host> {
+        self.members[i].host.as_ref()
+    }
+
+    /// One HTTP request to member `i`'s gateway, made from its own host so
+    /// that no cut link stands in the way.
+    fn http(&self, i: usize, method: &str, path: &str, body: &str) -> Result<String, ServiceError> {
+        let m = &self.members[i];
+        let addr = SocketAddr::from((m.ip, m.client_port));
+        match (&self.network, &m.host) {
+            (Some(network), Some(host)) => {
+                network.within(host, || http_at(addr, method, path, body))?
+            }
+            _ => http_at(addr, method, path, body),
+        }
     }
 
     /// The member process `i`, while it runs.
@@ -194,8 +265,13 @@ impl EtcdCluster {
 
     /// The index of the current leader, as a running member reports it.
     pub fn leader(&self) -> Result<usize, ServiceError> {
-        for m in self.members.iter().filter(|m| m.process.is_some()) {
-            let Ok(status) = http(m.client_port, "POST", "/v3/maintenance/status", "{}") else {
+        for (j, _) in self
+            .members
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.process.is_some())
+        {
+            let Ok(status) = self.http(j, "POST", "/v3/maintenance/status", "{}") else {
                 continue;
             };
             let Some(leader) = json_field(&status, "leader") else {
@@ -205,7 +281,7 @@ impl EtcdCluster {
                 if other.process.is_none() {
                     continue;
                 }
-                let Ok(s) = http(other.client_port, "POST", "/v3/maintenance/status", "{}") else {
+                let Ok(s) = self.http(i, "POST", "/v3/maintenance/status", "{}") else {
                     continue;
                 };
                 if json_field(&s, "member_id").as_deref() == Some(leader.as_str()) {
@@ -245,9 +321,10 @@ impl EtcdCluster {
             let p = self.spawn(i)?;
             self.members[i].process = Some(p);
         }
-        let port = self.members[i].client_port;
         let deadline = Instant::now() + READY_TIMEOUT;
-        while http(port, "GET", "/health", "").map_or(true, |b| !b.contains("\"health\":\"true\""))
+        while self
+            .http(i, "GET", "/health", "")
+            .map_or(true, |b| !b.contains("\"health\":\"true\""))
         {
             if Instant::now() >= deadline {
                 return Err(ServiceError::io(

@@ -26,12 +26,17 @@
 //! drop(redis); // stopped, its directory removed
 //! ```
 //!
+//! For partitions between processes, [`netns::Network`] puts hosts of the
+//! test's own in network namespaces on this machine, and
+//! [`EtcdCluster::start_on`] runs a cluster's members on three of them.
+//!
 //! Start services from the test's own thread or a runtime worker: the
 //! parent-death signal follows the thread that spawned the process.
 
 mod error;
 mod etcd;
 mod etcd_cluster;
+pub mod netns;
 mod process;
 mod proxy;
 mod redis;
