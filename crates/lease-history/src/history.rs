@@ -167,6 +167,9 @@ pub enum FaultKind {
     ServiceErrors,
     /// A service commits writes and then loses their replies.
     ServiceDropsReplies,
+    /// Links of a network cut (packets vanish, nothing is refused), then
+    /// healed.
+    Partition,
     /// A second handle on the same lease store opened, used and closed in
     /// the holders' process (a descriptor closed under their locks).
     HandleChurn,
@@ -194,6 +197,7 @@ impl FaultKind {
             FaultKind::ServiceErrors => "service-errors",
             FaultKind::ServiceDropsReplies => "service-drops-replies",
             FaultKind::HandleChurn => "handle-churn",
+            FaultKind::Partition => "partition",
         }
     }
 }

@@ -32,6 +32,7 @@ use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use session_store::{FsyncPolicy, JsonlOptions, JsonlStore, SessionStore, StoreError, WriteFence};
+use test_services::netns::{Host, Network};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::{mpsc, oneshot};
@@ -458,20 +459,17 @@ struct HolderProcess {
 impl HolderProcess {
     fn spawn(config: &HolderConfig) -> Result<HolderProcess, String> {
         let exe = std::env::current_exe().map_err(|e| format!("find this executable: {e}"))?;
-        let mut command = match config.launcher.split_first() {
-            Some((program, args)) => {
-                let mut c = Command::new(program);
-                c.args(args).arg(exe);
-                c
-            }
-            None => Command::new(exe),
-        };
-        let mut child = command
+        let mut command = std::process::Command::new(exe);
+        command
             .arg(HOLDER_PROCESS)
             .arg(config.leases.to_arg())
             .arg(&config.store)
             .arg(config.ttl.as_millis().to_string())
-            .args(config.broken_store.then_some(STORE_WITHOUT_FENCING))
+            .args(config.broken_store.then_some(STORE_WITHOUT_FENCING));
+        if let Some((network, host)) = &config.host {
+            command = network.wrap(host, &command);
+        }
+        let mut child = Command::from(command)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -588,9 +586,9 @@ pub(crate) struct HolderConfig {
     pub(crate) ttl: Duration,
     /// A broken variant: write through a store without fencing.
     pub(crate) broken_store: bool,
-    /// A command the holder is started under (`ip netns exec NAME`), if
-    /// any; it must exec the holder in its own place, keeping its pid.
-    pub(crate) launcher: Vec<String>,
+    /// The host of a private network the holder runs on, if any; else
+    /// this host's own network.
+    pub(crate) host: Option<(Network, Host)>,
 }
 
 /// A worker's holder: the process now standing in for it, replaced by a
@@ -610,6 +608,16 @@ impl Holder {
             config,
             process: Mutex::new(Arc::new(process)),
         }))
+    }
+
+    /// The host of a private network it runs on, if any.
+    pub(crate) fn host(&self) -> Option<&Host> {
+        self.config.host.as_ref().map(|(_, h)| h)
+    }
+
+    /// Its worker's name.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
     }
 
     fn process(&self) -> Arc<HolderProcess> {

@@ -16,6 +16,7 @@ use tokio::task::{JoinHandle, block_in_place};
 use tokio::time::sleep;
 
 use crate::holders::{self, Holder};
+use crate::partitions::Partitions;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -154,6 +155,8 @@ pub(crate) enum Action {
     /// Holders in processes of their own: stopped past their TTL, killed
     /// and replaced, or a descriptor churned in them.
     Holders(Vec<Arc<Holder>>),
+    /// Links of a private network cut and healed.
+    Partitions(Box<Partitions>),
 }
 
 /// Picks one action per fault, uniformly, from the run's seed.
@@ -290,6 +293,7 @@ impl FaultInjector for Chaos {
                 Ok(())
             }
             Action::Holders(holders) => holders::hurt(holders, rng, rec).await,
+            Action::Partitions(partitions) => partitions.inject(rng, rec).await,
         }
     }
 }

@@ -6,6 +6,7 @@
 mod broken;
 mod holders;
 mod injectors;
+mod partitions;
 mod rigs;
 
 use std::collections::BTreeMap;
@@ -20,7 +21,7 @@ use lease_port::{Clock, SessionLease};
 
 const USAGE: &str = "usage: faults [--backend NAME|all] [--ops N] [--seed S] \
                      [--profile short|long] [--out DIR] [--skip-broken] [--broken-only]\n\
-                     backends: memlease flocklease grpc-memlease grpc-flocklease grpc-etcd etcd redis k8s";
+                     backends: memlease flocklease grpc-memlease grpc-flocklease grpc-etcd etcd redis k8s etcd-partitions";
 
 /// The backends, in the order `all` runs them.
 const BACKENDS: &[&str] = &[
@@ -32,6 +33,7 @@ const BACKENDS: &[&str] = &[
     "k8s",
     "etcd",
     "grpc-etcd",
+    "etcd-partitions",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -218,7 +220,9 @@ async fn run_backend(name: &'static str, ops: u64, args: &Args) -> Result<Row, S
     let mut progress = progress_line(name);
     let history = run(
         &workload,
-        rig.target.clone(),
+        // Moved in: the holders in it are gone before the services they
+        // use.
+        rig.target,
         rig.faults,
         Some(&mut progress),
     )

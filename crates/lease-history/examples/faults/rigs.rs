@@ -28,7 +28,7 @@ pub(crate) struct Rig {
     pub(crate) keep: Vec<Box<dyn Any + Send>>,
 }
 
-fn jsonl(dir: &Path) -> Result<Arc<dyn SessionStore>, String> {
+pub(crate) fn jsonl(dir: &Path) -> Result<Arc<dyn SessionStore>, String> {
     let store = JsonlStore::open(
         dir.join("store"),
         JsonlOptions::default().fsync(FsyncPolicy::Never),
@@ -68,6 +68,7 @@ pub(crate) async fn setup(name: &str, w: &mut Workload, dir: &Path) -> Result<Ri
         "redis" => redis(w).await,
         "k8s" => k8s(w, dir).await,
         "etcd" => etcd(w, dir).await,
+        "etcd-partitions" => crate::partitions::etcd_partitions(w, dir).await,
         other => Err(format!("unknown backend {other}")),
     }
 }
@@ -92,7 +93,7 @@ pub(crate) fn flock_holders(
                     store: dir.join("store"),
                     ttl: w.ttl,
                     broken_store,
-                    launcher: Vec::new(),
+                    host: None,
                 },
             )
         })
