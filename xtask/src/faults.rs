@@ -17,6 +17,8 @@ const NEEDS: &[(&str, Service)] = &[
     ("redis", Service::Redis),
     ("etcd", Service::Etcd),
     ("grpc-etcd", Service::Etcd),
+    ("etcd-partitions", Service::Etcd),
+    ("etcd-partitions", Service::Iproute2),
 ];
 
 pub(crate) fn faults(args: &[String]) -> Result {
