@@ -187,7 +187,8 @@ fn main() -> ExitCode {
             }
         }
     }
-    if args.broken && args.backends.contains(&"mecated") {
+    // With the session server's run, or with the broken variants alone.
+    if args.broken && (args.backends.contains(&"mecated") || args.backends.is_empty()) {
         match runtime.block_on(run_e2e("mecated", &args, true)) {
             Ok(row) => rows.push(row),
             Err(e) => errors.push(format!("mecated unleased: {e}")),

@@ -52,10 +52,10 @@ impl ReplicaChaos {
         let name = self.replicas.name(i);
         let roll = rng.below(100);
         let services = if self.services.is_some() { 30 } else { 0 };
-        if roll < services {
-            if let Some(chaos) = self.services.as_mut() {
-                return chaos.inject(rng, rec).await;
-            }
+        if roll < services
+            && let Some(chaos) = self.services.as_mut()
+        {
+            return chaos.inject(rng, rec).await;
         }
         let roll = rng.below(100);
         let replicas = Arc::clone(&self.replicas);

@@ -248,7 +248,7 @@ pub(crate) async fn run(name: &str, plan: &Plan) -> Result<Finished, String> {
             actions: service_faults,
         }),
         ttl: TTL,
-        every: Duration::from_millis(2500),
+        every: Duration::from_millis(1500),
     };
     let faults = tokio::spawn(chaos.run(plan.seed, rec.clone(), Arc::clone(&stop)));
     let mut clients = Vec::new();
@@ -353,7 +353,8 @@ fn summary(h: &ServerHistory) -> String {
         let answer = match (r.status, &r.run) {
             (_, Some(run)) => run.status.clone(),
             (Some(s), None) => s.to_string(),
-            (None, None) => r.outcome.clone(),
+            // Transport errors name the URL: count them by their kind.
+            (None, None) => r.outcome.split(':').next().unwrap_or("").to_owned(),
         };
         *by.entry(format!("{} {answer}", r.kind.name())).or_default() += 1;
     }
@@ -367,7 +368,16 @@ fn summary(h: &ServerHistory) -> String {
         })
         .sum();
     let events: usize = h.logs.values().map(Vec::len).sum();
-    let mut s = format!("stored: {events} events, {runs} runs\nrequests by answer:");
+    let attributed = h
+        .logs
+        .values()
+        .flatten()
+        .filter(|e| e.writer.is_some())
+        .count();
+    let mut s = format!(
+        "stored: {events} events ({attributed} with their writer recorded), {runs} runs\n\
+         requests by answer:"
+    );
     for (k, n) in by {
         s.push_str(&format!("  {k}={n}"));
     }
@@ -417,7 +427,7 @@ impl Plan {
     /// The profile's size: the short one bounded to about a minute.
     pub(crate) fn new(long: bool, requests: Option<u64>, seed: u64, broken: bool) -> Plan {
         let (default, longest) = match (long, broken) {
-            (false, false) => (300, Duration::from_secs(60)),
+            (false, false) => (600, Duration::from_secs(75)),
             (false, true) => (300, Duration::from_secs(40)),
             (true, false) => (100_000, Duration::from_secs(4 * 3600)),
             (true, true) => (5_000, Duration::from_secs(600)),
