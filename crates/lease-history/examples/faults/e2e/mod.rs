@@ -151,6 +151,7 @@ pub(crate) async fn run(name: &str, plan: &Plan) -> Result<Finished, String> {
                     owner,
                     Launch {
                         binary: bin.clone(),
+                        log: dir.path().join(format!("replica-{i}.log")),
                         args,
                         env: Vec::new(),
                     },
@@ -178,6 +179,7 @@ pub(crate) async fn run(name: &str, plan: &Plan) -> Result<Finished, String> {
                     pod.clone(),
                     Launch {
                         binary: bin.clone(),
+                        log: dir.path().join(format!("replica-{i}.log")),
                         args,
                         env: vec![
                             ("POD_NAMESPACE".into(), "default".into()),

@@ -12,10 +12,15 @@ use nix::unistd::Pid;
 
 use super::lock_read;
 
+/// Starts of one replica tried before giving up.
+const START_ATTEMPTS: usize = 6;
+
 /// How to start one replica: binary, arguments, environment.
 #[derive(Debug, Clone)]
 pub(crate) struct Launch {
     pub(crate) binary: PathBuf,
+    /// Where its standard error goes (appended across restarts).
+    pub(crate) log: PathBuf,
     pub(crate) args: Vec<String>,
     pub(crate) env: Vec<(String, String)>,
 }
@@ -31,13 +36,18 @@ pub(crate) struct Replica {
 impl Replica {
     /// Starts it; its base URL.
     fn spawn(&mut self) -> Result<String, String> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.launch.log)
+            .map_err(|e| format!("{}: {e}", self.launch.log.display()))?;
         let mut child = Command::new(&self.launch.binary)
             .args(&self.launch.args)
             .envs(self.launch.env.iter().map(|(k, v)| (k, v)))
             .env("MECATED_LOG", "error")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::from(log))
             .spawn()
             .map_err(|e| format!("start {}: {e}", self.launch.binary.display()))?;
         let mut line = String::new();
@@ -48,9 +58,12 @@ impl Replica {
             (read, _) => {
                 let _ = child.kill();
                 let status = child.wait().map_err(|e| e.to_string())?;
+                let said = std::fs::read_to_string(&self.launch.log).unwrap_or_default();
+                let tail: Vec<&str> = said.lines().rev().take(5).collect();
                 return Err(format!(
-                    "{} did not start ({status}, read {read:?}): first line {line:?}",
-                    self.name
+                    "{} did not start ({status}, read {read:?}): first line {line:?}; \
+                     its last words: {:?}",
+                    self.name, tail
                 ));
             }
         };
@@ -176,10 +189,21 @@ impl Replicas {
 
     /// Starts a stopped or killed replica again, with the same launch (the
     /// same owner id: a new incarnation of it) on a new port.
+    /// A replica that cannot start yet (its services still down) is tried
+    /// again, as a supervisor would, a few times.
     pub(crate) fn start_again(&self, i: usize) -> Result<(), String> {
-        let base = super::lock(&self.replicas[i]).spawn()?;
-        self.bases.write().unwrap_or_else(|e| e.into_inner())[i] = Some(base);
-        Ok(())
+        let mut last = String::new();
+        for _ in 0..START_ATTEMPTS {
+            match super::lock(&self.replicas[i]).spawn() {
+                Ok(base) => {
+                    self.bases.write().unwrap_or_else(|e| e.into_inner())[i] = Some(base);
+                    return Ok(());
+                }
+                Err(e) => last = e,
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        Err(last)
     }
 
     /// Every replica running and resumed.
