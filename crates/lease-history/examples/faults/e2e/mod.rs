@@ -252,7 +252,33 @@ pub(crate) async fn run(name: &str, plan: &Plan) -> Result<Finished, String> {
         ttl: TTL,
         every: Duration::from_millis(1500),
     };
-    let faults = tokio::spawn(chaos.run(plan.seed, rec.clone(), Arc::clone(&stop)));
+    // The services' helpers give each process they start a parent-death
+    // signal, which Linux ties to the starting *thread*: a Redis restarted
+    // on a runtime worker is SIGKILLed when that worker retires. So faults
+    // are injected from a thread of their own, which lives until the run
+    // is over.
+    let (faults_done, faults_result) = std::sync::mpsc::channel();
+    let (end_tx, end_rx) = std::sync::mpsc::channel::<()>();
+    let (seed, faults_rec, faults_stop) = (plan.seed, rec.clone(), Arc::clone(&stop));
+    let faults_thread = std::thread::spawn(move || {
+        let result = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .map_err(|e| format!("a runtime for the faults: {e}"))
+            .and_then(|rt| rt.block_on(chaos.run(seed, faults_rec, faults_stop)));
+        let _ = faults_done.send(result);
+        // What this thread started must outlive the run.
+        let _ = end_rx.recv();
+    });
+    let faults = async move {
+        tokio::task::spawn_blocking(move || {
+            faults_result
+                .recv()
+                .unwrap_or_else(|_| Err("the fault thread ended without a word".into()))
+        })
+        .await
+    };
     let mut clients = Vec::new();
     for c in 0..CLIENTS {
         clients.push(tokio::spawn(clients::client(
@@ -287,8 +313,11 @@ pub(crate) async fn run(name: &str, plan: &Plan) -> Result<Finished, String> {
         .await
         .map_err(|e| format!("the fault task failed: {e}"));
     let elapsed = started.elapsed();
-    tokio::task::block_in_place(|| replicas.heal_all())?;
-    injected??;
+    let healed = tokio::task::block_in_place(|| replicas.heal_all());
+    // A fault that could not be healed explains a replica that cannot
+    // start: report it first.
+    injected?.map_err(|e| format!("injecting a fault: {e}"))?;
+    healed?;
     // Runs still going (their clients gave up) end within a run's length
     // and a lease's; give them that before reading the logs.
     tokio::time::sleep(TTL * 3).await;
@@ -314,6 +343,8 @@ pub(crate) async fn run(name: &str, plan: &Plan) -> Result<Finished, String> {
     }
     drop(replicas);
     drop(services);
+    let _ = end_tx.send(());
+    let _ = faults_thread.join();
 
     let history = ServerHistory {
         requests: std::mem::take(&mut *lock(&shared.requests)),
