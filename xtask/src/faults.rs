@@ -6,15 +6,42 @@
 //! are dev-dependencies (xtask depends on no backend); this makes sure the
 //! services exist, then builds and runs it.
 
+use std::path::PathBuf;
+
 use crate::services::{self, Service};
 use crate::{Result, cargo, run};
+
+/// The target directory cargo builds into (`CARGO_TARGET_DIR`, the
+/// configuration, or the workspace's `target`), as cargo itself reports it.
+fn target_dir() -> Result<PathBuf> {
+    let out = cargo()
+        .args(["metadata", "--format-version", "1", "--no-deps"])
+        .output()
+        .map_err(|e| format!("cargo metadata: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "cargo metadata failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let meta: serde_json::Value =
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("cargo metadata: {e}"))?;
+    meta["target_directory"]
+        .as_str()
+        .map(PathBuf::from)
+        .ok_or_else(|| "cargo metadata: no target_directory".into())
+}
 
 const USAGE: &str = "usage: cargo xtask faults [--backend NAME|all] [--ops N] [--seed S] \
                      [--profile short|long] [--out DIR] [--skip-broken] [--broken-only]";
 
+/// The session server's end-to-end runs, which start its binaries.
+const SERVERS: &[&str] = &["mecated", "mecak8s"];
+
 /// Backends whose runs start a service.
 const NEEDS: &[(&str, Service)] = &[
     ("redis", Service::Redis),
+    ("mecak8s", Service::Redis),
     ("etcd", Service::Etcd),
     ("grpc-etcd", Service::Etcd),
     ("etcd-partitions", Service::Etcd),
@@ -40,9 +67,30 @@ pub(crate) fn faults(args: &[String]) -> Result {
         .collect();
     wanted.dedup();
     services::ensure(&wanted)?;
+    // The session server runs start real server processes: build them
+    // first and say where they are.
+    let servers = broken_only || backend == "all" || SERVERS.contains(&backend);
+    let mut faults = cargo();
+    if servers {
+        run(
+            "build the server binaries",
+            cargo().args([
+                "build",
+                "--locked",
+                "--quiet",
+                "--package",
+                "mecated",
+                "--bins",
+            ]),
+        )?;
+        let bin = target_dir()?.join("debug");
+        faults
+            .env("MECATL_MECATED_BIN", bin.join("mecated"))
+            .env("MECATL_MECAK8S_BIN", bin.join("mecak8s"));
+    }
     run(
         &format!("fault injection ({})", args.join(" ")),
-        cargo()
+        faults
             .args([
                 "run",
                 "--locked",

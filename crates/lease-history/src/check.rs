@@ -21,6 +21,13 @@ pub enum Property {
     /// what it acknowledged, drops what it refused, and its order agrees
     /// with real time.
     StoreFencing,
+    /// (d) A session server's runs never interleave in its log: once an
+    /// event of a later run is stored, no event of an earlier run follows.
+    RunOrder,
+    /// (e) A session server's log is whole: sequence numbers follow each
+    /// other, every run is well formed and every run a client saw end is
+    /// stored as the client saw it.
+    LogIntegrity,
 }
 
 impl Property {
@@ -30,6 +37,8 @@ impl Property {
             Property::SingleHolder => "single-holder",
             Property::TokenOrder => "token-order",
             Property::StoreFencing => "store-fencing",
+            Property::RunOrder => "run-order",
+            Property::LogIntegrity => "log-integrity",
         }
     }
 }

@@ -17,6 +17,9 @@
 //! - [`write_svg`]: a timeline a person reads at a glance, written beside
 //!   the verdict.
 //! - [`run`]: the workload ([`Workload`], [`Target`], [`FaultInjector`]).
+//! - [`server_log`]: the end-to-end check of a session server's store
+//!   against what its clients were told ([`check_server`]), drawn with the
+//!   same timeline ([`server_timeline`]).
 //!
 //! Wrappers that break one rule each (`tests/support/broken.rs`: no
 //! fencing in the store, a store accepting an equal token from another
@@ -95,6 +98,7 @@ mod clock;
 mod history;
 mod rng;
 mod runner;
+pub mod server_log;
 mod timeline;
 
 pub use check::{Hold, Property, Verdict, Violation, check, holds};
@@ -105,4 +109,5 @@ pub use history::{
 };
 pub use rng::Rng;
 pub use runner::{FaultInjector, Progress, RunError, Target, Workload, Writer, run};
+pub use server_log::{ServerHistory, check_server, server_timeline};
 pub use timeline::{MAX_DRAWN_OPS, render_svg, write_svg};

@@ -4,6 +4,7 @@
 
 #[path = "../../tests/support/broken.rs"]
 mod broken;
+mod e2e;
 mod holders;
 mod injectors;
 mod partitions;
@@ -21,7 +22,8 @@ use lease_port::{Clock, SessionLease};
 
 const USAGE: &str = "usage: faults [--backend NAME|all] [--ops N] [--seed S] \
                      [--profile short|long] [--out DIR] [--skip-broken] [--broken-only]\n\
-                     backends: memlease flocklease grpc-memlease grpc-flocklease grpc-etcd etcd redis k8s etcd-partitions";
+                     backends: memlease flocklease grpc-memlease grpc-flocklease grpc-etcd etcd redis k8s \
+                     etcd-partitions mecated mecak8s (the session server end to end; --ops counts requests)";
 
 /// The backends, in the order `all` runs them.
 const BACKENDS: &[&str] = &[
@@ -34,6 +36,8 @@ const BACKENDS: &[&str] = &[
     "etcd",
     "grpc-etcd",
     "etcd-partitions",
+    "mecated",
+    "mecak8s",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -174,6 +178,13 @@ fn main() -> ExitCode {
     let mut rows = Vec::new();
     let mut errors = Vec::new();
     for &backend in &args.backends {
+        if e2e::BACKENDS.contains(&backend) {
+            match runtime.block_on(run_e2e(backend, &args, false)) {
+                Ok(row) => rows.push(row),
+                Err(e) => errors.push(format!("{backend}: {e}")),
+            }
+            continue;
+        }
         let ops = args.ops.unwrap_or(args.profile.ops());
         println!("\n== {backend}: {ops} operations, seed {}", args.seed);
         match runtime.block_on(run_backend(backend, ops, &args)) {
@@ -191,6 +202,13 @@ fn main() -> ExitCode {
                 Ok(row) => rows.push(row),
                 Err(e) => errors.push(format!("{}: {e}", variant.name)),
             }
+        }
+    }
+    // With the session server's run, or with the broken variants alone.
+    if args.broken && (args.backends.contains(&"mecated") || args.backends.is_empty()) {
+        match runtime.block_on(run_e2e("mecated", &args, true)) {
+            Ok(row) => rows.push(row),
+            Err(e) => errors.push(format!("mecated unleased: {e}")),
         }
     }
     print_table(&rows, args.seed);
@@ -237,6 +255,43 @@ async fn run_backend(name: &'static str, ops: u64, args: &Args) -> Result<Row, S
         elapsed,
         verdict,
         must_break: None,
+    })
+}
+
+/// The session server end to end ([`e2e`]); `broken`: its broken variant,
+/// which must show two runs interleaved.
+async fn run_e2e(name: &'static str, args: &Args, broken: bool) -> Result<Row, String> {
+    let plan = e2e::Plan::new(args.profile == Profile::Long, args.ops, args.seed, broken);
+    let label = if broken {
+        format!("broken-{name}-unleased-replicas")
+    } else {
+        name.to_owned()
+    };
+    println!(
+        "\n== {label}: {} requests (at most {}s), seed {}",
+        plan.requests,
+        plan.longest.as_secs(),
+        args.seed
+    );
+    let finished = e2e::run(name, &plan).await?;
+    e2e::write_report(&finished, &args.out.join(&label))?;
+    let must_break = broken.then_some(Property::RunOrder);
+    if let Some(p) = must_break {
+        match finished.verdict.ops_to_first_by.get(&p) {
+            Some(n) => println!("  caught: first {p} violation after {n} requests"),
+            None => println!("  NOT caught: no {p} violation"),
+        }
+    }
+    Ok(Row {
+        name: if broken {
+            format!("broken: {name} unleased replicas")
+        } else {
+            name.into()
+        },
+        ops: finished.requests,
+        elapsed: finished.elapsed,
+        verdict: finished.verdict,
+        must_break,
     })
 }
 

@@ -1,0 +1,475 @@
+//! The session server end to end under faults: three real replicas
+//! (`mecated` on one JSONL store with file leases, or `mecak8s` on a real
+//! Redis with leases in the Kubernetes API emulator), clients hammering a
+//! few sessions through all of them, replicas paused past their lease,
+//! killed and restarted, the services behind them hurt too; then what the
+//! store holds is checked against the lease rules and against what the
+//! clients were told ([`lease_history::check_server`]).
+//!
+//! The server binaries are found through `MECATL_MECATED_BIN` and
+//! `MECATL_MECAK8S_BIN` (`cargo xtask faults` builds them and sets both),
+//! else beside this example's own directory in the target directory.
+
+mod chaos;
+mod clients;
+mod replicas;
+mod store;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use lease_history::server_log::StoredEvent;
+use lease_history::{Recorder, ServerHistory, Verdict, check_server, server_timeline, write_svg};
+use lease_port::SessionId;
+use session_store::{JsonlOptions, JsonlStore, SessionStore};
+use test_services::RedisServer;
+
+use crate::injectors::{Action, Chaos};
+use replicas::{Launch, Replicas};
+
+/// The end-to-end runs, in the order `all` runs them.
+pub(crate) const BACKENDS: &[&str] = &["mecated", "mecak8s"];
+
+/// Sessions the clients share, and client tasks.
+const SESSIONS: usize = 3;
+const CLIENTS: u32 = 6;
+const REPLICAS: usize = 3;
+/// Lease TTL of the replicas: short, so pauses past it are short too.
+const TTL: Duration = Duration::from_secs(1);
+/// A run: four progress steps over 400 ms, then its message.
+const ECHO_DELAY: &str = "400ms";
+const ECHO_STEPS: &str = "4";
+const REDIS_PREFIX: &str = "mecatl:";
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+pub(crate) fn lock_read<T>(m: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    m.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// How one end-to-end run goes.
+pub(crate) struct Plan {
+    /// Requests the clients send in all.
+    pub(crate) requests: u64,
+    /// Stop sending at this age of the run even if requests are left.
+    pub(crate) longest: Duration,
+    pub(crate) seed: u64,
+    /// The broken variant: unleased replicas, each with a store directory
+    /// of its own whose session files are hard links of one shared set, so
+    /// the single-process lock that stops a second unleased server from
+    /// writing does not see the others: two replicas run one session at
+    /// once.
+    pub(crate) broken: bool,
+}
+
+/// What the caller reports.
+pub(crate) struct Finished {
+    pub(crate) requests: usize,
+    pub(crate) elapsed: Duration,
+    pub(crate) verdict: Verdict,
+    pub(crate) history: ServerHistory,
+}
+
+/// Where a server binary is.
+fn binary(name: &str, env: &str) -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os(env) {
+        return Ok(PathBuf::from(p));
+    }
+    // target/<profile>/examples/faults → target/<profile>/<name>
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.join(name)));
+    match beside {
+        Some(p) if p.is_file() => Ok(p),
+        _ => Err(format!(
+            "{name} not found: set {env}, or run `cargo xtask faults`, which builds it \
+             (cargo build -p mecated --bins)"
+        )),
+    }
+}
+
+/// The services a run's replicas use; dropped after them.
+struct Services {
+    redis: Option<Arc<Mutex<RedisServer>>>,
+    _emulator: Option<k8s_emulator::Emulator>,
+    store_dirs: Vec<PathBuf>,
+}
+
+pub(crate) async fn run(name: &str, plan: &Plan) -> Result<Finished, String> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let sessions: Vec<String> = (0..SESSIONS).map(|i| format!("s{i}")).collect();
+    let common = |owner_flag: bool, owner: &str| -> Vec<String> {
+        let mut args: Vec<String> = [
+            "--listen",
+            "127.0.0.1:0",
+            "--session-lease-ttl",
+            "1s",
+            "--echo-delay",
+            ECHO_DELAY,
+            "--echo-steps",
+            ECHO_STEPS,
+        ]
+        .map(String::from)
+        .to_vec();
+        if owner_flag {
+            args.extend(["--owner".into(), owner.into()]);
+        }
+        args
+    };
+    let mut launches = Vec::new();
+    let mut services = Services {
+        redis: None,
+        _emulator: None,
+        store_dirs: Vec::new(),
+    };
+    let mut service_faults = Vec::new();
+    match name {
+        "mecated" => {
+            let bin = binary("mecated", "MECATL_MECATED_BIN")?;
+            let shared = dir.path().join("store");
+            for i in 0..REPLICAS {
+                let owner = format!("replica-{i}");
+                let store = if plan.broken {
+                    dir.path().join(format!("store-{i}"))
+                } else {
+                    shared.clone()
+                };
+                std::fs::create_dir_all(&store).map_err(|e| e.to_string())?;
+                let mut args = common(true, &owner);
+                args.push("--store-dir".into());
+                args.push(store.display().to_string());
+                if plan.broken {
+                    args.push("--no-session-lease".into());
+                }
+                services.store_dirs.push(store);
+                launches.push((
+                    owner,
+                    Launch {
+                        binary: bin.clone(),
+                        log: dir.path().join(format!("replica-{i}.log")),
+                        args,
+                        env: Vec::new(),
+                    },
+                ));
+            }
+            if plan.broken {
+                share_session_files(&services.store_dirs, &sessions).await?;
+            }
+        }
+        "mecak8s" => {
+            let bin = binary("mecak8s", "MECATL_MECAK8S_BIN")?;
+            let redis = tokio::task::block_in_place(RedisServer::start_persistent)
+                .map_err(|e| format!("start redis-server: {e}"))?;
+            let url = redis.url();
+            let redis = Arc::new(Mutex::new(redis));
+            let emulator = k8s_emulator::Emulator::start(k8s_emulator::EmulatorConfig::default())
+                .await
+                .map_err(|e| format!("start the API emulator: {e}"))?;
+            let kubeconfig = emulator.kubeconfig_path().display().to_string();
+            for i in 0..REPLICAS {
+                let pod = format!("mecak8s-{i}");
+                let mut args = common(false, &pod);
+                args.extend(["--session-lease-k8s-kubeconfig".into(), kubeconfig.clone()]);
+                launches.push((
+                    pod.clone(),
+                    Launch {
+                        binary: bin.clone(),
+                        log: dir.path().join(format!("replica-{i}.log")),
+                        args,
+                        env: vec![
+                            ("POD_NAMESPACE".into(), "default".into()),
+                            ("POD_NAME".into(), pod),
+                            ("REDIS_URL".into(), url.clone()),
+                        ],
+                    },
+                ));
+            }
+            service_faults.push(Action::Redis {
+                redis: Arc::clone(&redis),
+                kill: false,
+                longest: TTL,
+            });
+            service_faults.push(Action::Redis {
+                redis: Arc::clone(&redis),
+                kill: true,
+                longest: TTL,
+            });
+            service_faults.push(Action::Emulator {
+                faults: emulator.faults().clone(),
+                longest: TTL * 2,
+            });
+            services.redis = Some(redis);
+            services._emulator = Some(emulator);
+        }
+        other => return Err(format!("no end-to-end run named {other:?}")),
+    }
+
+    let replicas = Arc::new(tokio::task::block_in_place(|| Replicas::start(launches))?);
+    let http = reqwest::Client::builder()
+        // Every request on a connection of its own: a killed replica
+        // leaves no pooled connection behind, and a paused one holds only
+        // the requests sent to it.
+        .pool_max_idle_per_host(0)
+        .build()
+        .map_err(|e| e.to_string())?;
+    if !plan.broken {
+        let base = replicas.any_base().ok_or("no replica up")?;
+        for s in &sessions {
+            create(&http, &base, s).await?;
+        }
+    }
+
+    let rec = Recorder::new();
+    let origin_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let started = Instant::now();
+    let shared = Arc::new(clients::Shared {
+        rec: rec.clone(),
+        bases: replicas.bases(),
+        replica_names: (0..replicas.len()).map(|i| replicas.name(i)).collect(),
+        sessions: sessions.clone(),
+        next_id: AtomicU64::new(0),
+        budget: plan.requests,
+        deadline: started + plan.longest,
+        requests: Mutex::new(Vec::new()),
+        seen: Mutex::new(HashMap::new()),
+        http: http.clone(),
+        wait: Duration::from_secs(2),
+        timeout: Duration::from_secs(10),
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let chaos = chaos::ReplicaChaos {
+        replicas: Arc::clone(&replicas),
+        services: (!service_faults.is_empty()).then_some(Chaos {
+            actions: service_faults,
+        }),
+        ttl: TTL,
+        every: Duration::from_millis(1500),
+    };
+    // The services' helpers give each process they start a parent-death
+    // signal, which Linux ties to the starting *thread*: a Redis restarted
+    // on a runtime worker is SIGKILLed when that worker retires. So faults
+    // are injected from a thread of their own, which lives until the run
+    // is over.
+    let (faults_done, faults_result) = std::sync::mpsc::channel();
+    let (end_tx, end_rx) = std::sync::mpsc::channel::<()>();
+    let (seed, faults_rec, faults_stop) = (plan.seed, rec.clone(), Arc::clone(&stop));
+    let faults_thread = std::thread::spawn(move || {
+        let result = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .map_err(|e| format!("a runtime for the faults: {e}"))
+            .and_then(|rt| rt.block_on(chaos.run(seed, faults_rec, faults_stop)));
+        let _ = faults_done.send(result);
+        // What this thread started must outlive the run.
+        let _ = end_rx.recv();
+    });
+    let faults = async move {
+        tokio::task::spawn_blocking(move || {
+            faults_result
+                .recv()
+                .unwrap_or_else(|_| Err("the fault thread ended without a word".into()))
+        })
+        .await
+    };
+    let mut clients = Vec::new();
+    for c in 0..CLIENTS {
+        clients.push(tokio::spawn(clients::client(
+            Arc::clone(&shared),
+            c,
+            plan.seed,
+        )));
+    }
+    let mut last_print = Instant::now();
+    while clients.iter().any(|c| !c.is_finished()) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if last_print.elapsed() >= Duration::from_secs(5) {
+            last_print = Instant::now();
+            let done = shared.done();
+            let elapsed = started.elapsed();
+            let rate = done as f64 / elapsed.as_secs_f64().max(1e-9);
+            let by_budget = (plan.requests.saturating_sub(done)) as f64 / rate.max(1e-9);
+            let by_clock = plan.longest.saturating_sub(elapsed).as_secs_f64();
+            println!(
+                "  {name}: {done}/{} requests, {rate:.0} req/s, {} faults so far, ~{:.0}s left",
+                plan.requests,
+                rec.fault_count(),
+                by_budget.min(by_clock)
+            );
+        }
+    }
+    for c in clients {
+        c.await.map_err(|e| format!("a client task failed: {e}"))?;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let injected = faults
+        .await
+        .map_err(|e| format!("the fault task failed: {e}"));
+    let elapsed = started.elapsed();
+    let healed = tokio::task::block_in_place(|| replicas.heal_all());
+    // A fault that could not be healed explains a replica that cannot
+    // start: report it first.
+    injected?.map_err(|e| format!("injecting a fault: {e}"))?;
+    healed?;
+    // Runs still going (their clients gave up) end within a run's length
+    // and a lease's; give them that before reading the logs.
+    tokio::time::sleep(TTL * 3).await;
+
+    let base = replicas.any_base().ok_or("no replica up at the end")?;
+    let mut logs: BTreeMap<Arc<str>, Vec<StoredEvent>> = BTreeMap::new();
+    for s in &sessions {
+        logs.insert(
+            s.as_str().into(),
+            store::read_log(&http, &base, s, origin_ms).await?,
+        );
+    }
+    tokio::task::block_in_place(|| replicas.stop_all());
+    for (s, log) in logs.iter_mut() {
+        let writers = match &services.redis {
+            Some(redis) => {
+                let url = lock(redis).url();
+                store::redis_writers(&url, REDIS_PREFIX, s).await?
+            }
+            None => store::jsonl_writers(&services.store_dirs[0], s)?,
+        };
+        store::attach_writers(log, &writers);
+    }
+    drop(replicas);
+    drop(services);
+    let _ = end_tx.send(());
+    let _ = faults_thread.join();
+
+    let history = ServerHistory {
+        requests: std::mem::take(&mut *lock(&shared.requests)),
+        faults: rec.history().faults,
+        logs,
+    };
+    let verdict = check_server(&history);
+    Ok(Finished {
+        requests: history.requests.len(),
+        elapsed,
+        verdict,
+        history,
+    })
+}
+
+/// Writes the verdict and the timeline of `finished` under `dir`.
+pub(crate) fn write_report(finished: &Finished, dir: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let text = dir.join("verdict.txt");
+    let mut verdict = finished.verdict.to_string();
+    verdict.push_str(&summary(&finished.history));
+    std::fs::write(&text, &verdict).map_err(|e| format!("{}: {e}", text.display()))?;
+    let svg = dir.join("timeline.svg");
+    write_svg(&server_timeline(&finished.history), &finished.verdict, &svg)
+        .map_err(|e| format!("{}: {e}", svg.display()))?;
+    print!("{verdict}");
+    println!(
+        "  verdict:  {}\n  timeline: {}",
+        text.display(),
+        svg.display()
+    );
+    Ok(())
+}
+
+/// Requests by kind and answer, runs stored: what the run exercised.
+fn summary(h: &ServerHistory) -> String {
+    let mut by: BTreeMap<String, usize> = BTreeMap::new();
+    for r in &h.requests {
+        let answer = match (r.status, &r.run) {
+            (_, Some(run)) => run.status.clone(),
+            (Some(s), None) => s.to_string(),
+            // Transport errors name the URL: count them by their kind.
+            (None, None) => r.outcome.split(':').next().unwrap_or("").to_owned(),
+        };
+        *by.entry(format!("{} {answer}", r.kind.name())).or_default() += 1;
+    }
+    let runs: usize = h
+        .logs
+        .values()
+        .map(|l| {
+            l.iter()
+                .filter(|e| e.payload["type"] == "run_started")
+                .count()
+        })
+        .sum();
+    let events: usize = h.logs.values().map(Vec::len).sum();
+    let attributed = h
+        .logs
+        .values()
+        .flatten()
+        .filter(|e| e.writer.is_some())
+        .count();
+    let mut s = format!(
+        "stored: {events} events ({attributed} with their writer recorded), {runs} runs\n\
+         requests by answer:"
+    );
+    for (k, n) in by {
+        s.push_str(&format!("  {k}={n}"));
+    }
+    s.push('\n');
+    s
+}
+
+async fn create(http: &reqwest::Client, base: &str, id: &str) -> Result<(), String> {
+    let resp = http
+        .post(format!("{base}/v1/sessions"))
+        .header("content-type", "application/json")
+        .body(serde_json::json!({ "id": id }).to_string())
+        .send()
+        .await
+        .map_err(|e| format!("create {id}: {e}"))?;
+    if resp.status().as_u16() != 201 {
+        return Err(format!("create {id}: {}", resp.status()));
+    }
+    Ok(())
+}
+
+/// Creates the sessions in the first directory and hard-links their files
+/// into the others: one file, one inode, seen from every directory.
+async fn share_session_files(dirs: &[PathBuf], sessions: &[String]) -> Result<(), String> {
+    let store = JsonlStore::open(&dirs[0], JsonlOptions::default()).map_err(|e| e.to_string())?;
+    for s in sessions {
+        let id = SessionId::new(s.as_str()).map_err(|e| e.to_string())?;
+        store.create(&id).await.map_err(|e| e.to_string())?;
+    }
+    drop(store);
+    let entries = std::fs::read_dir(&dirs[0]).map_err(|e| e.to_string())?;
+    for entry in entries {
+        let entry = entry.map_err(|e| e.to_string())?;
+        let name = entry.file_name();
+        if name.to_string_lossy().starts_with('.') || !entry.path().is_file() {
+            continue;
+        }
+        for other in &dirs[1..] {
+            std::fs::hard_link(entry.path(), other.join(&name))
+                .map_err(|e| format!("link {}: {e}", name.to_string_lossy()))?;
+        }
+    }
+    Ok(())
+}
+
+impl Plan {
+    /// The profile's size: the short one bounded to about a minute.
+    pub(crate) fn new(long: bool, requests: Option<u64>, seed: u64, broken: bool) -> Plan {
+        let (default, longest) = match (long, broken) {
+            (false, false) => (600, Duration::from_secs(75)),
+            (false, true) => (300, Duration::from_secs(40)),
+            (true, false) => (100_000, Duration::from_secs(4 * 3600)),
+            (true, true) => (5_000, Duration::from_secs(600)),
+        };
+        Plan {
+            requests: requests.unwrap_or(default),
+            longest,
+            seed,
+            broken,
+        }
+    }
+}

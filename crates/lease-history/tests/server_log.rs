@@ -1,0 +1,256 @@
+//! The end-to-end checker on hand-made store contents: a clean log passes,
+//! and each broken one is caught under the property it breaks.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_history::server_log::{Request, RequestKind, SeenEvent, SeenRun, StoredEvent};
+use lease_history::{Property, ServerHistory, check_server, server_timeline, write_svg};
+use serde_json::{Value, json};
+
+/// Builds one session's log event by event, stamping sequence numbers and
+/// times in order.
+struct Log {
+    events: Vec<StoredEvent>,
+}
+
+impl Log {
+    fn new() -> Self {
+        Log { events: Vec::new() }
+    }
+
+    fn push(&mut self, token: Option<u64>, writer: &str, payload: Value) -> &mut Self {
+        let seq = self.events.len() as u64 + 1;
+        self.events.push(StoredEvent {
+            seq,
+            token,
+            writer: Some(writer.into()),
+            at: Duration::from_millis(10 * seq),
+            payload,
+        });
+        self
+    }
+
+    /// A whole run of `steps` progress steps under `token` by `writer`.
+    fn run(&mut self, token: u64, writer: &str, steps: u64, input: &str) -> &mut Self {
+        self.push(Some(token), writer, started(token, writer));
+        for step in 1..=steps {
+            self.push(Some(token), writer, progress(step, steps));
+        }
+        self.push(Some(token), writer, message(input))
+            .push(Some(token), writer, ended("completed"))
+    }
+}
+
+fn started(token: u64, owner: &str) -> Value {
+    json!({"type": "run_started", "owner": owner.split('#').next(), "token": token})
+}
+
+fn progress(step: u64, of: u64) -> Value {
+    json!({"type": "progress", "step": step, "of": of})
+}
+
+fn message(input: &str) -> Value {
+    json!({"type": "message", "role": "assistant", "content": input})
+}
+
+fn ended(status: &str) -> Value {
+    json!({"type": "run_ended", "status": status})
+}
+
+fn history(log: &Log) -> ServerHistory {
+    ServerHistory {
+        requests: Vec::new(),
+        faults: Vec::new(),
+        logs: BTreeMap::from([(Arc::from("s0"), log.events.clone())]),
+    }
+}
+
+/// A run request answered with the run's events `seqs` of `log`.
+fn acked(log: &Log, id: u64, seqs: std::ops::RangeInclusive<u64>, token: u64) -> Request {
+    let events = log
+        .events
+        .iter()
+        .filter(|e| seqs.contains(&e.seq))
+        .map(|e| SeenEvent {
+            seq: e.seq,
+            token: e.token,
+            payload: e.payload.clone(),
+        })
+        .collect();
+    Request {
+        id,
+        client: 1,
+        replica: "replica-0".into(),
+        session: "s0".into(),
+        kind: RequestKind::Run,
+        invoked: Duration::from_millis(1),
+        completed: Duration::from_millis(500),
+        status: Some(200),
+        outcome: "completed".into(),
+        events: Vec::new(),
+        run: Some(SeenRun {
+            token: Some(token),
+            status: "completed".into(),
+            events,
+        }),
+    }
+}
+
+#[test]
+fn runs_one_after_another_under_rising_tokens_are_clean() {
+    let mut log = Log::new();
+    log.run(3, "a#1", 2, "one")
+        .run(3, "a#1", 2, "two")
+        .run(7, "b#1", 3, "three");
+    // A run that lost its lease stops without its end; the next one follows.
+    log.push(Some(8), "c#1", started(8, "c#1"))
+        .push(Some(8), "c#1", progress(1, 2))
+        .run(9, "a#2", 1, "four");
+    let mut h = history(&log);
+    h.requests.push(acked(&log, 1, 1..=5, 3));
+    h.requests.push(acked(&log, 2, 11..=16, 7));
+    let v = check_server(&h);
+    assert!(v.is_clean(), "{v}");
+    assert_eq!(v.ops, 2);
+}
+
+#[test]
+fn a_lower_token_after_a_higher_one_is_a_fencing_violation() {
+    let mut log = Log::new();
+    log.run(5, "b#1", 1, "new")
+        .push(Some(4), "a#1", progress(2, 2));
+    let v = check_server(&history(&log));
+    assert_eq!(v.count(Property::StoreFencing), 1, "{v}");
+    let first = v.first.expect("a violation");
+    assert_eq!(first.property, Property::StoreFencing);
+    assert!(first.message.contains("below token 5"), "{}", first.message);
+    assert!(first.context.contains(">> seq 5"), "{}", first.context);
+}
+
+#[test]
+fn one_token_written_by_two_writers_is_a_fencing_violation() {
+    let mut log = Log::new();
+    log.run(5, "a#1", 1, "first").run(5, "a#2", 1, "second");
+    let v = check_server(&history(&log));
+    assert_eq!(v.count(Property::StoreFencing), 1, "{v}");
+    assert!(v.first.unwrap().message.contains("two writers"));
+}
+
+#[test]
+fn an_earlier_runs_event_after_a_later_run_started_is_a_run_order_violation() {
+    // Unfenced writers (no token, no writer recorded): only the shape of
+    // the runs tells them apart.
+    let mut log = Log::new();
+    let mut unfenced = |payload: Value| {
+        let seq = log.events.len() as u64 + 1;
+        log.events.push(StoredEvent {
+            seq,
+            token: None,
+            writer: None,
+            at: Duration::from_millis(seq),
+            payload,
+        });
+    };
+    unfenced(json!({"type": "run_started", "owner": "a", "token": null}));
+    unfenced(progress(1, 3));
+    unfenced(json!({"type": "run_started", "owner": "b", "token": null}));
+    unfenced(progress(2, 3));
+    let v = check_server(&history(&log));
+    assert_eq!(v.count(Property::RunOrder), 1, "{v}");
+    let first = v.first.unwrap();
+    assert!(
+        first.message.contains("belongs to run 0"),
+        "{}",
+        first.message
+    );
+}
+
+#[test]
+fn an_earlier_runs_end_after_a_later_run_started_is_a_run_order_violation() {
+    let mut log = Log::new();
+    log.push(Some(2), "a#1", started(2, "a"))
+        .push(Some(2), "a#1", progress(1, 1))
+        .push(Some(3), "b#1", started(3, "b"))
+        .push(Some(2), "a#1", ended("completed"));
+    let v = check_server(&history(&log));
+    // Also a lower token after a higher one: a fault both ways.
+    assert_eq!(v.count(Property::RunOrder), 1, "{v}");
+    assert_eq!(v.count(Property::StoreFencing), 1, "{v}");
+}
+
+#[test]
+fn a_lost_acknowledged_run_is_a_log_integrity_violation() {
+    let mut log = Log::new();
+    log.run(3, "a#1", 2, "kept");
+    let mut h = history(&log);
+    // The client was answered with a run the store does not hold whole:
+    // its last two events were lost.
+    let mut run = acked(&log, 9, 1..=5, 3);
+    let lost = vec![
+        SeenEvent {
+            seq: 6,
+            token: Some(3),
+            payload: message("lost"),
+        },
+        SeenEvent {
+            seq: 7,
+            token: Some(3),
+            payload: ended("completed"),
+        },
+    ];
+    run.run.as_mut().unwrap().events.extend(lost);
+    h.requests.push(run);
+    let v = check_server(&h);
+    assert_eq!(v.count(Property::LogIntegrity), 1, "{v}");
+    let first = v.first.unwrap();
+    assert!(
+        first.message.contains("not stored whole"),
+        "{}",
+        first.message
+    );
+    assert!(first.context.contains(">> req #9"), "{}", first.context);
+}
+
+#[test]
+fn an_acknowledged_run_stored_with_another_runs_event_inside_is_caught() {
+    let mut log = Log::new();
+    log.run(3, "a#1", 1, "mine");
+    let mut h = history(&log);
+    let mut run = acked(&log, 4, 1..=4, 3);
+    // The client saw seq 3 as its message; the store holds another one.
+    run.run.as_mut().unwrap().events[2].payload = message("someone else's");
+    h.requests.push(run);
+    let v = check_server(&h);
+    assert_eq!(v.count(Property::LogIntegrity), 1, "{v}");
+}
+
+#[test]
+fn gaps_and_orphans_are_log_integrity_violations() {
+    let mut log = Log::new();
+    log.push(Some(1), "a#1", progress(1, 1));
+    log.run(2, "a#1", 1, "x");
+    log.events.last_mut().unwrap().seq = 9;
+    let v = check_server(&history(&log));
+    assert_eq!(v.count(Property::LogIntegrity), 2, "{v}");
+}
+
+#[test]
+fn the_timeline_of_a_violation_is_drawn() {
+    let mut log = Log::new();
+    log.run(5, "b#1", 1, "new")
+        .push(Some(4), "a#1", progress(2, 2));
+    let mut h = history(&log);
+    h.requests.push(acked(&log, 1, 1..=4, 5));
+    let v = check_server(&h);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("timeline.svg");
+    write_svg(&server_timeline(&h), &v, &path).unwrap();
+    let svg = std::fs::read_to_string(&path).unwrap();
+    assert!(svg.contains("first violation (store-fencing)"), "{svg}");
+    assert!(
+        svg.contains("stroke=\"red\""),
+        "the violation is not outlined"
+    );
+}
