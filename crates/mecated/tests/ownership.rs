@@ -329,7 +329,8 @@ async fn start_when_free(w: &World, session: &SessionId, input: Value) -> u64 {
 }
 
 /// A cancelled run's write still on a blocking thread must not land inside
-/// the next run: the session is not given up until it has ended.
+/// the next run — the session is not given up until it has ended — nor
+/// after the cancelled run's own recorded end.
 async fn cancelled_runs_write_never_lands_inside_the_next_run(leases: Leases) {
     let mut w = world(leases, "held", Arc::new(TwoStepAgent));
     let s = sid("s");
@@ -371,6 +372,19 @@ async fn cancelled_runs_write_never_lands_inside_the_next_run(leases: Leases) {
         late.is_empty(),
         "run one's write landed inside run two (started at {next_started}): {events:?}"
     );
+    // Run one's end, when recorded at all, comes after everything run one
+    // wrote: a follower that stops there has seen the whole run.
+    let run_one: Vec<_> = events
+        .iter()
+        .filter(|(seq, _)| *seq < next_started)
+        .collect();
+    if let Some(end) = run_one.iter().position(|(_, e)| e["type"] == "run_ended") {
+        assert_eq!(
+            end,
+            run_one.len() - 1,
+            "run one's write landed after its recorded end: {events:?}"
+        );
+    }
     assert!(
         next_was_busy,
         "the next run started while the cancelled run's write was in flight"

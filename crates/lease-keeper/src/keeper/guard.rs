@@ -97,6 +97,20 @@ impl LeaseGuard {
         }
     }
 
+    /// Waits, at most the keeper's write wait
+    /// ([`KeeperBuilder::write_wait`](crate::KeeperBuilder::write_wait)),
+    /// until none of the run's writes is in flight; true when none is.
+    ///
+    /// Call it once the run has stopped starting writes, before a write
+    /// that must come after all of them — the record of the run's end, say.
+    /// A write whose caller was dropped (a cancelled run) may still be
+    /// running, and would otherwise land after that record.
+    pub async fn settle_writes(&self) -> bool {
+        tokio::time::timeout(self.core.write_wait, self.run.writes.drained())
+            .await
+            .is_ok()
+    }
+
     /// A permit for one write; see [`WriteGate::begin`].
     pub fn begin_write(&self) -> Result<WritePermit, KeeperError> {
         self.write_gate().begin()

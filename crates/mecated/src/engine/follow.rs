@@ -97,10 +97,10 @@ fn ends(event: &StoredEvent, followed: Followed) -> Option<FollowEnd> {
 
 impl Engine {
     /// Records the end of a run in its session's log, under the run's
-    /// fence, before the lease is released: followers on any replica end
-    /// there, and a client waiting for the session learns it is free. A
-    /// run that lost its lease cannot write, and needs not: its
-    /// successor's start ends the followers.
+    /// fence, after every other write of the run and before the lease is
+    /// released: followers on any replica end there, and a client waiting
+    /// for the session learns it is free. A run that lost its lease cannot
+    /// write, and needs not: its successor's start ends the followers.
     pub(super) async fn record_run_end(
         &self,
         guard: &LeaseGuard,
@@ -108,6 +108,13 @@ impl Engine {
         status: &RunStatus,
     ) {
         if matches!(status, RunStatus::LeaseLost(_)) {
+            return;
+        }
+        // The agent is gone, but a write it started may still be running
+        // (a cancelled run, a store that was down): the end goes after it,
+        // or not at all — followers then end when the lease does.
+        if !guard.settle_writes().await {
+            warn!("the run's writes outlived the write wait; its end is not recorded");
             return;
         }
         let mut end = json!({ "type": RUN_ENDED, "status": status.name() });
