@@ -228,20 +228,36 @@ fn ops_by_session(history: &History) -> BTreeMap<Arc<str>, Vec<&Op>> {
 /// What the authority's clock did, at an instant of the timeline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum ClockChange {
-    /// Stepped by this many nanoseconds, signed.
-    Step(i128),
+    /// Stepped by this many nanoseconds, signed, at some instant between
+    /// the fault's start and end (here, in nanoseconds of the timeline).
+    Step {
+        by: i128,
+        started: i128,
+        ended: i128,
+    },
     /// Runs at this many thousandths of real time from here on.
     Rate(i128),
 }
 
-/// Steps and rate spells of the authority's clock, in timeline order. A
-/// forward step counts from the start of its injection and a backward one
-/// from its end; a fast spell is recorded from before it began to after it
-/// ended and a slow one within its true span. All these choices end holds
-/// as early as the clock could have, so no hold is longer than the
-/// backend's.
+/// Steps and rate spells of the authority's clock, in timeline order.
+///
+/// A step happened at an unknown instant within its fault's record, and a
+/// grant read the authority's clock at an unknown instant between its
+/// invocation and completion. Every choice below ends holds as early as
+/// the clock could have, so no hold is longer than the backend's:
+/// - a forward step shortens every hold invoked before the step's record
+///   ended, from the step's start or the invocation, whichever is later;
+/// - a backward step lengthens only holds granted (completed) before the
+///   step's record began, and only from the record's end;
+/// - a fast spell is recorded from before it began to after it ended, a
+///   slow one within its true span.
 struct ClockSteps {
+    /// Forward steps at their start, backward steps at their end, rate
+    /// changes where recorded.
     changes: Vec<(Duration, ClockChange)>,
+    /// The longest record of a forward step: how far back one may start
+    /// and still straddle an invocation.
+    longest_forward: Duration,
 }
 
 const NORMAL_RATE: i128 = 1000;
@@ -249,13 +265,18 @@ const NORMAL_RATE: i128 = 1000;
 impl ClockSteps {
     fn new(history: &History) -> Self {
         let mut changes = Vec::new();
+        let mut longest_forward = Duration::ZERO;
         for f in &history.faults {
+            let (started, ended) = (f.started.as_nanos() as i128, f.ended.as_nanos() as i128);
             match f.kind {
                 FaultKind::ClockForward(by) => {
-                    changes.push((f.started, ClockChange::Step(by.as_nanos() as i128)));
+                    longest_forward = longest_forward.max(f.ended.saturating_sub(f.started));
+                    let by = by.as_nanos() as i128;
+                    changes.push((f.started, ClockChange::Step { by, started, ended }));
                 }
                 FaultKind::ClockBackward(by) => {
-                    changes.push((f.ended, ClockChange::Step(-(by.as_nanos() as i128))));
+                    let by = -(by.as_nanos() as i128);
+                    changes.push((f.ended, ClockChange::Step { by, started, ended }));
                 }
                 FaultKind::ClockRate(per_mille) => {
                     changes.push((f.started, ClockChange::Rate(i128::from(per_mille.max(1)))));
@@ -265,24 +286,46 @@ impl ClockSteps {
             }
         }
         changes.sort();
-        ClockSteps { changes }
+        ClockSteps {
+            changes,
+            longest_forward,
+        }
     }
 
     /// The instant on the timeline when `valid_for` has passed on the
-    /// authority's clock since `from`.
-    fn deadline(&self, from: Duration, valid_for: Duration) -> Duration {
-        let start = self.changes.partition_point(|(at, _)| *at < from);
+    /// authority's clock for a grant invoked at `invoked` and completed at
+    /// `completed`, counted from its invocation.
+    fn deadline(&self, invoked: Duration, completed: Duration, valid_for: Duration) -> Duration {
+        let start = self.changes.partition_point(|(at, _)| *at < invoked);
         let mut rate = self.changes[..start]
             .iter()
             .rev()
             .find_map(|(_, c)| match c {
                 ClockChange::Rate(r) => Some(*r),
-                ClockChange::Step(_) => None,
+                ClockChange::Step { .. } => None,
             })
             .unwrap_or(NORMAL_RATE);
-        let mut t = from.as_nanos() as i128;
+        let mut t = invoked.as_nanos() as i128;
+        let done = completed.as_nanos() as i128;
         // Nanoseconds of the authority's clock still to pass.
         let mut left = valid_for.as_nanos() as i128;
+        // A forward step whose record straddles the invocation may have
+        // come after the grant read the clock: it counts at once.
+        let reach = invoked.saturating_sub(self.longest_forward);
+        for (at, change) in self.changes[..start].iter().rev() {
+            if *at < reach {
+                break;
+            }
+            if let ClockChange::Step { by, ended, .. } = *change
+                && by > 0
+                && ended > t
+            {
+                left -= by;
+            }
+        }
+        if left <= 0 {
+            return invoked;
+        }
         for &(at, change) in &self.changes[start..] {
             let at = at.as_nanos() as i128;
             let passes = (at - t) * rate / NORMAL_RATE;
@@ -292,8 +335,13 @@ impl ClockSteps {
             left -= passes;
             t = at;
             match change {
-                ClockChange::Step(step) => {
-                    left -= step;
+                ClockChange::Step { by, started, .. } => {
+                    // A backward step that may have come before the grant
+                    // read the clock lengthens nothing.
+                    if by < 0 && started < done {
+                        continue;
+                    }
+                    left -= by;
                     if left <= 0 {
                         return nanos(t);
                     }
@@ -325,7 +373,7 @@ fn holds_of(ops: &[&Op], jumps: &ClockSteps) -> Vec<Hold> {
         let Outcome::Granted { token, valid_for } = op.outcome else {
             continue;
         };
-        let mut until = jumps.deadline(op.invoked, valid_for);
+        let mut until = jumps.deadline(op.invoked, op.completed, valid_for);
         if let Some(rel) = releases.get(&(&*op.owner, token)) {
             let i = rel.partition_point(|at| *at < op.invoked);
             if let Some(&at) = rel.get(i) {

@@ -198,6 +198,47 @@ fn a_forward_clock_step_shortens_holds_and_a_backward_one_lengthens_them() {
 }
 
 #[test]
+fn a_step_recorded_across_a_grant_counts_only_as_it_could_shorten_the_hold() {
+    let step = |kind, started, ended| Fault {
+        kind,
+        target: "authority".into(),
+        started: ms(started),
+        ended: ms(ended),
+    };
+    // Granted 0..1 for 100ms; w2 takes over at 120.
+    let mut h = H::default();
+    h.acquire("w1", 0, 1);
+    h.acquire("w2", 120, 2);
+    assert!(check(&h.history).is_clean());
+    // A backward step recorded from before the grant completed may have
+    // come before the grant read the clock: it lengthens nothing.
+    h.history
+        .faults
+        .push(step(FaultKind::ClockBackward(ms(50)), 0, 30));
+    let v = check(&h.history);
+    assert!(v.is_clean(), "{v}");
+    // Recorded wholly after the grant, it lengthens the hold to 150.
+    h.history.faults[0] = step(FaultKind::ClockBackward(ms(50)), 5, 30);
+    assert_eq!(check(&h.history).count(Property::SingleHolder), 1);
+
+    // Granted 10..11 for 100ms; w2 takes over at 70.
+    let mut h = H::default();
+    h.acquire("w1", 10, 1);
+    h.acquire("w2", 70, 2);
+    assert_eq!(check(&h.history).count(Property::SingleHolder), 1);
+    // A forward step recorded from before the invocation to after it may
+    // have come after the grant read the clock: it shortens the hold.
+    h.history
+        .faults
+        .push(step(FaultKind::ClockForward(ms(50)), 5, 12));
+    let v = check(&h.history);
+    assert!(v.is_clean(), "{v}");
+    // Recorded wholly before the invocation, the grant already saw it.
+    h.history.faults[0] = step(FaultKind::ClockForward(ms(50)), 5, 9);
+    assert_eq!(check(&h.history).count(Property::SingleHolder), 1);
+}
+
+#[test]
 fn a_fast_authority_clock_shortens_holds_and_a_slow_one_lengthens_them() {
     let rate = |per_mille, started, ended| Fault {
         kind: FaultKind::ClockRate(per_mille),

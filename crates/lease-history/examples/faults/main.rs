@@ -318,6 +318,12 @@ fn report(name: &str, history: &History, out: &Path) -> Result<Verdict, String> 
     std::fs::write(&text, verdict.to_string()).map_err(|e| format!("{}: {e}", text.display()))?;
     let svg = dir.join("timeline.svg");
     write_svg(history, &verdict, &svg).map_err(|e| format!("{}: {e}", svg.display()))?;
+    if let Some(first) = &verdict.first {
+        let around = dir.join("around.txt");
+        std::fs::write(&around, around_violation(history, first.at))
+            .map_err(|e| format!("{}: {e}", around.display()))?;
+        println!("  around:   {}", around.display());
+    }
     print!("{verdict}");
     println!(
         "  verdict:  {}\n  timeline: {}",
@@ -325,6 +331,35 @@ fn report(name: &str, history: &History, out: &Path) -> Result<Verdict, String> 
         svg.display()
     );
     Ok(verdict)
+}
+
+/// Every operation of every session, and every fault with its amount,
+/// from three seconds before `at` to one after: what a post-mortem of a
+/// violation needs, where the verdict shows only the session's own
+/// operations nearby.
+fn around_violation(history: &History, at: Duration) -> String {
+    use std::fmt::Write as _;
+    let from = at.saturating_sub(Duration::from_secs(3));
+    let to = at + Duration::from_secs(1);
+    let mut text = String::new();
+    for f in &history.faults {
+        if f.ended >= from && f.started <= to {
+            let _ = writeln!(
+                text,
+                "fault {:>10.3}..{:<10.3}ms {:?} on {}",
+                f.started.as_secs_f64() * 1e3,
+                f.ended.as_secs_f64() * 1e3,
+                f.kind,
+                f.target
+            );
+        }
+    }
+    for op in &history.ops {
+        if op.completed >= from && op.invoked <= to {
+            let _ = writeln!(text, "{op}");
+        }
+    }
+    text
 }
 
 struct Variant {
