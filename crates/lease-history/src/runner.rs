@@ -114,6 +114,12 @@ pub trait Writer: Send + Sync {
         fence: WriteFence,
         payload: &serde_json::Value,
     ) -> Result<(), StoreError>;
+
+    /// Called once the workers are done, before the store is read back:
+    /// afterwards no write of this writer may land. A writer with work of
+    /// its own still running (a holder process finishing a call its
+    /// worker gave up on) stops it here.
+    async fn settle(&self) {}
 }
 
 /// Injects faults into a running target.
@@ -266,6 +272,9 @@ pub async fn run(
     }
     if let Some(e) = worker_error {
         return Err(RunError::Worker(e));
+    }
+    for writer in &shared.target.writers {
+        writer.settle().await;
     }
     for s in &shared.sessions {
         let log = retry(|| read_log(&*shared.target.store, s)).await?;

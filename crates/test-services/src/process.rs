@@ -6,6 +6,7 @@ use std::net::{Ipv4Addr, TcpListener};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{OnceLock, mpsc};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -67,6 +68,38 @@ pub(crate) fn free_port() -> Result<u16, ServiceError> {
 /// loaded 2-core machine may be compiling beside the test.
 pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Forks `cmd` from a thread that lives as long as the process.
+///
+/// The kernel sends a child its parent-death signal when the *thread* that
+/// forked it exits, not the process; test threads end and runtimes retire
+/// idle threads (`block_in_place`, `spawn_blocking`) long before the
+/// process does. A server restarted from such a thread would be killed
+/// later, unasked and unrecorded.
+fn spawn_from_lasting_thread(mut cmd: Command) -> std::io::Result<Child> {
+    type Job = (Command, mpsc::Sender<std::io::Result<Child>>);
+    static SPAWNER: OnceLock<Option<mpsc::Sender<Job>>> = OnceLock::new();
+    let spawner = SPAWNER.get_or_init(|| {
+        let (jobs, queue) = mpsc::channel::<Job>();
+        thread::Builder::new()
+            .name("test-services-spawner".into())
+            .spawn(move || {
+                for (mut cmd, answer) in queue {
+                    let _ = answer.send(cmd.spawn());
+                }
+            })
+            .ok()
+            .map(|_| jobs)
+    });
+    let Some(spawner) = spawner else {
+        // No thread to be had: this one will do, with the caveat above.
+        return cmd.spawn();
+    };
+    let (answer, answered) = mpsc::channel();
+    let gone = || std::io::Error::other("the spawning thread is gone");
+    spawner.send((cmd, answer)).map_err(|_| gone())?;
+    answered.recv().map_err(|_| gone())?
+}
+
 /// A running server process, killed and reaped on drop.
 #[derive(Debug)]
 pub struct ServerProcess {
@@ -100,8 +133,7 @@ impl ServerProcess {
                 nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
             });
         }
-        let child = cmd
-            .spawn()
+        let child = spawn_from_lasting_thread(cmd)
             .map_err(|e| ServiceError::io(format!("start {binary}"), e))?;
         let mut process = ServerProcess {
             child: Some(child),

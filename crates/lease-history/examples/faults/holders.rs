@@ -470,6 +470,11 @@ impl HolderProcess {
             command = network.wrap(host, &command);
         }
         let mut child = Command::from(command)
+            // A group of its own: should this runner die while the holder
+            // is stopped, the kernel finds a stopped process in an orphaned
+            // group and sends it SIGHUP and SIGCONT, which end it. A
+            // running holder ends when its stdin closes.
+            .process_group(0)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -700,6 +705,18 @@ impl SessionLease for Holder {
 
 #[async_trait]
 impl Writer for Holder {
+    /// Kills the holder process and waits for it to be gone: a call its
+    /// worker gave up on may still be running there, and must not land
+    /// after the store is read back.
+    async fn settle(&self) {
+        let process = self.process();
+        let _ = process.signal(Signal::SIGKILL);
+        let child = lock(&process.child).take();
+        if let Some(mut child) = child {
+            let _ = child.wait().await;
+        }
+    }
+
     async fn append(
         &self,
         session: &SessionId,

@@ -237,8 +237,9 @@ impl FaultInjector for Chaos {
                 Ok(())
             }
             Action::EtcdKillLeader { cluster, longest } => {
-                let leader =
-                    block_in_place(|| lock(cluster).leader()).map_err(|e| e.to_string())?;
+                // Right after an earlier fault the cluster may be electing.
+                let leader = block_in_place(|| lock(cluster).wait_for_leader())
+                    .map_err(|e| e.to_string())?;
                 let fault = rec.fault(FaultKind::ServiceKill, &format!("etcd-{leader} (leader)"));
                 block_in_place(|| lock(cluster).kill(leader));
                 sleep(rng.between(*longest / 4, *longest)).await;
