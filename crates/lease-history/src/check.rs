@@ -358,8 +358,12 @@ fn nanos(n: i128) -> Duration {
 }
 
 fn holds_of(ops: &[&Op], jumps: &ClockSteps) -> Vec<Hold> {
-    // Release invocations per (owner, token), in order.
+    // Invocations per (owner, token), in order, of what ends a grant: a
+    // release, or a later grant of the same lease (a renewal, the holder's
+    // own re-acquire), whose expiry replaces the earlier one's — and may
+    // come sooner, after the authority's clock stepped back.
     let mut releases: HashMap<(&str, u64), Vec<Duration>> = HashMap::new();
+    let mut regrants: HashMap<(&str, u64), Vec<Duration>> = HashMap::new();
     for op in ops {
         if let (OpKind::Release, Some(token)) = (op.kind, op.token) {
             releases
@@ -367,6 +371,15 @@ fn holds_of(ops: &[&Op], jumps: &ClockSteps) -> Vec<Hold> {
                 .or_default()
                 .push(op.invoked);
         }
+        if let Outcome::Granted { token, .. } = op.outcome {
+            regrants
+                .entry((&op.owner, token))
+                .or_default()
+                .push(op.invoked);
+        }
+    }
+    for invocations in regrants.values_mut() {
+        invocations.sort();
     }
     let mut holds = Vec::new();
     for op in ops {
@@ -377,6 +390,12 @@ fn holds_of(ops: &[&Op], jumps: &ClockSteps) -> Vec<Hold> {
         if let Some(rel) = releases.get(&(&*op.owner, token)) {
             let i = rel.partition_point(|at| *at < op.invoked);
             if let Some(&at) = rel.get(i) {
+                until = until.min(at);
+            }
+        }
+        if let Some(next) = regrants.get(&(&*op.owner, token)) {
+            let i = next.partition_point(|at| *at <= op.invoked);
+            if let Some(&at) = next.get(i) {
                 until = until.min(at);
             }
         }

@@ -239,6 +239,27 @@ fn a_step_recorded_across_a_grant_counts_only_as_it_could_shorten_the_hold() {
 }
 
 #[test]
+fn a_renewal_replaces_the_expiry_it_renews_even_when_sooner() {
+    // Granted 0..1 for 100ms; the authority's clock then steps back 200ms,
+    // so that grant would last until 300.
+    let mut h = H::default();
+    h.acquire("w1", 0, 1);
+    h.history.faults.push(Fault {
+        kind: FaultKind::ClockBackward(ms(200)),
+        target: "authority".into(),
+        started: ms(5),
+        ended: ms(6),
+    });
+    h.acquire("w2", 200, 2);
+    assert_eq!(check(&h.history).count(Property::SingleHolder), 1);
+    // Renewed at 50, on the stepped clock, for 100ms: the lease now ends
+    // at 150, and w2's takeover at 200 is the backend's right.
+    h.renew("w1", 50, 1, granted(1));
+    let v = check(&h.history);
+    assert!(v.is_clean(), "{v}");
+}
+
+#[test]
 fn a_fast_authority_clock_shortens_holds_and_a_slow_one_lengthens_them() {
     let rate = |per_mille, started, ended| Fault {
         kind: FaultKind::ClockRate(per_mille),
