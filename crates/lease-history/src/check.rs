@@ -596,6 +596,7 @@ fn store_fencing(
     let mut mark: Option<(u64, &str, u64)> = None;
     let mut latest_invocation: Option<(Duration, u64)> = None;
     let mut landed = HashSet::new();
+    let mut twice = Vec::new();
     for entry in log {
         let Some(op) = writes.get(&entry.op) else {
             violation(
@@ -608,7 +609,22 @@ fn store_fencing(
             );
             continue;
         };
-        landed.insert(op.id);
+        if !landed.insert(op.id) {
+            // A write applied twice: the session's state is not what any
+            // writer made it, fenced or not.
+            twice.push(Violation {
+                property: Property::LogIntegrity,
+                session: Arc::clone(session),
+                at: op.completed,
+                ops: vec![op.id],
+                message: format!(
+                    "the store holds the write of op #{} by {} twice (again at seq {})",
+                    op.id, op.owner, entry.seq
+                ),
+                context: String::new(),
+            });
+            continue;
+        }
         let token = op.token.unwrap_or(0);
         // An ambiguous write may have landed any time after its invocation.
         let seen_at = match op.outcome {
@@ -675,6 +691,7 @@ fn store_fencing(
             );
         }
     }
+    out.append(&mut twice);
 }
 
 /// How many of the session's operations either side of the violation the

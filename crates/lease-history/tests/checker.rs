@@ -487,3 +487,17 @@ fn the_report_lists_the_faults_around_the_first_violation() {
     );
     assert!(!context.contains("long before"), "{context}");
 }
+
+#[test]
+fn a_write_the_store_holds_twice_is_caught() {
+    let mut h = H::default();
+    h.acquire("w1", 0, 1);
+    let a = h.write("w1", 10, 1, Outcome::Done);
+    let b = h.write("w1", 20, 1, Outcome::Done);
+    h.log(&[a, b]);
+    assert!(check(&h.history).is_clean());
+    h.log(&[a, a, b]);
+    let v = check(&h.history);
+    assert_eq!(v.count(Property::LogIntegrity), 1, "{v}");
+    assert!(v.first.unwrap().message.contains("twice"));
+}
