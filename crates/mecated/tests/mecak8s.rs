@@ -4,7 +4,6 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
 use nix::sys::signal::Signal;
@@ -13,7 +12,7 @@ use serde_json::json;
 use support::*;
 
 fn replica(redis: &str, kubeconfig: &str, pod: &str) -> Mecated {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mecak8s"))
+    let child = Command::new(env!("CARGO_BIN_EXE_mecak8s"))
         .args([
             "--listen",
             "127.0.0.1:0",
@@ -32,20 +31,7 @@ fn replica(redis: &str, kubeconfig: &str, pod: &str) -> Mecated {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("start mecak8s");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("read the listening line");
-    let base = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_owned();
-    Mecated {
-        child,
-        base,
-        owner: pod.to_owned(),
-    }
+    Mecated::listening(child, pod)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,7 +14,6 @@
 mod support;
 
 use std::future::Future;
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -75,27 +74,14 @@ impl Lab {
             .arg(self.store.path())
             .args(extra)
             .env("MECATED_LOG", "warn");
-        let mut child = self
+        let child = self
             .net
             .wrap(host, &cmd)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start mecated");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout piped"))
-            .read_line(&mut line)
-            .expect("read the listening line");
-        let base = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_owned();
-        Mecated {
-            child,
-            base,
-            owner: owner.to_owned(),
-        }
+        Mecated::listening(child, owner)
     }
 }
 

@@ -23,9 +23,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use etcdlease::EtcdLease;
 use flocklease::FlockLease;
-use lease_history::{FaultKind, Recorder, Rng, Writer};
+use lease_history::{FaultKind, Recorder, Rng, Target, Writer};
 use lease_port::{
     AuthorityId, FencingToken, Lease, LeaseError, LeaseErrorKind, OwnerId, SessionId, SessionLease,
+    SystemClock,
 };
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -747,6 +748,24 @@ impl Writer for Holder {
             Err(failure) => Err(failure.into_store_error(session)),
         }
     }
+}
+
+/// Workers whose leases and writes all go through their own holder
+/// process; `store` is what the run prepares and reads back.
+pub(crate) fn target_of(holders: &[Arc<Holder>], store: Arc<dyn SessionStore>) -> Target {
+    let mut target = Target::new(
+        holders
+            .iter()
+            .map(|h| Arc::clone(h) as Arc<dyn SessionLease>)
+            .collect(),
+        store,
+        Arc::new(SystemClock),
+    );
+    target.writers = holders
+        .iter()
+        .map(|h| Arc::clone(h) as Arc<dyn Writer>)
+        .collect();
+    target
 }
 
 /// Stops a holder process with SIGSTOP past its TTL, or kills it and

@@ -9,14 +9,13 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use lease_history::{FaultKind, Recorder, Rng, Target, Workload, Writer};
-use lease_port::{SessionLease, SystemClock};
+use lease_history::{FaultKind, Recorder, Rng, Workload};
 use test_services::EtcdCluster;
 use test_services::netns::{Host, Network};
 use tokio::task::block_in_place;
 use tokio::time::sleep;
 
-use crate::holders::{Holder, HolderConfig, LeaseSpec};
+use crate::holders::{self, Holder, HolderConfig, LeaseSpec};
 use crate::injectors::{Action, Chaos};
 use crate::rigs::{Rig, jsonl};
 
@@ -170,18 +169,7 @@ pub(crate) async fn etcd_partitions(w: &mut Workload, dir: &Path) -> Result<Rig,
             },
         )?);
     }
-    let mut target = Target::new(
-        holders
-            .iter()
-            .map(|h| Arc::clone(h) as Arc<dyn SessionLease>)
-            .collect(),
-        store,
-        Arc::new(SystemClock),
-    );
-    target.writers = holders
-        .iter()
-        .map(|h| Arc::clone(h) as Arc<dyn Writer>)
-        .collect();
+    let target = holders::target_of(&holders, store);
     let cluster = Arc::new(Mutex::new(cluster));
     let partitions = Partitions {
         network: network.clone(),

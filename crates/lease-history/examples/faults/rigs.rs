@@ -11,14 +11,14 @@ use flocklease::FlockLease;
 use grpcdriver::GrpcLease;
 use k8s_emulator::{Emulator, EmulatorConfig};
 use k8slease::K8sLease;
-use lease_history::{ClockStepper, FaultInjector, SteppedClock, Target, Workload, Writer};
+use lease_history::{ClockStepper, FaultInjector, SteppedClock, Target, Workload};
 use lease_port::{Clock, SessionLease, SystemClock};
 use memlease::MemLease;
 use redis_session_store::{RedisLease, RedisStore};
 use session_store::{FsyncPolicy, JsonlOptions, JsonlStore, SessionStore};
 use test_services::{EtcdCluster, EtcdServer, FaultProxy, RedisServer};
 
-use crate::holders::{Holder, HolderConfig, LeaseSpec};
+use crate::holders::{self, Holder, HolderConfig, LeaseSpec};
 use crate::injectors::{Action, Chaos, GrpcServer};
 
 pub(crate) struct Rig {
@@ -98,18 +98,7 @@ pub(crate) fn flock_holders(
             )
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let mut target = Target::new(
-        holders
-            .iter()
-            .map(|h| Arc::clone(h) as Arc<dyn SessionLease>)
-            .collect(),
-        store,
-        Arc::new(SystemClock),
-    );
-    target.writers = holders
-        .iter()
-        .map(|h| Arc::clone(h) as Arc<dyn Writer>)
-        .collect();
+    let target = holders::target_of(&holders, store);
     Ok(Rig {
         target,
         faults: chaos(vec![Action::Holders(holders)]),

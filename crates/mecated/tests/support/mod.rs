@@ -30,10 +30,16 @@ pub(crate) struct Mecated {
 
 impl Mecated {
     pub(crate) fn start(store: &Path, owner: &str, extra: &[&str]) -> Self {
-        let mut child = server_command(store, owner, extra)
+        let child = server_command(store, owner, extra)
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start mecated");
+        Self::listening(child, owner)
+    }
+
+    /// A server just started with its stdout piped, once it says where it
+    /// listens.
+    pub(crate) fn listening(mut child: Child, owner: &str) -> Self {
         let stdout = child.stdout.take().expect("stdout piped");
         let mut line = String::new();
         BufReader::new(stdout)
