@@ -364,12 +364,26 @@ fn holds_of(ops: &[&Op], jumps: &ClockSteps) -> Vec<Hold> {
     // come sooner, after the authority's clock stepped back.
     let mut releases: HashMap<(&str, u64), Vec<Duration>> = HashMap::new();
     let mut regrants: HashMap<(&str, u64), Vec<Duration>> = HashMap::new();
+    // Releases that may take effect after a later grant of the same lease
+    // (the holder re-acquired its live lease while its release was in
+    // doubt): per (owner, token), the instant from which that is possible.
+    let mut late_releases: HashMap<(&str, u64), Vec<(Duration, Duration)>> = HashMap::new();
     for op in ops {
         if let (OpKind::Release, Some(token)) = (op.kind, op.token) {
             releases
                 .entry((&op.owner, token))
                 .or_default()
                 .push(op.invoked);
+            // Answered, it took effect by its completion; unanswered, at
+            // any time after its invocation.
+            let lands_by = match op.outcome {
+                Outcome::Done => op.completed,
+                _ => Duration::MAX,
+            };
+            late_releases
+                .entry((&op.owner, token))
+                .or_default()
+                .push((op.invoked, lands_by));
         }
         if let Outcome::Granted { token, .. } = op.outcome {
             regrants
@@ -392,6 +406,16 @@ fn holds_of(ops: &[&Op], jumps: &ClockSteps) -> Vec<Hold> {
             if let Some(&at) = rel.get(i) {
                 until = until.min(at);
             }
+        }
+        // A release of this very lease invoked before the grant that may
+        // land after its invocation can end it at any moment: the grant
+        // promises nothing (the owner raced its own release).
+        if let Some(late) = late_releases.get(&(&*op.owner, token))
+            && late
+                .iter()
+                .any(|&(invoked, lands_by)| invoked < op.invoked && lands_by > op.invoked)
+        {
+            until = until.min(op.completed);
         }
         if let Some(next) = regrants.get(&(&*op.owner, token)) {
             let i = next.partition_point(|at| *at <= op.invoked);

@@ -501,3 +501,27 @@ fn a_write_the_store_holds_twice_is_caught() {
     assert_eq!(v.count(Property::LogIntegrity), 1, "{v}");
     assert!(v.first.unwrap().message.contains("twice"));
 }
+
+#[test]
+fn a_release_in_doubt_may_end_the_same_lease_acquired_again() {
+    // w1 releases token 1 without an answer, acquires its live lease again
+    // (same token), and w2 takes over: the late release may have landed
+    // after the re-acquire, which then held nothing.
+    let mut h = H::default();
+    h.acquire("w1", 0, 1);
+    h.op(
+        "w1",
+        OpKind::Release,
+        Some(1),
+        10,
+        40,
+        Outcome::Ambiguous(Ambiguity::Timeout),
+    );
+    h.op("w1", OpKind::Acquire, None, 41, 42, granted(1));
+    h.acquire("w2", 60, 2);
+    let v = check(&h.history);
+    assert!(v.is_clean(), "{v}");
+    // Answered before the re-acquire, the release cannot land after it.
+    h.history.ops[1].outcome = Outcome::Done;
+    assert_eq!(check(&h.history).count(Property::SingleHolder), 1);
+}
