@@ -182,10 +182,10 @@ mod etcd {
 
     /// For a holder that must keep its session across a partition: turning
     /// to another member costs a request timeout (a quarter of the TTL) on
-    /// the silent one, and possibly an election; with 3 s, two renewals
-    /// lost that way on a loaded machine lose the lease (safely, but the
-    /// test is about keeping it).
-    const KEEPING_TTL: &str = "6s";
+    /// the silent one, and possibly an election; with 3 s, and once with
+    /// 6 s, renewals lost that way on a loaded machine lost the lease
+    /// (safely, but the test is about keeping it).
+    const KEEPING_TTL: &str = "12s";
     const PREFIX: &str = "/mecated-partitions/";
 
     /// Server flags for the cluster, its members listed in `order`: a
