@@ -22,19 +22,10 @@ pub(crate) async fn read_log(
     let mut after = 0;
     loop {
         let url = format!("{base}/v1/sessions/{session}/events?after={after}&limit=1000");
-        let resp = http
-            .get(&url)
-            .timeout(Duration::from_secs(30))
-            .send()
-            .await
-            .map_err(|e| format!("GET {url}: {e}"))?;
-        let status = resp.status();
-        let body = resp.bytes().await.map_err(|e| format!("GET {url}: {e}"))?;
-        let page: Value = serde_json::from_slice(&body)
-            .map_err(|e| format!("GET {url}: {status}, not JSON: {e}"))?;
+        let page = get_page(http, &url).await?;
         let events = page["events"]
             .as_array()
-            .ok_or_else(|| format!("GET {url}: {status} {page}"))?;
+            .ok_or_else(|| format!("GET {url}: no events in {page}"))?;
         for e in events {
             let seq = e["seq"].as_u64().ok_or_else(|| format!("no seq in {e}"))?;
             all.push(StoredEvent {
@@ -52,6 +43,31 @@ pub(crate) async fn read_log(
             None => return Ok(all),
         }
     }
+}
+
+/// One page, asked again while the replica answers with a server error or
+/// not at all: its store connection may still be coming back from the
+/// last fault (a Redis restarted under it).
+async fn get_page(http: &reqwest::Client, url: &str) -> Result<Value, String> {
+    let mut last = String::new();
+    for _ in 0..40 {
+        match http.get(url).timeout(Duration::from_secs(30)).send().await {
+            Ok(resp) if resp.status().is_server_error() => {
+                let status = resp.status();
+                let body = resp.text().await.unwrap_or_default();
+                last = format!("GET {url}: {status} {body}");
+            }
+            Ok(resp) => {
+                let status = resp.status();
+                let body = resp.bytes().await.map_err(|e| format!("GET {url}: {e}"))?;
+                return serde_json::from_slice(&body)
+                    .map_err(|e| format!("GET {url}: {status}, not JSON: {e}"));
+            }
+            Err(e) => last = format!("GET {url}: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Err(last)
 }
 
 /// Sets each event's writer from `writers` (by sequence number).
