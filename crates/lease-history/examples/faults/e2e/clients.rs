@@ -193,17 +193,17 @@ async fn run(shared: &Shared, url: &str, input: &str, r: &mut Request) -> Result
     Ok(())
 }
 
-async fn cancel(shared: &Shared, url: &str, r: &mut Request) -> Result<(), String> {
-    let resp = shared
-        .http
-        .delete(url)
-        .timeout(shared.timeout)
-        .send()
-        .await
-        .map_err(|e| transport(&e))?;
+/// Sends `request`, records its status in `r`, and returns its body as
+/// JSON (`null` when it is not).
+async fn answer(request: reqwest::RequestBuilder, r: &mut Request) -> Result<Value, String> {
+    let resp = request.send().await.map_err(|e| transport(&e))?;
     r.status = Some(resp.status().as_u16());
     let body = resp.bytes().await.map_err(|e| transport(&e))?;
-    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    Ok(serde_json::from_slice(&body).unwrap_or(Value::Null))
+}
+
+async fn cancel(shared: &Shared, url: &str, r: &mut Request) -> Result<(), String> {
+    let body = answer(shared.http.delete(url).timeout(shared.timeout), r).await?;
     r.outcome = if r.status.is_some_and(|s| s < 300) {
         format!("live={} token={}", body["live"], body["token"])
     } else {
@@ -213,16 +213,7 @@ async fn cancel(shared: &Shared, url: &str, r: &mut Request) -> Result<(), Strin
 }
 
 async fn read(shared: &Shared, url: &str, r: &mut Request) -> Result<(), String> {
-    let resp = shared
-        .http
-        .get(url)
-        .timeout(shared.timeout)
-        .send()
-        .await
-        .map_err(|e| transport(&e))?;
-    r.status = Some(resp.status().as_u16());
-    let body = resp.bytes().await.map_err(|e| transport(&e))?;
-    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let body = answer(shared.http.get(url).timeout(shared.timeout), r).await?;
     r.events = body["events"]
         .as_array()
         .map(|a| a.iter().filter_map(seen_event).collect())
