@@ -358,6 +358,10 @@ pub enum ErrorCode {
     UnfencedWriteRefused,
     /// 503: another process holds the session's file; retry.
     StoreBusy,
+    /// 503: the session store could not be reached or did not answer in
+    /// time (a remote store's connection broke or timed out); retry. A
+    /// write met by it may or may not have been stored.
+    StoreUnavailable,
     /// 500: a fault of the server or its storage.
     Internal,
 }
@@ -367,7 +371,10 @@ impl ErrorCode {
     pub fn retryable(self) -> bool {
         matches!(
             self,
-            ErrorCode::LeaseUnavailable | ErrorCode::SessionBusy | ErrorCode::StoreBusy
+            ErrorCode::LeaseUnavailable
+                | ErrorCode::SessionBusy
+                | ErrorCode::StoreBusy
+                | ErrorCode::StoreUnavailable
         )
     }
 }
@@ -393,7 +400,8 @@ pub struct ErrorDetail {
     /// Human-readable detail.
     pub message: String,
     /// True when the same request may succeed later on this process
-    /// (`session_busy`, `lease_unavailable`, `store_busy`); a 503 that is
+    /// (`session_busy`, `lease_unavailable`, `store_busy`,
+    /// `store_unavailable`); a 503 that is
     /// retryable also carries `Retry-After`.
     pub retryable: bool,
 }

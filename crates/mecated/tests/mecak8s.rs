@@ -113,3 +113,54 @@ fn a_replica_without_its_environment_says_which_variable_is_missing() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("POD_NAMESPACE"), "{stderr}");
 }
+
+/// Redis down is a retryable 503 (`store_unavailable`, with `Retry-After`),
+/// not a 500: a client told "retry" comes back once the replica's
+/// connection is re-made, and gets its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_redis_is_down_answers_retry_and_serves_again_once_it_is_back() {
+    let mut redis =
+        test_services::RedisServer::start_persistent().expect("redis-server is installed");
+    let emulator = k8s_emulator::Emulator::start(k8s_emulator::EmulatorConfig::default())
+        .await
+        .expect("the emulator starts");
+    let kubeconfig = emulator.kubeconfig_path().to_str().unwrap().to_owned();
+    let a = replica(&redis.url(), &kubeconfig, "mecak8s-0");
+    create(&a, "chat").await;
+
+    redis.kill();
+    let answer = client()
+        .get(a.url("/v1/sessions/chat"))
+        .send()
+        .await
+        .unwrap();
+    let status = answer.status();
+    let retry_after = answer.headers().get("retry-after").cloned();
+    let body: serde_json::Value = answer.json().await.unwrap();
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["error"]["code"], "store_unavailable", "{body}");
+    assert_eq!(body["error"]["retryable"], true, "{body}");
+    assert!(retry_after.is_some(), "a retryable 503 says when to retry");
+
+    redis.restart().expect("redis restarts");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let answer = client()
+            .get(a.url("/v1/sessions/chat"))
+            .send()
+            .await
+            .unwrap();
+        let status = answer.status();
+        let body: serde_json::Value = answer.json().await.unwrap();
+        if status == StatusCode::OK {
+            assert_eq!(body["id"], "chat", "{body}");
+            break;
+        }
+        assert_eq!(body["error"]["code"], "store_unavailable", "{body}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still {status} {body} 30 s after Redis came back"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}

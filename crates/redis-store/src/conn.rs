@@ -6,7 +6,7 @@ use std::io;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
-use redis::{AsyncConnectionConfig, Cmd, RedisError, ScriptInvocation, Value};
+use redis::{AsyncConnectionConfig, Cmd, RedisError, RetryMethod, ScriptInvocation, Value};
 
 use crate::keys::Keys;
 
@@ -53,6 +53,11 @@ impl RequestError {
             RequestError::Redis(e) if e.is_timeout() => io::ErrorKind::TimedOut,
             RequestError::Redis(e) if e.is_connection_refusal() => io::ErrorKind::ConnectionRefused,
             RequestError::Redis(e) if e.is_connection_dropped() => io::ErrorKind::ConnectionReset,
+            // A server still loading its data after a restart, or without
+            // its master: it asks to be asked again after a while.
+            RequestError::Redis(e) if matches!(e.retry_method(), RetryMethod::WaitAndRetry) => {
+                io::ErrorKind::ResourceBusy
+            }
             RequestError::Redis(_) => io::ErrorKind::Other,
         };
         io::Error::new(kind, self)

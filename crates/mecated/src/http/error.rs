@@ -81,9 +81,10 @@ fn status_of(code: ErrorCode) -> StatusCode {
         | ErrorCode::SessionExists
         | ErrorCode::UnleasedNotExclusive
         | ErrorCode::UnfencedWriteRefused => StatusCode::CONFLICT,
-        ErrorCode::LeaseUnavailable | ErrorCode::ShuttingDown | ErrorCode::StoreBusy => {
-            StatusCode::SERVICE_UNAVAILABLE
-        }
+        ErrorCode::LeaseUnavailable
+        | ErrorCode::ShuttingDown
+        | ErrorCode::StoreBusy
+        | ErrorCode::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
@@ -153,10 +154,35 @@ impl From<StoreError> for ApiError {
             StoreErrorKind::Busy => ErrorCode::StoreBusy,
             // The session has fenced writes, and this process runs unleased.
             StoreErrorKind::Unfenced => ErrorCode::UnfencedWriteRefused,
+            StoreErrorKind::Io if store_unavailable(&e) => ErrorCode::StoreUnavailable,
             _ => ErrorCode::Internal,
         };
         Self::new(code, message)
     }
+}
+
+/// True when a store's I/O failure is about reaching it — a connection
+/// refused, broken or timed out, or a server asking to be asked again (one
+/// still loading its data) — which a remote store (Redis) meets while it
+/// restarts or its connection is re-made, and which a later request may
+/// not. A local file's failure (a full disk, a permission, a bad block)
+/// stays `internal`: retrying the same request will not mend it.
+fn store_unavailable(e: &StoreError) -> bool {
+    use std::io::ErrorKind::*;
+    let StoreError::Io { source, .. } = e else {
+        return false;
+    };
+    matches!(
+        source.kind(),
+        TimedOut
+            | ConnectionRefused
+            | ConnectionReset
+            | ConnectionAborted
+            | NotConnected
+            | BrokenPipe
+            | UnexpectedEof
+            | ResourceBusy
+    )
 }
 
 #[cfg(test)]
@@ -178,12 +204,46 @@ mod tests {
             (LeaseUnavailable, 503, true),
             (ShuttingDown, 503, false),
             (StoreBusy, 503, true),
+            (StoreUnavailable, 503, true),
             (Internal, 500, false),
         ];
         for (code, status, retryable) in table {
             let e = ApiError::new(code, "x");
             assert_eq!(e.status.as_u16(), status, "{code:?}");
             assert_eq!(e.body().error.retryable, retryable, "{code:?}");
+        }
+    }
+
+    #[test]
+    fn a_store_out_of_reach_is_retryable_and_a_broken_one_is_not() {
+        use std::io::{Error, ErrorKind};
+        let io = |kind| {
+            ApiError::from(StoreError::Io {
+                op: "append",
+                path: "redis://127.0.0.1:6379".into(),
+                source: Error::new(kind, "x"),
+            })
+        };
+        for kind in [
+            ErrorKind::ConnectionRefused,
+            ErrorKind::ConnectionReset,
+            ErrorKind::TimedOut,
+            ErrorKind::BrokenPipe,
+            ErrorKind::ResourceBusy,
+        ] {
+            let e = io(kind);
+            assert_eq!(e.code, ErrorCode::StoreUnavailable, "{kind:?}");
+            assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE, "{kind:?}");
+            assert!(e.body().error.retryable, "{kind:?}");
+        }
+        for kind in [
+            ErrorKind::StorageFull,
+            ErrorKind::PermissionDenied,
+            ErrorKind::Other,
+        ] {
+            let e = io(kind);
+            assert_eq!(e.code, ErrorCode::Internal, "{kind:?}");
+            assert!(!e.body().error.retryable, "{kind:?}");
         }
     }
 

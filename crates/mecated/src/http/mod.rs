@@ -122,7 +122,8 @@ fn random_id() -> String {
         (status = 409, description = "`session_exists`: a session with this id exists", body = ErrorBody),
         (status = 413, description = "`invalid`: the body is larger than the server's limit", body = ErrorBody),
         (status = 500, description = "`internal`: a storage fault", body = ErrorBody),
-        (status = 503, description = "`store_busy`: another process holds the session's file; retry (`Retry-After`)", body = ErrorBody),
+        (status = 503, description = "`store_busy` (another process holds the session's file) or `store_unavailable` (the store \
+                                      could not be reached); retry (`Retry-After`)", body = ErrorBody),
     )
 )]
 pub(crate) async fn create_session(
@@ -163,7 +164,8 @@ pub(crate) async fn create_session(
         (status = 400, description = "`invalid` (a bad or unknown query parameter, or `limit` outside 1..=1000) or \
                                       `invalid_continue` (a `continue` this server did not issue)", body = ErrorBody),
         (status = 500, description = "`internal`: a storage fault", body = ErrorBody),
-        (status = 503, description = "`store_busy`: the store is locked by another process; retry (`Retry-After`)", body = ErrorBody),
+        (status = 503, description = "`store_busy` (the store is locked by another process) or `store_unavailable` (the store \
+                                      could not be reached); retry (`Retry-After`)", body = ErrorBody),
     )
 )]
 pub(crate) async fn list_sessions(
@@ -209,7 +211,8 @@ pub(crate) async fn list_sessions(
         (status = 400, description = "`invalid`: an id breaking the id rules", body = ErrorBody),
         (status = 404, description = "`not_found`: no such session", body = ErrorBody),
         (status = 500, description = "`internal`: a storage fault", body = ErrorBody),
-        (status = 503, description = "`store_busy`: another process holds the session's file; retry (`Retry-After`)", body = ErrorBody),
+        (status = 503, description = "`store_busy` (another process holds the session's file) or `store_unavailable` (the store \
+                                      could not be reached); retry (`Retry-After`)", body = ErrorBody),
     )
 )]
 pub(crate) async fn get_session(
@@ -240,7 +243,8 @@ pub(crate) async fn get_session(
                                       `unfenced_write_refused` (unleased, and the session has fenced writes)", body = ErrorBody),
         (status = 500, description = "`internal`: a storage or lease backend fault", body = ErrorBody),
         (status = 503, description = "`lease_unavailable` (the lease backend failed; retry), `store_busy` (another process \
-                                      holds the session's file; retry) or `shutting_down`", body = ErrorBody),
+                                      holds the session's file; retry), `store_unavailable` (the store could not be reached; \
+                                      retry) or `shutting_down`", body = ErrorBody),
     )
 )]
 pub(crate) async fn delete_session(
@@ -276,7 +280,8 @@ pub(crate) async fn delete_session(
         (status = 400, description = "`invalid`: an id breaking the id rules, a bad or unknown query parameter, `limit` outside 1..=1000, or a `Last-Event-ID` that is not a sequence number", body = ErrorBody),
         (status = 404, description = "`not_found`: no such session", body = ErrorBody),
         (status = 500, description = "`internal`: a storage fault", body = ErrorBody),
-        (status = 503, description = "`store_busy`: another process holds the session's file; retry (`Retry-After`)", body = ErrorBody),
+        (status = 503, description = "`store_busy` (another process holds the session's file) or `store_unavailable` (the store \
+                                      could not be reached); retry (`Retry-After`)", body = ErrorBody),
     )
 )]
 pub(crate) async fn read_events(
@@ -386,7 +391,8 @@ pub(crate) async fn get_lease(State(engine): State<Engine>, Id(id): Id) -> Json<
         (status = 413, description = "`invalid`: the body is larger than the server's limit", body = ErrorBody),
         (status = 500, description = "`internal`: a storage or lease backend fault", body = ErrorBody),
         (status = 503, description = "`lease_unavailable` (the lease backend failed; retry), `store_busy` (another process \
-                                      holds the session's file; retry) or `shutting_down`", body = ErrorBody),
+                                      holds the session's file; retry), `store_unavailable` (the store could not be reached; \
+                                      retry) or `shutting_down`", body = ErrorBody),
     )
 )]
 pub(crate) async fn start_run(
@@ -496,7 +502,8 @@ fn json_event(name: &str, data: &impl serde::Serialize) -> SseEvent {
         (status = 400, description = "`invalid`: an id breaking the id rules", body = ErrorBody),
         (status = 404, description = "`not_found`: no such session", body = ErrorBody),
         (status = 500, description = "`internal`: a storage fault", body = ErrorBody),
-        (status = 503, description = "`store_busy`: another process holds the session's file; retry (`Retry-After`)", body = ErrorBody),
+        (status = 503, description = "`store_busy` (another process holds the session's file) or `store_unavailable` (the store \
+                                      could not be reached); retry (`Retry-After`)", body = ErrorBody),
     )
 )]
 pub(crate) async fn cancel_run(

@@ -45,14 +45,14 @@ pub(crate) async fn read_log(
     }
 }
 
-/// One page, asked again while the replica answers with a server error or
-/// not at all: its store connection may still be coming back from the
-/// last fault (a Redis restarted under it).
+/// One page, asked again while the replica answers "retry" (503) or not at
+/// all: its store connection may still be coming back from the last fault
+/// (a Redis restarted under it). Any other error fails the read.
 async fn get_page(http: &reqwest::Client, url: &str) -> Result<Value, String> {
     let mut last = String::new();
     for _ in 0..40 {
         match http.get(url).timeout(Duration::from_secs(30)).send().await {
-            Ok(resp) if resp.status().is_server_error() => {
+            Ok(resp) if resp.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE => {
                 let status = resp.status();
                 let body = resp.text().await.unwrap_or_default();
                 last = format!("GET {url}: {status} {body}");
@@ -60,6 +60,12 @@ async fn get_page(http: &reqwest::Client, url: &str) -> Result<Value, String> {
             Ok(resp) => {
                 let status = resp.status();
                 let body = resp.bytes().await.map_err(|e| format!("GET {url}: {e}"))?;
+                if !status.is_success() {
+                    return Err(format!(
+                        "GET {url}: {status} {}",
+                        String::from_utf8_lossy(&body)
+                    ));
+                }
                 return serde_json::from_slice(&body)
                     .map_err(|e| format!("GET {url}: {status}, not JSON: {e}"));
             }
