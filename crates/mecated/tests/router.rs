@@ -71,15 +71,28 @@ fn parse_sse(text: &str) -> Result<Vec<(String, Value)>, String> {
     let mut out = Vec::new();
     for block in text.split("\n\n").filter(|b| !b.trim().is_empty()) {
         let mut name = None;
-        let mut data = None;
+        let mut data: Option<Value> = None;
+        let mut id = None;
         for line in block.lines() {
             if let Some(v) = line.strip_prefix("event: ") {
                 name = Some(v.to_owned());
             } else if let Some(v) = line.strip_prefix("data: ") {
                 data = Some(serde_json::from_str(v).map_err(|e| format!("data {v:?}: {e}"))?);
+            } else if let Some(v) = line.strip_prefix("id: ") {
+                id = Some(v.to_owned());
             } else if !line.starts_with(':') {
                 return Err(format!("unexpected line {line:?}"));
             }
+        }
+        // A stored event's SSE id is its sequence number, so a client whose
+        // stream broke resumes with `Last-Event-ID`; nothing else has one.
+        match (name.as_deref(), &data, id) {
+            (Some("event"), Some(d), Some(id)) if d["seq"].to_string() == id => {}
+            (Some("event"), Some(d), id) => {
+                return Err(format!("event {d} has the SSE id {id:?}, not its seq"));
+            }
+            (_, _, Some(id)) => return Err(format!("{name:?} has an SSE id {id:?}")),
+            _ => {}
         }
         match (name, data) {
             (Some(n), Some(d)) => out.push((n, d)),

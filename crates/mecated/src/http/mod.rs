@@ -369,8 +369,10 @@ pub(crate) async fn get_lease(State(engine): State<Engine>, Id(id): Id) -> Json<
     summary = "Start a run",
     description = "Leases the session, drives the agent with the input, and releases the lease when the run \
                    ends. With `Accept: text/event-stream` the run's events stream back as Server-Sent Events: \
-                   `event: event` whose data is an `Event` (the same object a paged read returns), then one \
-                   `event: end` whose data is a `RunEnd`, sent once the run's lease is released. Otherwise the \
+                   `event: event` whose data is an `Event` (the same object a paged read returns) and whose \
+                   SSE id is its `seq` (a client whose connection broke follows the session's events from there \
+                   with `Last-Event-ID`), then one `event: end` whose data is a `RunEnd`, sent once the run's \
+                   lease is released. Otherwise the \
                    call waits and returns a `RunResult`, the run's events read back from the log. The run \
                    belongs to the server, not the connection: a client disconnect does not stop it (use the \
                    cancel endpoint). The body must be sent as `application/json`.",
@@ -465,11 +467,13 @@ async fn refusal(engine: &Engine, id: &SessionId, e: EngineError) -> ApiError {
 }
 
 /// The run's events as SSE `event`s, then one `end` once its lease is
-/// released.
+/// released. Each event's SSE id is its sequence number, as on the
+/// session's event stream: a client whose connection broke mid-run follows
+/// the session from there with `Last-Event-ID`.
 fn sse_events(run: StartedRun) -> impl futures_util::Stream<Item = Result<SseEvent, Infallible>> {
     use futures_util::StreamExt;
     let events = tokio_stream::wrappers::ReceiverStream::new(run.events)
-        .map(|e| Ok(json_event("event", &Event::from(&e))));
+        .map(|e| Ok(json_event("event", &Event::from(&e)).id(e.seq.to_string())));
     let end = futures_util::stream::once(async move {
         let end = run.end.await.unwrap_or_else(|_| EngineRunEnd::vanished());
         Ok(json_event("end", &RunEnd::from(&end)))
