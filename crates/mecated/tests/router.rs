@@ -87,7 +87,7 @@ fn parse_sse(text: &str) -> Result<Vec<(String, Value)>, String> {
         // A stored event's SSE id is its sequence number, so a client whose
         // stream broke resumes with `Last-Event-ID`; nothing else has one.
         match (name.as_deref(), &data, id) {
-            (Some("event"), Some(d), Some(id)) if d["seq"].to_string() == id => {}
+            (Some("event"), Some(d), Some(id)) if id.parse().ok() == d["seq"].as_u64() => {}
             (Some("event"), Some(d), id) => {
                 return Err(format!("event {d} has the SSE id {id:?}, not its seq"));
             }
