@@ -36,7 +36,7 @@ const USAGE: &str = "usage: cargo xtask faults [--backend NAME|all] [--ops N] [-
                      [--profile short|long] [--out DIR] [--skip-broken] [--broken-only]";
 
 /// The session server's end-to-end runs, which start its binaries.
-const SERVERS: &[&str] = &["mecated", "mecak8s"];
+const SERVERS: &[&str] = &["mecated", "mecated-etcd", "mecak8s"];
 
 /// Backends whose runs start a service.
 const NEEDS: &[(&str, Service)] = &[
@@ -45,6 +45,7 @@ const NEEDS: &[(&str, Service)] = &[
     ("etcd", Service::Etcd),
     ("grpc-etcd", Service::Etcd),
     ("etcd-partitions", Service::Etcd),
+    ("mecated-etcd", Service::Etcd),
     ("etcd-partitions", Service::Iproute2),
 ];
 

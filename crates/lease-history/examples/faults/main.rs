@@ -23,7 +23,8 @@ use lease_port::{Clock, SessionLease};
 const USAGE: &str = "usage: faults [--backend NAME|all] [--ops N] [--seed S] \
                      [--profile short|long] [--out DIR] [--skip-broken] [--broken-only]\n\
                      backends: memlease flocklease grpc-memlease grpc-flocklease grpc-etcd etcd redis k8s \
-                     etcd-partitions mecated mecak8s (the session server end to end; --ops counts requests)";
+                     etcd-partitions mecated mecated-etcd mecak8s (the session server end to end; --ops \
+                     counts requests)";
 
 /// The backends, in the order `all` runs them.
 const BACKENDS: &[&str] = &[
@@ -37,6 +38,7 @@ const BACKENDS: &[&str] = &[
     "grpc-etcd",
     "etcd-partitions",
     "mecated",
+    "mecated-etcd",
     "mecak8s",
 ];
 

@@ -1,10 +1,11 @@
 //! The session server end to end under faults: three real replicas
-//! (`mecated` on one JSONL store with file leases, or `mecak8s` on a real
-//! Redis with leases in the Kubernetes API emulator), clients hammering a
-//! few sessions through all of them, replicas paused past their lease,
-//! killed and restarted, the services behind them hurt too; then what the
-//! store holds is checked against the lease rules and against what the
-//! clients were told ([`lease_history::check_server`]).
+//! (`mecated` on one JSONL store with file leases, `mecated-etcd` on one
+//! JSONL store with leases on a three-member etcd cluster, or `mecak8s` on
+//! a real Redis with leases in the Kubernetes API emulator), clients
+//! hammering a few sessions through all of them, replicas paused past
+//! their lease, killed and restarted, the services behind them hurt too;
+//! then what the store holds is checked against the lease rules and
+//! against what the clients were told ([`lease_history::check_server`]).
 //!
 //! The server binaries are found through `MECATL_MECATED_BIN` and
 //! `MECATL_MECAK8S_BIN` (`cargo xtask faults` builds them and sets both),
@@ -25,13 +26,13 @@ use lease_history::server_log::StoredEvent;
 use lease_history::{Recorder, ServerHistory, Verdict, check_server, server_timeline, write_svg};
 use lease_port::SessionId;
 use session_store::{JsonlOptions, JsonlStore, SessionStore};
-use test_services::RedisServer;
+use test_services::{EtcdCluster, RedisServer};
 
 use crate::injectors::{Action, Chaos};
 use replicas::{Launch, Replicas};
 
 /// The end-to-end runs, in the order `all` runs them.
-pub(crate) const BACKENDS: &[&str] = &["mecated", "mecak8s"];
+pub(crate) const BACKENDS: &[&str] = &["mecated", "mecated-etcd", "mecak8s"];
 
 /// Sessions the clients share, and client tasks.
 const SESSIONS: usize = 3;
@@ -39,6 +40,8 @@ const CLIENTS: u32 = 6;
 const REPLICAS: usize = 3;
 /// Lease TTL of the replicas: short, so pauses past it are short too.
 const TTL: Duration = Duration::from_secs(1);
+/// etcd grants no lease shorter than two seconds.
+const ETCD_TTL: Duration = Duration::from_secs(2);
 /// A run: four progress steps over 400 ms, then its message.
 const ECHO_DELAY: &str = "400ms";
 const ECHO_STEPS: &str = "4";
@@ -97,18 +100,25 @@ fn binary(name: &str, env: &str) -> Result<PathBuf, String> {
 struct Services {
     redis: Option<Arc<Mutex<RedisServer>>>,
     _emulator: Option<k8s_emulator::Emulator>,
+    _etcd: Option<Arc<Mutex<EtcdCluster>>>,
     store_dirs: Vec<PathBuf>,
 }
 
 pub(crate) async fn run(name: &str, plan: &Plan) -> Result<Finished, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let sessions: Vec<String> = (0..SESSIONS).map(|i| format!("s{i}")).collect();
+    let ttl = if name == "mecated-etcd" {
+        ETCD_TTL
+    } else {
+        TTL
+    };
+    let ttl_flag = format!("{}ms", ttl.as_millis());
     let common = |owner_flag: bool, owner: &str| -> Vec<String> {
         let mut args: Vec<String> = [
             "--listen",
             "127.0.0.1:0",
             "--session-lease-ttl",
-            "1s",
+            &ttl_flag,
             "--echo-delay",
             ECHO_DELAY,
             "--echo-steps",
@@ -125,12 +135,36 @@ pub(crate) async fn run(name: &str, plan: &Plan) -> Result<Finished, String> {
     let mut services = Services {
         redis: None,
         _emulator: None,
+        _etcd: None,
         store_dirs: Vec::new(),
     };
     let mut service_faults = Vec::new();
     match name {
-        "mecated" => {
+        "mecated" | "mecated-etcd" => {
             let bin = binary("mecated", "MECATL_MECATED_BIN")?;
+            let etcd = if name == "mecated-etcd" {
+                let cluster = tokio::task::block_in_place(EtcdCluster::start)
+                    .map_err(|e| format!("start the etcd cluster: {e}"))?;
+                let endpoints = cluster.endpoints().join(",");
+                let cluster = Arc::new(Mutex::new(cluster));
+                service_faults.extend([
+                    Action::EtcdKillLeader {
+                        cluster: Arc::clone(&cluster),
+                        longest: ttl,
+                    },
+                    Action::EtcdPauseMember {
+                        cluster: Arc::clone(&cluster),
+                        longest: ttl,
+                    },
+                    Action::EtcdRestartAll {
+                        cluster: Arc::clone(&cluster),
+                    },
+                ]);
+                services._etcd = Some(cluster);
+                Some(endpoints)
+            } else {
+                None
+            };
             let shared = dir.path().join("store");
             for i in 0..REPLICAS {
                 let owner = format!("replica-{i}");
@@ -145,6 +179,9 @@ pub(crate) async fn run(name: &str, plan: &Plan) -> Result<Finished, String> {
                 args.push(store.display().to_string());
                 if plan.broken {
                     args.push("--no-session-lease".into());
+                }
+                if let Some(endpoints) = &etcd {
+                    args.extend(["--session-lease-etcd".into(), endpoints.clone()]);
                 }
                 services.store_dirs.push(store);
                 launches.push((
@@ -249,7 +286,7 @@ pub(crate) async fn run(name: &str, plan: &Plan) -> Result<Finished, String> {
         services: (!service_faults.is_empty()).then_some(Chaos {
             actions: service_faults,
         }),
-        ttl: TTL,
+        ttl,
         every: Duration::from_millis(1500),
     };
     // The services' helpers give each process they start a parent-death
@@ -320,7 +357,7 @@ pub(crate) async fn run(name: &str, plan: &Plan) -> Result<Finished, String> {
     healed?;
     // Runs still going (their clients gave up) end within a run's length
     // and a lease's; give them that before reading the logs.
-    tokio::time::sleep(TTL * 3).await;
+    tokio::time::sleep(ttl * 3).await;
 
     let base = replicas.any_base().ok_or("no replica up at the end")?;
     let mut logs: BTreeMap<Arc<str>, Vec<StoredEvent>> = BTreeMap::new();
@@ -412,6 +449,16 @@ fn summary(h: &ServerHistory) -> String {
          requests by answer:"
     );
     for (k, n) in by {
+        s.push_str(&format!("  {k}={n}"));
+    }
+    // By what they hit: the replicas, or the services behind them.
+    let mut on: BTreeMap<String, usize> = BTreeMap::new();
+    for f in &h.faults {
+        let target = f.target.split(' ').next().unwrap_or_default();
+        *on.entry(target.to_owned()).or_default() += 1;
+    }
+    s.push_str("\nfaults by target:");
+    for (k, n) in on {
         s.push_str(&format!("  {k}={n}"));
     }
     s.push('\n');
