@@ -153,3 +153,91 @@ async fn an_etcd_with_authentication_is_reached_with_a_user_and_password_file() 
     let (status, body) = run(&server, "authed", serde_json::json!({"text": "hi"})).await;
     assert_eq!(status, reqwest::StatusCode::OK, "{body}");
 }
+
+/// A member that speaks only mutual TLS: the CA, certificate and key flags
+/// let the server lease over `https://`, the lease visible to a client of
+/// the same CA; without a client certificate the server does not start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_speaking_mutual_tls_is_reached_with_the_ca_certificate_and_key_flags() {
+    use lease_port::SessionLease;
+    use test_services::pki::Pki;
+    let ca = Pki::new("etcd CA");
+    let member = ca.issue("etcd");
+    let etcd = EtcdServer::start_tls(test_services::EtcdTls {
+        cert_pem: member.cert_pem,
+        key_pem: member.key_pem,
+        client_ca_pem: Some(ca.ca_pem.clone()),
+    })
+    .expect("etcd starts with mutual TLS");
+    let endpoint = etcd.endpoint();
+    assert!(endpoint.starts_with("https://"), "{endpoint}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let client = ca.issue("mecated");
+    let files = [
+        ("ca.pem", ca.ca_pem.as_str()),
+        ("client.pem", client.cert_pem.as_str()),
+        ("client-key.pem", client.key_pem.as_str()),
+    ];
+    for (name, pem) in files {
+        std::fs::write(dir.path().join(name), pem).unwrap();
+    }
+    let path = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
+    let store = dir.path().join("store");
+    let mut flags = vec![
+        "--session-lease-etcd".to_owned(),
+        endpoint.clone(),
+        "--session-lease-etcd-prefix".to_owned(),
+        PREFIX.to_owned(),
+        "--session-lease-ttl".to_owned(),
+        TTL.to_owned(),
+        "--session-lease-etcd-ca".to_owned(),
+        path("ca.pem"),
+    ];
+
+    // Trusting the member but with no certificate of its own: refused at
+    // the handshake, so the server cannot open its lease authority and
+    // says so instead of serving.
+    let anonymous: Vec<&std::ffi::OsStr> = flags.iter().map(std::ffi::OsStr::new).collect();
+    let stderr = refused_start(&store, "anonymous", &anonymous);
+    assert!(stderr.contains("--session-lease-etcd"), "{stderr}");
+
+    flags.extend([
+        "--session-lease-etcd-cert".to_owned(),
+        path("client.pem"),
+        "--session-lease-etcd-key".to_owned(),
+        path("client-key.pem"),
+        // Long enough to find the run's lease in etcd while it runs.
+        "--echo-delay".to_owned(),
+        "5s".to_owned(),
+    ]);
+    let server = Mecated::start(
+        &store,
+        "a",
+        &flags.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    create(&server, "tls").await;
+    let _slow = run_in_background(&server, "tls", serde_json::json!("slow"));
+    let started = wait_for_event(&server, "tls", is_run_started_by("a")).await;
+    let direct = EtcdLease::builder([endpoint])
+        .prefix(PREFIX)
+        .ttl(Duration::from_secs(TTL_SECS))
+        .request_timeout(Duration::from_secs(1))
+        .tls(
+            etcdlease::TlsOptions::default()
+                .ca_certificate_pem(ca.ca_pem.clone())
+                .client_identity_pem(client.cert_pem.clone(), client.key_pem.clone()),
+        )
+        .build()
+        .unwrap();
+    let held = direct
+        .current(&lease_port::SessionId::new("tls").unwrap())
+        .await
+        .unwrap()
+        .expect("the run's lease is in etcd");
+    assert_eq!(
+        Some(held.token().get()),
+        started["token"].as_u64(),
+        "{started}"
+    );
+}

@@ -37,12 +37,13 @@ mod error;
 mod etcd;
 mod etcd_cluster;
 pub mod netns;
+pub mod pki;
 mod process;
 mod proxy;
 mod redis;
 
 pub use error::ServiceError;
-pub use etcd::EtcdServer;
+pub use etcd::{EtcdServer, EtcdTls};
 pub use etcd_cluster::{CLUSTER_SIZE, EtcdCluster};
 pub use process::ServerProcess;
 pub use process::find_binary;

@@ -102,65 +102,6 @@ pub(crate) fn owner(name: &str) -> lease_port::OwnerId {
     lease_port::OwnerId::new(name).expect("a valid owner id")
 }
 
-/// A certificate authority of its own, issuing server and client
-/// certificates for loopback.
-pub(crate) struct Pki {
-    params: rcgen::CertificateParams,
-    key: rcgen::KeyPair,
-    /// The CA certificate, PEM.
-    pub(crate) ca_pem: String,
-}
-
-/// A certificate and its private key, both PEM.
-pub(crate) struct Issued {
-    pub(crate) cert_pem: String,
-    pub(crate) key_pem: String,
-}
-
-impl Pki {
-    pub(crate) fn new(name: &str) -> Pki {
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, name);
-        params.key_usages = vec![
-            rcgen::KeyUsagePurpose::KeyCertSign,
-            rcgen::KeyUsagePurpose::CrlSign,
-            rcgen::KeyUsagePurpose::DigitalSignature,
-        ];
-        let key = rcgen::KeyPair::generate().expect("CA key");
-        let ca_pem = params.self_signed(&key).expect("self-signed CA").pem();
-        Pki {
-            params,
-            key,
-            ca_pem,
-        }
-    }
-
-    /// A certificate for `127.0.0.1` and `localhost`, usable by a server
-    /// and by a client.
-    pub(crate) fn issue(&self, common_name: &str) -> Issued {
-        let mut params =
-            rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
-                .expect("leaf params");
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, common_name);
-        params.extended_key_usages = vec![
-            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
-            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        let key = rcgen::KeyPair::generate().expect("leaf key");
-        let issuer = rcgen::Issuer::from_params(&self.params, &self.key);
-        let cert = params.signed_by(&key, &issuer).expect("signed leaf");
-        Issued {
-            cert_pem: cert.pem(),
-            key_pem: key.serialize_pem(),
-        }
-    }
-}
-
 /// The gRPC status a client error came from, when it came from one.
 pub(crate) fn wire_status(e: &lease_port::LeaseError) -> Option<&tonic::Status> {
     let mut source = std::error::Error::source(e);
