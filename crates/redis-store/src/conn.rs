@@ -5,8 +5,8 @@ use std::fmt;
 use std::io;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
-use redis::{AsyncConnectionConfig, Cmd, RedisError, RetryMethod, ScriptInvocation, Value};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Cmd, RedisError, RetryMethod, ScriptInvocation, Value};
 
 use crate::keys::Keys;
 
@@ -87,7 +87,7 @@ pub(crate) enum ConnectError {
 #[derive(Clone)]
 pub(crate) struct Conn {
     manager: ConnectionManager,
-    /// Makes the [dedicated](Conn::dedicated) connections.
+    /// Makes connections of their own (the appends subscription).
     client: redis::Client,
     timeout: Duration,
     location: String,
@@ -169,27 +169,15 @@ impl Conn {
         self.bounded(cmd.query_async(&mut manager)).await
     }
 
-    /// A connection of its own, for commands the server may hold (`XREAD
-    /// BLOCK`): on the shared connection one would stall every request
-    /// behind it, since Redis answers one connection's requests in order.
-    /// Made within the request deadline; closed when dropped, which also
-    /// frees a command the server is holding.
-    pub(crate) async fn dedicated(&self) -> Result<Dedicated, RequestError> {
-        // The deadline of each command is set per command, from how long
-        // the server may hold it.
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.timeout))
-            .set_response_timeout(None);
-        let conn = within(
-            self.timeout,
-            self.client
-                .get_multiplexed_async_connection_with_config(&config),
-        )
-        .await?;
-        Ok(Dedicated {
-            conn,
-            timeout: self.timeout,
-        })
+    /// The client, for connections of their own (the appends
+    /// subscription).
+    pub(crate) fn client(&self) -> &redis::Client {
+        &self.client
+    }
+
+    /// The deadline of each request, and of making a connection.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     async fn bounded(
@@ -197,28 +185,6 @@ impl Conn {
         request: impl Future<Output = Result<Value, RedisError>>,
     ) -> Result<Value, RequestError> {
         within(self.timeout, request).await
-    }
-}
-
-/// A connection used by one caller alone; see [`Conn::dedicated`].
-pub(crate) struct Dedicated {
-    conn: MultiplexedConnection,
-    timeout: Duration,
-}
-
-impl Dedicated {
-    /// Runs `cmd`, which the server may hold for up to `held_for` before it
-    /// answers: its deadline is that plus the request deadline.
-    pub(crate) async fn command(
-        &mut self,
-        cmd: &Cmd,
-        held_for: Duration,
-    ) -> Result<Value, RequestError> {
-        within(
-            held_for.saturating_add(self.timeout),
-            cmd.query_async(&mut self.conn),
-        )
-        .await
     }
 }
 

@@ -91,6 +91,12 @@ impl Keys {
     pub(crate) fn fencing_authority(&self) -> String {
         format!("{}fencing-authority", self.prefix)
     }
+
+    /// The channel every append publishes its session id on (a channel,
+    /// not a key: it holds nothing).
+    pub(crate) fn appends_channel(&self) -> String {
+        format!("{}appends", self.prefix)
+    }
 }
 
 #[cfg(test)]

@@ -89,6 +89,15 @@
 //!   store did not write in the shape it writes is `Corrupt`, naming the
 //!   key. **A write that fails with `Io` may have been done** (the reply
 //!   can be what was lost): read the session before writing it again.
+//! - **Waiting for appends**
+//!   ([`wait_for_append`](session_store::SessionStore::wait_for_append),
+//!   what a server's followers do): every append's script publishes its
+//!   session id on the channel `<prefix>appends`, and each store instance
+//!   keeps one subscription to it, so a thousand waiters hold one
+//!   connection, not a thousand. Messages can be lost (a subscription being
+//!   re-made, or a user whose ACL grants no channels: the append still
+//!   succeeds), so a waiter also reads its session every second; that read
+//!   is how it learns of a deletion.
 //! - **Every request has a deadline** ([`RedisStoreBuilder::request_timeout`]).
 //! - **TLS and authentication** come from the URL:
 //!   `redis://user:password@host:6379/0`, `rediss://…` with the `tls`
@@ -174,6 +183,7 @@
 //!
 //! - `tls`: `rediss://` URLs.
 
+mod appends;
 mod authority;
 mod conn;
 mod keys;

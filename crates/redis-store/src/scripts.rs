@@ -59,18 +59,21 @@ end
     };
 }
 
-/// Appends ARGV[7..] as events after the fence check. Only the first
-/// `XADD` can fail (when the stream's last entry is not the recorded
-/// sequence number); it is called with `pcall` before anything else is
-/// written, so such a refusal writes nothing. The later ones add strictly
-/// greater ids and cannot fail.
+/// Appends ARGV[9..] as events after the fence check, then publishes
+/// ARGV[8] (the session id) on the channel ARGV[7] for the processes
+/// waiting on it. Only the first `XADD` can fail (when the stream's last
+/// entry is not the recorded sequence number); it is called with `pcall`
+/// before anything else is written, so such a refusal writes nothing. The
+/// later ones add strictly greater ids and cannot fail. The publish is a
+/// `pcall` too: a user whose ACL allows it no channel still appends, and
+/// its waiters read on their own schedule.
 pub(crate) static APPEND: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         fence_check!(),
         r#"
 local seq = tonumber(r[2] or '0')
 local first = seq + 1
-for i = 7, #ARGV do
+for i = 9, #ARGV do
   seq = seq + 1
   local id = string.format('%d-0', seq)
   local added
@@ -85,6 +88,7 @@ for i = 7, #ARGV do
 end
 redis.call('HSET', KEYS[1], 'seq', string.format('%d', seq))
 if raise then redis.call('HSET', KEYS[1], 'mark', ARGV[2], 'writer', ARGV[3]) end
+redis.pcall('PUBLISH', ARGV[7], ARGV[8])
 return {'ok', string.format('%d', first), string.format('%d', seq)}
 "#
     ))

@@ -15,6 +15,7 @@ use session_store::{
     StoredEvent, WriteFence, check_list_limit,
 };
 
+use crate::appends::{Appends, FALLBACK_READ};
 use crate::conn::{Conn, ConnectError, DEFAULT_REQUEST_TIMEOUT, RequestError, Target, text};
 use crate::keys::DEFAULT_PREFIX;
 use crate::{RedisLease, scripts};
@@ -104,6 +105,11 @@ impl RedisStoreBuilder {
         };
         Ok(RedisStore {
             inner: Arc::new(Inner {
+                appends: Appends::new(
+                    conn.client().clone(),
+                    conn.keys().appends_channel(),
+                    conn.timeout(),
+                ),
                 conn,
                 lease,
                 allow_unfenced: self.allow_unfenced,
@@ -126,6 +132,8 @@ pub struct RedisStore {
 
 struct Inner {
     conn: Conn,
+    /// Wakes this process's waiters when any process appends.
+    appends: Appends,
     lease: Option<RedisLease>,
     allow_unfenced: bool,
     max_event_bytes: usize,
@@ -383,7 +391,11 @@ impl SessionStore for RedisStore {
                 Ok(text)
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let extra: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let channel = self.inner.conn.keys().appends_channel();
+        let extra: Vec<&str> = [channel.as_str(), session.as_str()]
+            .into_iter()
+            .chain(texts.iter().map(String::as_str))
+            .collect();
         let parts = self
             .fenced(
                 session,
@@ -549,77 +561,42 @@ impl SessionStore for RedisStore {
         Ok(SessionPage::new(sessions, more))
     }
 
-    /// A blocking `XREAD` on the session's stream, from `after_seq`, on a
-    /// connection of its own: it returns as soon as any process appends
-    /// past `after_seq` (or at once when one already did). Redis keeps a
-    /// reader blocked on a stream that is deleted, so the wait asks Redis
-    /// every second whether the session still exists (`NotFound` once it
-    /// does not). Dropping the future closes the connection, which frees
-    /// the read in Redis too.
+    /// Returns as soon as any process appends past `after_seq` (at once
+    /// when one already did), woken by the append's message on the
+    /// prefix's channel: one subscription per store serves every waiter,
+    /// where a blocked read would hold a connection each. Messages can be
+    /// lost (a subscription being re-made), so the wait also reads the
+    /// session every second, which is how it learns of a deletion
+    /// (`NotFound`) too. Dropping the future ends the wait and holds
+    /// nothing.
     async fn wait_for_append(
         &self,
         session: &SessionId,
         after_seq: u64,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
-        // How late a waiter learns of a deletion; an append wakes it at once.
-        const DELETION_CHECK_INTERVAL: Duration = Duration::from_secs(1);
         let deadline = tokio::time::Instant::now() + timeout;
         let first = after_seq.saturating_add(1);
-        // NotFound for a missing session, and no wait for an append made.
-        if !self.read(session, first, 1).await?.events.is_empty() {
-            return Ok(true);
-        }
-        let key = self.inner.conn.keys().events(session);
-        // Entry ids are `<seq>-0`: XREAD answers entries after this one.
-        let after = format!("{after_seq}-0");
-        let mut blocking = None;
+        let waiter = self.inner.appends.register(session);
         loop {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            // BLOCK counts whole milliseconds and 0 means forever.
-            let block_ms = left.min(DELETION_CHECK_INTERVAL).as_millis();
-            if block_ms == 0 {
+            // Armed before the read: an append landing between the read
+            // and the wait still wakes it.
+            let woken = waiter.notify().notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            // NotFound for a missing session, and no wait for an append made.
+            if !self.read(session, first, 1).await?.events.is_empty() {
+                return Ok(true);
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
                 return Ok(false);
             }
-            let conn = match &mut blocking {
-                Some(conn) => conn,
-                None => blocking.insert(
-                    self.inner
-                        .conn
-                        .dedicated()
-                        .await
-                        .map_err(self.io("waiting for an append"))?,
-                ),
-            };
-            let mut xread = redis::cmd("XREAD");
-            xread
-                .arg("COUNT")
-                .arg(1)
-                .arg("BLOCK")
-                .arg(block_ms.to_string())
-                .arg("STREAMS")
-                .arg(&key)
-                .arg(&after);
-            let held_for = Duration::from_millis(u64::try_from(block_ms).unwrap_or(u64::MAX));
-            match conn
-                .command(&xread, held_for)
-                .await
-                .map_err(self.io("waiting for an append"))?
-            {
-                // The block ran out with nothing new.
-                Value::Nil => {}
-                Value::Array(streams) if streams.is_empty() => {}
-                Value::Map(streams) if streams.is_empty() => {}
-                Value::Array(_) | Value::Map(_) => return Ok(true),
-                other => {
-                    return Err(
-                        self.corrupt(&key, format!("wait: unexpected XREAD reply {other:?}"))
-                    );
-                }
+            let until = deadline.min(now + FALLBACK_READ);
+            tokio::select! {
+                () = woken => {}
+                () = tokio::time::sleep_until(until) => {}
             }
-            // Deleted meanwhile: NotFound. (An append between two blocks
-            // needs no look here: the next XREAD answers it at once.)
-            self.read(session, first, 1).await?;
         }
     }
 

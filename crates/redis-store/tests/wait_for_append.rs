@@ -1,8 +1,11 @@
-//! `wait_for_append` against a real `redis-server`: a waiter blocked in
-//! Redis wakes when another process (another `RedisStore`, its own
-//! connections) appends, runs out at its timeout with nothing, never holds
-//! up the store's other requests, and reports a missing or deleted session
-//! as the JSONL store does.
+//! `wait_for_append` against a real `redis-server`: a waiter wakes when
+//! another process (another `RedisStore`, its own connections) appends,
+//! runs out at its timeout with nothing, never holds up the store's other
+//! requests, and reports a missing or deleted session as the JSONL store
+//! does. However many wait, a store holds one subscription, not a
+//! connection per waiter; every append publishes its session on it; and a
+//! user whose ACL grants no channels still appends, its waiters still
+//! woken (by reading).
 
 use std::time::Duration;
 
@@ -54,6 +57,20 @@ impl Probe {
             .unwrap_or_else(|| panic!("INFO clients reports no {field}: {info}"))
     }
 
+    /// Subscribers of the stores' appends channel under prefix `w:`.
+    async fn subscribers(&mut self) -> u64 {
+        let counts: Vec<redis::Value> = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(CHANNEL)
+            .query_async(&mut self.0)
+            .await
+            .unwrap();
+        match counts.get(1) {
+            Some(redis::Value::Int(n)) => u64::try_from(*n).unwrap(),
+            other => panic!("PUBSUB NUMSUB answered {other:?}"),
+        }
+    }
+
     /// Polls until `field` satisfies `done`; fails the test if it never does.
     async fn until(&mut self, field: &str, what: &str, done: impl Fn(u64) -> bool) {
         let give_up = tokio::time::Instant::now() + NEVER;
@@ -62,10 +79,25 @@ impl Probe {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
+
+    /// Polls until the appends channel has `n` subscribers.
+    async fn until_subscribers(&mut self, n: u64) {
+        let give_up = tokio::time::Instant::now() + NEVER;
+        while self.subscribers().await != n {
+            assert!(
+                tokio::time::Instant::now() < give_up,
+                "the channel never had {n} subscribers"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
 }
 
-/// Waits on `store` in a task of its own, returning once the wait is
-/// blocked in Redis (the server counts one more blocked client).
+/// The channel appends under prefix `w:` are published on.
+const CHANNEL: &str = "w:appends";
+
+/// Waits on `store` in a task of its own, returning once the store is
+/// subscribed to appends (the first waiter of a store subscribes it).
 async fn spawn_waiter(
     probe: &mut Probe,
     store: &RedisStore,
@@ -73,16 +105,16 @@ async fn spawn_waiter(
     after_seq: u64,
     timeout: Duration,
 ) -> tokio::task::JoinHandle<Result<bool, session_store::StoreError>> {
-    let before = probe.clients("blocked_clients").await;
     let (store, s) = (store.clone(), s.clone());
     let waiter = tokio::spawn(async move { store.wait_for_append(&s, after_seq, timeout).await });
-    probe
-        .until(
-            "blocked_clients",
-            "the waiter never blocked in Redis",
-            |n| n > before,
-        )
-        .await;
+    let give_up = tokio::time::Instant::now() + NEVER;
+    while probe.subscribers().await == 0 {
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "the store never subscribed"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     assert!(!waiter.is_finished());
     waiter
 }
@@ -194,24 +226,160 @@ async fn a_missing_or_deleted_session_is_not_found() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dropped_waiter_leaves_nothing_behind_in_redis() {
+async fn many_waiters_share_one_subscription_and_dropped_ones_leave_nothing() {
     let redis = RedisServer::start().unwrap();
-    let store = open(&redis).await;
+    let (store, writer) = (open(&redis).await, open(&redis).await);
     let mut probe = Probe::new(&redis).await;
-    let s = sid("dropped");
-    store.create(&s).await.unwrap();
+    let sessions: Vec<SessionId> = (0..5).map(|i| sid(&format!("many-{i}"))).collect();
+    for s in &sessions {
+        writer.create(s).await.unwrap();
+    }
     let connected = probe.clients("connected_clients").await;
-    let waiter = spawn_waiter(&mut probe, &store, &s, 0, NEVER).await;
-    assert!(probe.clients("connected_clients").await > connected);
-    waiter.abort();
-    assert!(waiter.await.unwrap_err().is_cancelled());
-    // The waiter's connection closes with it, which frees its read.
+    let mut waiters = Vec::new();
+    for i in 0..50 {
+        let s = &sessions[i % sessions.len()];
+        waiters.push(spawn_waiter(&mut probe, &store, s, 0, NEVER).await);
+    }
+    // Fifty waiters on five sessions: one more connection, the store's
+    // subscription, where a blocked read each would hold fifty.
+    assert_eq!(probe.subscribers().await, 1);
+    assert_eq!(probe.clients("connected_clients").await, connected + 1);
+
+    // Each append wakes the waiters of its session and no other.
+    writer
+        .append(&sessions[0], fence(), &[json!("x")])
+        .await
+        .unwrap();
+    for (i, waiter) in waiters.iter_mut().enumerate() {
+        if i % sessions.len() == 0 {
+            assert!(
+                tokio::time::timeout(NEVER, waiter)
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .unwrap()
+            );
+        }
+    }
+    let rest: Vec<_> = waiters
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| i % sessions.len() != 0)
+        .map(|(_, w)| w)
+        .collect();
+    assert!(rest.iter().all(|w| !w.is_finished()));
+    for w in &rest {
+        w.abort();
+    }
+    for w in rest {
+        assert!(w.await.unwrap_err().is_cancelled());
+    }
+    // Dropped waiters hold nothing; the subscription stays for the next.
+    assert_eq!(probe.clients("connected_clients").await, connected + 1);
+    assert_eq!(probe.clients("blocked_clients").await, 0);
+    drop(store);
+    probe.until_subscribers(0).await;
     probe
         .until(
             "connected_clients",
-            "the dropped waiter's connection stayed open",
+            "the dropped store's subscription stayed open",
             |n| n <= connected,
         )
         .await;
-    assert_eq!(probe.clients("blocked_clients").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_append_publishes_its_session_on_the_prefixs_channel() {
+    use futures_util::StreamExt;
+    let redis = RedisServer::start().unwrap();
+    let writer = open(&redis).await;
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut pubsub = client.get_async_pubsub().await.unwrap();
+    pubsub.subscribe(CHANNEL).await.unwrap();
+    let mut messages = pubsub.into_on_message();
+    let s = sid("pub{lished}%");
+    writer.create(&s).await.unwrap();
+    writer
+        .append(&s, fence(), &[json!(1), json!(2)])
+        .await
+        .unwrap();
+    let msg = tokio::time::timeout(NEVER, messages.next())
+        .await
+        .expect("no message for the append")
+        .unwrap();
+    assert_eq!(msg.get_payload::<String>().unwrap(), s.as_str());
+    // One message per append, not per event: the next is the next append's.
+    writer.append(&s, fence(), &[json!(3)]).await.unwrap();
+    let refused = writer
+        .append(
+            &s,
+            WriteFence::new(FencingToken::new(0), OwnerId::new("stale").unwrap()),
+            &[json!(4)],
+        )
+        .await;
+    assert!(refused.is_err());
+    writer.append(&s, fence(), &[json!(5)]).await.unwrap();
+    for _ in 0..2 {
+        let msg = tokio::time::timeout(NEVER, messages.next())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(msg.get_payload::<String>().unwrap(), s.as_str());
+    }
+    // A refused append published nothing: two messages for the two that
+    // landed, and no third.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), messages.next())
+            .await
+            .is_err(),
+        "a refused append published"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_allowed_no_channels_still_appends_and_its_waiters_still_wake() {
+    let redis = RedisServer::start().unwrap();
+    // Every key and command, no channel (Redis 7's default for new users).
+    redis
+        .command(&[
+            "ACL",
+            "SETUSER",
+            "nochannels",
+            "on",
+            ">pw",
+            "~*",
+            "resetchannels",
+            "+@all",
+        ])
+        .unwrap();
+    let url = redis
+        .url()
+        .replacen("redis://", "redis://nochannels:pw@", 1);
+    let open_as = || async {
+        RedisStore::builder(url.clone())
+            .prefix("w:")
+            .connect()
+            .await
+            .unwrap()
+    };
+    let (follower, writer) = (open_as().await, open_as().await);
+    let mut probe = Probe::new(&redis).await;
+    let s = sid("acl");
+    writer.create(&s).await.unwrap();
+    let (f, s2) = (follower.clone(), s.clone());
+    let waiter = tokio::spawn(async move { f.wait_for_append(&s2, 0, NEVER).await });
+    // The follower cannot subscribe; its waiter reads instead.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(probe.subscribers().await, 0);
+    assert!(!waiter.is_finished());
+    // The publish the append cannot make does not fail it.
+    let receipt = writer.append(&s, fence(), &[json!("x")]).await.unwrap();
+    assert_eq!(receipt.last_seq, 1);
+    assert!(
+        tokio::time::timeout(NEVER, waiter)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+    );
 }
