@@ -358,9 +358,10 @@ pub enum ErrorCode {
     UnfencedWriteRefused,
     /// 503: another process holds the session's file; retry.
     StoreBusy,
-    /// 503: the session store could not be reached or did not answer in
-    /// time (a remote store's connection broke or timed out); retry. A
-    /// write met by it may or may not have been stored.
+    /// 503: the session store could not be reached, or refused the
+    /// request before acting on it (a Redis still loading its data, busy,
+    /// read-only or out of memory): nothing was done; retry. A write whose
+    /// outcome is unknown (sent, and no answer) is `internal` instead.
     StoreUnavailable,
     /// 500: a fault of the server or its storage.
     Internal,

@@ -164,3 +164,50 @@ async fn a_replica_whose_redis_is_down_answers_retry_and_serves_again_once_it_is
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 }
+
+/// A run that ended but whose events could not be read back (Redis
+/// stopped as the run finished) is answered `internal`, never "retry": the
+/// run is done, and a client that retried would run its input twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_run_whose_events_cannot_be_read_back_is_not_answered_retry() {
+    use test_services::Controls;
+    let redis = test_services::RedisServer::start().expect("redis-server is installed");
+    let pid = redis.pid().expect("redis runs");
+    let dir = tempfile::tempdir().unwrap();
+    // One event; once it is stored (run_started and it), Redis stops as
+    // the turn ends, until the test resumes it.
+    let port = redis.addr().port();
+    let script = dir.path().join("agent.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\ncat >/dev/null\necho '{{\"type\":\"message\",\"content\":\"turn\"}}'\n\
+             until [ \"$(redis-cli -p {port} XLEN 'mecatl:{{chat}}:events')\" = 2 ]; do sleep 0.05; done\n\
+             kill -STOP {pid}\n"
+        ),
+    )
+    .unwrap();
+    let mode = std::os::unix::fs::PermissionsExt::from_mode(0o755);
+    std::fs::set_permissions(&script, mode).unwrap();
+    let url = redis.url();
+    let a = Mecated::start(
+        &dir.path().join("store"),
+        "a",
+        &[
+            "--store-redis",
+            &url,
+            "--agent",
+            "exec",
+            "--agent-command",
+            script.to_str().unwrap(),
+        ],
+    );
+    create(&a, "chat").await;
+    let (status, body) = run(&a, "chat", json!("book one ticket")).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
+    assert_eq!(body["error"]["code"], "internal", "{body}");
+    assert_eq!(body["error"]["retryable"], false, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("do not run the input again"), "{message}");
+    let _ = redis.resume();
+}

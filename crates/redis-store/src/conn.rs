@@ -53,14 +53,49 @@ impl RequestError {
             RequestError::Redis(e) if e.is_timeout() => io::ErrorKind::TimedOut,
             RequestError::Redis(e) if e.is_connection_refusal() => io::ErrorKind::ConnectionRefused,
             RequestError::Redis(e) if e.is_connection_dropped() => io::ErrorKind::ConnectionReset,
-            // A server still loading its data after a restart, or without
-            // its master: it asks to be asked again after a while.
-            RequestError::Redis(e) if matches!(e.retry_method(), RetryMethod::WaitAndRetry) => {
-                io::ErrorKind::ResourceBusy
-            }
+            RequestError::Redis(_) if self.refused_before_acting() => io::ErrorKind::ResourceBusy,
             RequestError::Redis(_) => io::ErrorKind::Other,
         };
         io::Error::new(kind, self)
+    }
+
+    /// True when Redis certainly did not act on the request: it was never
+    /// sent (no connection could be made), or the server refused it before
+    /// running it — still loading its data after a restart, busy with a
+    /// script, a replica refusing writes, out of memory, without its
+    /// master. The same request may succeed later.
+    pub(crate) fn refused_before_acting(&self) -> bool {
+        let RequestError::Redis(e) = self else {
+            return false;
+        };
+        e.is_connection_refusal()
+            || matches!(e.retry_method(), RetryMethod::WaitAndRetry)
+            || matches!(
+                e.code(),
+                Some(
+                    "LOADING"
+                        | "BUSY"
+                        | "READONLY"
+                        | "OOM"
+                        | "MASTERDOWN"
+                        | "TRYAGAIN"
+                        | "CLUSTERDOWN"
+                        | "NOREPLICAS"
+                )
+            )
+    }
+
+    /// True when a later attempt may succeed: [refused before
+    /// acting](Self::refused_before_acting), or no answer (a deadline, a
+    /// broken connection) — after which a write may or may not have been
+    /// done.
+    pub(crate) fn is_transient(&self) -> bool {
+        match self {
+            RequestError::TimedOut(_) => true,
+            RequestError::Redis(e) => {
+                e.is_timeout() || e.is_connection_dropped() || self.refused_before_acting()
+            }
+        }
     }
 }
 

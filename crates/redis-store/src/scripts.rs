@@ -64,7 +64,9 @@ end
 /// waiting on it. Only the first `XADD` can fail (when the stream's last
 /// entry is not the recorded sequence number); it is called with `pcall`
 /// before anything else is written, so such a refusal writes nothing. The
-/// later ones add strictly greater ids and cannot fail. The publish is a
+/// later ones add strictly greater ids and cannot fail. A first `XADD`
+/// refused for another reason (Redis out of memory) is the script's error,
+/// as the command's would be: nothing was written. The publish is a
 /// `pcall` too: a user whose ACL allows it no channel still appends, and
 /// its waiters read on their own schedule.
 pub(crate) static APPEND: LazyLock<Script> = LazyLock::new(|| {
@@ -83,6 +85,9 @@ for i = 9, #ARGV do
     added = redis.pcall('XADD', KEYS[2], id, 'ts', ARGV[6], 'p', ARGV[i])
   end
   if type(added) == 'table' and added.err then
+    if i == 9 and not string.find(added.err, 'equal or smaller', 1, true) then
+      return redis.error_reply(added.err)
+    end
     return {'corrupt', added.err, id}
   end
 end

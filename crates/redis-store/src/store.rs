@@ -82,16 +82,19 @@ impl RedisStoreBuilder {
     }
 
     /// Connects. A bad URL, prefix or option is
-    /// [`Invalid`](session_store::StoreErrorKind::Invalid); an unreachable
-    /// server is [`Io`](session_store::StoreErrorKind::Io).
+    /// [`Invalid`](session_store::StoreErrorKind::Invalid); a server that
+    /// cannot be reached (or answers too late) is
+    /// [`Unavailable`](session_store::StoreErrorKind::Unavailable); any
+    /// other failure (a refused password, say) is
+    /// [`Io`](session_store::StoreErrorKind::Io).
     pub async fn connect(self) -> Result<RedisStore, StoreError> {
         let conn = Conn::connect(&self.target).await.map_err(|e| match e {
             ConnectError::Invalid(message) => StoreError::Invalid { message },
-            ConnectError::Unreachable(e) => StoreError::Io {
-                op: "connecting to Redis",
-                path: PathBuf::from(crate::conn::redacted(&self.target.url)),
-                source: e.into_io(),
-            },
+            ConnectError::Unreachable(e) => {
+                let unavailable = e.is_transient();
+                let location = crate::conn::redacted(&self.target.url);
+                request_failed("connecting to Redis", &location, e, unavailable)
+            }
         })?;
         let lease = match self.lease_ttl {
             Some(ttl) => {
@@ -118,6 +121,21 @@ impl RedisStoreBuilder {
                 bound: OnceLock::new(),
             }),
         })
+    }
+}
+
+/// The store's error for a failed request to Redis at `location`.
+fn request_failed(
+    op: &'static str,
+    location: &str,
+    e: RequestError,
+    unavailable: bool,
+) -> StoreError {
+    let (path, source) = (PathBuf::from(location), e.into_io());
+    if unavailable {
+        StoreError::Unavailable { op, path, source }
+    } else {
+        StoreError::Io { op, path, source }
     }
 }
 
@@ -179,11 +197,23 @@ impl RedisStore {
         self.inner.lease.as_ref()
     }
 
-    fn io(&self, op: &'static str) -> impl Fn(RequestError) -> StoreError + '_ {
-        move |e| StoreError::Io {
-            op,
-            path: PathBuf::from(self.inner.conn.location()),
-            source: e.into_io(),
+    /// A failed read changed nothing: a transient failure is
+    /// `Unavailable`, safe to retry.
+    fn read_failed(&self, op: &'static str) -> impl Fn(RequestError) -> StoreError + '_ {
+        move |e| {
+            let unavailable = e.is_transient();
+            request_failed(op, self.inner.conn.location(), e, unavailable)
+        }
+    }
+
+    /// A failed write is `Unavailable` only when Redis certainly did not
+    /// act on it; otherwise (no answer in time, a connection broken with
+    /// the request sent) it may have been done, and it is `Io`: a script
+    /// that timed out can still run once Redis gets to it.
+    fn write_failed(&self, op: &'static str) -> impl Fn(RequestError) -> StoreError + '_ {
+        move |e| {
+            let unavailable = e.refused_before_acting();
+            request_failed(op, self.inner.conn.location(), e, unavailable)
         }
     }
 
@@ -240,7 +270,12 @@ impl RedisStore {
         for a in extra {
             call.arg(*a);
         }
-        let reply = self.inner.conn.script(&call).await.map_err(self.io(op))?;
+        let reply = self
+            .inner
+            .conn
+            .script(&call)
+            .await
+            .map_err(self.write_failed(op))?;
         let Value::Array(mut parts) = reply else {
             return Err(self.corrupt(&keys.record(session), format!("{op}: reply {reply:?}")));
         };
@@ -353,7 +388,7 @@ impl SessionStore for RedisStore {
                     .arg(session.as_str()),
             )
             .await
-            .map_err(self.io("creating a session"))?;
+            .map_err(self.write_failed("creating a session"))?;
         match text(&reply) {
             Some("ok") => Ok(()),
             Some("exists") => Err(StoreError::AlreadyExists {
@@ -446,7 +481,7 @@ impl SessionStore for RedisStore {
                     .arg(want + 1),
             )
             .await
-            .map_err(self.io("reading a session"))?;
+            .map_err(self.read_failed("reading a session"))?;
         let entries = match reply {
             Value::Nil => {
                 return Err(StoreError::NotFound {
@@ -502,7 +537,7 @@ impl SessionStore for RedisStore {
             .conn
             .command(redis::cmd("ZRANGE").arg(&key).arg(0).arg(-1))
             .await
-            .map_err(self.io("listing sessions"))?;
+            .map_err(self.read_failed("listing sessions"))?;
         let Value::Array(members) = reply else {
             return Err(self.corrupt(&key, format!("list: unexpected reply {reply:?}")));
         };
@@ -544,7 +579,7 @@ impl SessionStore for RedisStore {
                     .arg(limit + 1),
             )
             .await
-            .map_err(self.io("listing sessions"))?;
+            .map_err(self.read_failed("listing sessions"))?;
         let Value::Array(members) = reply else {
             return Err(self.corrupt(&key, format!("list: unexpected reply {reply:?}")));
         };
@@ -621,7 +656,7 @@ impl SessionStore for RedisStore {
             .conn
             .command(redis::cmd("HGET").arg(&key).arg("mark"))
             .await
-            .map_err(self.io("reading a high-water mark"))?;
+            .map_err(self.read_failed("reading a high-water mark"))?;
         match reply {
             Value::Nil => Ok(None),
             other => parse_seq(&other)
@@ -638,7 +673,7 @@ impl SessionStore for RedisStore {
             .conn
             .script(scripts::GET_OR_SET.key(&key).arg(&offered))
             .await
-            .map_err(self.io("binding the fencing authority"))?;
+            .map_err(self.write_failed("binding the fencing authority"))?;
         let record = text(&reply)
             .ok_or_else(|| self.corrupt(&key, format!("unreadable authority {reply:?}")))?
             .to_owned();
@@ -683,7 +718,7 @@ impl SessionStore for RedisStore {
             .conn
             .command(redis::cmd("GET").arg(&key))
             .await
-            .map_err(self.io("reading the fencing authority"))?;
+            .map_err(self.read_failed("reading the fencing authority"))?;
         match reply {
             Value::Nil => Ok(None),
             other => text(&other)
@@ -721,7 +756,7 @@ impl SessionStore for RedisStore {
                     .arg(run.get()),
             )
             .await
-            .map_err(self.io("recording a cancel request"))?;
+            .map_err(self.write_failed("recording a cancel request"))?;
         match reply {
             Value::Int(_) => Ok(()),
             other => {
@@ -740,7 +775,7 @@ impl SessionStore for RedisStore {
             .conn
             .command(redis::cmd("HMGET").arg(&key).arg("run").arg("serial"))
             .await
-            .map_err(self.io("reading cancel requests"))?;
+            .map_err(self.read_failed("reading cancel requests"))?;
         let Value::Array(fields) = &reply else {
             return Err(self.corrupt(&key, format!("cancel requests: unexpected reply {reply:?}")));
         };

@@ -746,7 +746,12 @@ async fn a_crash_mid_append_leaves_no_partial_batch() {
                 match store.append(&s, tok(1), &events).await {
                     Ok(_) => acked += 1,
                     Err(e) => {
-                        assert_eq!(e.kind(), StoreErrorKind::Io, "{e}");
+                        // Sent and unanswered (Io), or never sent once the
+                        // connection was gone (Unavailable).
+                        assert!(
+                            matches!(e.kind(), StoreErrorKind::Io | StoreErrorKind::Unavailable),
+                            "{e}"
+                        );
                         return acked;
                     }
                 }
@@ -896,7 +901,11 @@ async fn an_unanswering_or_absent_server_is_a_bounded_retryable_error() {
     redis.kill();
     let err = leases.acquire(&s, &owner("b")).await.unwrap_err();
     assert_eq!(err.kind(), LeaseErrorKind::Transient);
-    assert_eq!(store.list().await.unwrap_err().kind(), StoreErrorKind::Io);
+    // A read changes nothing: out of reach, it is safe to retry.
+    assert_eq!(
+        store.list().await.unwrap_err().kind(),
+        StoreErrorKind::Unavailable
+    );
     redis.restart().unwrap();
 
     // Back: the clients reconnect by themselves.
@@ -1073,4 +1082,37 @@ async fn sessions_are_listed_in_pages_that_survive_concurrent_changes() {
     }
     stop.store(true, Ordering::Relaxed);
     assert!(churn.await.unwrap() > 0);
+}
+
+/// Redis refusing a request before acting on it — out of memory, or a
+/// replica refusing writes — is `Unavailable` (nothing was done; retry),
+/// never `Corrupt` nor a write of unknown outcome, and the session is
+/// whole once Redis accepts writes again.
+#[tokio::test]
+async fn refusals_before_acting_are_unavailable_and_leave_the_session_whole() {
+    let redis = RedisServer::start().unwrap();
+    let store = open(&redis).await;
+    let s = sid("refused");
+    store.create(&s).await.unwrap();
+    store.append(&s, tok(1), &[json!(1)]).await.unwrap();
+
+    redis.command(&["CONFIG", "SET", "maxmemory", "1"]).unwrap();
+    let err = store
+        .append(&s, tok(1), &[json!(2), json!(3)])
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
+    redis.command(&["CONFIG", "SET", "maxmemory", "0"]).unwrap();
+
+    // A replica (of a master that is not there) refuses writes.
+    redis.command(&["REPLICAOF", "127.0.0.1", "1"]).unwrap();
+    let err = store.append(&s, tok(1), &[json!(2)]).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
+    redis.command(&["REPLICAOF", "NO", "ONE"]).unwrap();
+
+    let receipt = store.append(&s, tok(1), &[json!(2)]).await.unwrap();
+    assert_eq!((receipt.first_seq, receipt.last_seq), (2, 2));
+    let page = store.read(&s, 1, 10).await.unwrap();
+    let payloads: Vec<Value> = page.events.iter().map(|e| e.payload.clone()).collect();
+    assert_eq!(payloads, [json!(1), json!(2)]);
 }

@@ -59,7 +59,7 @@ async fn a_stale_owner_stays_fenced_after_redis_loses_its_data() {
     let mut stale = old.append(&s, fence(5, "a"), &[json!("a3")]).await;
     for _ in 0..5 {
         match &stale {
-            Err(e) if e.kind() == StoreErrorKind::Io => {
+            Err(e) if matches!(e.kind(), StoreErrorKind::Io | StoreErrorKind::Unavailable) => {
                 stale = old.append(&s, fence(5, "a"), &[json!("a3")]).await;
             }
             _ => break,

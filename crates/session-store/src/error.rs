@@ -25,8 +25,14 @@ pub enum StoreErrorKind {
     Invalid,
     /// Stored data that cannot be read as the store wrote it.
     Corrupt,
-    /// An operating-system I/O failure.
+    /// An I/O failure. For a write, whether it was done is unknown (the
+    /// reply may be what was lost): read the session before writing again.
     Io,
+    /// The store could not be reached, or refused the request before
+    /// acting on it (a remote store still loading its data, busy, read-only
+    /// or out of memory): nothing was done, and the same request may
+    /// succeed later.
+    Unavailable,
     /// The session is locked by someone else (another process holding its
     /// file lock, typically) for longer than the store waits
     /// ([`JsonlOptions::lock_timeout`](crate::JsonlOptions::lock_timeout)).
@@ -113,6 +119,20 @@ pub enum StoreError {
         #[source]
         source: io::Error,
     },
+    /// The store could not be reached, or refused the request before
+    /// acting on it; nothing was done. Retryable.
+    #[error("{op} {}: {source} (nothing was done; retry later)", path.display())]
+    Unavailable {
+        /// What the store was doing.
+        op: &'static str,
+        /// Where the store is (a remote store: its address, without
+        /// credentials).
+        path: PathBuf,
+        /// Why, as an I/O error (a remote store's own error reachable
+        /// through [`io::Error::get_ref`]).
+        #[source]
+        source: io::Error,
+    },
     /// The session's lock was not free within the store's deadline;
     /// nothing was done. Retryable.
     #[error(
@@ -169,6 +189,7 @@ impl StoreError {
             StoreError::Invalid { .. } => StoreErrorKind::Invalid,
             StoreError::Corrupt { .. } => StoreErrorKind::Corrupt,
             StoreError::Io { .. } => StoreErrorKind::Io,
+            StoreError::Unavailable { .. } => StoreErrorKind::Unavailable,
             StoreError::Busy { .. } => StoreErrorKind::Busy,
             StoreError::AuthorityMismatch { .. } => StoreErrorKind::AuthorityMismatch,
             StoreError::Unsupported { .. } => StoreErrorKind::Unsupported,

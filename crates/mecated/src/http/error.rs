@@ -154,35 +154,13 @@ impl From<StoreError> for ApiError {
             StoreErrorKind::Busy => ErrorCode::StoreBusy,
             // The session has fenced writes, and this process runs unleased.
             StoreErrorKind::Unfenced => ErrorCode::UnfencedWriteRefused,
-            StoreErrorKind::Io if store_unavailable(&e) => ErrorCode::StoreUnavailable,
+            // Nothing was done: the store told so. An `Io` failure of a
+            // write may have been done, so it is never called retryable.
+            StoreErrorKind::Unavailable => ErrorCode::StoreUnavailable,
             _ => ErrorCode::Internal,
         };
         Self::new(code, message)
     }
-}
-
-/// True when a store's I/O failure is about reaching it — a connection
-/// refused, broken or timed out, or a server asking to be asked again (one
-/// still loading its data) — which a remote store (Redis) meets while it
-/// restarts or its connection is re-made, and which a later request may
-/// not. A local file's failure (a full disk, a permission, a bad block)
-/// stays `internal`: retrying the same request will not mend it.
-fn store_unavailable(e: &StoreError) -> bool {
-    use std::io::ErrorKind::*;
-    let StoreError::Io { source, .. } = e else {
-        return false;
-    };
-    matches!(
-        source.kind(),
-        TimedOut
-            | ConnectionRefused
-            | ConnectionReset
-            | ConnectionAborted
-            | NotConnected
-            | BrokenPipe
-            | UnexpectedEof
-            | ResourceBusy
-    )
 }
 
 #[cfg(test)]
@@ -215,33 +193,30 @@ mod tests {
     }
 
     #[test]
-    fn a_store_out_of_reach_is_retryable_and_a_broken_one_is_not() {
+    fn only_a_store_that_did_nothing_is_retryable() {
         use std::io::{Error, ErrorKind};
-        let io = |kind| {
-            ApiError::from(StoreError::Io {
-                op: "append",
-                path: "redis://127.0.0.1:6379".into(),
-                source: Error::new(kind, "x"),
-            })
-        };
+        let unavailable = ApiError::from(StoreError::Unavailable {
+            op: "appending to a session",
+            path: "redis://127.0.0.1:6379".into(),
+            source: Error::new(ErrorKind::ConnectionRefused, "x"),
+        });
+        assert_eq!(unavailable.code, ErrorCode::StoreUnavailable);
+        assert_eq!(unavailable.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(unavailable.body().error.retryable);
+        // A write that may have been done, whatever its error says, and a
+        // local file's failure are not for retrying blindly.
         for kind in [
-            ErrorKind::ConnectionRefused,
-            ErrorKind::ConnectionReset,
             ErrorKind::TimedOut,
-            ErrorKind::BrokenPipe,
-            ErrorKind::ResourceBusy,
-        ] {
-            let e = io(kind);
-            assert_eq!(e.code, ErrorCode::StoreUnavailable, "{kind:?}");
-            assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE, "{kind:?}");
-            assert!(e.body().error.retryable, "{kind:?}");
-        }
-        for kind in [
+            ErrorKind::ConnectionReset,
+            ErrorKind::NotConnected,
             ErrorKind::StorageFull,
-            ErrorKind::PermissionDenied,
             ErrorKind::Other,
         ] {
-            let e = io(kind);
+            let e = ApiError::from(StoreError::Io {
+                op: "appending to a session",
+                path: "/var/lib/mecated/s.jsonl".into(),
+                source: Error::new(kind, "x"),
+            });
             assert_eq!(e.code, ErrorCode::Internal, "{kind:?}");
             assert!(!e.body().error.retryable, "{kind:?}");
         }

@@ -123,7 +123,7 @@ fn random_id() -> String {
         (status = 413, description = "`invalid`: the body is larger than the server's limit", body = ErrorBody),
         (status = 500, description = "`internal`: a storage fault", body = ErrorBody),
         (status = 503, description = "`store_busy` (another process holds the session's file) or `store_unavailable` (the store \
-                                      could not be reached); retry (`Retry-After`)", body = ErrorBody),
+                                      could not be reached or refused before acting: nothing was done); retry (`Retry-After`)", body = ErrorBody),
     )
 )]
 pub(crate) async fn create_session(
@@ -165,7 +165,7 @@ pub(crate) async fn create_session(
                                       `invalid_continue` (a `continue` this server did not issue)", body = ErrorBody),
         (status = 500, description = "`internal`: a storage fault", body = ErrorBody),
         (status = 503, description = "`store_busy` (the store is locked by another process) or `store_unavailable` (the store \
-                                      could not be reached); retry (`Retry-After`)", body = ErrorBody),
+                                      could not be reached or refused before acting: nothing was done); retry (`Retry-After`)", body = ErrorBody),
     )
 )]
 pub(crate) async fn list_sessions(
@@ -212,7 +212,7 @@ pub(crate) async fn list_sessions(
         (status = 404, description = "`not_found`: no such session", body = ErrorBody),
         (status = 500, description = "`internal`: a storage fault", body = ErrorBody),
         (status = 503, description = "`store_busy` (another process holds the session's file) or `store_unavailable` (the store \
-                                      could not be reached); retry (`Retry-After`)", body = ErrorBody),
+                                      could not be reached or refused before acting: nothing was done); retry (`Retry-After`)", body = ErrorBody),
     )
 )]
 pub(crate) async fn get_session(
@@ -243,8 +243,8 @@ pub(crate) async fn get_session(
                                       `unfenced_write_refused` (unleased, and the session has fenced writes)", body = ErrorBody),
         (status = 500, description = "`internal`: a storage or lease backend fault", body = ErrorBody),
         (status = 503, description = "`lease_unavailable` (the lease backend failed; retry), `store_busy` (another process \
-                                      holds the session's file; retry), `store_unavailable` (the store could not be reached; \
-                                      retry) or `shutting_down`", body = ErrorBody),
+                                      holds the session's file; retry), `store_unavailable` (the store could not be reached or \
+                                      refused before acting: nothing was done; retry) or `shutting_down`", body = ErrorBody),
     )
 )]
 pub(crate) async fn delete_session(
@@ -281,7 +281,7 @@ pub(crate) async fn delete_session(
         (status = 404, description = "`not_found`: no such session", body = ErrorBody),
         (status = 500, description = "`internal`: a storage fault", body = ErrorBody),
         (status = 503, description = "`store_busy` (another process holds the session's file) or `store_unavailable` (the store \
-                                      could not be reached); retry (`Retry-After`)", body = ErrorBody),
+                                      could not be reached or refused before acting: nothing was done); retry (`Retry-After`)", body = ErrorBody),
     )
 )]
 pub(crate) async fn read_events(
@@ -393,8 +393,8 @@ pub(crate) async fn get_lease(State(engine): State<Engine>, Id(id): Id) -> Json<
         (status = 413, description = "`invalid`: the body is larger than the server's limit", body = ErrorBody),
         (status = 500, description = "`internal`: a storage or lease backend fault", body = ErrorBody),
         (status = 503, description = "`lease_unavailable` (the lease backend failed; retry), `store_busy` (another process \
-                                      holds the session's file; retry), `store_unavailable` (the store could not be reached; \
-                                      retry) or `shutting_down`", body = ErrorBody),
+                                      holds the session's file; retry), `store_unavailable` (the store could not be reached or \
+                                      refused before acting: nothing was done; retry) or `shutting_down`", body = ErrorBody),
     )
 )]
 pub(crate) async fn start_run(
@@ -441,7 +441,12 @@ pub(crate) async fn start_run(
     let mut from = first_seq;
     while from <= last_seq {
         let limit = usize::try_from(last_seq - from + 1).map_or(MAX_PAGE, |n| n.min(MAX_PAGE));
-        let page = engine.read_events(&id, from, limit).await?;
+        // The run is over and its lease released: whatever the reading
+        // met, retrying the request would run the input again.
+        let page = engine
+            .read_events(&id, from, limit)
+            .await
+            .map_err(|e| read_back_failed(&id, &end, e))?;
         let Some(last) = page.events.last().map(|e| e.seq) else {
             break;
         };
@@ -454,6 +459,21 @@ pub(crate) async fn start_run(
         from = last + 1;
     }
     Ok(Json(RunResult::new(RunEnd::from(&end), collected)).into_response())
+}
+
+/// The run ended, but its events could not be read back: never
+/// retryable, since the request's run is done. Says how it ended and where
+/// to read its events.
+fn read_back_failed(id: &SessionId, end: &EngineRunEnd, e: EngineError) -> ApiError {
+    let cause = ApiError::from(e).message;
+    ApiError::new(
+        ErrorCode::Internal,
+        format!(
+            "the run ended ({}) but its events could not be read back: {cause}; \
+             read them with GET /v1/sessions/{id}/events — do not run the input again",
+            end.status.name()
+        ),
+    )
 }
 
 /// The API error of a refused start; a session leased elsewhere carries
@@ -507,7 +527,7 @@ fn json_event(name: &str, data: &impl serde::Serialize) -> SseEvent {
         (status = 404, description = "`not_found`: no such session", body = ErrorBody),
         (status = 500, description = "`internal`: a storage fault", body = ErrorBody),
         (status = 503, description = "`store_busy` (another process holds the session's file) or `store_unavailable` (the store \
-                                      could not be reached); retry (`Retry-After`)", body = ErrorBody),
+                                      could not be reached or refused before acting: nothing was done); retry (`Retry-After`)", body = ErrorBody),
     )
 )]
 pub(crate) async fn cancel_run(
