@@ -173,3 +173,47 @@ async fn many_followers_of_one_live_run_all_follow_it() {
     drop(streams);
     let _ = pending.await;
 }
+
+/// A client whose run stream broke resumes with `Last-Event-ID` on another
+/// replica after its run's holder died and another client's run took the
+/// session: it gets the rest of its own run and `run_gone`, never the
+/// other run's events nor its `run_ended` as if its own run had ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_follow_stays_with_its_own_run_after_a_takeover() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b, _pending, started) = mid_run(dir.path(), &[], "resumed", "4s", json!("first")).await;
+    // What the client saw before its stream broke: up to the first progress.
+    let seen = events(&a, "resumed")
+        .await
+        .into_iter()
+        .find(|e| e["payload"]["type"] == "progress")
+        .and_then(|e| e["seq"].as_u64())
+        .expect("a progress event");
+    a.signal(nix::sys::signal::Signal::SIGKILL);
+    let second = run_when_free(&b, "resumed", json!("second")).await;
+    assert_eq!(second["status"], "completed", "{second}");
+
+    let mut stream = follow_from(&b, "resumed", Some(seen)).await;
+    let (payloads, end) = payloads_to_end(&mut stream).await;
+    assert_eq!(end["reason"], "run_gone", "{end} after {payloads:?}");
+    let token = started["token"].as_u64().unwrap();
+    for p in &payloads {
+        assert_ne!(
+            p["type"], "run_started",
+            "another run's start was sent: {payloads:?}"
+        );
+        assert_ne!(p["type"], "run_ended", "an end was sent: {payloads:?}");
+        assert_ne!(
+            p["content"], "second",
+            "the other run's message was sent: {payloads:?}"
+        );
+    }
+    // Everything the first run stored after what the client saw, in order.
+    let log = events(&b, "resumed").await;
+    let rest: Vec<Value> = log
+        .iter()
+        .filter(|e| e["seq"].as_u64() > Some(seen) && e["token"].as_u64() == Some(token))
+        .map(|e| e["payload"].clone())
+        .collect();
+    assert_eq!(payloads, rest);
+}

@@ -7,7 +7,7 @@ use std::time::Duration;
 use std::sync::Arc;
 
 use lease_keeper::LeaseGuard;
-use lease_port::SessionId;
+use lease_port::{FencingToken, SessionId};
 use serde_json::json;
 use session_store::StoredEvent;
 use tokio::sync::mpsc;
@@ -145,12 +145,34 @@ impl Engine {
         session: SessionId,
         after_seq: u64,
     ) -> Result<mpsc::Receiver<FollowItem>, EngineError> {
+        self.start_follow(session, after_seq, false).await
+    }
+
+    /// Resumes a follow whose stream broke after event `last_seen`, for
+    /// the run that event belongs to: if another run took the session
+    /// since, the follow sends the rest of the client's own run and ends
+    /// with [`FollowEnd::RunGone`] at the other run's start, never taking
+    /// that run's end for its own. Otherwise as [`follow`](Self::follow).
+    pub async fn resume(
+        &self,
+        session: SessionId,
+        last_seen: u64,
+    ) -> Result<mpsc::Receiver<FollowItem>, EngineError> {
+        self.start_follow(session, last_seen, true).await
+    }
+
+    async fn start_follow(
+        &self,
+        session: SessionId,
+        after_seq: u64,
+        resuming: bool,
+    ) -> Result<mpsc::Receiver<FollowItem>, EngineError> {
         self.inner.store.read(&session, 1, 1).await?;
         let (tx, rx) = mpsc::channel(FOLLOW_BUFFER);
         let engine = self.clone();
         tokio::spawn(async move {
             let end = tokio::select! {
-                end = engine.follow_until_end(&session, after_seq, &tx) => end,
+                end = engine.follow_until_end(&session, after_seq, resuming, &tx) => end,
                 () = tx.closed() => return,
             };
             if let Some(end) = end {
@@ -166,19 +188,43 @@ impl Engine {
         &self,
         session: &SessionId,
         after_seq: u64,
+        resuming: bool,
         tx: &mpsc::Sender<FollowItem>,
     ) -> Option<FollowEnd> {
         // Asked before reading, so a run that ends meanwhile has its end
         // event in what is read next.
         let started_at = self.local_run_start(session);
         let live = self.live_run(session).await;
-        let followed = Followed { live, started_at };
+        // A client resuming a broken stream follows the run it was
+        // following, not whichever is live now: if another run took the
+        // session since, the client's own run is over without an end
+        // (it ends at the next run's start).
+        let resumed = if resuming {
+            match self.run_in_progress_at(session, after_seq).await {
+                Ok(resumed) => resumed,
+                Err(e) => return Some(e),
+            }
+        } else {
+            None
+        };
+        let followed = match resumed {
+            Some(token) if live != LiveRun::Run(token) => Followed {
+                live: LiveRun::Run(token),
+                started_at: None,
+            },
+            _ => Followed { live, started_at },
+        };
+        let past = followed.live != live;
         let mut pos = after_seq;
         loop {
             match self.send_stored(session, &mut pos, followed, tx).await {
                 Ok(Some(end)) => return Some(end),
                 Ok(None) => {}
                 Err(e) => return Some(e),
+            }
+            if past {
+                // Every stored event of the run was sent, and no end.
+                return Some(FollowEnd::RunGone);
             }
             if live == LiveRun::None {
                 return Some(FollowEnd::NoLiveRun);
@@ -209,6 +255,30 @@ impl Engine {
                 },
             );
         }
+    }
+
+    /// The token of the run event `seq` belongs to, unless that event
+    /// ended it (or there is no such event).
+    async fn run_in_progress_at(
+        &self,
+        session: &SessionId,
+        seq: u64,
+    ) -> Result<Option<Option<FencingToken>>, FollowEnd> {
+        if seq == 0 {
+            return Ok(None);
+        }
+        let page = self
+            .inner
+            .store
+            .read(session, seq, 1)
+            .await
+            .map_err(|e| FollowEnd::Failed(error_chain(&e)))?;
+        Ok(page
+            .events
+            .first()
+            .filter(|e| e.seq == seq)
+            .filter(|e| e.payload.get("type").and_then(|t| t.as_str()) != Some(RUN_ENDED))
+            .map(|e| e.token))
     }
 
     /// Sends every stored event after `pos`, advancing it; stops early at

@@ -267,8 +267,9 @@ pub(crate) async fn delete_session(
                    `event: event` whose `id:` is the event's `seq` and whose data is an `Event`, ending with \
                    one `event: end` (data: `FollowEnd`, no id) when the run that was live ends (its \
                    `run_ended` event), at once when no run is live. A client whose stream broke resumes on \
-                   any replica with `Last-Event-ID`, and misses nothing and repeats nothing. Idle streams \
-                   carry keep-alive comments.",
+                   any replica with `Last-Event-ID`, and misses nothing and repeats nothing; it follows the \
+                   run it was following, so if another run took the session since, it gets the rest of its \
+                   own run and `run_gone` at the other's start. Idle streams carry keep-alive comments.",
     params(
         ("id" = SessionIdText, Path, description = "The session's id, percent-encoded"),
         ("Last-Event-ID" = Option<u64>, Header, description = "Follow: resume after this `seq` (wins over `after`)"),
@@ -296,15 +297,17 @@ pub(crate) async fn read_events(
         return Err(ApiError::invalid(format!("limit must be 1..={MAX_PAGE}")));
     }
     if wants_stream(&headers) {
-        let after = match headers.get("last-event-id") {
-            Some(v) => v
-                .to_str()
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .ok_or_else(|| ApiError::invalid("Last-Event-ID must be a sequence number"))?,
-            None => q.after.unwrap_or(0),
+        let follow = match headers.get("last-event-id") {
+            Some(v) => {
+                let last_seen = v
+                    .to_str()
+                    .ok()
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .ok_or_else(|| ApiError::invalid("Last-Event-ID must be a sequence number"))?;
+                engine.resume(id, last_seen).await?
+            }
+            None => engine.follow(id, q.after.unwrap_or(0)).await?,
         };
-        let follow = engine.follow(id, after).await?;
         return Ok(Sse::new(follow_events(follow))
             .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
             .into_response());
