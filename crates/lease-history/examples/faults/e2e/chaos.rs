@@ -15,8 +15,11 @@ use crate::injectors::Chaos;
 
 pub(crate) struct ReplicaChaos {
     pub(crate) replicas: Arc<Replicas>,
-    /// Faults of the services (Redis, the API emulator), when there are.
+    /// Faults of the services (Redis, the API emulator, etcd), when there
+    /// are.
     pub(crate) services: Option<Chaos>,
+    /// Of every hundred faults, how many hit the services.
+    pub(crate) services_share: u64,
     pub(crate) ttl: Duration,
     /// Mean time between faults.
     pub(crate) every: Duration,
@@ -51,7 +54,11 @@ impl ReplicaChaos {
         let i = rng.below(self.replicas.len() as u64) as usize;
         let name = self.replicas.name(i);
         let roll = rng.below(100);
-        let services = if self.services.is_some() { 30 } else { 0 };
+        let services = if self.services.is_some() {
+            self.services_share
+        } else {
+            0
+        };
         if roll < services
             && let Some(chaos) = self.services.as_mut()
         {
