@@ -114,6 +114,25 @@ fn a_replica_without_its_environment_says_which_variable_is_missing() {
     assert!(stderr.contains("POD_NAMESPACE"), "{stderr}");
 }
 
+/// GET of a session: its status, `Retry-After` and JSON body.
+async fn get_session(
+    m: &Mecated,
+    id: &str,
+) -> (
+    StatusCode,
+    Option<reqwest::header::HeaderValue>,
+    serde_json::Value,
+) {
+    let answer = client()
+        .get(m.url(&format!("/v1/sessions/{id}")))
+        .send()
+        .await
+        .unwrap();
+    let status = answer.status();
+    let retry_after = answer.headers().get("retry-after").cloned();
+    (status, retry_after, answer.json().await.unwrap())
+}
+
 /// Redis down is a retryable 503 (`store_unavailable`, with `Retry-After`),
 /// not a 500: a client told "retry" comes back once the replica's
 /// connection is re-made, and gets its answer.
@@ -129,14 +148,7 @@ async fn a_replica_whose_redis_is_down_answers_retry_and_serves_again_once_it_is
     create(&a, "chat").await;
 
     redis.kill();
-    let answer = client()
-        .get(a.url("/v1/sessions/chat"))
-        .send()
-        .await
-        .unwrap();
-    let status = answer.status();
-    let retry_after = answer.headers().get("retry-after").cloned();
-    let body: serde_json::Value = answer.json().await.unwrap();
+    let (status, retry_after, body) = get_session(&a, "chat").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert_eq!(body["error"]["code"], "store_unavailable", "{body}");
     assert_eq!(body["error"]["retryable"], true, "{body}");
@@ -145,13 +157,7 @@ async fn a_replica_whose_redis_is_down_answers_retry_and_serves_again_once_it_is
     redis.restart().expect("redis restarts");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
-        let answer = client()
-            .get(a.url("/v1/sessions/chat"))
-            .send()
-            .await
-            .unwrap();
-        let status = answer.status();
-        let body: serde_json::Value = answer.json().await.unwrap();
+        let (status, _, body) = get_session(&a, "chat").await;
         if status == StatusCode::OK {
             assert_eq!(body["id"], "chat", "{body}");
             break;

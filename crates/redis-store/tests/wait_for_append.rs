@@ -252,13 +252,7 @@ async fn many_waiters_share_one_subscription_and_dropped_ones_leave_nothing() {
         .unwrap();
     for (i, waiter) in waiters.iter_mut().enumerate() {
         if i % sessions.len() == 0 {
-            assert!(
-                tokio::time::timeout(NEVER, waiter)
-                    .await
-                    .unwrap()
-                    .unwrap()
-                    .unwrap()
-            );
+            assert!(woke(waiter).await);
         }
     }
     let rest: Vec<_> = waiters
@@ -375,11 +369,18 @@ async fn a_user_allowed_no_channels_still_appends_and_its_waiters_still_wake() {
     // The publish the append cannot make does not fail it.
     let receipt = writer.append(&s, fence(), &[json!("x")]).await.unwrap();
     assert_eq!(receipt.last_seq, 1);
-    assert!(
-        tokio::time::timeout(NEVER, waiter)
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap()
-    );
+    assert!(woke(waiter).await);
+}
+
+/// What a waiter answered, failing the test if it never does.
+async fn woke(
+    waiter: impl std::future::Future<
+        Output = Result<Result<bool, session_store::StoreError>, tokio::task::JoinError>,
+    >,
+) -> bool {
+    tokio::time::timeout(NEVER, waiter)
+        .await
+        .expect("the waiter was never woken")
+        .unwrap()
+        .unwrap()
 }
