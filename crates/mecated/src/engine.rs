@@ -65,6 +65,13 @@ pub enum EngineError {
     /// The store refused or failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The run was claimed (its start is in the log) but its transcript
+    /// could not be read, so it ended as failed before its agent saw the
+    /// input. Something was done: never "nothing was done, retry".
+    #[error(
+        "the run was claimed and ended as failed before its input was run (reading the transcript: {0})"
+    )]
+    FailedAfterClaim(#[source] StoreError),
 }
 
 /// The server's state and the run engine; cheap to clone.
@@ -550,7 +557,7 @@ impl Engine {
                 // The client hears the store's error; the run, claimed,
                 // still ends as a failure that is logged and counted.
                 let message = format!("reading the transcript: {}", error_chain(&e));
-                let _ = started.send(Err(e.into()));
+                let _ = started.send(Err(EngineError::FailedAfterClaim(e)));
                 return self
                     .drive(
                         Run {

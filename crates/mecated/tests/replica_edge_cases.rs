@@ -217,3 +217,83 @@ async fn a_resumed_follow_stays_with_its_own_run_after_a_takeover() {
         .collect();
     assert_eq!(payloads, rest);
 }
+
+/// Unleased, every run carries no token: a follow resumed from an event of
+/// a finished run ends at that run's own end, not at the live run's, and
+/// sends none of the live run's events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unleased_resumed_follow_ends_at_its_own_runs_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = Mecated::start(
+        dir.path(),
+        "solo",
+        &[
+            "--no-session-lease",
+            "--echo-delay",
+            "2s",
+            "--echo-steps",
+            "3",
+        ],
+    );
+    create(&m, "mine").await;
+    let (status, first) = run(&m, "mine", json!("earlier")).await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    let log = events(&m, "mine").await;
+    let seen = log
+        .iter()
+        .find(|e| e["payload"]["type"] == "progress")
+        .and_then(|e| e["seq"].as_u64())
+        .unwrap();
+    let first_end = log.last().unwrap()["seq"].as_u64().unwrap();
+    let _live = run_in_background(&m, "mine", json!("live"));
+    wait_for_event(&m, "mine", |e| {
+        e["payload"]["type"] == "run_started" && e["seq"].as_u64() > Some(first_end)
+    })
+    .await;
+
+    let mut stream = follow_from(&m, "mine", Some(seen)).await;
+    let (payloads, end) = payloads_to_end(&mut stream).await;
+    assert_eq!(end["reason"], "run_ended", "{end} after {payloads:?}");
+    let expected: Vec<Value> = log
+        .iter()
+        .filter(|e| e["seq"].as_u64() > Some(seen))
+        .map(|e| e["payload"].clone())
+        .collect();
+    assert_eq!(payloads, expected, "exactly the rest of the earlier run");
+}
+
+/// A position past the log's end would wait for events that were never
+/// stored and miss every one before it: refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follow_from_past_the_logs_end_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = Mecated::start(dir.path(), "solo", &[]);
+    create(&m, "short").await;
+    let (status, _) = run(&m, "short", json!("one")).await;
+    assert_eq!(status, StatusCode::OK);
+    let last = events(&m, "short").await.last().unwrap()["seq"]
+        .as_u64()
+        .unwrap();
+    for (header, query) in [(Some(last + 1), ""), (None, "?after=9999")] {
+        let mut req = client()
+            .get(m.url(&format!("/v1/sessions/short/events{query}")))
+            .header("accept", "text/event-stream");
+        if let Some(h) = header {
+            req = req.header("last-event-id", h.to_string());
+        }
+        let r = req.send().await.unwrap();
+        let status = r.status();
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(
+            status,
+            StatusCode::BAD_REQUEST,
+            "{header:?} {query}: {body}"
+        );
+        assert_eq!(body["error"]["code"], "invalid", "{body}");
+    }
+    // The last event itself is a fine place to resume from.
+    let mut stream = follow_from(&m, "short", Some(last)).await;
+    let (payloads, end) = payloads_to_end(&mut stream).await;
+    assert!(payloads.is_empty(), "{payloads:?}");
+    assert_eq!(end["reason"], "no_live_run", "{end}");
+}

@@ -196,9 +196,10 @@ impl Engine {
         let started_at = self.local_run_start(session);
         let live = self.live_run(session).await;
         // A client resuming a broken stream follows the run it was
-        // following, not whichever is live now: if another run took the
-        // session since, the client's own run is over without an end
-        // (it ends at the next run's start).
+        // following, not whichever is live now: that run from the last
+        // event the client saw, to its end or to the start of any later
+        // run (which may carry the same token: an unleased one, or its
+        // owner's again).
         let resumed = if resuming {
             match self.run_in_progress_at(session, after_seq).await {
                 Ok(resumed) => resumed,
@@ -208,13 +209,12 @@ impl Engine {
             None
         };
         let followed = match resumed {
-            Some(token) if live != LiveRun::Run(token) => Followed {
+            Some(token) => Followed {
                 live: LiveRun::Run(token),
-                started_at: None,
+                started_at: Some(after_seq),
             },
-            _ => Followed { live, started_at },
+            None => Followed { live, started_at },
         };
-        let past = followed.live != live;
         let mut pos = after_seq;
         loop {
             match self.send_stored(session, &mut pos, followed, tx).await {
@@ -222,12 +222,13 @@ impl Engine {
                 Ok(None) => {}
                 Err(e) => return Some(e),
             }
-            if past {
-                // Every stored event of the run was sent, and no end.
-                return Some(FollowEnd::RunGone);
-            }
             if live == LiveRun::None {
-                return Some(FollowEnd::NoLiveRun);
+                // A resumed run that recorded no end stopped without one.
+                return Some(if resumed.is_some() {
+                    FollowEnd::RunGone
+                } else {
+                    FollowEnd::NoLiveRun
+                });
             }
             let appended = self
                 .inner

@@ -113,6 +113,7 @@ impl From<EngineError> for ApiError {
             EngineError::NotExclusive => Self::new(ErrorCode::UnleasedNotExclusive, e.to_string()),
             EngineError::Lease(e) => e.into(),
             EngineError::Store(e) => e.into(),
+            EngineError::FailedAfterClaim(_) => Self::new(ErrorCode::Internal, error_chain(&e)),
         }
     }
 }
@@ -220,6 +221,22 @@ mod tests {
             assert_eq!(e.code, ErrorCode::Internal, "{kind:?}");
             assert!(!e.body().error.retryable, "{kind:?}");
         }
+    }
+
+    #[test]
+    fn a_store_that_failed_after_the_claim_is_not_called_untouched() {
+        let e = ApiError::from(EngineError::FailedAfterClaim(StoreError::Unavailable {
+            op: "reading a session",
+            path: "redis://127.0.0.1:6379".into(),
+            source: std::io::Error::new(std::io::ErrorKind::TimedOut, "x"),
+        }));
+        assert_eq!(e.code, ErrorCode::Internal);
+        assert!(!e.body().error.retryable);
+        assert!(
+            e.message.contains("before its input was run"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]

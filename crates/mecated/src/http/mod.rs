@@ -278,7 +278,7 @@ pub(crate) async fn delete_session(
     responses(
         (status = 200, description = "A page of events, or the followed events",
             content((EventPage = "application/json"), (String = "text/event-stream"))),
-        (status = 400, description = "`invalid`: an id breaking the id rules, a bad or unknown query parameter, `limit` outside 1..=1000, or a `Last-Event-ID` that is not a sequence number", body = ErrorBody),
+        (status = 400, description = "`invalid`: an id breaking the id rules, a bad or unknown query parameter, `limit` outside 1..=1000, a `Last-Event-ID` that is not a sequence number, or a follow from past the log's end", body = ErrorBody),
         (status = 404, description = "`not_found`: no such session", body = ErrorBody),
         (status = 500, description = "`internal`: a storage fault", body = ErrorBody),
         (status = 503, description = "`store_busy` (another process holds the session's file) or `store_unavailable` (the store \
@@ -297,16 +297,26 @@ pub(crate) async fn read_events(
         return Err(ApiError::invalid(format!("limit must be 1..={MAX_PAGE}")));
     }
     if wants_stream(&headers) {
-        let follow = match headers.get("last-event-id") {
-            Some(v) => {
-                let last_seen = v
-                    .to_str()
+        let last_seen = match headers.get("last-event-id") {
+            Some(v) => Some(
+                v.to_str()
                     .ok()
                     .and_then(|v| v.trim().parse::<u64>().ok())
-                    .ok_or_else(|| ApiError::invalid("Last-Event-ID must be a sequence number"))?;
-                engine.resume(id, last_seen).await?
-            }
-            None => engine.follow(id, q.after.unwrap_or(0)).await?,
+                    .ok_or_else(|| ApiError::invalid("Last-Event-ID must be a sequence number"))?,
+            ),
+            None => None,
+        };
+        let from = last_seen.or(q.after).unwrap_or(0);
+        // Past the log's end, a follow would wait for events that were
+        // never stored, and miss every one before them.
+        if from > 0 && engine.read_events(&id, from, 1).await?.events.is_empty() {
+            return Err(ApiError::invalid(format!(
+                "event {from} is past the end of session {id}'s log"
+            )));
+        }
+        let follow = match last_seen {
+            Some(last_seen) => engine.resume(id, last_seen).await?,
+            None => engine.follow(id, from).await?,
         };
         return Ok(Sse::new(follow_events(follow))
             .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
