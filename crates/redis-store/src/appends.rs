@@ -8,6 +8,11 @@
 //! channels gets none — so a waiter also reads the session at least once a
 //! [`FALLBACK_READ`]: a lost message delays it by at most that, and never
 //! loses an append.
+//!
+//! The subscription runs on a thread of its own with a small runtime of
+//! its own, started by the first waiter: it keeps running whatever becomes
+//! of the runtime that waiter ran on, and it ends when the store is
+//! dropped.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -15,8 +20,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use lease_port::SessionId;
-use tokio::sync::Notify;
-use tokio::task::JoinHandle;
+use tokio::sync::{Notify, oneshot};
 use tracing::warn;
 
 /// How often a waiter reads its session when no message woke it.
@@ -28,22 +32,33 @@ const MOST_BETWEEN_ATTEMPTS: Duration = Duration::from_secs(2);
 /// One subscription shared by every waiter of one store.
 pub(crate) struct Appends {
     shared: Arc<Shared>,
-    /// The subscriber task, started by the first waiter; started again by
-    /// a later one if it ended with its runtime.
-    listener: Mutex<Option<JoinHandle<()>>>,
+    /// Started by the first waiter; dropping the sender ends it.
+    listener: Mutex<Listener>,
+}
+
+enum Listener {
+    NotStarted,
+    Running {
+        _stop: oneshot::Sender<()>,
+    },
+    /// It could not start (no thread or runtime), or Redis refuses this
+    /// user any channel: waiters read on their own schedule.
+    Off,
 }
 
 struct Shared {
     client: redis::Client,
     channel: String,
     connect_timeout: Duration,
-    /// The waiters' signals by session; entries die with their last waiter.
+    /// The waiters' signals by session; an entry goes with its last waiter.
     waiters: Mutex<HashMap<SessionId, Weak<Notify>>>,
 }
 
 /// A waiter's registration: woken on each append to its session.
 pub(crate) struct Waiter {
+    session: SessionId,
     notify: Arc<Notify>,
+    shared: Arc<Shared>,
 }
 
 impl Waiter {
@@ -51,6 +66,16 @@ impl Waiter {
     /// append between the read and the wait still wakes it.
     pub(crate) fn notify(&self) -> &Notify {
         &self.notify
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        let mut waiters = lock(&self.shared.waiters);
+        // Others still wait on this session while they hold the signal.
+        if Arc::strong_count(&self.notify) == 1 {
+            waiters.remove(&self.session);
+        }
     }
 }
 
@@ -71,72 +96,93 @@ impl Appends {
                 connect_timeout,
                 waiters: Mutex::new(HashMap::new()),
             }),
-            listener: Mutex::new(None),
+            listener: Mutex::new(Listener::NotStarted),
         }
     }
 
-    /// Registers a waiter for `session`, starting the subscription if no
-    /// task runs it. Call from within a tokio runtime.
+    /// Registers a waiter for `session`, starting the subscription first
+    /// if no waiter has yet.
     pub(crate) fn register(&self, session: &SessionId) -> Waiter {
-        let notify = {
-            let mut waiters = lock(&self.shared.waiters);
-            match waiters.get(session).and_then(Weak::upgrade) {
-                Some(n) => n,
-                None => {
-                    let n = Arc::new(Notify::new());
-                    waiters.insert(session.clone(), Arc::downgrade(&n));
-                    n
-                }
+        {
+            let mut listener = lock(&self.listener);
+            if matches!(*listener, Listener::NotStarted) {
+                *listener = self.start_listener();
+            }
+        }
+        // The waiters' lock is held from the look-up to the insert, and a
+        // dropping waiter checks the count under it: an entry is never
+        // removed while a waiter holds its signal.
+        let mut waiters = lock(&self.shared.waiters);
+        let notify = match waiters.get(session).and_then(Weak::upgrade) {
+            Some(n) => n,
+            None => {
+                let n = Arc::new(Notify::new());
+                waiters.insert(session.clone(), Arc::downgrade(&n));
+                n
             }
         };
-        let mut listener = lock(&self.listener);
-        if listener.as_ref().is_none_or(JoinHandle::is_finished) {
-            *listener = Some(tokio::spawn(listen(Arc::downgrade(&self.shared))));
+        Waiter {
+            session: session.clone(),
+            notify,
+            shared: Arc::clone(&self.shared),
         }
-        Waiter { notify }
     }
-}
 
-impl Drop for Appends {
-    fn drop(&mut self) {
-        if let Some(task) = lock(&self.listener).take() {
-            task.abort();
+    fn start_listener(&self) -> Listener {
+        let (stop, stopped) = oneshot::channel();
+        let shared = Arc::downgrade(&self.shared);
+        let runtime = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt,
+            Err(e) => {
+                warn!(error = %e, "no runtime for the appends subscription; waiters read every second");
+                return Listener::Off;
+            }
+        };
+        let started = std::thread::Builder::new()
+            .name("redis-appends".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    tokio::select! {
+                        () = listen(shared) => {}
+                        _ = stopped => {}
+                    }
+                });
+            });
+        match started {
+            Ok(_) => Listener::Running { _stop: stop },
+            Err(e) => {
+                warn!(error = %e, "no thread for the appends subscription; waiters read every second");
+                Listener::Off
+            }
         }
     }
 }
 
 impl Shared {
     fn wake(&self, session: &str) {
-        let mut waiters = lock(&self.waiters);
         let Ok(id) = SessionId::new(session) else {
             return;
         };
-        match waiters.get(&id).map(Weak::upgrade) {
-            Some(Some(n)) => n.notify_waiters(),
-            Some(None) => {
-                waiters.remove(&id);
-            }
-            None => {}
+        if let Some(n) = lock(&self.waiters).get(&id).and_then(Weak::upgrade) {
+            n.notify_waiters();
         }
     }
 
-    /// After a gap in the subscription every waiter reads again, and
-    /// entries without waiters go.
+    /// After a gap in the subscription every waiter reads again.
     fn wake_all(&self) {
-        let mut waiters = lock(&self.waiters);
-        waiters.retain(|_, w| match w.upgrade() {
-            Some(n) => {
-                n.notify_waiters();
-                true
-            }
-            None => false,
-        });
+        for n in lock(&self.waiters).values().filter_map(Weak::upgrade) {
+            n.notify_waiters();
+        }
     }
 }
 
 /// Subscribes and wakes waiters until the store is dropped; subscribes
 /// again after any failure, waking every waiter once subscribed (what was
-/// published meanwhile is lost).
+/// published meanwhile is lost). A user Redis allows no channel ends it:
+/// that does not mend by retrying.
 async fn listen(shared: Weak<Shared>) {
     let mut pause = Duration::from_millis(100);
     let mut warned = false;
@@ -145,23 +191,32 @@ async fn listen(shared: Weak<Shared>) {
         let subscribed = async {
             let mut pubsub = tokio::time::timeout(s.connect_timeout, s.client.get_async_pubsub())
                 .await
-                .map_err(|_| format!("no connection within {:?}", s.connect_timeout))?
-                .map_err(|e| e.to_string())?;
+                .map_err(|_| None)?
+                .map_err(Some)?;
             tokio::time::timeout(s.connect_timeout, pubsub.subscribe(&s.channel))
                 .await
-                .map_err(|_| format!("no SUBSCRIBE answer within {:?}", s.connect_timeout))?
-                .map_err(|e| e.to_string())?;
-            Ok::<_, String>(pubsub)
+                .map_err(|_| None)?
+                .map_err(Some)?;
+            Ok::<_, Option<redis::RedisError>>(pubsub)
         }
         .await;
         let pubsub = match subscribed {
             Ok(p) => p,
+            Err(Some(e)) if e.code() == Some("NOPERM") => {
+                warn!(
+                    channel = %s.channel,
+                    error = %e,
+                    "this Redis user may not subscribe to appends; waiters read every second"
+                );
+                return;
+            }
             Err(e) => {
                 if !warned {
+                    let error = e.map_or_else(|| "no answer in time".to_owned(), |e| e.to_string());
                     warn!(
                         channel = %s.channel,
-                        error = %e,
-                        "cannot subscribe to appends; followers read every second instead"
+                        %error,
+                        "cannot subscribe to appends yet; waiters read every second meanwhile"
                     );
                     warned = true;
                 }
@@ -184,5 +239,28 @@ async fn listen(shared: Weak<Shared>) {
             }
         }
         // The connection ended: subscribe again.
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sessions_entry_goes_with_its_last_waiter() {
+        // Nothing listens there: the subscription keeps trying, which the
+        // map does not care about.
+        let client = redis::Client::open("redis://127.0.0.1:1").unwrap();
+        let appends = Appends::new(client, "t:appends".into(), Duration::from_millis(100));
+        let id = |i: usize| SessionId::new(format!("s{i}")).unwrap();
+        let waiters: Vec<Waiter> = (0..1000).map(|i| appends.register(&id(i % 10))).collect();
+        assert_eq!(lock(&appends.shared.waiters).len(), 10);
+        let (first_half, second_half): (Vec<_>, Vec<_>) =
+            waiters.into_iter().enumerate().partition(|(i, _)| *i < 995);
+        drop(first_half);
+        // Sessions 5..9 still have a waiter each; 0..4 none.
+        assert_eq!(lock(&appends.shared.waiters).len(), 5);
+        drop(second_half);
+        assert!(lock(&appends.shared.waiters).is_empty());
     }
 }

@@ -12,7 +12,7 @@ use redis::Value;
 use serde_json::Value as Json;
 use session_store::{
     AppendReceipt, CancelRequest, ListCursor, Page, SessionPage, SessionStore, StoreError,
-    StoredEvent, WriteFence, check_list_limit,
+    StoreErrorKind, StoredEvent, WriteFence, check_list_limit,
 };
 
 use crate::appends::{Appends, FALLBACK_READ};
@@ -602,8 +602,10 @@ impl SessionStore for RedisStore {
     /// where a blocked read would hold a connection each. Messages can be
     /// lost (a subscription being re-made), so the wait also reads the
     /// session every second, which is how it learns of a deletion
-    /// (`NotFound`) too. Dropping the future ends the wait and holds
-    /// nothing.
+    /// (`NotFound`) too. A read Redis could not answer (it restarts, say)
+    /// is tried again on that schedule; the wait fails with it only if
+    /// Redis is still out of reach at its timeout. Dropping the future ends
+    /// the wait and holds nothing.
     async fn wait_for_append(
         &self,
         session: &SessionId,
@@ -620,12 +622,15 @@ impl SessionStore for RedisStore {
             tokio::pin!(woken);
             woken.as_mut().enable();
             // NotFound for a missing session, and no wait for an append made.
-            if !self.read(session, first, 1).await?.events.is_empty() {
-                return Ok(true);
-            }
+            let unreachable = match self.read(session, first, 1).await {
+                Ok(page) if !page.events.is_empty() => return Ok(true),
+                Ok(_) => None,
+                Err(e) if e.kind() == StoreErrorKind::Unavailable => Some(e),
+                Err(e) => return Err(e),
+            };
             let now = tokio::time::Instant::now();
             if now >= deadline {
-                return Ok(false);
+                return unreachable.map_or(Ok(false), Err);
             }
             let until = deadline.min(now + FALLBACK_READ);
             tokio::select! {

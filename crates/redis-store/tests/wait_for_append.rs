@@ -57,6 +57,19 @@ impl Probe {
             .unwrap_or_else(|| panic!("INFO clients reports no {field}: {info}"))
     }
 
+    /// A field of `INFO stats`.
+    async fn stat(&mut self, field: &str) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("stats")
+            .query_async(&mut self.0)
+            .await
+            .unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("INFO stats reports no {field}: {info}"))
+    }
+
     /// Subscribers of the stores' appends channel under prefix `w:`.
     async fn subscribers(&mut self) -> u64 {
         let counts: Vec<redis::Value> = redis::cmd("PUBSUB")
@@ -370,6 +383,31 @@ async fn a_user_allowed_no_channels_still_appends_and_its_waiters_still_wake() {
     let receipt = writer.append(&s, fence(), &[json!("x")]).await.unwrap();
     assert_eq!(receipt.last_seq, 1);
     assert!(woke(waiter).await);
+    // Refused a channel, the store does not ask again and again.
+    let before = probe.stat("total_connections_received").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(probe.stat("total_connections_received").await, before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_outlives_a_redis_restart_and_wakes_after_it() {
+    let mut redis = RedisServer::start_persistent().unwrap();
+    let follower = open(&redis).await;
+    let mut probe = Probe::new(&redis).await;
+    let s = sid("restarted");
+    follower.create(&s).await.unwrap();
+    let waiter = spawn_waiter(&mut probe, &follower, &s, 0, NEVER).await;
+    // Down for longer than the waiter's fallback read: reads fail meanwhile.
+    redis.kill();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(!waiter.is_finished(), "the wait ended while Redis was down");
+    redis.restart().unwrap();
+    let writer = open(&redis).await;
+    writer.append(&s, fence(), &[json!("after")]).await.unwrap();
+    assert!(woke(waiter).await);
+    // The subscription came back too.
+    let mut probe = Probe::new(&redis).await;
+    probe.until_subscribers(1).await;
 }
 
 /// What a waiter answered, failing the test if it never does.
