@@ -39,6 +39,21 @@ async fn payloads_to_end(stream: &mut SseReader) -> (Vec<Value>, Value) {
     }
 }
 
+/// One unleased server whose runs take `delay`, in three steps.
+fn unleased_echo(store: &std::path::Path, delay: &str) -> Mecated {
+    Mecated::start(
+        store,
+        "solo",
+        &[
+            "--no-session-lease",
+            "--echo-delay",
+            delay,
+            "--echo-steps",
+            "3",
+        ],
+    )
+}
+
 /// `?wait=` promises to wait for the session instead of refusing. Behind a
 /// load balancer the waiting request lands on the replica that holds the
 /// run as often as on any other; there it must wait too.
@@ -78,17 +93,7 @@ async fn a_waiting_run_on_the_holders_own_replica_waits_instead_of_refusing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unleased_follow_from_the_start_does_not_end_at_an_earlier_runs_end() {
     let dir = tempfile::tempdir().unwrap();
-    let m = Mecated::start(
-        dir.path(),
-        "solo",
-        &[
-            "--no-session-lease",
-            "--echo-delay",
-            "3s",
-            "--echo-steps",
-            "3",
-        ],
-    );
+    let m = unleased_echo(dir.path(), "3s");
     create(&m, "history").await;
     // A finished run: its `run_ended` stays in the log.
     let (status, done) = run(&m, "history", json!("earlier")).await;
@@ -224,17 +229,7 @@ async fn a_resumed_follow_stays_with_its_own_run_after_a_takeover() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unleased_resumed_follow_ends_at_its_own_runs_end() {
     let dir = tempfile::tempdir().unwrap();
-    let m = Mecated::start(
-        dir.path(),
-        "solo",
-        &[
-            "--no-session-lease",
-            "--echo-delay",
-            "2s",
-            "--echo-steps",
-            "3",
-        ],
-    );
+    let m = unleased_echo(dir.path(), "2s");
     create(&m, "mine").await;
     let (status, first) = run(&m, "mine", json!("earlier")).await;
     assert_eq!(status, StatusCode::OK, "{first}");

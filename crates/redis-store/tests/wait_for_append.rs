@@ -46,28 +46,24 @@ impl Probe {
 
     /// A field of `INFO clients`: `blocked_clients`, `connected_clients`.
     async fn clients(&mut self, field: &str) -> u64 {
-        let info: String = redis::cmd("INFO")
-            .arg("clients")
-            .query_async(&mut self.0)
-            .await
-            .unwrap();
-        info.lines()
-            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap_or_else(|| panic!("INFO clients reports no {field}: {info}"))
+        self.info("clients", field).await
     }
 
     /// A field of `INFO stats`.
     async fn stat(&mut self, field: &str) -> u64 {
+        self.info("stats", field).await
+    }
+
+    async fn info(&mut self, section: &str, field: &str) -> u64 {
         let info: String = redis::cmd("INFO")
-            .arg("stats")
+            .arg(section)
             .query_async(&mut self.0)
             .await
             .unwrap();
         info.lines()
             .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
             .and_then(|n| n.trim().parse().ok())
-            .unwrap_or_else(|| panic!("INFO stats reports no {field}: {info}"))
+            .unwrap_or_else(|| panic!("INFO {section} reports no {field}: {info}"))
     }
 
     /// Subscribers of the stores' appends channel under prefix `w:`.
