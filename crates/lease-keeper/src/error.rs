@@ -15,6 +15,7 @@ use lease_port::{LeaseError, OwnerId, SessionId};
 /// | `Invalid` | 400 / configuration error |
 /// | `RunEnded` | none: the write is not made and the run stops |
 /// | `WritesInFlight` | none: logged when a run ends |
+/// | `Rewound` | 500, not retryable: the authority must be fixed |
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum KeeperErrorKind {
@@ -34,6 +35,10 @@ pub enum KeeperErrorKind {
     /// was not released and its session stays busy in this process until
     /// they end.
     WritesInFlight,
+    /// The lease authority answered from older state than this process
+    /// already saw: nothing is held, and retrying cannot help until an
+    /// operator acts (see [`LeaseErrorKind::Rewound`](lease_port::LeaseErrorKind::Rewound)).
+    Rewound,
 }
 
 /// The error of [`LeaseKeeper`](crate::LeaseKeeper) and
@@ -61,6 +66,16 @@ pub enum KeeperError {
         /// The session concerned.
         session: SessionId,
         /// The backend's error (a `Transient` one, or a timeout made into one).
+        #[source]
+        source: LeaseError,
+    },
+    /// The backend answered `Rewound`: its state is older than what this
+    /// process saw. Not retryable; nothing is held.
+    #[error("the lease authority's state went back (session {session})")]
+    Rewound {
+        /// The session concerned.
+        session: SessionId,
+        /// The backend's `Rewound` error, naming what went back.
         #[source]
         source: LeaseError,
     },
@@ -122,6 +137,7 @@ impl KeeperError {
             KeeperError::Invalid { .. } => KeeperErrorKind::Invalid,
             KeeperError::RunEnded { .. } => KeeperErrorKind::RunEnded,
             KeeperError::WritesInFlight { .. } => KeeperErrorKind::WritesInFlight,
+            KeeperError::Rewound { .. } => KeeperErrorKind::Rewound,
         }
     }
 

@@ -14,6 +14,7 @@ use crate::OwnerId;
 /// | `Unsupported` | the backend cannot provide leases at all | stop consulting it for the life of the process |
 /// | `Invalid` | the input can never succeed | reject the request (400) |
 /// | `Transient` | an infrastructure fault that may pass | retry, or answer 503 |
+/// | `Rewound` | the authority's state went back (restored, wiped, failed over to a lagging copy) | refuse until an operator acts; never retry |
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum LeaseErrorKind {
@@ -25,6 +26,12 @@ pub enum LeaseErrorKind {
     Invalid,
     /// An infrastructure fault (I/O, network, timeout); the operation may succeed later.
     Transient,
+    /// The authority answered from older state than this client has already
+    /// seen (a snapshot restore, a wipe, a failover to a replica that had not
+    /// received the newest writes): tokens it hands out now may repeat ones
+    /// issued before. Retrying cannot help; an operator must restore the
+    /// newer state, or restart the clients to accept the older one.
+    Rewound,
 }
 
 impl LeaseErrorKind {
@@ -34,6 +41,7 @@ impl LeaseErrorKind {
             LeaseErrorKind::Unsupported => "leases unsupported",
             LeaseErrorKind::Invalid => "invalid lease input",
             LeaseErrorKind::Transient => "transient lease failure",
+            LeaseErrorKind::Rewound => "lease authority state went back",
         }
     }
 }
@@ -110,6 +118,11 @@ impl LeaseError {
     /// A passing infrastructure fault.
     pub fn transient(message: impl Into<Cow<'static, str>>) -> Self {
         Self::new(LeaseErrorKind::Transient, message)
+    }
+
+    /// The authority's state is older than what this client already saw.
+    pub fn rewound(message: impl Into<Cow<'static, str>>) -> Self {
+        Self::new(LeaseErrorKind::Rewound, message)
     }
 
     /// Keeps `source` as the cause of this error.

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::{AuthorityId, Lease, LeaseError, OwnerId, SessionId};
+use crate::{AuthorityId, FencingToken, Lease, LeaseError, OwnerId, SessionId};
 
 /// Temporary, fenced ownership of a session by one process.
 ///
@@ -28,6 +28,42 @@ pub trait SessionLease: Send + Sync {
     /// Held live by another owner: [`LeaseErrorKind::Held`](crate::LeaseErrorKind::Held),
     /// naming the holder when the backend knows it.
     async fn acquire(&self, session: &SessionId, owner: &OwnerId) -> Result<Lease, LeaseError>;
+
+    /// [`acquire`](Self::acquire), with a token greater than `floor`.
+    ///
+    /// `floor` is what a store says it already accepted for `session` (its
+    /// high-water mark). After the authority lost or rewound state its
+    /// counter may lag the stores it fences; a token at or below a store's
+    /// mark could never write there. A backend that keeps its own token
+    /// record raises it above `floor` in the same step as the grant, so
+    /// every later takeover stays above it too. The live holder
+    /// re-acquiring with a token not above `floor` gets a new, greater one.
+    ///
+    /// The default calls [`acquire`](Self::acquire) and accepts the grant
+    /// only when its token is above `floor`; otherwise it releases the
+    /// grant and answers [`LeaseErrorKind::Rewound`](crate::LeaseErrorKind::Rewound):
+    /// an authority that cannot raise its tokens must have its state
+    /// restored. Backends whose tokens can be raised override it.
+    async fn acquire_above(
+        &self,
+        session: &SessionId,
+        owner: &OwnerId,
+        floor: FencingToken,
+    ) -> Result<Lease, LeaseError> {
+        let lease = self.acquire(session, owner).await?;
+        if lease.token() > floor {
+            return Ok(lease);
+        }
+        // Best effort: a release that fails leaves a grant that lapses.
+        let _ = self.release(&lease).await;
+        Err(LeaseError::rewound(format!(
+            "the lease authority issued token {} for session {session}, not above {floor}, \
+             which a store already accepted: its token record is older than the store's \
+             (restored or wiped), and this backend cannot raise it; restore the authority's \
+             newer state",
+            lease.token()
+        )))
+    }
 
     /// Extends `lease`, returning a value with the same token and a later
     /// expiry. Store the returned value.
@@ -102,6 +138,14 @@ macro_rules! forward {
         impl<T: SessionLease + ?Sized> SessionLease for $ty {
             async fn acquire(&self, session: &SessionId, owner: &OwnerId) -> Result<Lease, LeaseError> {
                 (**self).acquire(session, owner).await
+            }
+            async fn acquire_above(
+                &self,
+                session: &SessionId,
+                owner: &OwnerId,
+                floor: FencingToken,
+            ) -> Result<Lease, LeaseError> {
+                (**self).acquire_above(session, owner, floor).await
             }
             async fn renew(&self, lease: &Lease) -> Result<Lease, LeaseError> {
                 (**self).renew(lease).await

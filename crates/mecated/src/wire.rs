@@ -363,6 +363,13 @@ pub enum ErrorCode {
     /// read-only or out of memory): nothing was done; retry. A write whose
     /// outcome is unknown (sent, and no answer) is `internal` instead.
     StoreUnavailable,
+    /// 500: the lease authority or the session store answered from older
+    /// state than this server already saw (restored from a snapshot, wiped,
+    /// failed over to a lagging replica, a directory put back from a
+    /// backup), or is deployed so that it can lose acknowledged writes (a
+    /// Redis evicting keys). Nothing was done; retrying cannot help until an
+    /// operator acts on what the message names. `/readyz` fails meanwhile.
+    StateRewound,
     /// 500: a fault of the server or its storage.
     Internal,
 }

@@ -45,6 +45,12 @@ pub enum StoreErrorKind {
     /// The store does not offer the operation (a trait method it left to
     /// its default, such as [`request_cancel`](crate::SessionStore::request_cancel)).
     Unsupported,
+    /// The store answered from older state than this client already saw (a
+    /// snapshot restore, a failover to a lagging replica, a directory put
+    /// back from a backup, keys evicted), or it is deployed in a way that
+    /// can lose acknowledged writes (an evicting memory policy). Nothing was
+    /// done. Retrying cannot help: the message names what to fix.
+    Rewound,
 }
 
 /// The error of every [`SessionStore`](crate::SessionStore) operation.
@@ -163,6 +169,15 @@ pub enum StoreError {
         /// The operation.
         what: &'static str,
     },
+    /// The store's state went back, or its deployment can lose
+    /// acknowledged writes; nothing was done.
+    #[error("store {location}: {detail}")]
+    Rewound {
+        /// Where the store is (a directory, a server without credentials).
+        location: String,
+        /// What went back or what is misconfigured, and what to do about it.
+        detail: String,
+    },
 }
 
 impl StoreError {
@@ -176,6 +191,15 @@ impl StoreError {
             location: location.into(),
             recorded,
             offered,
+        }
+    }
+
+    /// `Rewound` for the store at `location`: `detail` says what went back
+    /// (or what setting can lose writes) and what to do.
+    pub fn rewound(location: impl Into<String>, detail: impl Into<String>) -> Self {
+        StoreError::Rewound {
+            location: location.into(),
+            detail: detail.into(),
         }
     }
 
@@ -193,6 +217,7 @@ impl StoreError {
             StoreError::Busy { .. } => StoreErrorKind::Busy,
             StoreError::AuthorityMismatch { .. } => StoreErrorKind::AuthorityMismatch,
             StoreError::Unsupported { .. } => StoreErrorKind::Unsupported,
+            StoreError::Rewound { .. } => StoreErrorKind::Rewound,
         }
     }
 

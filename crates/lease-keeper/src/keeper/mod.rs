@@ -251,6 +251,13 @@ impl LeaseKeeper {
                             source: e,
                         })
                     }
+                    LeaseErrorKind::Rewound => {
+                        core.backend_answered(Some(e.to_string()));
+                        Err(KeeperError::Rewound {
+                            session: session.clone(),
+                            source: e,
+                        })
+                    }
                     _ => Err(KeeperError::Invalid {
                         message: format!("the backend refused session {session}"),
                         source: Some(e),

@@ -167,7 +167,9 @@ pub(super) fn settle(
             }
             kind => {
                 core.metrics.renew_latency(latency, RenewOutcome::Failed);
-                if kind == LeaseErrorKind::Unsupported {
+                if kind == LeaseErrorKind::Rewound {
+                    core.backend_answered(Some(e.to_string()));
+                } else if kind == LeaseErrorKind::Unsupported {
                     if !core.allow_unleased {
                         core.backend_answered(Some(e.to_string()));
                     } else if !core.unsupported.swap(true, Ordering::AcqRel) {

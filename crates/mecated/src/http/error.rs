@@ -85,7 +85,7 @@ fn status_of(code: ErrorCode) -> StatusCode {
         | ErrorCode::ShuttingDown
         | ErrorCode::StoreBusy
         | ErrorCode::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
-        ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        ErrorCode::Internal | ErrorCode::StateRewound => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
@@ -133,6 +133,7 @@ impl From<KeeperError> for ApiError {
             KeeperErrorKind::Busy => Self::new(ErrorCode::SessionBusy, message),
             KeeperErrorKind::Unavailable => Self::new(ErrorCode::LeaseUnavailable, message),
             KeeperErrorKind::ShuttingDown => Self::new(ErrorCode::ShuttingDown, message),
+            KeeperErrorKind::Rewound => Self::new(ErrorCode::StateRewound, message),
             // Ids are validated before they reach the keeper: an `Invalid`
             // from it is a backend or configuration fault, not the client's.
             _ => Self::new(ErrorCode::Internal, message),
@@ -158,6 +159,7 @@ impl From<StoreError> for ApiError {
             // Nothing was done: the store told so. An `Io` failure of a
             // write may have been done, so it is never called retryable.
             StoreErrorKind::Unavailable => ErrorCode::StoreUnavailable,
+            StoreErrorKind::Rewound => ErrorCode::StateRewound,
             _ => ErrorCode::Internal,
         };
         Self::new(code, message)
@@ -184,6 +186,7 @@ mod tests {
             (ShuttingDown, 503, false),
             (StoreBusy, 503, true),
             (StoreUnavailable, 503, true),
+            (StateRewound, 500, false),
             (Internal, 500, false),
         ];
         for (code, status, retryable) in table {
