@@ -51,6 +51,12 @@
 //! session ever leased. Released entries are removed; expired entries are
 //! removed when next touched or by [`MemLease::purge_expired`].
 //!
+//! [`acquire_above`](SessionLease::acquire_above) raises the shard's
+//! counter to its floor under the same lock as the grant: the grant, and
+//! every later one in the shard, exceeds the floor. A live holder whose
+//! token does not exceed it gets a new one, and its old value no longer
+//! renews.
+//!
 //! Renewing an expired lease succeeds when its record is still the caller's
 //! (nobody acquired since): the check and the update happen under one shard
 //! lock, which is the proof the contract asks for.
@@ -222,7 +228,16 @@ impl MemLease {
             .ok_or_else(|| LeaseError::invalid("TTL overflows the clock"))
     }
 
-    fn acquire_now(&self, session: &SessionId, owner: &OwnerId) -> Result<Lease, LeaseError> {
+    /// Grants `session` to `owner` with a token above `floor` (0: no
+    /// floor). The shard's counter is raised to `floor` under the same lock
+    /// as the grant, so this grant and every later one in the shard stay
+    /// above it.
+    fn acquire_now(
+        &self,
+        session: &SessionId,
+        owner: &OwnerId,
+        floor: FencingToken,
+    ) -> Result<Lease, LeaseError> {
         let now = self.table.clock.now();
         let expiry = self.expiry_from(now)?;
         let (hash, mut guard) = self.shard(session);
@@ -239,12 +254,14 @@ impl MemLease {
                 if now < h.expiry && h.owner != *owner {
                     return Err(LeaseError::held(Some(h.owner.clone())));
                 }
-                if now < h.expiry {
+                if now < h.expiry && h.token > floor {
                     // The live holder re-acquiring keeps its epoch.
                     h.expiry = expiry;
                     h.token
                 } else {
-                    let token = next_token(&mut shard.last_token)?;
+                    // A takeover, or the live holder whose token a store
+                    // already passed: a new epoch.
+                    let token = next_token_above(&mut shard.last_token, floor)?;
                     h.owner = owner.clone();
                     h.token = token;
                     h.expiry = expiry;
@@ -252,7 +269,7 @@ impl MemLease {
                 }
             }
             Entry::Vacant(e) => {
-                let token = next_token(&mut shard.last_token)?;
+                let token = next_token_above(&mut shard.last_token, floor)?;
                 e.insert(Holder {
                     session: session.clone(),
                     owner: owner.clone(),
@@ -300,12 +317,15 @@ impl MemLease {
     }
 }
 
-fn next_token(last: &mut u64) -> Result<FencingToken, LeaseError> {
-    // Unreachable in practice (2^64 takeovers), but a wrapped token would
-    // silently re-admit old owners: refuse instead.
-    *last = last
+/// Raises the shard's counter to at least `floor`, then takes the next
+/// token: greater than every token the shard issued and than `floor`.
+fn next_token_above(last: &mut u64, floor: FencingToken) -> Result<FencingToken, LeaseError> {
+    // Unreachable in practice (2^64 takeovers, or a floor of u64::MAX), but
+    // a wrapped token would silently re-admit old owners: refuse instead.
+    let base = (*last).max(floor.get());
+    *last = base
         .checked_add(1)
-        .ok_or_else(|| LeaseError::invalid("fencing tokens exhausted for this shard"))?;
+        .ok_or_else(|| LeaseError::invalid(format!("no fencing token exceeds {base}")))?;
     Ok(FencingToken::new(*last))
 }
 
@@ -338,7 +358,18 @@ impl fmt::Debug for MemLease {
 #[async_trait]
 impl SessionLease for MemLease {
     async fn acquire(&self, session: &SessionId, owner: &OwnerId) -> Result<Lease, LeaseError> {
-        self.acquire_now(session, owner)
+        self.acquire_now(session, owner, FencingToken::new(0))
+    }
+
+    /// Raises the shard's token counter above `floor` in the same step as
+    /// the grant: never answers `Rewound`.
+    async fn acquire_above(
+        &self,
+        session: &SessionId,
+        owner: &OwnerId,
+        floor: FencingToken,
+    ) -> Result<Lease, LeaseError> {
+        self.acquire_now(session, owner, floor)
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Lease, LeaseError> {
@@ -467,6 +498,109 @@ mod tests {
             leases.renew(&real).await.is_ok(),
             "forgeries changed nothing"
         );
+    }
+
+    fn floor(n: u64) -> FencingToken {
+        FencingToken::new(n)
+    }
+
+    #[tokio::test]
+    async fn acquire_above_grants_above_the_floor_and_later_takeovers_stay_above() {
+        let (leases, clock) = setup();
+        let (s, a, b) = ids();
+        let first = leases.acquire(&s, &a).await.unwrap();
+        assert!(first.token() < floor(100));
+        leases.release(&first).await.unwrap();
+
+        let raised = leases.acquire_above(&s, &b, floor(100)).await.unwrap();
+        assert!(raised.token() > floor(100), "{}", raised.token());
+        assert_eq!(leases.current(&s).await.unwrap(), Some(raised.clone()));
+
+        // Plain acquisitions after it never fall back below the floor.
+        leases.release(&raised).await.unwrap();
+        let after_release = leases.acquire(&s, &a).await.unwrap();
+        assert!(after_release.token() > raised.token());
+        clock.advance(leases.ttl());
+        let after_expiry = leases.acquire(&s, &b).await.unwrap();
+        assert!(after_expiry.token() > after_release.token());
+    }
+
+    #[tokio::test]
+    async fn a_floor_below_the_record_changes_nothing() {
+        let (leases, _) = setup();
+        let (s, a, b) = ids();
+        let first = leases.acquire_above(&s, &a, floor(50)).await.unwrap();
+        leases.release(&first).await.unwrap();
+        let second = leases.acquire_above(&s, &b, floor(3)).await.unwrap();
+        assert_eq!(second.token().get(), first.token().get() + 1);
+        let zero = leases.acquire_above(&s, &b, floor(0)).await.unwrap();
+        assert_eq!(
+            zero.token(),
+            second.token(),
+            "the live holder keeps its epoch"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_live_holder_below_the_floor_gets_a_new_greater_token() {
+        let (leases, _) = setup();
+        let (s, a, _) = ids();
+        let old = leases.acquire(&s, &a).await.unwrap();
+        let mark = floor(old.token().get() + 10);
+        let raised = leases.acquire_above(&s, &a, mark).await.unwrap();
+        assert!(raised.token() > mark);
+        assert_eq!(
+            leases.renew(&old).await.unwrap_err().kind(),
+            LeaseErrorKind::Held,
+            "the old epoch is over"
+        );
+        let renewed = leases.renew(&raised).await.unwrap();
+        assert_eq!(renewed.token(), raised.token());
+    }
+
+    #[tokio::test]
+    async fn the_live_holder_above_the_floor_keeps_its_token() {
+        let (leases, clock) = setup();
+        let (s, a, _) = ids();
+        let held = leases.acquire_above(&s, &a, floor(20)).await.unwrap();
+        clock.advance(Duration::from_secs(5));
+        let again = leases
+            .acquire_above(&s, &a, FencingToken::new(held.token().get() - 1))
+            .await
+            .unwrap();
+        assert_eq!(again.token(), held.token());
+        assert!(again.expiry() > held.expiry());
+        assert!(leases.renew(&held).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_floor_never_takes_a_session_held_by_another_owner() {
+        let (leases, _) = setup();
+        let (s, a, b) = ids();
+        let held = leases.acquire(&s, &a).await.unwrap();
+        let err = leases.acquire_above(&s, &b, floor(1000)).await.unwrap_err();
+        assert_eq!(err.kind(), LeaseErrorKind::Held);
+        assert_eq!(err.holder(), Some(&a));
+        assert_eq!(leases.current(&s).await.unwrap(), Some(held));
+    }
+
+    #[tokio::test]
+    async fn a_floor_no_token_can_exceed_is_invalid_and_grants_nothing() {
+        let (leases, _) = setup();
+        let (s, a, _) = ids();
+        let err = leases
+            .acquire_above(&s, &a, floor(u64::MAX))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), LeaseErrorKind::Invalid);
+        assert_eq!(leases.current(&s).await.unwrap(), None);
+        let held = leases.acquire(&s, &a).await.unwrap();
+        let err = leases
+            .acquire_above(&s, &a, floor(u64::MAX))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), LeaseErrorKind::Invalid);
+        assert!(leases.renew(&held).await.is_ok(), "the grant is untouched");
     }
 
     #[tokio::test]
