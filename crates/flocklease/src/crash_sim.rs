@@ -527,4 +527,61 @@ mod tests {
         let next = rt.block_on(b.acquire(&s, &o)).unwrap();
         assert_eq!(next.token().get(), crate::DEFAULT_TOKEN_RESERVATION + 1);
     }
+
+    /// `acquire_above` makes its raised ceiling durable before it answers:
+    /// whatever a power loss leaves of the file afterwards, the next
+    /// takeover is still above the floor.
+    #[test]
+    fn a_floor_is_durable_before_its_token_is_returned() {
+        let rt = rt();
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new();
+        let open = || {
+            FlockLease::builder(dir.path())
+                .ttl(TTL)
+                .clock(Arc::new(clock.clone()))
+                .token_reservation(16)
+                .open()
+                .unwrap()
+        };
+        let s = SessionId::new("floor/durable").unwrap();
+        let path = dir.path().join(file_name(&s));
+        let floor = lease_port::FencingToken::new(50_000);
+        let leases = open();
+        // Armed within a reservation far below the floor first.
+        let early = rt
+            .block_on(leases.acquire(&s, &OwnerId::new("o").unwrap()))
+            .unwrap();
+        rt.block_on(leases.release(&early)).unwrap();
+        let lease = rt
+            .block_on(leases.acquire_above(&s, &OwnerId::new("a").unwrap(), floor))
+            .unwrap();
+        assert!(lease.token() > floor);
+        let (bytes, synced, _) = events(&path).last().cloned().unwrap();
+        assert!(synced, "the raised record was not synced");
+        assert_eq!(decode(&bytes).token, lease.token().get());
+        assert!(durable_ceiling(&path).unwrap() >= lease.token().get());
+        // Unsynced writes after it (renew, release) may be lost: every state
+        // a power loss may leave still takes over above the floor.
+        let lease = rt.block_on(leases.renew(&lease)).unwrap();
+        rt.block_on(leases.release(&lease)).unwrap();
+        drop(leases);
+        let states = crash_states(&path);
+        assert!(states.len() > 1, "{} states", states.len());
+        for state in states {
+            let state = state.expect("the file's name was synced");
+            if Record::decode(&path, &state).is_err() {
+                continue; // a torn header: an error, never a lower token
+            }
+            std::fs::write(&path, &state).unwrap();
+            // Past any hold a lost release left behind.
+            clock.advance(TTL * 2);
+            let after = open();
+            let next = rt
+                .block_on(after.acquire(&s, &OwnerId::new("b").unwrap()))
+                .unwrap();
+            assert!(next.token() > lease.token(), "{next:?} after {lease:?}");
+            rt.block_on(after.release(&next)).unwrap();
+        }
+    }
 }

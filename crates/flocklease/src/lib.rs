@@ -194,6 +194,24 @@
 //!   you keep; delete them only together with that data (or for sessions
 //!   that are gone). Clearing a damaged file is the same decision.
 //!
+//! # Tokens above a floor
+//!
+//! [`acquire_above`](SessionLease::acquire_above)`(session, owner, floor)`
+//! is an acquire whose token is greater than `floor` — a store's
+//! high-water mark for the session, when the lease directory lags the
+//! store (restored from an older copy, a lease file repaired or deleted).
+//! It follows every rule of `acquire` (`Held` for another live owner), and
+//! in the same locked step raises the record: when the token it would hand
+//! out is not above `floor` it reserves instead, token
+//! `max(token, ceiling, floor) + 1` with a new ceiling past it, synced
+//! before the token is returned. So the token record, not just this one
+//! grant, is past the floor: every later takeover — another owner, another
+//! instance, after a restart or a power loss — is above it too. The live
+//! holder re-acquiring keeps its token when that is above `floor`, and
+//! otherwise gets the new, greater one (its old token is then superseded:
+//! renewing it answers `Held`). A floor the current token already exceeds
+//! costs nothing more than `acquire`.
+//!
 //! # Errors
 //!
 //! | kind | when |
@@ -298,7 +316,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lease_port::{
-    AuthorityId, Clock, Lease, LeaseError, OwnerId, SessionId, SessionLease, SystemClock,
+    AuthorityId, Clock, FencingToken, Lease, LeaseError, OwnerId, SessionId, SessionLease,
+    SystemClock,
 };
 
 pub use authority::{AUTHORITY_FILE, adopt};
@@ -628,7 +647,25 @@ impl fmt::Debug for FlockLease {
 impl SessionLease for FlockLease {
     async fn acquire(&self, session: &SessionId, owner: &OwnerId) -> Result<Lease, LeaseError> {
         granted(
-            self.run(Op::Acquire(session.clone(), owner.clone()))
+            self.run(Op::Acquire(session.clone(), owner.clone(), 0))
+                .await?,
+        )
+    }
+
+    /// An acquire whose token is above `floor`, raising the session's token
+    /// record with it (see the crate docs, "Tokens above a floor"): in the
+    /// one locked step of the grant, the record's token and reservation
+    /// ceiling go past `floor` and are synced before the token is returned,
+    /// so every later takeover, by any instance and after any crash, is
+    /// above `floor` too. Never answers `Rewound`.
+    async fn acquire_above(
+        &self,
+        session: &SessionId,
+        owner: &OwnerId,
+        floor: FencingToken,
+    ) -> Result<Lease, LeaseError> {
+        granted(
+            self.run(Op::Acquire(session.clone(), owner.clone(), floor.get()))
                 .await?,
         )
     }

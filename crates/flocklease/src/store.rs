@@ -69,7 +69,9 @@ pub(crate) const OWNERS_DIR: &str = ".owners";
 const MAX_ARMED: usize = 65_536;
 
 pub(crate) enum Op {
-    Acquire(SessionId, OwnerId),
+    /// Acquire with a token above the floor (0 for a plain acquire: every
+    /// token is at least 1).
+    Acquire(SessionId, OwnerId, u64),
     Renew(Lease),
     Release(Lease),
     /// Reads the live holder; writes nothing.
@@ -85,7 +87,7 @@ pub(crate) enum Reply {
 impl Op {
     pub(crate) fn session(&self) -> &SessionId {
         match self {
-            Op::Acquire(s, _) | Op::Current(s) => s,
+            Op::Acquire(s, _, _) | Op::Current(s) => s,
             Op::Renew(l) | Op::Release(l) => l.session_id(),
         }
     }
@@ -573,6 +575,24 @@ impl Store {
         }
     }
 
+    /// A new reservation: the token `max(token, ceiling, floor) + 1` — past
+    /// every token a lost write could have issued and past `floor` — and a
+    /// ceiling `reservation - 1` above it, to be synced before answering
+    /// (token, ceiling, sync, arm).
+    fn reserve_above(
+        &self,
+        record: Option<&Record>,
+        floor: u64,
+    ) -> Result<(u64, u64, bool, Option<u64>), LeaseError> {
+        let token = record
+            .map_or(0, |r| r.token.max(r.reserved))
+            .max(floor)
+            .checked_add(1)
+            .ok_or_else(|| LeaseError::invalid("fencing tokens exhausted for this session"))?;
+        let ceiling = token.saturating_add(self.reservation - 1);
+        Ok((token, ceiling, true, Some(ceiling)))
+    }
+
     /// Under the lock: checks the directory still is the one opened, reads
     /// the record, and decides what to write and answer.
     pub(crate) fn plan(&self, file: &File, name: &str, op: &Op) -> Result<Plan, LeaseError> {
@@ -618,7 +638,7 @@ impl Store {
             reply,
         };
         Ok(match op {
-            Op::Acquire(session, owner) => {
+            Op::Acquire(session, owner, floor) => {
                 // Armed: this instance reserved the current ceiling itself,
                 // after any host crash that could have rolled the file back,
                 // and saw it synced; so the record's token is the latest
@@ -635,31 +655,34 @@ impl Store {
                         if holder != owner {
                             return Ok(nothing(Err(LeaseError::held(Some(holder.clone())))));
                         }
-                        // The live holder re-acquiring keeps its epoch. Sync
-                        // unless the ceiling is known durable: the token may
-                        // come from a reservation whose fdatasync failed.
-                        (r.token, r.reserved, !armed(r), None)
+                        if r.token > *floor {
+                            // The live holder re-acquiring keeps its epoch.
+                            // Sync unless the ceiling is known durable: the
+                            // token may come from a reservation whose
+                            // fdatasync failed.
+                            (r.token, r.reserved, !armed(r), None)
+                        } else {
+                            // Its token is at or below a store's mark: a
+                            // new, greater one, reserved past the floor.
+                            self.reserve_above(record.as_ref(), *floor)?
+                        }
                     }
                     Some(r) if r.holder_lost && live(r) => {
                         return Ok(nothing(Err(LeaseError::held(None))));
                     }
-                    Some(r) if r.token < r.reserved && armed(r) && !r.holder_lost => {
+                    Some(r)
+                        if r.token < r.reserved
+                            && r.token >= *floor
+                            && armed(r)
+                            && !r.holder_lost =>
+                    {
                         (r.token + 1, r.reserved, false, None)
                     }
-                    // Not armed, or the reservation used up: jump past every
-                    // token a lost write could have issued, and make the new
-                    // ceiling durable before answering.
-                    _ => {
-                        let token = record
-                            .as_ref()
-                            .map_or(0, |r| r.token.max(r.reserved))
-                            .checked_add(1)
-                            .ok_or_else(|| {
-                                LeaseError::invalid("fencing tokens exhausted for this session")
-                            })?;
-                        let ceiling = token.saturating_add(self.reservation - 1);
-                        (token, ceiling, true, Some(ceiling))
-                    }
+                    // Not armed, the reservation used up, or a floor above
+                    // it: jump past every token a lost write could have
+                    // issued and past the floor, and make the new ceiling
+                    // durable before answering.
+                    _ => self.reserve_above(record.as_ref(), *floor)?,
                 };
                 let expiry_nanos = expiry()?;
                 Plan {
