@@ -3,12 +3,19 @@
 
 use std::fmt;
 use std::io;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Cmd, RedisError, RetryMethod, ScriptInvocation, Value};
+use redis::{Cmd, RedisError, RetryMethod, Script, ScriptInvocation, Value};
 
 use crate::keys::Keys;
+
+/// How often the memory policy is read again after connecting, when none
+/// is configured: an operator (or a managed service's maintenance) can
+/// change it on a running server.
+pub const DEFAULT_POLICY_CHECK_INTERVAL: Duration = Duration::from_secs(30);
 
 /// The deadline of each request when none is configured.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
@@ -105,6 +112,7 @@ pub(crate) struct Target {
     pub(crate) url: String,
     pub(crate) prefix: String,
     pub(crate) request_timeout: Duration,
+    pub(crate) policy_check_interval: Duration,
 }
 
 /// Why a connection could not be made.
@@ -114,6 +122,141 @@ pub(crate) enum ConnectError {
     Invalid(String),
     /// Redis could not be reached.
     Unreachable(RequestError),
+    /// Redis is deployed so that it can drop acknowledged writes.
+    Unsafe(String),
+}
+
+/// Why a clocked script did not run to an answer.
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    /// The request failed (see [`RequestError`]).
+    Request(RequestError),
+    /// Redis's clock is below what this process saw: its data went back.
+    Rewound {
+        /// The highest clock this process saw.
+        seen: u64,
+        /// The clock Redis has now.
+        now: u64,
+    },
+    /// Redis may evict keys (its memory policy), so nothing it keeps can be
+    /// trusted to stay: refused before sending.
+    Unsafe(String),
+}
+
+impl Refusal {
+    /// The failed request, or (`Err`) the explanation of a refusal that is
+    /// not one, naming what to fix.
+    pub(crate) fn request_or_explain(self, location: &str) -> Result<RequestError, String> {
+        match self {
+            Refusal::Request(e) => Ok(e),
+            Refusal::Rewound { seen, now } => Err(format!(
+                "Redis at {location} went back: its change counter is {now}, but this process \
+                 already saw {seen}. Redis lost acknowledged writes (restarted from an older \
+                 snapshot, a crash under `appendfsync everysec`, a failover to a replica that \
+                 lagged, or keys removed by hand), and with them tokens and high-water marks it \
+                 had confirmed: writing on would reissue tokens and accept writes the fence \
+                 refused. Nothing was done. Restore the newer data if it exists; otherwise \
+                 restart this process to accept the older state (sessions lose what Redis \
+                 lost), and run Redis with `appendonly yes` and `appendfsync always`"
+            )),
+            Refusal::Unsafe(why) => Err(why),
+        }
+    }
+}
+
+/// The one setting the fence cannot do without: a Redis that evicts keys
+/// under memory pressure drops grants, token records and high-water marks
+/// as readily as events, and a dropped mark or token record lets a stale
+/// owner write. Checked at connect, then at most every interval by the
+/// next request that finds the last check old.
+struct Deployment {
+    interval: Duration,
+    /// When the policy was last read.
+    checked: Mutex<Instant>,
+    /// The refusal the last reading gave, if any.
+    unsafe_policy: Mutex<Option<String>>,
+}
+
+/// The memory policy, read with `CONFIG GET`, or from `INFO memory` where
+/// `CONFIG` is renamed away or not granted (managed services often do
+/// that). `Ok(None)`: neither could be read.
+async fn memory_policy(
+    manager: &mut ConnectionManager,
+    timeout: Duration,
+) -> Result<Option<String>, RequestError> {
+    let config = within(
+        timeout,
+        redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("maxmemory-policy")
+            .query_async::<Value>(manager),
+    )
+    .await;
+    match config {
+        Ok(Value::Array(parts)) if parts.len() == 2 => {
+            if let Some(policy) = text(&parts[1]) {
+                return Ok(Some(policy.to_owned()));
+            }
+        }
+        Ok(Value::Map(pairs)) => {
+            if let Some((_, v)) = pairs.first()
+                && let Some(policy) = text(v)
+            {
+                return Ok(Some(policy.to_owned()));
+            }
+        }
+        Ok(_) => {}
+        // A server error (unknown command, NOPERM): try INFO. No answer
+        // at all is the caller's to report.
+        Err(RequestError::Redis(e)) if e.code().is_some() => {}
+        Err(e) => return Err(e),
+    }
+    let info = within(
+        timeout,
+        redis::cmd("INFO")
+            .arg("memory")
+            .query_async::<Value>(manager),
+    )
+    .await;
+    match info {
+        Ok(value) => Ok(info_text(&value).and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("maxmemory_policy:"))
+                .map(|p| p.trim().to_owned())
+        })),
+        Err(RequestError::Redis(e)) if e.code().is_some() => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+fn info_text(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        Value::VerbatimString { text, .. } => Some(text.clone()),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+/// `None` when `policy` keeps every key; else the refusal, naming the fix.
+fn judge_policy(policy: Option<&str>, location: &str) -> Option<String> {
+    match policy {
+        Some("noeviction") => None,
+        Some(other) => Some(format!(
+            "Redis at {location} runs with maxmemory-policy {other}: under memory pressure it \
+             evicts keys, and with them lease grants, token records and high-water marks, \
+             after which a second owner can take a live session and a stale owner's writes \
+             are accepted. Set `maxmemory-policy noeviction` (CONFIG SET maxmemory-policy \
+             noeviction, and in redis.conf or the managed service's parameters); a full \
+             Redis then refuses writes (OOM) instead of forgetting what it confirmed"
+        )),
+        None => Some(format!(
+            "cannot read the memory policy of Redis at {location}: both `CONFIG GET \
+             maxmemory-policy` and `INFO memory` were refused. The fence needs \
+             `maxmemory-policy noeviction` and must see it: grant this user `CONFIG GET` or \
+             `INFO` (e.g. ACL `+config|get` or `+info`)"
+        )),
+    }
 }
 
 /// A shared, self-reconnecting connection: requests from every task go
@@ -127,6 +270,11 @@ pub(crate) struct Conn {
     timeout: Duration,
     location: String,
     keys: Keys,
+    /// The highest value of the prefix's change counter (`<prefix>clock`)
+    /// this process saw. Every write script advances the counter in Redis
+    /// and refuses to run when it is below this: Redis went back.
+    clock: Arc<AtomicU64>,
+    deployment: Arc<Deployment>,
 }
 
 impl fmt::Debug for Conn {
@@ -174,13 +322,103 @@ impl Conn {
         .await
         .map_err(|_| ConnectError::Unreachable(RequestError::TimedOut(target.request_timeout)))?
         .map_err(|e| ConnectError::Unreachable(RequestError::Redis(e)))?;
+        let location = format!("{} prefix {:?}", redacted(&target.url), target.prefix);
+        let policy = memory_policy(&mut manager.clone(), target.request_timeout)
+            .await
+            .map_err(ConnectError::Unreachable)?;
+        if let Some(refusal) = judge_policy(policy.as_deref(), &location) {
+            return Err(ConnectError::Unsafe(refusal));
+        }
         Ok(Conn {
             manager,
             client,
             timeout: target.request_timeout,
-            location: format!("{} prefix {:?}", redacted(&target.url), target.prefix),
+            location,
             keys,
+            clock: Arc::new(AtomicU64::new(0)),
+            deployment: Arc::new(Deployment {
+                interval: target.policy_check_interval,
+                checked: Mutex::new(Instant::now()),
+                unsafe_policy: Mutex::new(None),
+            }),
         })
+    }
+
+    /// `script` prepared for [`clocked`](Self::clocked): the change
+    /// counter's key and this process's floor go first, the script's own
+    /// keys and arguments after them.
+    pub(crate) fn prepare<'a>(&self, script: &'a Script) -> ScriptInvocation<'a> {
+        let mut call = script.prepare_invoke();
+        call.key(self.keys.clock())
+            .arg(self.clock.load(Ordering::Acquire));
+        call
+    }
+
+    /// Runs a script made with the `scripts` module's clocked wrappers and
+    /// prepared with [`prepare`](Self::prepare): refused before sending
+    /// while the memory policy is unsafe, refused by Redis when its counter
+    /// is below what this process saw, and the counter Redis answers kept
+    /// as the new floor. Answers the script body's own reply.
+    pub(crate) async fn clocked(&self, call: &ScriptInvocation<'_>) -> Result<Value, Refusal> {
+        self.recheck_policy().await;
+        if let Some(why) = self
+            .deployment
+            .unsafe_policy
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+        {
+            return Err(Refusal::Unsafe(why));
+        }
+        let reply = self.script(call).await.map_err(Refusal::Request)?;
+        let Value::Array(mut parts) = reply else {
+            return Ok(reply);
+        };
+        let number = |v: &Value| match v {
+            Value::Int(n) => u64::try_from(*n).ok(),
+            other => text(other).and_then(|t| t.parse().ok()),
+        };
+        match (parts.first().and_then(text), parts.get(1).and_then(number)) {
+            (Some("clock"), Some(now)) if parts.len() == 3 => {
+                self.clock.fetch_max(now, Ordering::AcqRel);
+                Ok(parts.swap_remove(2))
+            }
+            (Some("rewound"), Some(now)) if parts.len() == 3 => {
+                let seen = parts.get(2).and_then(number).unwrap_or(0);
+                Err(Refusal::Rewound { seen, now })
+            }
+            _ => Ok(Value::Array(parts)),
+        }
+    }
+
+    /// Reads the memory policy again when the last reading is older than
+    /// the interval; one caller reads while the others go on with the
+    /// last verdict. A reading that gets no answer keeps the last verdict.
+    async fn recheck_policy(&self) {
+        let due = {
+            let mut checked = self
+                .deployment
+                .checked
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if checked.elapsed() < self.deployment.interval {
+                false
+            } else {
+                *checked = Instant::now();
+                true
+            }
+        };
+        if !due {
+            return;
+        }
+        if let Ok(policy) = memory_policy(&mut self.manager.clone(), self.timeout).await {
+            *self
+                .deployment
+                .unsafe_policy
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) =
+                judge_policy(policy.as_deref(), &self.location);
+        }
     }
 
     pub(crate) fn keys(&self) -> &Keys {

@@ -92,6 +92,13 @@ impl Keys {
         format!("{}fencing-authority", self.prefix)
     }
 
+    /// The prefix's change counter: every write script advances it by one,
+    /// so it only grows while Redis keeps what it confirmed. A value below
+    /// one a client saw means Redis went back.
+    pub(crate) fn clock(&self) -> String {
+        format!("{}clock", self.prefix)
+    }
+
     /// The channel every append publishes its session id on (a channel,
     /// not a key: it holds nothing).
     pub(crate) fn appends_channel(&self) -> String {

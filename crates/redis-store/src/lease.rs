@@ -11,7 +11,10 @@ use redis::Value;
 use tokio::sync::OnceCell;
 
 use crate::authority::fresh_authority_id;
-use crate::conn::{Conn, ConnectError, DEFAULT_REQUEST_TIMEOUT, RequestError, Target, text};
+use crate::conn::{
+    Conn, ConnectError, DEFAULT_POLICY_CHECK_INTERVAL, DEFAULT_REQUEST_TIMEOUT, Refusal,
+    RequestError, Target, text,
+};
 use crate::keys::DEFAULT_PREFIX;
 use crate::scripts;
 
@@ -68,6 +71,14 @@ impl RedisLeaseBuilder {
         self
     }
 
+    /// How often the server's `maxmemory-policy` is read again after
+    /// connecting (default [`DEFAULT_POLICY_CHECK_INTERVAL`]); see
+    /// [`RedisStoreBuilder::policy_check_interval`](crate::RedisStoreBuilder::policy_check_interval).
+    pub fn policy_check_interval(mut self, interval: Duration) -> Self {
+        self.target.policy_check_interval = interval;
+        self
+    }
+
     /// How long a grant lasts without renewal (default 15 s).
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
@@ -76,10 +87,13 @@ impl RedisLeaseBuilder {
 
     /// Connects. A bad URL, prefix, TTL or timeout is
     /// [`Invalid`](lease_port::LeaseErrorKind::Invalid); an unreachable
-    /// server is [`Transient`](lease_port::LeaseErrorKind::Transient).
+    /// server is [`Transient`](lease_port::LeaseErrorKind::Transient); a
+    /// server that may evict keys (any `maxmemory-policy` but
+    /// `noeviction`) is [`Rewound`](lease_port::LeaseErrorKind::Rewound).
     pub async fn connect(self) -> Result<RedisLease, LeaseError> {
         let conn = Conn::connect(&self.target).await.map_err(|e| match e {
             ConnectError::Invalid(m) => LeaseError::invalid(m),
+            ConnectError::Unsafe(m) => LeaseError::rewound(m),
             ConnectError::Unreachable(source) => {
                 LeaseError::transient("cannot reach Redis").with_source(source)
             }
@@ -97,6 +111,7 @@ impl RedisLease {
                 url: url.into(),
                 prefix: DEFAULT_PREFIX.to_owned(),
                 request_timeout: DEFAULT_REQUEST_TIMEOUT,
+                policy_check_interval: DEFAULT_POLICY_CHECK_INTERVAL,
             },
             ttl: Duration::from_secs(15),
         }
@@ -132,9 +147,9 @@ impl RedisLease {
                 let key = conn.keys().lease_authority();
                 let candidate = fresh_authority_id(conn.location());
                 let reply = conn
-                    .script(scripts::GET_OR_SET.key(&key).arg(&candidate))
+                    .clocked(conn.prepare(&scripts::GET_OR_SET).key(&key).arg(&candidate))
                     .await
-                    .map_err(transient("reading the lease authority"))?;
+                    .map_err(refused(conn, "reading the lease authority"))?;
                 let id = text(&reply).ok_or_else(|| unreadable(&key, &reply))?;
                 AuthorityId::new(id).map_err(|_| unreadable(&key, &reply))
             })
@@ -144,7 +159,7 @@ impl RedisLease {
     /// Renews up to [`RENEW_CHUNK`] leases in one script call.
     async fn renew_chunk(&self, leases: &[Lease]) -> Vec<Result<Lease, LeaseError>> {
         let conn = &self.inner.conn;
-        let mut call = scripts::RENEW.prepare_invoke();
+        let mut call = conn.prepare(&scripts::RENEW);
         call.arg(&self.inner.ttl_ms);
         for lease in leases {
             call.key(conn.keys().lease(lease.session_id()))
@@ -152,13 +167,20 @@ impl RedisLease {
                 .arg(grant(lease.token(), lease.owner()));
         }
         let sent = SystemTime::now();
-        let answers = match conn.script(&call).await {
+        let answers = match conn.clocked(&call).await {
             Ok(Value::Array(answers)) if answers.len() == leases.len() => answers,
             Ok(other) => {
                 let e = unreadable("the renewal reply", &other);
                 return leases.iter().map(|_| Err(copy(&e))).collect();
             }
-            Err(e) => {
+            Err(r @ (Refusal::Rewound { .. } | Refusal::Unsafe(_))) => {
+                let e = refused(conn, "renewing in Redis")(r);
+                return leases
+                    .iter()
+                    .map(|_| Err(LeaseError::rewound(e.message().to_owned())))
+                    .collect();
+            }
+            Err(Refusal::Request(e)) => {
                 let shared = Arc::new(e);
                 return leases
                     .iter()
@@ -187,22 +209,42 @@ impl RedisLease {
 #[async_trait]
 impl SessionLease for RedisLease {
     async fn acquire(&self, session: &SessionId, owner: &OwnerId) -> Result<Lease, LeaseError> {
+        self.acquire_above(session, owner, FencingToken::new(0))
+            .await
+    }
+
+    /// One script raises the session's token record to `floor` and grants
+    /// the next token, so the grant and every later takeover are above it.
+    async fn acquire_above(
+        &self,
+        session: &SessionId,
+        owner: &OwnerId,
+        floor: FencingToken,
+    ) -> Result<Lease, LeaseError> {
+        // The record is raised with HINCRBY, which holds a signed 64-bit
+        // integer: a floor beyond it could never be issued above.
+        if floor.get() >= i64::MAX as u64 {
+            return Err(LeaseError::invalid(format!(
+                "token floor {floor} is beyond what Redis can count to"
+            )));
+        }
         let authority = self.known_authority().await?;
         let conn = &self.inner.conn;
         let keys = conn.keys();
         let sent = SystemTime::now();
         let reply = conn
-            .script(
-                scripts::ACQUIRE
+            .clocked(
+                conn.prepare(&scripts::ACQUIRE)
                     .key(keys.lease(session))
                     .key(keys.lease_tokens(session))
                     .key(keys.lease_authority())
                     .arg(owner.as_str())
                     .arg(&self.inner.ttl_ms)
-                    .arg(authority.as_str()),
+                    .arg(authority.as_str())
+                    .arg(floor.get()),
             )
             .await
-            .map_err(transient("acquiring in Redis"))?;
+            .map_err(refused(conn, "acquiring in Redis"))?;
         let parts = match &reply {
             Value::Array(parts) => parts.as_slice(),
             _ => &[],
@@ -242,14 +284,14 @@ impl SessionLease for RedisLease {
 
     async fn release(&self, lease: &Lease) -> Result<(), LeaseError> {
         let conn = &self.inner.conn;
-        conn.script(
-            scripts::RELEASE
+        conn.clocked(
+            conn.prepare(&scripts::RELEASE)
                 .key(conn.keys().lease(lease.session_id()))
                 .key(conn.keys().lease_tokens(lease.session_id()))
                 .arg(grant(lease.token(), lease.owner())),
         )
         .await
-        .map_err(transient("releasing in Redis"))?;
+        .map_err(refused(conn, "releasing in Redis"))?;
         Ok(())
     }
 
@@ -261,9 +303,9 @@ impl SessionLease for RedisLease {
         let conn = &self.inner.conn;
         let now = SystemTime::now();
         let reply = conn
-            .script(&scripts::CURRENT.key(conn.keys().lease(session)))
+            .clocked(conn.prepare(&scripts::CURRENT).key(conn.keys().lease(session)))
             .await
-            .map_err(transient("reading a lease in Redis"))?;
+            .map_err(refused(conn, "reading a lease in Redis"))?;
         let (held, pttl) = match &reply {
             Value::Nil => return Ok(None),
             Value::Array(parts) => match parts.as_slice() {
@@ -305,8 +347,13 @@ fn parse_grant(held: &str) -> Option<(FencingToken, OwnerId)> {
     ))
 }
 
-fn transient(what: &'static str) -> impl Fn(RequestError) -> LeaseError {
-    move |e| LeaseError::transient(what).with_source(e)
+/// A refused clocked script as the contract's error: Redis went back or
+/// may evict (`Rewound`, naming the fix), or a passing fault.
+fn refused<'a>(conn: &'a Conn, what: &'static str) -> impl Fn(Refusal) -> LeaseError + 'a {
+    move |r| match r.request_or_explain(conn.location()) {
+        Ok(e) => LeaseError::transient(what).with_source(e),
+        Err(detail) => LeaseError::rewound(format!("{what}: {detail}")),
+    }
 }
 
 fn unreadable(what: &str, reply: &Value) -> LeaseError {

@@ -191,7 +191,7 @@ mod lease;
 mod scripts;
 mod store;
 
-pub use conn::{DEFAULT_REQUEST_TIMEOUT, RequestError};
+pub use conn::{DEFAULT_POLICY_CHECK_INTERVAL, DEFAULT_REQUEST_TIMEOUT, RequestError};
 pub use keys::DEFAULT_PREFIX;
 pub use lease::{RedisLease, RedisLeaseBuilder};
 pub use store::{

@@ -13,6 +13,43 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
+/// A script that writes, wrapped so Redis keeps the prefix's change
+/// counter (see [`Keys::clock`](crate::keys::Keys::clock)): KEYS[1] is the
+/// counter and ARGV[1] the highest value the caller saw; the body sees the
+/// rest as its KEYS and ARGV. Below the caller's value the script refuses
+/// before the body runs (`{'rewound', now, seen}`); otherwise the body runs
+/// and the counter advances, and the reply is `{'clock', counter, body's
+/// reply}`. An error reply of the body passes through as it is (nothing
+/// was written then, as the body guarantees).
+fn clocked(body: &str) -> Script {
+    Script::new(&format!(
+        "{CLOCK_CHECK}local function body(KEYS, ARGV)\n{body}\nend\n\
+         local out = body(K, A)\n\
+         if type(out) == 'table' and out.err then return out end\n\
+         return {{'clock', redis.call('INCR', KEYS[1]), out}}\n"
+    ))
+}
+
+/// A script that only reads: the same check and reply as [`clocked`],
+/// without advancing the counter.
+fn clocked_read(body: &str) -> Script {
+    Script::new(&format!(
+        "{CLOCK_CHECK}local function body(KEYS, ARGV)\n{body}\nend\n\
+         return {{'clock', clock_now, body(K, A)}}\n"
+    ))
+}
+
+/// The counter compared with the caller's floor, then the caller's keys
+/// and arguments without the counter's, for the body.
+const CLOCK_CHECK: &str = r#"
+local clock_now = tonumber(redis.call('GET', KEYS[1]) or '0')
+local clock_seen = tonumber(ARGV[1])
+if clock_now < clock_seen then return {'rewound', clock_now, clock_seen} end
+local K, A = {}, {}
+for i = 2, #KEYS do K[i - 1] = KEYS[i] end
+for i = 2, #ARGV do A[i - 1] = ARGV[i] end
+"#;
+
 /// The fence check shared by append and delete.
 ///
 /// KEYS: 1 record, 2 events, 3 fencing authority.
@@ -22,7 +59,9 @@ use redis::Script;
 ///
 /// Leaves `r` (the record's fields) and `raise` (whether the write raises
 /// the mark) for the body; returns early with a refusal.
-macro_rules! fence_check {
+/// `cmp(a, b)`: -1, 0 or 1 as decimal strings `a` and `b` compare as the
+/// numbers they spell.
+macro_rules! cmp {
     () => {
         r#"
 local function cmp(a, b)
@@ -37,6 +76,15 @@ local function cmp(a, b)
   end
   return 0
 end
+"#
+    };
+}
+
+macro_rules! fence_check {
+    () => {
+        concat!(
+            cmp!(),
+            r#"
 if ARGV[5] ~= '' then
   local bound = redis.call('GET', KEYS[3])
   if bound ~= ARGV[5] then return {'authority', bound} end
@@ -56,6 +104,7 @@ elseif ARGV[4] ~= '1' or r[3] then
   return {'unfenced', r[3]}
 end
 "#
+        )
     };
 }
 
@@ -70,7 +119,7 @@ end
 /// `pcall` too: a user whose ACL allows it no channel still appends, and
 /// its waiters read on their own schedule.
 pub(crate) static APPEND: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
+    clocked(concat!(
         fence_check!(),
         r#"
 local seq = tonumber(r[2] or '0')
@@ -103,7 +152,7 @@ return {'ok', string.format('%d', first), string.format('%d', seq)}
 /// number, mark) stays with `live` 0. KEYS[4] the session list, ARGV[7]
 /// the session id.
 pub(crate) static DELETE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
+    clocked(concat!(
         fence_check!(),
         r#"
 redis.call('DEL', KEYS[2])
@@ -117,7 +166,7 @@ return {'ok'}
 
 /// KEYS: 1 record, 2 events, 3 session list. ARGV: 1 session id.
 pub(crate) static CREATE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    clocked(
         r#"
 if redis.call('HGET', KEYS[1], 'live') == '1' then return 'exists' end
 redis.call('DEL', KEYS[2])
@@ -131,7 +180,7 @@ return 'ok'
 /// KEYS: 1 record, 2 events. ARGV: 1 first entry id, 2 count. Nil when
 /// the session does not exist.
 pub(crate) static READ: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    clocked_read(
         r#"
 if redis.call('HGET', KEYS[1], 'live') ~= '1' then return false end
 return redis.call('XRANGE', KEYS[2], ARGV[1], '+', 'COUNT', ARGV[2])
@@ -142,7 +191,7 @@ return redis.call('XRANGE', KEYS[2], ARGV[1], '+', 'COUNT', ARGV[2])
 /// KEYS: 1 a key. ARGV: 1 a candidate value. Sets the key to the candidate
 /// unless it has a value, and answers the value it has.
 pub(crate) static GET_OR_SET: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    clocked(
         r#"
 local v = redis.call('GET', KEYS[1])
 if v then return v end
@@ -153,14 +202,18 @@ return ARGV[1]
 });
 
 /// KEYS: 1 lease, 2 token record, 3 lease authority. ARGV: 1 owner, 2 TTL
-/// in milliseconds, 3 the authority the client knows.
+/// in milliseconds, 3 the authority the client knows, 4 the floor: the
+/// token must exceed it (`0`: none).
 ///
 /// The token record is a hash that never expires: `issued`, the last token
-/// handed out (only ever incremented), and `grant`, the last grant made
-/// (emptied by its release). The live holder re-acquiring keeps its token;
-/// anyone taking a free lease gets the next token.
+/// handed out (only ever raised), and `grant`, the last grant made
+/// (emptied by its release). The live holder re-acquiring keeps its token
+/// while it is above the floor; anyone taking a free lease gets the next
+/// token, above the floor: `issued` is first raised to the floor, so every
+/// later takeover stays above it too.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    clocked(concat!(
+        cmp!(),
         r#"
 local auth = redis.call('GET', KEYS[3])
 if auth ~= ARGV[3] then return {'authority', auth} end
@@ -170,17 +223,22 @@ if held then
   if not sp then return {'corrupt', held} end
   local owner = string.sub(held, sp + 1)
   if owner ~= ARGV[1] then return {'held', owner} end
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {'ok', string.sub(held, 1, sp - 1)}
+  local mine = string.sub(held, 1, sp - 1)
+  if cmp(mine, ARGV[4]) > 0 then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {'ok', mine}
+  end
 end
+local issued = redis.call('HGET', KEYS[2], 'issued') or '0'
+if cmp(issued, ARGV[4]) < 0 then redis.call('HSET', KEYS[2], 'issued', ARGV[4]) end
 redis.call('HINCRBY', KEYS[2], 'issued', 1)
 local token = redis.call('HGET', KEYS[2], 'issued')
 local grant = token .. ' ' .. ARGV[1]
 redis.call('HSET', KEYS[2], 'grant', grant)
 redis.call('SET', KEYS[1], grant, 'PX', ARGV[2])
 return {'ok', token}
-"#,
-    )
+"#
+    ))
 });
 
 /// KEYS: for each lease, its grant key then its token record. ARGV: 1 TTL
@@ -192,7 +250,7 @@ return {'ok', token}
 /// nobody acquired since (that makes a new grant) and its holder did not
 /// release it (that empties the record). Otherwise it is lost.
 pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    clocked(
         r#"
 local out = {}
 for i = 1, #KEYS / 2 do
@@ -220,7 +278,7 @@ return out
 /// Deletes the lease only while it is that grant, and forgets the grant so
 /// a late renew cannot reclaim it.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    clocked(
         r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
@@ -234,11 +292,38 @@ return 0
 
 /// KEYS: 1 lease. The grant and its remaining milliseconds, in one step.
 pub(crate) static CURRENT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    clocked_read(
         r#"
 local held = redis.call('GET', KEYS[1])
 if not held then return false end
 return {held, redis.call('PTTL', KEYS[1])}
 "#,
     )
+});
+
+/// KEYS: 1 the session's record. Its high-water mark, or false.
+pub(crate) static HIGH_WATER: LazyLock<Script> =
+    LazyLock::new(|| clocked_read("return redis.call('HGET', KEYS[1], 'mark')"));
+
+/// KEYS: 1 the session's cancel record (a hash of `run` and `serial`).
+/// ARGV: 1 the run's token. Raises `run` to it unless a later run is
+/// recorded, and counts the request. Compared as strings of digits by
+/// length first, so tokens above 2^53 compare exactly.
+pub(crate) static RECORD_CANCEL: LazyLock<Script> = LazyLock::new(|| {
+    clocked(
+        r#"
+local run = redis.call('HGET', KEYS[1], 'run')
+local new = ARGV[1]
+if run and (#run > #new or (#run == #new and run > new)) then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'run', new)
+return redis.call('HINCRBY', KEYS[1], 'serial', 1)
+"#,
+    )
+});
+
+/// KEYS: 1 the session's cancel record. Its `run` and `serial`.
+pub(crate) static CANCEL_REQUEST: LazyLock<Script> = LazyLock::new(|| {
+    clocked_read("return redis.call('HMGET', KEYS[1], 'run', 'serial')")
 });

@@ -16,7 +16,10 @@ use session_store::{
 };
 
 use crate::appends::{Appends, FALLBACK_READ};
-use crate::conn::{Conn, ConnectError, DEFAULT_REQUEST_TIMEOUT, RequestError, Target, text};
+use crate::conn::{
+    Conn, ConnectError, DEFAULT_POLICY_CHECK_INTERVAL, DEFAULT_REQUEST_TIMEOUT, Refusal,
+    RequestError, Target, text,
+};
 use crate::keys::DEFAULT_PREFIX;
 use crate::{RedisLease, scripts};
 
@@ -49,6 +52,15 @@ impl RedisStoreBuilder {
     /// The deadline of each request (default [`DEFAULT_REQUEST_TIMEOUT`]).
     pub fn request_timeout(mut self, timeout: Duration) -> Self {
         self.target.request_timeout = timeout;
+        self
+    }
+
+    /// How often the server's `maxmemory-policy` is read again after
+    /// connecting (default [`DEFAULT_POLICY_CHECK_INTERVAL`]). Anything but
+    /// `noeviction` is refused at connect and, once seen later, refuses
+    /// every request until it is set back.
+    pub fn policy_check_interval(mut self, interval: Duration) -> Self {
+        self.target.policy_check_interval = interval;
         self
     }
 
@@ -86,10 +98,16 @@ impl RedisStoreBuilder {
     /// cannot be reached (or answers too late) is
     /// [`Unavailable`](session_store::StoreErrorKind::Unavailable); any
     /// other failure (a refused password, say) is
-    /// [`Io`](session_store::StoreErrorKind::Io).
+    /// [`Io`](session_store::StoreErrorKind::Io). A server whose
+    /// `maxmemory-policy` is not `noeviction`, or that lets this user read
+    /// neither `CONFIG GET maxmemory-policy` nor `INFO memory`, is
+    /// [`Rewound`](session_store::StoreErrorKind::Rewound), naming the fix.
     pub async fn connect(self) -> Result<RedisStore, StoreError> {
         let conn = Conn::connect(&self.target).await.map_err(|e| match e {
             ConnectError::Invalid(message) => StoreError::Invalid { message },
+            ConnectError::Unsafe(detail) => {
+                StoreError::rewound(crate::conn::redacted(&self.target.url), detail)
+            }
             ConnectError::Unreachable(e) => {
                 let unavailable = e.is_transient();
                 let location = crate::conn::redacted(&self.target.url);
@@ -183,6 +201,7 @@ impl RedisStore {
                 url: url.into(),
                 prefix: DEFAULT_PREFIX.to_owned(),
                 request_timeout: DEFAULT_REQUEST_TIMEOUT,
+                policy_check_interval: DEFAULT_POLICY_CHECK_INTERVAL,
             },
             lease_ttl: None,
             allow_unfenced: false,
@@ -217,6 +236,31 @@ impl RedisStore {
         }
     }
 
+    /// A refused clocked write: Redis went back or may evict (the store's
+    /// `Rewound`), or the request failed as [`write_failed`](Self::write_failed) says.
+    fn write_refused(&self, op: &'static str) -> impl Fn(Refusal) -> StoreError + '_ {
+        move |r| self.refused(r, op, false)
+    }
+
+    /// A refused clocked read: as [`write_refused`](Self::write_refused),
+    /// with a failed request judged as [`read_failed`](Self::read_failed).
+    fn read_refused(&self, op: &'static str) -> impl Fn(Refusal) -> StoreError + '_ {
+        move |r| self.refused(r, op, true)
+    }
+
+    fn refused(&self, r: Refusal, op: &'static str, read: bool) -> StoreError {
+        let location = self.inner.conn.location();
+        let e = match r.request_or_explain(location) {
+            Ok(e) => e,
+            Err(detail) => return StoreError::rewound(location, detail),
+        };
+        if read {
+            self.read_failed(op)(e)
+        } else {
+            self.write_failed(op)(e)
+        }
+    }
+
     fn corrupt(&self, key: &str, message: String) -> StoreError {
         StoreError::Corrupt {
             path: PathBuf::from(key),
@@ -245,7 +289,7 @@ impl RedisStore {
         extra: &[&str],
     ) -> Result<Vec<Value>, StoreError> {
         let keys = self.inner.conn.keys();
-        let mut call = script.prepare_invoke();
+        let mut call = self.inner.conn.prepare(script);
         call.key(keys.record(session))
             .key(keys.events(session))
             .key(keys.fencing_authority());
@@ -273,9 +317,9 @@ impl RedisStore {
         let reply = self
             .inner
             .conn
-            .script(&call)
+            .clocked(&call)
             .await
-            .map_err(self.write_failed(op))?;
+            .map_err(self.write_refused(op))?;
         let Value::Array(mut parts) = reply else {
             return Err(self.corrupt(&keys.record(session), format!("{op}: reply {reply:?}")));
         };
@@ -376,19 +420,18 @@ fn parse_seq(value: &Value) -> Option<u64> {
 #[async_trait]
 impl SessionStore for RedisStore {
     async fn create(&self, session: &SessionId) -> Result<(), StoreError> {
-        let keys = self.inner.conn.keys();
-        let reply = self
-            .inner
-            .conn
-            .script(
-                scripts::CREATE
+        let conn = &self.inner.conn;
+        let keys = conn.keys();
+        let reply = conn
+            .clocked(
+                conn.prepare(&scripts::CREATE)
                     .key(keys.record(session))
                     .key(keys.events(session))
                     .key(keys.sessions())
                     .arg(session.as_str()),
             )
             .await
-            .map_err(self.write_failed("creating a session"))?;
+            .map_err(self.write_refused("creating a session"))?;
         match text(&reply) {
             Some("ok") => Ok(()),
             Some("exists") => Err(StoreError::AlreadyExists {
@@ -468,20 +511,19 @@ impl SessionStore for RedisStore {
         if limit == 0 {
             return Err(invalid("a page limit must be at least 1"));
         }
-        let keys = self.inner.conn.keys();
+        let conn = &self.inner.conn;
+        let keys = conn.keys();
         let want = limit.min(MAX_PAGE_EVENTS);
-        let reply = self
-            .inner
-            .conn
-            .script(
-                scripts::READ
+        let reply = conn
+            .clocked(
+                conn.prepare(&scripts::READ)
                     .key(keys.record(session))
                     .key(keys.events(session))
                     .arg(format!("{}-0", from_seq.max(1)))
                     .arg(want + 1),
             )
             .await
-            .map_err(self.read_failed("reading a session"))?;
+            .map_err(self.read_refused("reading a session"))?;
         let entries = match reply {
             Value::Nil => {
                 return Err(StoreError::NotFound {
@@ -655,13 +697,12 @@ impl SessionStore for RedisStore {
     }
 
     async fn high_water(&self, session: &SessionId) -> Result<Option<FencingToken>, StoreError> {
-        let key = self.inner.conn.keys().record(session);
-        let reply = self
-            .inner
-            .conn
-            .command(redis::cmd("HGET").arg(&key).arg("mark"))
+        let conn = &self.inner.conn;
+        let key = conn.keys().record(session);
+        let reply = conn
+            .clocked(conn.prepare(&scripts::HIGH_WATER).key(&key))
             .await
-            .map_err(self.read_failed("reading a high-water mark"))?;
+            .map_err(self.read_refused("reading a high-water mark"))?;
         match reply {
             Value::Nil => Ok(None),
             other => parse_seq(&other)
@@ -671,14 +712,13 @@ impl SessionStore for RedisStore {
     }
 
     async fn bind_authority(&self, authority: &AuthorityId) -> Result<(), StoreError> {
-        let key = self.inner.conn.keys().fencing_authority();
+        let conn = &self.inner.conn;
+        let key = conn.keys().fencing_authority();
         let offered = format!("{authority} {}", dataset_marker());
-        let reply = self
-            .inner
-            .conn
-            .script(scripts::GET_OR_SET.key(&key).arg(&offered))
+        let reply = conn
+            .clocked(conn.prepare(&scripts::GET_OR_SET).key(&key).arg(&offered))
             .await
-            .map_err(self.write_failed("binding the fencing authority"))?;
+            .map_err(self.write_refused("binding the fencing authority"))?;
         let record = text(&reply)
             .ok_or_else(|| self.corrupt(&key, format!("unreadable authority {reply:?}")))?
             .to_owned();
@@ -747,21 +787,18 @@ impl SessionStore for RedisStore {
     ) -> Result<(), StoreError> {
         // Only sessions that exist take requests.
         self.read(session, 1, 1).await?;
-        let key = self.inner.conn.keys().cancel_requests(session);
+        let conn = &self.inner.conn;
+        let key = conn.keys().cancel_requests(session);
         // One script: the token only rises, and the count grows with every
         // request for the recorded token or a later one.
-        let reply = self
-            .inner
-            .conn
-            .command(
-                redis::cmd("EVAL")
-                    .arg(RECORD_CANCEL)
-                    .arg(1)
-                    .arg(&key)
+        let reply = conn
+            .clocked(
+                conn.prepare(&scripts::RECORD_CANCEL)
+                    .key(&key)
                     .arg(run.get()),
             )
             .await
-            .map_err(self.write_failed("recording a cancel request"))?;
+            .map_err(self.write_refused("recording a cancel request"))?;
         match reply {
             Value::Int(_) => Ok(()),
             other => {
@@ -774,13 +811,12 @@ impl SessionStore for RedisStore {
         &self,
         session: &SessionId,
     ) -> Result<Option<CancelRequest>, StoreError> {
-        let key = self.inner.conn.keys().cancel_requests(session);
-        let reply = self
-            .inner
-            .conn
-            .command(redis::cmd("HMGET").arg(&key).arg("run").arg("serial"))
+        let conn = &self.inner.conn;
+        let key = conn.keys().cancel_requests(session);
+        let reply = conn
+            .clocked(conn.prepare(&scripts::CANCEL_REQUEST).key(&key))
             .await
-            .map_err(self.read_failed("reading cancel requests"))?;
+            .map_err(self.read_refused("reading cancel requests"))?;
         let Value::Array(fields) = &reply else {
             return Err(self.corrupt(&key, format!("cancel requests: unexpected reply {reply:?}")));
         };
@@ -799,19 +835,6 @@ impl SessionStore for RedisStore {
     }
 }
 
-/// `KEYS[1]` the session's cancel record (a hash of `run` and `serial`),
-/// `ARGV[1]` the run's token: raises `run` to it unless a later run is
-/// recorded, and counts the request. Compared as strings of digits by
-/// length first, so tokens above 2^53 compare exactly.
-const RECORD_CANCEL: &str = r"
-local run = redis.call('HGET', KEYS[1], 'run')
-local new = ARGV[1]
-if run and (#run > #new or (#run == #new and run > new)) then
-  return 0
-end
-redis.call('HSET', KEYS[1], 'run', new)
-return redis.call('HINCRBY', KEYS[1], 'serial', 1)
-";
 
 /// One stream entry: `[id, [field, value, …]]` → sequence number, token,
 /// time in milliseconds, payload text.

@@ -806,9 +806,9 @@ async fn all_raw(store: &RedisStore, s: &SessionId) -> Vec<(u64, Value)> {
     }
 }
 
-/// When Redis loses its data, every process that bound the old authority
-/// is refused rather than writing against wiped marks: its store's fenced
-/// writes and its leases' acquisitions fail, saying why.
+/// When Redis loses its data, every process that knew it is refused
+/// rather than writing against wiped marks: its store's writes and reads
+/// and its leases' calls fail as `Rewound`, saying why and what to do.
 #[tokio::test]
 async fn a_flushed_redis_refuses_the_processes_that_knew_it() {
     let redis = RedisServer::start().unwrap();
@@ -827,22 +827,22 @@ async fn a_flushed_redis_refuses_the_processes_that_knew_it() {
     store.append(&s, (&a).into(), &[json!(1)]).await.unwrap();
 
     assert_eq!(redis.command(&["FLUSHALL"]).unwrap(), "+OK");
-    store.create(&s).await.unwrap();
-    let err = store
-        .append(&s, (&a).into(), &[json!(2)])
-        .await
-        .unwrap_err();
-    assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{err}");
-    assert!(err.to_string().contains("lost its data"), "{err}");
+    let rewound = |e: StoreError| {
+        assert_eq!(e.kind(), StoreErrorKind::Rewound, "{e}");
+        assert!(e.to_string().contains("went back"), "{e}");
+    };
+    rewound(store.create(&s).await.unwrap_err());
+    rewound(store.append(&s, (&a).into(), &[json!(2)]).await.unwrap_err());
+    rewound(store.read(&s, 1, 10).await.unwrap_err());
+    rewound(store.high_water(&s).await.unwrap_err());
     let err = leases.acquire(&s, &owner("a")).await.unwrap_err();
-    assert_eq!(err.kind(), LeaseErrorKind::Transient);
-    assert!(err.message().contains("lost its data"), "{err}");
-    assert_eq!(
-        leases.renew(&a).await.unwrap_err().kind(),
-        LeaseErrorKind::Held
-    );
+    assert_eq!(err.kind(), LeaseErrorKind::Rewound, "{err}");
+    assert!(err.message().contains("restart this process"), "{err}");
+    let err = leases.renew(&a).await.unwrap_err();
+    assert_eq!(err.kind(), LeaseErrorKind::Rewound, "{err}");
 
-    // A restarted process binds afresh; the old one now meets a mismatch.
+    // A restarted process accepts what Redis has now and binds afresh;
+    // the old one stays refused.
     let restarted = RedisStore::builder(redis.url())
         .prefix("t:")
         .leases(Duration::from_secs(30))
@@ -852,11 +852,8 @@ async fn a_flushed_redis_refuses_the_processes_that_knew_it() {
     let new_authority = restarted.lease().unwrap().authority().await.unwrap();
     assert_ne!(new_authority, authority);
     restarted.bind_authority(&new_authority).await.unwrap();
-    let err = store
-        .append(&s, (&a).into(), &[json!(3)])
-        .await
-        .unwrap_err();
-    assert_eq!(err.kind(), StoreErrorKind::AuthorityMismatch, "{err}");
+    restarted.create(&s).await.unwrap();
+    rewound(store.append(&s, (&a).into(), &[json!(3)]).await.unwrap_err());
 }
 
 /// A server that stops answering (SIGSTOP) or goes away: every call ends
@@ -1115,4 +1112,182 @@ async fn refusals_before_acting_are_unavailable_and_leave_the_session_whole() {
     let page = store.read(&s, 1, 10).await.unwrap();
     let payloads: Vec<Value> = page.events.iter().map(|e| e.payload.clone()).collect();
     assert_eq!(payloads, [json!(1), json!(2)]);
+}
+
+/// A Redis that may evict keys is refused: at connect, and once a later
+/// reading of its policy shows eviction, by every call until the policy is
+/// set back. Eviction takes grants, token records and marks first.
+#[tokio::test]
+async fn an_evicting_memory_policy_is_refused() {
+    let redis = RedisServer::start().unwrap();
+    for policy in ["volatile-lru", "allkeys-lru", "allkeys-random", "volatile-ttl"] {
+        let set = redis.command(&["CONFIG", "SET", "maxmemory-policy", policy]);
+        assert_eq!(set.unwrap(), "+OK");
+        let err = RedisStore::builder(redis.url()).connect().await.unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Rewound, "{err}");
+        let text = err.to_string();
+        assert!(text.contains(policy) && text.contains("noeviction"), "{text}");
+        let err = RedisLease::builder(redis.url()).connect().await.unwrap_err();
+        assert_eq!(err.kind(), LeaseErrorKind::Rewound, "{err}");
+    }
+
+    let set = |p: &str| redis.command(&["CONFIG", "SET", "maxmemory-policy", p]).unwrap();
+    assert_eq!(set("noeviction"), "+OK");
+    let store = RedisStore::builder(redis.url())
+        .prefix("t:")
+        .leases(Duration::from_secs(30))
+        .policy_check_interval(Duration::ZERO)
+        .connect()
+        .await
+        .unwrap();
+    let leases = store.lease().unwrap().clone();
+    let s = sid("evicting");
+    store.create(&s).await.unwrap();
+    let a = leases.acquire(&s, &owner("a")).await.unwrap();
+    store.append(&s, (&a).into(), &[json!(1)]).await.unwrap();
+
+    assert_eq!(set("volatile-lru"), "+OK");
+    let err = store.append(&s, (&a).into(), &[json!(2)]).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Rewound, "{err}");
+    assert!(err.to_string().contains("volatile-lru"), "{err}");
+    let err = leases.renew(&a).await.unwrap_err();
+    assert_eq!(err.kind(), LeaseErrorKind::Rewound, "{err}");
+    let err = leases.acquire(&sid("other"), &owner("b")).await.unwrap_err();
+    assert_eq!(err.kind(), LeaseErrorKind::Rewound, "{err}");
+
+    assert_eq!(set("noeviction"), "+OK");
+    let a = leases.renew(&a).await.unwrap();
+    store.append(&s, (&a).into(), &[json!(2)]).await.unwrap();
+}
+
+/// Where `CONFIG` is not granted (managed services often rename or deny
+/// it), the policy is read from `INFO memory`; a user who may read neither
+/// is refused, told what to grant.
+#[tokio::test]
+async fn the_policy_is_read_from_info_where_config_is_denied() {
+    let redis = RedisServer::start().unwrap();
+    let acl = |rules: &[&str]| {
+        let mut args = vec!["ACL", "SETUSER"];
+        args.extend_from_slice(rules);
+        assert_eq!(redis.command(&args).unwrap(), "+OK");
+    };
+    acl(&["noconfig", "on", ">pw", "~*", "&*", "+@all", "-config"]);
+    acl(&["blind", "on", ">pw", "~*", "&*", "+@all", "-config", "-info"]);
+    let url = |user: &str| redis.url().replace("redis://", &format!("redis://{user}:pw@"));
+    let connect = |user: &str| RedisStore::builder(url(user)).prefix("t:").connect();
+
+    let store = connect("noconfig").await.unwrap();
+    store.create(&sid("x")).await.unwrap();
+    let set = |p: &str| redis.command(&["CONFIG", "SET", "maxmemory-policy", p]).unwrap();
+    assert_eq!(set("allkeys-lfu"), "+OK");
+    let err = connect("noconfig").await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Rewound, "{err}");
+    assert!(err.to_string().contains("allkeys-lfu"), "{err}");
+
+    assert_eq!(set("noeviction"), "+OK");
+    let err = connect("blind").await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Rewound, "{err}");
+    assert!(err.to_string().contains("+info"), "{err}");
+}
+
+/// Redis brought back from an older snapshot while its clients run (an
+/// RDB restart, a crash under `appendfsync everysec`, a lagging replica
+/// promoted): every process that saw the newer state is refused, so no
+/// token is issued twice and no write lands under a mark Redis forgot. A
+/// process started afterwards accepts the state Redis has.
+#[tokio::test]
+async fn redis_back_from_an_older_snapshot_is_refused() {
+    let mut redis = RedisServer::start().unwrap();
+    let server = |redis: &RedisServer| {
+        RedisStore::builder(redis.url())
+            .prefix("t:")
+            .leases(Duration::from_secs(30))
+            .connect()
+    };
+    let (one, two) = (server(&redis).await.unwrap(), server(&redis).await.unwrap());
+    let leases = |s: &RedisStore| s.lease().unwrap().clone();
+    let authority = leases(&one).authority().await.unwrap();
+    one.bind_authority(&authority).await.unwrap();
+    two.bind_authority(&authority).await.unwrap();
+    let s = sid("snapshot");
+    one.create(&s).await.unwrap();
+    let t1 = leases(&one).acquire(&s, &owner("one")).await.unwrap();
+    one.append(&s, (&t1).into(), &[json!(1)]).await.unwrap();
+    leases(&one).release(&t1).await.unwrap();
+    assert_eq!(redis.command(&["SAVE"]).unwrap(), "+OK");
+
+    // Tokens 2 and 3 and their writes, then Redis back at token 1.
+    let t2 = leases(&two).acquire(&s, &owner("two")).await.unwrap();
+    two.append(&s, (&t2).into(), &[json!(2)]).await.unwrap();
+    leases(&two).release(&t2).await.unwrap();
+    let t3 = leases(&one).acquire(&s, &owner("one")).await.unwrap();
+    assert_eq!(t3.token(), FencingToken::new(3));
+    one.append(&s, (&t3).into(), &[json!(3)]).await.unwrap();
+    redis.restart().unwrap();
+
+    for store in [&one, &two] {
+        let e = retry_unavailable(|| store.read(&s, 1, 10)).await.unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Rewound, "{e}");
+        let e = store.append(&s, (&t3).into(), &[json!(4)]).await.unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Rewound, "{e}");
+    }
+    let e = leases(&two).acquire(&s, &owner("two")).await.unwrap_err();
+    assert_eq!(e.kind(), LeaseErrorKind::Rewound, "{e}");
+    assert!(e.message().contains("appendfsync always"), "{e}");
+    let e = leases(&one).renew(&t3).await.unwrap_err();
+    assert_eq!(e.kind(), LeaseErrorKind::Rewound, "{e}");
+
+    // A process started now serves the older state: the snapshot's one
+    // event, and the next token is the snapshot's next.
+    let fresh = server(&redis).await.unwrap();
+    fresh.bind_authority(&authority).await.unwrap();
+    let events: Vec<_> = fresh.read(&s, 1, 10).await.unwrap().events;
+    assert_eq!(events.len(), 1);
+    let next = leases(&fresh).acquire(&s, &owner("fresh")).await.unwrap();
+    assert_eq!(next.token(), FencingToken::new(2));
+}
+
+/// Retries `op` while Redis is still coming back (refused connections,
+/// `LOADING`), at most fifty times.
+async fn retry_unavailable<T, F>(op: impl Fn() -> F) -> Result<T, StoreError>
+where
+    F: Future<Output = Result<T, StoreError>>,
+{
+    for _ in 0..50 {
+        match op().await {
+            Err(e) if e.kind() == StoreErrorKind::Unavailable => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => return other,
+        }
+    }
+    op().await
+}
+
+/// A floor raises the token record: the grant is above it, and so is every
+/// later takeover's, from any client.
+#[tokio::test]
+async fn an_acquire_above_a_floor_raises_the_token_record() {
+    let redis = RedisServer::start().unwrap();
+    let a = RedisLease::builder(redis.url()).connect().await.unwrap();
+    let b = RedisLease::builder(redis.url()).connect().await.unwrap();
+    let s = sid("floor");
+    let first = a.acquire(&s, &owner("a")).await.unwrap();
+    assert_eq!(first.token(), FencingToken::new(1));
+    // The live holder under a token not above the floor gets a new one.
+    let raised = a.acquire_above(&s, &owner("a"), FencingToken::new(41)).await.unwrap();
+    assert_eq!(raised.token(), FencingToken::new(42));
+    let err = b.acquire(&s, &owner("b")).await.unwrap_err();
+    assert_eq!(err.kind(), LeaseErrorKind::Held);
+    a.release(&raised).await.unwrap();
+    let next = b.acquire(&s, &owner("b")).await.unwrap();
+    assert_eq!(next.token(), FencingToken::new(43));
+    // A floor below the live token keeps it.
+    let kept = b.acquire_above(&s, &owner("b"), FencingToken::new(5)).await.unwrap();
+    assert_eq!(kept.token(), next.token());
+    let err = b
+        .acquire_above(&s, &owner("b"), FencingToken::new(u64::MAX))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), LeaseErrorKind::Invalid, "{err}");
 }
