@@ -17,7 +17,7 @@ use crate::{
     kubeconfig,
     rbac::Rbac,
     server::{Shared, serve},
-    store::Store,
+    store::{Store, StoreSnapshot},
     tls,
     validation::dns_subdomain_problems,
 };
@@ -63,6 +63,58 @@ impl EmulatorError {
     /// What kind of failure this is.
     pub fn kind(&self) -> EmulatorErrorKind {
         self.kind
+    }
+}
+
+/// The Lease storage of an [`Emulator`] at one moment, taken by
+/// [`Emulator::snapshot`] and put back by [`Emulator::restore`]: a fault
+/// for tests of clients that must notice an API server whose storage went
+/// back (restored from a backup, failed over to a lagging member).
+///
+/// ```
+/// use k8s_emulator::{Emulator, EmulatorConfig};
+///
+/// # tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(async {
+/// let emulator = Emulator::start(EmulatorConfig::default()).await?;
+/// let url = format!("{}/apis/coordination.k8s.io/v1/namespaces/default/leases", emulator.url());
+/// let client = reqwest::Client::new();
+/// let create = |name: &'static str| {
+///     client
+///         .post(&url)
+///         .bearer_auth(emulator.admin_token())
+///         .json(&serde_json::json!({"metadata": {"name": name}}))
+///         .send()
+/// };
+/// let before = emulator.snapshot();
+/// assert_eq!(create("a").await.unwrap().status(), 201);
+/// let after_a = emulator.revision();
+///
+/// emulator.restore(&before);
+/// assert_eq!(emulator.revision(), before.revision());
+/// // "a" is gone, and the next write reuses the version "a" had.
+/// assert_eq!(create("b").await.unwrap().status(), 201);
+/// assert_eq!(emulator.revision(), after_a);
+///
+/// emulator.wipe();
+/// assert_eq!(emulator.revision(), 0);
+/// # Ok::<(), k8s_emulator::EmulatorError>(())
+/// # }).unwrap();
+/// ```
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    store: StoreSnapshot,
+}
+
+impl Snapshot {
+    /// The revision counter when it was taken: the `resourceVersion` of the
+    /// newest write it holds.
+    pub fn revision(&self) -> u64 {
+        self.store.revision
+    }
+
+    /// How many Lease objects it holds, in every namespace.
+    pub fn lease_count(&self) -> usize {
+        self.store.lease_count()
     }
 }
 
@@ -310,6 +362,43 @@ impl Emulator {
     /// write.
     pub fn revision(&self) -> u64 {
         self.shared.store.revision()
+    }
+
+    /// The Lease objects and the revision counter as they are now, to
+    /// [`restore`](Self::restore) later: what a backup of an etcd that
+    /// holds the Leases would capture.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            store: self.shared.store.snapshot(),
+        }
+    }
+
+    /// Rewinds the Lease storage to `snapshot`, as restoring an etcd from a
+    /// backup (or failing over to a member that lagged) would: every Lease
+    /// is back as it was then — objects created since are gone, objects
+    /// deleted since are back, each with its old `resourceVersion` and
+    /// `uid` — and the revision counter restarts from the snapshot's, so
+    /// the next write gets [`Snapshot::revision`]` + 1` and versions handed
+    /// out after the snapshot are handed out again. Watches resume from the
+    /// snapshot's history.
+    ///
+    /// Takes effect at once, between two requests; requests in flight
+    /// finish against one state or the other. Namespaces, faults, RBAC and
+    /// request counters are untouched (an `--etcd-servers-overrides` etcd
+    /// for `coordination.k8s.io/leases` holds only the Leases). Watches
+    /// already open are not told: they stay connected and report the
+    /// writes that follow. A snapshot is meant for the emulator it was
+    /// taken from.
+    pub fn restore(&self, snapshot: &Snapshot) {
+        self.shared.store.restore(&snapshot.store);
+    }
+
+    /// Empties the Lease storage, as a Leases etcd wiped and started anew
+    /// would be: no Lease objects, no history, and the revision counter
+    /// back at zero, so the next write gets `resourceVersion` 1. The same
+    /// limits as [`restore`](Self::restore) apply.
+    pub fn wipe(&self) {
+        self.shared.store.wipe();
     }
 
     /// Stops serving and waits until the listener is closed.

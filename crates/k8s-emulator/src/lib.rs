@@ -11,8 +11,10 @@
 //! test talks to it through a kubeconfig, so its whole HTTP stack runs;
 //! `kubectl` works against it too. It also does what a cluster cannot do on
 //! demand: inject latency, 5xx replies and replies lost after the write
-//! committed, refuse requests through an RBAC allow-list, and count
-//! requests per verb.
+//! committed, rewind or wipe the Lease storage as a restored or lost etcd
+//! would ([`Emulator::snapshot`], [`Emulator::restore`], [`Emulator::wipe`]),
+//! refuse requests through an RBAC allow-list, and count requests per
+//! verb.
 //!
 //! Against a real cluster, point the same tests at its kubeconfig instead.
 //!
@@ -62,8 +64,12 @@
 //!   not allow unconditional updates: 422 `must be specified for an
 //!   update`); a stale one is 409 `Conflict`. PUT to an absent lease
 //!   creates it (leases allow create-on-update). A `metadata.uid` in the
-//!   body is a precondition. PATCH without a `resourceVersion` applies to
-//!   the current object; with one it must match.
+//!   body is a precondition: a PUT whose uid is not the stored object's —
+//!   another object under the same name, or none because it was deleted —
+//!   is 409 `Conflict` and creates nothing, so a client writing back an
+//!   object it read never re-creates one deleted meanwhile. PATCH without
+//!   a `resourceVersion` applies to the current object; with one it must
+//!   match.
 //! - POST of an existing name is 409 `AlreadyExists`; into a namespace the
 //!   emulator does not serve, 404 `namespaces "x" not found`.
 //! - Server-set metadata: `uid`, `creationTimestamp`, `resourceVersion`.
@@ -106,7 +112,7 @@ mod watch;
 
 pub use config::EmulatorConfig;
 pub use counters::RequestCounters;
-pub use emulator::{Emulator, EmulatorError, EmulatorErrorKind};
+pub use emulator::{Emulator, EmulatorError, EmulatorErrorKind, Snapshot};
 pub use faults::{DroppedReply, Failure, Faults};
 pub use rbac::{ANONYMOUS, Rbac};
 pub use verb::Verb;

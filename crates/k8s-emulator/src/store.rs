@@ -104,6 +104,22 @@ struct Inner {
     namespaces: BTreeMap<String, NamespaceRecord>,
 }
 
+/// The Lease objects, their event history and the revision counter at one
+/// moment: what an etcd backup of the Leases holds.
+#[derive(Debug, Clone)]
+pub(crate) struct StoreSnapshot {
+    pub(crate) revision: u64,
+    leases: BTreeMap<(String, String), Lease>,
+    history: VecDeque<Arc<Event>>,
+    compacted: u64,
+}
+
+impl StoreSnapshot {
+    pub(crate) fn lease_count(&self) -> usize {
+        self.leases.len()
+    }
+}
+
 /// The shared state behind every request.
 pub(crate) struct Store {
     inner: Mutex<Inner>,
@@ -218,6 +234,37 @@ impl Store {
         self.lock().revision
     }
 
+    /// The Leases, their history and the revision counter as they are now.
+    pub(crate) fn snapshot(&self) -> StoreSnapshot {
+        let inner = self.lock();
+        StoreSnapshot {
+            revision: inner.revision,
+            leases: inner.leases.clone(),
+            history: inner.history.clone(),
+            compacted: inner.compacted,
+        }
+    }
+
+    /// Puts the Leases, their history and the revision counter back to
+    /// `snapshot`, in one step: the next write gets `snapshot.revision + 1`.
+    /// Namespaces are not touched (they live in the main etcd).
+    pub(crate) fn restore(&self, snapshot: &StoreSnapshot) {
+        let mut inner = self.lock();
+        inner.revision = snapshot.revision;
+        inner.leases = snapshot.leases.clone();
+        inner.history = snapshot.history.clone();
+        inner.compacted = snapshot.compacted;
+    }
+
+    /// No Leases and no history; the next write gets revision 1.
+    pub(crate) fn wipe(&self) {
+        let mut inner = self.lock();
+        inner.revision = 0;
+        inner.leases.clear();
+        inner.history.clear();
+        inner.compacted = 0;
+    }
+
     fn commit(&self, inner: &mut Inner, event: Event) {
         let event = Arc::new(event);
         inner.history.push_back(event.clone());
@@ -319,6 +366,20 @@ impl Store {
         let mut lease = make(existing.as_ref())?;
         check_identity(&mut lease, namespace, name)?;
         let Some(old) = existing else {
+            // A uid in a PUT body is a precondition (the API server's
+            // `Preconditions.UID`), checked against what is stored before
+            // anything is created: an object that is gone has no uid, so the
+            // update of a deleted object is a conflict, never a re-creation.
+            if kind == UpdateKind::Replace
+                && let Some(uid) = lease.metadata.uid.as_deref().filter(|u| !u.is_empty())
+            {
+                return Err(ApiError::conflict(
+                    name,
+                    &format!(
+                        "Precondition failed: UID in precondition: {uid}, UID in object meta: "
+                    ),
+                ));
+            }
             let created = self.create_locked(&mut inner, namespace, lease, dry_run)?;
             return Ok((created, true));
         };

@@ -258,6 +258,111 @@ async fn put_to_an_absent_lease_creates_it_and_names_must_match() {
 }
 
 #[tokio::test]
+async fn put_of_a_deleted_lease_is_a_conflict_and_never_recreates_it() {
+    let api = Api::start().await;
+    let (_, created) = api.create("default", lease("a", "one")).await;
+    let uid = created["metadata"]["uid"].as_str().unwrap().to_string();
+    let url = api.lease("default", "a");
+    let (status, _) = api.send(Method::DELETE, &url, None, "").await;
+    assert_eq!(status, StatusCode::OK);
+    let revision = api.emulator.revision();
+
+    // A client writing back the object it read (uid and resourceVersion
+    // of the deleted one) finds the precondition failed.
+    let mut stale = created.clone();
+    stale["spec"]["holderIdentity"] = json!("one-renewed");
+    let (status, body) = api.put("default", "a", stale.clone()).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_status(
+        &body,
+        409,
+        "Conflict",
+        &format!(
+            "Operation cannot be fulfilled on leases.coordination.k8s.io \"a\": Precondition failed: UID in precondition: {uid}, UID in object meta: "
+        ),
+    );
+    assert_eq!(api.get("default", "a").await.0, StatusCode::NOT_FOUND);
+    assert_eq!(api.emulator.revision(), revision, "nothing was written");
+
+    // Recreated under the same name: the old uid is still refused, with
+    // or without a resourceVersion.
+    let (_, again) = api.create("default", lease("a", "two")).await;
+    let new_uid = again["metadata"]["uid"].as_str().unwrap().to_string();
+    assert_ne!(new_uid, uid);
+    let (status, body) = api.put("default", "a", stale).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["reason"], "Conflict");
+    let (_, current) = api.get("default", "a").await;
+    assert_eq!(current["spec"]["holderIdentity"], "two");
+
+    // Without a uid a PUT to an absent name still creates (leases allow
+    // create-on-update).
+    let (status, body) = api.put("default", "b", lease("b", "x")).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+}
+
+#[tokio::test]
+async fn restore_rewinds_leases_and_versions_and_wipe_starts_over() {
+    let api = Api::start().await;
+    let (_, a) = api.create("default", lease("a", "one")).await;
+    let (_, doomed) = api.create("other", lease("doomed", "x")).await;
+    let snapshot = api.emulator.snapshot();
+    assert_eq!(snapshot.revision(), api.emulator.revision());
+    assert_eq!(snapshot.lease_count(), 2);
+
+    let mut next = a.clone();
+    next["spec"]["holderIdentity"] = json!("two");
+    let (_, updated) = api.put("default", "a", next).await;
+    let (_, b) = api.create("default", lease("b", "three")).await;
+    let (status, _) = api
+        .send(Method::DELETE, &api.lease("other", "doomed"), None, "")
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(api.emulator.revision() > snapshot.revision());
+
+    api.emulator.restore(&snapshot);
+    assert_eq!(api.emulator.revision(), snapshot.revision());
+    // Each object as it was, with its old version and uid; later ones gone.
+    let (_, back) = api.get("default", "a").await;
+    assert_eq!(back, a);
+    let (status, back) = api.get("other", "doomed").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(back, doomed);
+    assert_eq!(api.get("default", "b").await.0, StatusCode::NOT_FOUND);
+    // The old version of "a" is current again: a write under it wins, and
+    // gets the very version the overwritten update had.
+    let mut again = a.clone();
+    again["spec"]["holderIdentity"] = json!("four");
+    let (status, rewritten) = api.put("default", "a", again).await;
+    assert_eq!(status, StatusCode::OK, "{rewritten}");
+    assert_eq!(
+        rv(&rewritten),
+        rv(&updated),
+        "versions are handed out again"
+    );
+    let (_, c) = api.create("default", lease("c", "five")).await;
+    assert_eq!(rv(&c), rv(&b));
+
+    api.emulator.wipe();
+    assert_eq!(api.emulator.revision(), 0);
+    assert_eq!(api.get("default", "a").await.0, StatusCode::NOT_FOUND);
+    let (status, list) = api
+        .send(Method::GET, &api.leases("default"), None, "")
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(list["items"], json!([]));
+    assert_eq!(list["metadata"]["resourceVersion"], "0");
+    let (status, fresh) = api.create("default", lease("a", "six")).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(rv(&fresh), "1");
+    assert_ne!(fresh["metadata"]["uid"], a["metadata"]["uid"]);
+
+    // A snapshot can be restored more than once.
+    api.emulator.restore(&snapshot);
+    assert_eq!(api.get("default", "a").await.1, a);
+}
+
+#[tokio::test]
 async fn delete_honours_preconditions() {
     let api = Api::start().await;
     let (_, created) = api.create("default", lease("a", "one")).await;
