@@ -662,3 +662,54 @@ fn check_current<F: LeaseFactory>(
     );
     lease
 }
+
+/// Token continuity: an acquire above a floor (a store's high-water mark)
+/// gets a token above it, and the floor holds for every later takeover.
+/// A backend that cannot raise its tokens answers `Rewound` instead, and
+/// leaves the session free. The live holder asking above its own token
+/// gets a greater one and keeps the session.
+pub async fn acquire_above_floor<F: LeaseFactory>(f: &F) {
+    let (ca, cb) = (f.client().await, f.client().await);
+    let (s, a, b) = (session("floor"), owner("a"), owner("b"));
+    let first = must("a acquires", ca.acquire(&s, &a).await);
+    must("a releases", ca.release(&first).await);
+    // A floor below what the backend would issue anyway changes nothing.
+    let low = must(
+        "b acquires above the last token",
+        cb.acquire_above(&s, &b, first.token()).await,
+    );
+    assert!(low.token() > first.token(), "{low:?} not above {first:?}");
+
+    let floor = FencingToken::new(low.token().get() + 1000);
+    let raised = match cb.acquire_above(&s, &b, floor).await {
+        Ok(raised) => raised,
+        Err(e) if e.kind() == LeaseErrorKind::Rewound => {
+            // Cannot raise: the session must not be left held by a grant
+            // nobody may use.
+            must("b releases", cb.release(&low).await);
+            let next = must("a acquires after the refusal", ca.acquire(&s, &a).await);
+            assert!(next.token() > low.token());
+            return;
+        }
+        Err(e) => panic!("acquire above {floor}: {e}"),
+    };
+    assert!(
+        raised.token() > floor,
+        "the live holder asked above {floor} and got {raised:?}"
+    );
+    check_grant(f, "raised", &raised, &s, &b);
+    must_be_held(
+        "a acquires while b holds",
+        ca.acquire(&s, &a).await,
+        Some(&b),
+    );
+    must("b releases", cb.release(&raised).await);
+    let next = must("a acquires after the raise", ca.acquire(&s, &a).await);
+    assert!(
+        next.token() > raised.token(),
+        "the floor was not kept: {next:?} after {raised:?}"
+    );
+    advance(f, past_expiry(f)).await;
+    let later = must("b takes over by expiry", cb.acquire(&s, &b).await);
+    assert!(later.token() > next.token(), "{later:?} after {next:?}");
+}

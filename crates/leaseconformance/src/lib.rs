@@ -132,6 +132,7 @@ macro_rules! __with_cases {
             authority_stable
             renew_many
             current_reports_the_live_holder
+            acquire_above_floor
             model_check
         }
     };

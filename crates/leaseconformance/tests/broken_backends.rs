@@ -52,6 +52,12 @@ enum Flaw {
     BatchAllOrNothing,
     /// The holder report still shows a lease after its release.
     CurrentIgnoresRelease,
+    /// An acquire above a floor is a plain acquire (the floor dropped on
+    /// the way, as by a server too old to know it).
+    FloorIgnored,
+    /// The grant is above the floor, but the token record is not raised:
+    /// the next takeover goes back below it.
+    FloorForgotten,
 }
 
 #[derive(Debug, Clone)]
@@ -125,6 +131,30 @@ impl SessionLease for Broken {
         // The flaw: decide on what was read, let others run, then write.
         tokio::task::yield_now().await;
         Ok(write(&mut self.table.lock().unwrap(), &seen))
+    }
+
+    async fn acquire_above(
+        &self,
+        s: &SessionId,
+        o: &OwnerId,
+        floor: FencingToken,
+    ) -> Result<Lease, LeaseError> {
+        let lease = self.acquire(s, o).await?;
+        if lease.token() > floor || self.flaw == Flaw::FloorIgnored {
+            return Ok(lease);
+        }
+        let token = floor.get() + 1;
+        if self.flaw != Flaw::FloorForgotten
+            && let Some(r) = self.table.lock().unwrap().get_mut(&self.key(s))
+        {
+            r.token = token;
+        }
+        Ok(Lease::new(
+            s.clone(),
+            o.clone(),
+            FencingToken::new(token),
+            lease.expiry(),
+        ))
     }
 
     async fn renew(&self, l: &Lease) -> Result<Lease, LeaseError> {
@@ -304,6 +334,8 @@ async fn every_flaw_is_caught_by_the_case_made_for_it() {
             Flaw::CurrentIgnoresRelease,
             "current_reports_the_live_holder",
         ),
+        (Flaw::FloorIgnored, "acquire_above_floor"),
+        (Flaw::FloorForgotten, "acquire_above_floor"),
     ];
     let mut missed = Vec::new();
     for (flaw, case) in expectations {

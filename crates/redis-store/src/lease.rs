@@ -303,7 +303,10 @@ impl SessionLease for RedisLease {
         let conn = &self.inner.conn;
         let now = SystemTime::now();
         let reply = conn
-            .clocked(conn.prepare(&scripts::CURRENT).key(conn.keys().lease(session)))
+            .clocked(
+                conn.prepare(&scripts::CURRENT)
+                    .key(conn.keys().lease(session)),
+            )
             .await
             .map_err(refused(conn, "reading a lease in Redis"))?;
         let (held, pttl) = match &reply {

@@ -324,6 +324,5 @@ return redis.call('HINCRBY', KEYS[1], 'serial', 1)
 });
 
 /// KEYS: 1 the session's cancel record. Its `run` and `serial`.
-pub(crate) static CANCEL_REQUEST: LazyLock<Script> = LazyLock::new(|| {
-    clocked_read("return redis.call('HMGET', KEYS[1], 'run', 'serial')")
-});
+pub(crate) static CANCEL_REQUEST: LazyLock<Script> =
+    LazyLock::new(|| clocked_read("return redis.call('HMGET', KEYS[1], 'run', 'serial')"));

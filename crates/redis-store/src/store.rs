@@ -835,7 +835,6 @@ impl SessionStore for RedisStore {
     }
 }
 
-
 /// One stream entry: `[id, [field, value, …]]` → sequence number, token,
 /// time in milliseconds, payload text.
 fn decode(entry: &Value) -> Option<(u64, Option<u64>, u64, &str)> {

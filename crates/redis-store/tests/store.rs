@@ -832,7 +832,12 @@ async fn a_flushed_redis_refuses_the_processes_that_knew_it() {
         assert!(e.to_string().contains("went back"), "{e}");
     };
     rewound(store.create(&s).await.unwrap_err());
-    rewound(store.append(&s, (&a).into(), &[json!(2)]).await.unwrap_err());
+    rewound(
+        store
+            .append(&s, (&a).into(), &[json!(2)])
+            .await
+            .unwrap_err(),
+    );
     rewound(store.read(&s, 1, 10).await.unwrap_err());
     rewound(store.high_water(&s).await.unwrap_err());
     let err = leases.acquire(&s, &owner("a")).await.unwrap_err();
@@ -853,7 +858,12 @@ async fn a_flushed_redis_refuses_the_processes_that_knew_it() {
     assert_ne!(new_authority, authority);
     restarted.bind_authority(&new_authority).await.unwrap();
     restarted.create(&s).await.unwrap();
-    rewound(store.append(&s, (&a).into(), &[json!(3)]).await.unwrap_err());
+    rewound(
+        store
+            .append(&s, (&a).into(), &[json!(3)])
+            .await
+            .unwrap_err(),
+    );
 }
 
 /// A server that stops answering (SIGSTOP) or goes away: every call ends
@@ -1120,18 +1130,36 @@ async fn refusals_before_acting_are_unavailable_and_leave_the_session_whole() {
 #[tokio::test]
 async fn an_evicting_memory_policy_is_refused() {
     let redis = RedisServer::start().unwrap();
-    for policy in ["volatile-lru", "allkeys-lru", "allkeys-random", "volatile-ttl"] {
+    for policy in [
+        "volatile-lru",
+        "allkeys-lru",
+        "allkeys-random",
+        "volatile-ttl",
+    ] {
         let set = redis.command(&["CONFIG", "SET", "maxmemory-policy", policy]);
         assert_eq!(set.unwrap(), "+OK");
-        let err = RedisStore::builder(redis.url()).connect().await.unwrap_err();
+        let err = RedisStore::builder(redis.url())
+            .connect()
+            .await
+            .unwrap_err();
         assert_eq!(err.kind(), StoreErrorKind::Rewound, "{err}");
         let text = err.to_string();
-        assert!(text.contains(policy) && text.contains("noeviction"), "{text}");
-        let err = RedisLease::builder(redis.url()).connect().await.unwrap_err();
+        assert!(
+            text.contains(policy) && text.contains("noeviction"),
+            "{text}"
+        );
+        let err = RedisLease::builder(redis.url())
+            .connect()
+            .await
+            .unwrap_err();
         assert_eq!(err.kind(), LeaseErrorKind::Rewound, "{err}");
     }
 
-    let set = |p: &str| redis.command(&["CONFIG", "SET", "maxmemory-policy", p]).unwrap();
+    let set = |p: &str| {
+        redis
+            .command(&["CONFIG", "SET", "maxmemory-policy", p])
+            .unwrap()
+    };
     assert_eq!(set("noeviction"), "+OK");
     let store = RedisStore::builder(redis.url())
         .prefix("t:")
@@ -1147,12 +1175,18 @@ async fn an_evicting_memory_policy_is_refused() {
     store.append(&s, (&a).into(), &[json!(1)]).await.unwrap();
 
     assert_eq!(set("volatile-lru"), "+OK");
-    let err = store.append(&s, (&a).into(), &[json!(2)]).await.unwrap_err();
+    let err = store
+        .append(&s, (&a).into(), &[json!(2)])
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Rewound, "{err}");
     assert!(err.to_string().contains("volatile-lru"), "{err}");
     let err = leases.renew(&a).await.unwrap_err();
     assert_eq!(err.kind(), LeaseErrorKind::Rewound, "{err}");
-    let err = leases.acquire(&sid("other"), &owner("b")).await.unwrap_err();
+    let err = leases
+        .acquire(&sid("other"), &owner("b"))
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), LeaseErrorKind::Rewound, "{err}");
 
     assert_eq!(set("noeviction"), "+OK");
@@ -1172,13 +1206,23 @@ async fn the_policy_is_read_from_info_where_config_is_denied() {
         assert_eq!(redis.command(&args).unwrap(), "+OK");
     };
     acl(&["noconfig", "on", ">pw", "~*", "&*", "+@all", "-config"]);
-    acl(&["blind", "on", ">pw", "~*", "&*", "+@all", "-config", "-info"]);
-    let url = |user: &str| redis.url().replace("redis://", &format!("redis://{user}:pw@"));
+    acl(&[
+        "blind", "on", ">pw", "~*", "&*", "+@all", "-config", "-info",
+    ]);
+    let url = |user: &str| {
+        redis
+            .url()
+            .replace("redis://", &format!("redis://{user}:pw@"))
+    };
     let connect = |user: &str| RedisStore::builder(url(user)).prefix("t:").connect();
 
     let store = connect("noconfig").await.unwrap();
     store.create(&sid("x")).await.unwrap();
-    let set = |p: &str| redis.command(&["CONFIG", "SET", "maxmemory-policy", p]).unwrap();
+    let set = |p: &str| {
+        redis
+            .command(&["CONFIG", "SET", "maxmemory-policy", p])
+            .unwrap()
+    };
     assert_eq!(set("allkeys-lfu"), "+OK");
     let err = connect("noconfig").await.unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Rewound, "{err}");
@@ -1226,9 +1270,14 @@ async fn redis_back_from_an_older_snapshot_is_refused() {
     redis.restart().unwrap();
 
     for store in [&one, &two] {
-        let e = retry_unavailable(|| store.read(&s, 1, 10)).await.unwrap_err();
+        let e = retry_unavailable(|| store.read(&s, 1, 10))
+            .await
+            .unwrap_err();
         assert_eq!(e.kind(), StoreErrorKind::Rewound, "{e}");
-        let e = store.append(&s, (&t3).into(), &[json!(4)]).await.unwrap_err();
+        let e = store
+            .append(&s, (&t3).into(), &[json!(4)])
+            .await
+            .unwrap_err();
         assert_eq!(e.kind(), StoreErrorKind::Rewound, "{e}");
     }
     let e = leases(&two).acquire(&s, &owner("two")).await.unwrap_err();
@@ -1275,7 +1324,10 @@ async fn an_acquire_above_a_floor_raises_the_token_record() {
     let first = a.acquire(&s, &owner("a")).await.unwrap();
     assert_eq!(first.token(), FencingToken::new(1));
     // The live holder under a token not above the floor gets a new one.
-    let raised = a.acquire_above(&s, &owner("a"), FencingToken::new(41)).await.unwrap();
+    let raised = a
+        .acquire_above(&s, &owner("a"), FencingToken::new(41))
+        .await
+        .unwrap();
     assert_eq!(raised.token(), FencingToken::new(42));
     let err = b.acquire(&s, &owner("b")).await.unwrap_err();
     assert_eq!(err.kind(), LeaseErrorKind::Held);
@@ -1283,7 +1335,10 @@ async fn an_acquire_above_a_floor_raises_the_token_record() {
     let next = b.acquire(&s, &owner("b")).await.unwrap();
     assert_eq!(next.token(), FencingToken::new(43));
     // A floor below the live token keeps it.
-    let kept = b.acquire_above(&s, &owner("b"), FencingToken::new(5)).await.unwrap();
+    let kept = b
+        .acquire_above(&s, &owner("b"), FencingToken::new(5))
+        .await
+        .unwrap();
     assert_eq!(kept.token(), next.token());
     let err = b
         .acquire_above(&s, &owner("b"), FencingToken::new(u64::MAX))
