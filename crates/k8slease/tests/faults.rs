@@ -341,6 +341,44 @@ async fn tokens_never_restart_after_out_of_band_deletion() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_deleted_while_held_is_lost_and_never_brought_back() {
+    let cluster = Cluster::emulated().await;
+    let (ca, cb) = (lease(&cluster).await, lease(&cluster).await);
+    let (s, a, b) = ids("deleted-while-held");
+    let api: Api<LeaseObject> = Api::namespaced(cluster.kube().await, &cluster.namespace);
+    let held = ca.acquire(&s, &a).await.unwrap();
+    let held = ca.renew(&held).await.unwrap();
+
+    // `kubectl delete lease`: no preconditions.
+    api.delete(&object_name(&s), &DeleteParams::default())
+        .await
+        .expect("delete the object");
+    let counts = cluster.emulator().requests();
+    counts.reset();
+    let err = ca.renew(&held).await.unwrap_err();
+    assert_eq!(err.kind(), LeaseErrorKind::Held, "{err:?}");
+    // The renewal's write names the deleted object's uid: the API server
+    // refuses it instead of creating a new object from it.
+    assert!(
+        api.get_opt(&object_name(&s)).await.unwrap().is_none(),
+        "the holder's renewal brought the deleted object back"
+    );
+    assert_eq!(counts.get(Verb::Create, "leases"), 0);
+
+    let lb = cb.acquire(&s, &b).await.expect("free after the deletion");
+    assert!(lb.token() > held.token());
+    // The old holder stays out, whatever it tries.
+    let err = ca.renew(&held).await.unwrap_err();
+    assert_eq!(err.kind(), LeaseErrorKind::Held);
+    assert_eq!(err.holder(), Some(&b));
+    let err = ca.acquire(&s, &a).await.unwrap_err();
+    assert_eq!(err.holder(), Some(&b));
+    ca.release(&held).await.unwrap();
+    assert_eq!(holder(&stored(&cluster, &s).await), Some("owner-b"));
+    cb.renew(&lb).await.expect("the one holder renews");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_rbac_verb_names_verb_and_resource() {
     let cluster = Cluster::emulated().await;
     let emulator = cluster.emulator();
