@@ -2,9 +2,9 @@
 //!
 //! # When to choose it
 //!
-//! - Tests of code that uses leases: inject a
-//!   [`ManualClock`](lease_port::ManualClock) (feature `test-util` of
-//!   `lease-port`) and move time without sleeping.
+//! - Tests of code that uses leases: inject a `lease_port::ManualClock`
+//!   (feature `test-util` of `lease-port`, so not linked from here) and
+//!   move time without sleeping.
 //! - A single-process server that wants the full lease lifecycle (fencing
 //!   tokens, cancellation on loss) with nothing to deploy.
 //!
