@@ -69,12 +69,27 @@
 //! | backend cannot lease at all | `UNIMPLEMENTED` | `BACKEND_UNSUPPORTED` | `Unsupported` |
 //! | optional method missing | `UNIMPLEMENTED` | `METHOD_UNSUPPORTED` (or none) | falls back |
 //! | no or wrong credentials | `UNAUTHENTICATED` | `UNAUTHENTICATED` | `Invalid` |
+//! | authority state went back | `FAILED_PRECONDITION` | `STATE_REWOUND` | `Rewound` |
 //!
 //! A status without our `ErrorInfo` (from a proxy, a load balancer, a
 //! different server) is never read as `Held` or `Unsupported`: it is
 //! `Transient`, except `INVALID_ARGUMENT`/`OUT_OF_RANGE` and the auth
 //! codes (`Invalid`), and `UNIMPLEMENTED` of a required method (`Invalid`:
 //! the address serves something else).
+//!
+//! `STATE_REWOUND` is never retried: the service answered from older state
+//! than the client has seen, and only an operator can fix that. A client
+//! older than the reason reads it as a `FAILED_PRECONDITION` it does not
+//! know, which is `Transient`.
+//!
+//! # Token floors
+//!
+//! [`SessionLease::acquire_above`] sends its floor as the request's
+//! `min_token`; the server passes it to its backend's `acquire_above`
+//! (and calls plain `acquire` when it is 0, as every older client sends).
+//! A server older than the field ignores it, so the client checks the
+//! answer itself: a token not above the floor is released and answered
+//! `Rewound`.
 //!
 //! # Deadlines and retries
 //!

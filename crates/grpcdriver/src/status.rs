@@ -36,6 +36,7 @@ pub(crate) fn reason_of(call: Call, e: &LeaseError) -> Reason {
         LeaseErrorKind::Invalid => Reason::Invalid,
         LeaseErrorKind::Unsupported if call == Call::Get => Reason::MethodUnsupported,
         LeaseErrorKind::Unsupported => Reason::BackendUnsupported,
+        LeaseErrorKind::Rewound => Reason::StateRewound,
         // Transient, and any kind added later: a client retries.
         _ => Reason::Unavailable,
     }
@@ -43,7 +44,10 @@ pub(crate) fn reason_of(call: Call, e: &LeaseError) -> Reason {
 
 fn code_of(reason: Reason) -> Code {
     match reason {
-        Reason::HeldElsewhere => Code::FailedPrecondition,
+        // FAILED_PRECONDITION is gRPC's "do not retry until the system's
+        // state is fixed": true of a lease held by another owner and of an
+        // authority whose state went back. The reason tells them apart.
+        Reason::HeldElsewhere | Reason::StateRewound => Code::FailedPrecondition,
         Reason::LeaseLost => Code::Aborted,
         Reason::Invalid => Code::InvalidArgument,
         Reason::BackendUnsupported | Reason::MethodUnsupported => Code::Unimplemented,
@@ -151,6 +155,7 @@ fn from_reason(
         Reason::Unauthenticated => LeaseError::invalid(format!(
             "the lease service refused the credentials: {message}"
         )),
+        Reason::StateRewound => LeaseError::rewound(message.to_owned()),
         Reason::Unavailable | Reason::Unspecified => LeaseError::transient(message.to_owned()),
     };
     Refusal::Lease(match status {
@@ -200,6 +205,7 @@ mod tests {
             LeaseErrorKind::Invalid,
             LeaseErrorKind::Transient,
             LeaseErrorKind::Unsupported,
+            LeaseErrorKind::Rewound,
         ] {
             let e = round_trip(Call::Renew, LeaseError::new(kind, "x"));
             assert_eq!(e.kind(), kind);
@@ -227,6 +233,14 @@ mod tests {
             to_status(Call::Release, &LeaseError::transient("x")).code(),
             Code::Unavailable
         );
+        let rewound = LeaseError::rewound("went back");
+        for call in [Call::Acquire, Call::Renew, Call::Release, Call::Get] {
+            let status = to_status(call, &rewound);
+            assert_eq!(status.code(), Code::FailedPrecondition, "{call:?}");
+            let info = status.get_details_error_info().expect("an ErrorInfo");
+            assert_eq!(info.reason, "STATE_REWOUND");
+            assert_eq!(info.domain, ERROR_DOMAIN);
+        }
     }
 
     #[test]
@@ -270,6 +284,9 @@ mod tests {
         let e = from_failure(&f);
         assert_eq!(e.kind(), LeaseErrorKind::Held);
         assert_eq!(e.holder(), Some(&holder));
+        let e = from_failure(&to_failure(&LeaseError::rewound("went back")));
+        assert_eq!(e.kind(), LeaseErrorKind::Rewound);
+        assert_eq!(e.message(), "went back");
         let garbage = Failure {
             reason: 999,
             message: "?".into(),

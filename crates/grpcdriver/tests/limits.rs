@@ -265,6 +265,7 @@ async fn invalid_ids_are_invalid_argument_with_reason_invalid() {
             .acquire(pb::AcquireRequest {
                 session_id: session_id.to_owned(),
                 owner: owner.to_owned(),
+                min_token: 0,
             })
             .await
             .expect_err(what);

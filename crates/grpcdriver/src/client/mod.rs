@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use lease_port::{AuthorityId, Clock, Lease, LeaseError, OwnerId, SessionId, SessionLease};
+use lease_port::{
+    AuthorityId, Clock, FencingToken, Lease, LeaseError, OwnerId, SessionId, SessionLease,
+};
 use tokio::time::Instant;
 use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
@@ -394,6 +396,35 @@ impl GrpcLeaseBuilder {
     }
 }
 
+impl GrpcLease {
+    /// Acquire, with `floor` as the request's `min_token` (0: none).
+    async fn acquire_with(
+        &self,
+        session: &SessionId,
+        owner: &OwnerId,
+        floor: FencingToken,
+    ) -> Result<Lease, LeaseError> {
+        let sent = self.inner.clock.now();
+        let sent_at = Instant::now();
+        let answer = self
+            .call(false, |mut c, left| {
+                let mut req = Request::new(pb::AcquireRequest {
+                    session_id: session.as_str().to_owned(),
+                    owner: owner.as_str().to_owned(),
+                    min_token: floor.get(),
+                });
+                req.set_timeout(left);
+                async move { c.acquire(req).await }
+            })
+            .await
+            .map_err(|r| refusal(r, "Acquire"))?;
+        self.check_authority(answer.lease.as_ref())?;
+        let lease = lease_from_wire(answer.lease.as_ref(), session, owner, sent)?;
+        self.check_grant(&lease, sent, sent_at)?;
+        Ok(lease)
+    }
+}
+
 fn refusal(r: Refusal, method: &str) -> LeaseError {
     match r {
         Refusal::Lease(e) => e,
@@ -407,23 +438,36 @@ fn refusal(r: Refusal, method: &str) -> LeaseError {
 #[async_trait]
 impl SessionLease for GrpcLease {
     async fn acquire(&self, session: &SessionId, owner: &OwnerId) -> Result<Lease, LeaseError> {
-        let sent = self.inner.clock.now();
-        let sent_at = Instant::now();
-        let answer = self
-            .call(false, |mut c, left| {
-                let mut req = Request::new(pb::AcquireRequest {
-                    session_id: session.as_str().to_owned(),
-                    owner: owner.as_str().to_owned(),
-                });
-                req.set_timeout(left);
-                async move { c.acquire(req).await }
-            })
+        self.acquire_with(session, owner, FencingToken::new(0))
             .await
-            .map_err(|r| refusal(r, "Acquire"))?;
-        self.check_authority(answer.lease.as_ref())?;
-        let lease = lease_from_wire(answer.lease.as_ref(), session, owner, sent)?;
-        self.check_grant(&lease, sent, sent_at)?;
-        Ok(lease)
+    }
+
+    /// Sends `floor` as the request's `min_token`: the service raises its
+    /// backend's tokens above it, or answers `Rewound` when the backend
+    /// cannot. A service older than the field ignores it and grants a
+    /// token of its own choosing, so the answer is checked here too: a
+    /// token not above `floor` is released and answered
+    /// [`Rewound`](lease_port::LeaseErrorKind::Rewound).
+    async fn acquire_above(
+        &self,
+        session: &SessionId,
+        owner: &OwnerId,
+        floor: FencingToken,
+    ) -> Result<Lease, LeaseError> {
+        let lease = self.acquire_with(session, owner, floor).await?;
+        if lease.token() > floor {
+            return Ok(lease);
+        }
+        // Best effort: a release that fails leaves a grant that lapses.
+        let _ = self.release(&lease).await;
+        Err(LeaseError::rewound(format!(
+            "the lease service at {} granted token {} for session {session}, not above {floor}, \
+             which a store already accepted: the service ignored the floor (a version older \
+             than min_token?) or its token record is older than the store's; restore the \
+             service's newer state or upgrade it",
+            self.inner.address,
+            lease.token()
+        )))
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Lease, LeaseError> {

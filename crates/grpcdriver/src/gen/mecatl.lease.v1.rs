@@ -49,6 +49,18 @@ pub struct AcquireRequest {
     /// identity per incarnation.
     #[prost(string, tag = "2")]
     pub owner: ::prost::alloc::string::String,
+    /// The grant's token must exceed this; 0: no floor. A client sends the
+    /// highest token a store it writes to already accepted for the session,
+    /// so that after the service lost or rewound state its tokens resume above
+    /// the store's mark. A backend that keeps its own token record raises it
+    /// above the floor in the same step as the grant, so later takeovers stay
+    /// above it too; the live holder whose token does not exceed it gets a new,
+    /// greater one. A backend that cannot raise its tokens answers
+    /// FAILED_PRECONDITION, reason STATE_REWOUND, and grants nothing.
+    /// A server older than this field ignores it: a client that sets it checks
+    /// the answer's token itself.
+    #[prost(uint64, tag = "3")]
+    pub min_token: u64,
 }
 /// Acquire's answer.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -204,6 +216,14 @@ pub enum Reason {
     MethodUnsupported = 6,
     /// The caller is not authenticated or not allowed.
     Unauthenticated = 7,
+    /// The service answered from older state than the caller has already
+    /// seen (a restored snapshot, a wiped or lagging backend): a token it
+    /// hands out now may repeat one issued before, or it cannot exceed the
+    /// `min_token` asked for. Sent with FAILED_PRECONDITION. Never retried:
+    /// an operator must restore the newer state. A client that does not know
+    /// this reason sees a FAILED_PRECONDITION without a reason it knows, and
+    /// treats it as a passing fault.
+    StateRewound = 8,
 }
 impl Reason {
     /// String value of the enum field names used in the ProtoBuf definition.
@@ -220,6 +240,7 @@ impl Reason {
             Self::BackendUnsupported => "BACKEND_UNSUPPORTED",
             Self::MethodUnsupported => "METHOD_UNSUPPORTED",
             Self::Unauthenticated => "UNAUTHENTICATED",
+            Self::StateRewound => "STATE_REWOUND",
         }
     }
     /// Creates an enum from field names used in the ProtoBuf definition.
@@ -233,6 +254,7 @@ impl Reason {
             "BACKEND_UNSUPPORTED" => Some(Self::BackendUnsupported),
             "METHOD_UNSUPPORTED" => Some(Self::MethodUnsupported),
             "UNAUTHENTICATED" => Some(Self::Unauthenticated),
+            "STATE_REWOUND" => Some(Self::StateRewound),
             _ => None,
         }
     }
@@ -322,6 +344,9 @@ pub mod lease_service_client {
         /// free, expired, or held live by the same owner; a takeover returns a
         /// token greater than every token issued before for the session.
         /// Held live by another owner: FAILED_PRECONDITION, reason HELD_ELSEWHERE.
+        /// With a `min_token`, the grant's token exceeds it; a backend that cannot
+        /// raise its tokens that far answers FAILED_PRECONDITION, reason
+        /// STATE_REWOUND.
         pub async fn acquire(
             &mut self,
             request: impl tonic::IntoRequest<super::AcquireRequest>,
@@ -517,6 +542,9 @@ pub mod lease_service_server {
         /// free, expired, or held live by the same owner; a takeover returns a
         /// token greater than every token issued before for the session.
         /// Held live by another owner: FAILED_PRECONDITION, reason HELD_ELSEWHERE.
+        /// With a `min_token`, the grant's token exceeds it; a backend that cannot
+        /// raise its tokens that far answers FAILED_PRECONDITION, reason
+        /// STATE_REWOUND.
         async fn acquire(
             &self,
             request: tonic::Request<super::AcquireRequest>,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures_util::Stream;
-use lease_port::{Clock, Lease, LeaseError, OwnerId, SessionId, SessionLease};
+use lease_port::{Clock, FencingToken, Lease, LeaseError, OwnerId, SessionId, SessionLease};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
@@ -146,11 +146,16 @@ impl Service for LeaseService {
             let req = request.into_inner();
             let (session, owner) =
                 ids(&req.session_id, &req.owner).map_err(|e| Self::invalid(&e))?;
-            let lease = self
-                .backend
-                .acquire(&session, &owner)
-                .await
-                .map_err(|e| to_status(Call::Acquire, &e))?;
+            // 0 is "no floor", and what a client older than the field sends.
+            let granted = match req.min_token {
+                0 => self.backend.acquire(&session, &owner).await,
+                floor => {
+                    self.backend
+                        .acquire_above(&session, &owner, FencingToken::new(floor))
+                        .await
+                }
+            };
+            let lease = granted.map_err(|e| to_status(Call::Acquire, &e))?;
             Ok(Response::new(pb::AcquireResponse {
                 lease: Some(lease_to_wire(&lease, self.clock.now(), &self.authority)),
             }))
