@@ -56,6 +56,11 @@ pub struct LeaseEntry {
     pub lease: Result<LeaseInfo, LeaseFileError>,
 }
 
+/// The subdirectory in which a store fenced by this directory keeps its
+/// generation witness (`session-store`'s `WITNESS_DIR_NAME`): not a lease,
+/// left out of listings.
+const STORE_WITNESS_DIR: &str = ".store-generations";
+
 /// How long a listing waits for one file's lock before reporting it busy.
 const LIST_LOCK_WAIT: Duration = Duration::from_millis(200);
 
@@ -65,7 +70,9 @@ const LIST_LOCK_WAIT: Duration = Duration::from_millis(200);
 ///
 /// Blocking; takes a shared file lock on each file while reading it, so it
 /// never sees a record half-written. It never creates, changes or removes
-/// anything. Entries that are not lease files (other names, symlinks,
+/// anything. The owner locks (`.owners`), the authority id (`.authority`)
+/// and stores' generation witnesses (`.store-generations`) are left out;
+/// other entries that are not lease files (other names, symlinks,
 /// directories, damaged records) are listed with the reason in
 /// [`LeaseEntry::lease`], so an operator sees everything that would stop a
 /// session. The directory itself being missing, a symlink, or not a
@@ -102,9 +109,13 @@ pub fn list_leases(dir: impl AsRef<Path>, now: SystemTime) -> Result<Vec<LeaseEn
         let entry = entry.map_err(|e| LeaseFileError::io("listing", dir.to_path_buf(), e))?;
         let name = entry.file_name();
         let path = dir.join(&name);
-        if name == crate::store::OWNERS_DIR || name == crate::AUTHORITY_FILE {
-            // The owner locks (`FlockLease::lock_owner`) and the directory's
-            // authority id, not leases.
+        if name == crate::store::OWNERS_DIR
+            || name == crate::AUTHORITY_FILE
+            || name == STORE_WITNESS_DIR
+        {
+            // The owner locks (`FlockLease::lock_owner`), the directory's
+            // authority id, and the generations stores record here, not
+            // leases.
             continue;
         }
         let Some(name) = name.to_str().map(str::to_owned) else {

@@ -660,3 +660,22 @@ async fn repair_restores_an_unreadable_record_above_a_minimum_token() {
     assert!(flocklease::repair(dir.path(), &s, 1).unwrap().get() >= next.token().get());
     assert!(lease.token().get() < 5000);
 }
+
+/// A store fenced by the directory keeps its generation witness here
+/// (session-store's `.store-generations`): not a lease, not listed.
+#[tokio::test]
+async fn the_listing_leaves_out_a_stores_generation_witness() {
+    let dir = tempfile::tempdir().unwrap();
+    let leases = open(dir.path());
+    leases.acquire(&sid("one"), &oid("a")).await.unwrap();
+    let witnesses = dir.path().join(".store-generations");
+    fs::create_dir(&witnesses).unwrap();
+    fs::write(witnesses.join("0123456789abcdef0123456789abcdef"), "{}\n").unwrap();
+    let listed = list_leases(dir.path(), SystemTime::now()).unwrap();
+    let names: Vec<_> = listed.iter().map(|e| e.file_name.as_str()).collect();
+    assert_eq!(
+        names,
+        [format!("{}.lease", session_filename::stem(&sid("one")))]
+    );
+    assert!(listed[0].lease.is_ok(), "{listed:?}");
+}

@@ -239,6 +239,87 @@
 //! - **Memory**: each open session keeps its file and an index of its
 //!   events' offsets (24 bytes an event), at most
 //!   [`JsonlOptions::max_open`] idle ones.
+//!
+//! # The store's generation
+//!
+//! A store directory put back from an older copy — a backup restored, an
+//! older disk image, an `rsync` from a stale replica — has high-water marks
+//! below tokens its lease authority already handed out, so an owner that
+//! lost the session long ago could write again. The lease directory does
+//! not go back with it; without a check nothing would notice. A server
+//! that writes to the store therefore opens it with a generation check
+//! ([`JsonlOptions::generation`]; the default, [`GenerationCheck::Off`],
+//! reads and writes nothing):
+//!
+//! - **The record**, `<dir>/.store-generation` ([`GENERATION_FILE_NAME`]):
+//!   the store's id (random, created with the record, kept by copies), a
+//!   counter that only grows, and the directory's identity (device and
+//!   inode) and path. [`JsonlStore::open`] reads it under the directory's
+//!   exclusive `flock` (writers in every process advance one at a time),
+//!   checks it, and writes it back with the counter one higher; so does
+//!   [`JsonlStore::advance_generation`].
+//! - **The witness**, `<witness>/.store-generations/<store id>`
+//!   ([`WITNESS_DIR_NAME`]), the same record kept in a directory a restore
+//!   of the store directory does not reach: the lease directory, given as
+//!   [`GenerationCheck::Witness`]. It is written after the store's own
+//!   record is durable, so it is never ahead of it after a crash; a
+//!   missing witness (first use) is created, and one witness directory can
+//!   serve any number of stores.
+//! - **Refused** with [`StoreErrorKind::Rewound`], the message naming the
+//!   files and how to adopt: a record written in another directory (a copy
+//!   with a new inode: `cp -a`, a backup restored into a new directory,
+//!   another disk); a generation below the witness's (an older copy put
+//!   back into the same directory); a directory without a record that its
+//!   witness remembers (emptied, recreated, or put back from before the
+//!   record existed); a witness last written by a copy of the store in
+//!   another directory (two copies in service).
+//! - **Accepted**: a new directory, and a store written before generations
+//!   were kept (its record is created: an upgrade, not an error); a witness
+//!   behind the store (a crash between the two writes, an older lease
+//!   directory).
+//! - **Damaged** files (a failed checksum, a torn or foreign file) are
+//!   [`StoreErrorKind::Corrupt`], never taken for "no record". Every write
+//!   goes to a private temporary file, synced, renamed into place, and the
+//!   directory synced, whatever the [`FsyncPolicy`].
+//! - **What it notices**: a copy older than the last advance. A server
+//!   advances at start-up (`open`), when it stops, and every few minutes
+//!   while it runs ([`JsonlStore::advance_generation`]), so that a backup
+//!   taken while it ran is refused too once put back. A copy taken after the
+//!   last advance holds the same generation as its witness and cannot be
+//!   told from the live directory; nor can a restore that also put the
+//!   witness back (a witness inside the store directory, or one disk image
+//!   holding both).
+//! - **Adopting** ([`adopt_store_dir`]), with every server of the store
+//!   stopped, accepts the directory as it is: records its identity, keeps
+//!   the store's id, and sets the generation above the record and the
+//!   witness. The marks stay as they are; the lease backend's tokens must
+//!   then pass them (`acquire_above`, or a lease repair with a minimum
+//!   token).
+//!
+//! ```
+//! use session_store::{GenerationCheck, JsonlOptions, JsonlStore, StoreErrorKind};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let root = tempfile::tempdir()?;
+//! let (store_dir, lease_dir) = (root.path().join("store"), root.path().join("leases"));
+//! let opts = JsonlOptions::default().generation(GenerationCheck::witness(&lease_dir));
+//!
+//! let store = JsonlStore::open(&store_dir, opts.clone())?; // at start-up
+//! assert_eq!(store.generation().unwrap().get(), 1);
+//! let record = store_dir.join(session_store::GENERATION_FILE_NAME);
+//! let backup = std::fs::read(&record)?; // a backup taken now ...
+//! drop(store);
+//!
+//! let store = JsonlStore::open(&store_dir, opts.clone())?; // a later start
+//! assert_eq!(store.generation().unwrap().get(), 2);
+//! drop(store);
+//!
+//! std::fs::write(&record, backup)?; // ... put back in place
+//! let err = JsonlStore::open(&store_dir, opts).unwrap_err();
+//! assert_eq!(err.kind(), StoreErrorKind::Rewound);
+//! assert!(err.to_string().contains("older than its witness"), "{err}");
+//! # Ok(()) }
+//! ```
 
 mod error;
 pub mod jsonl;
@@ -248,7 +329,8 @@ pub use error::{StoreError, StoreErrorKind};
 pub use jsonl::{
     AUTHORITY_FILE_NAME, CANCEL_DIR_NAME, DEFAULT_LEASE_DIR_NAME, DEFAULT_LOCK_TIMEOUT,
     DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_OPEN, DEFAULT_MAX_PAGE_BYTES, FILE_SUFFIX, FsyncPolicy,
-    GRAVEYARD_FILE_NAME, JsonlOptions, JsonlStore, ReclaimReport,
+    GENERATION_FILE_NAME, GRAVEYARD_FILE_NAME, GenerationCheck, JsonlOptions, JsonlStore,
+    ReclaimReport, StoreGeneration, WITNESS_DIR_NAME, adopt_store_dir,
 };
 pub use model::{
     APPEND_POLL_INTERVAL, AppendReceipt, CancelRequest, Fence, ListCursor, MAX_LIST_LIMIT, Page,

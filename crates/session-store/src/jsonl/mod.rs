@@ -10,8 +10,9 @@
 // (what the store knows of a file), `cache` (the open sessions and the
 // names a listing learnt), `listing` (paged listing), `locking` (in-process mutex, `flock`, when a
 // call leaves the async worker), `write` (how bytes reach the end of a
-// file, and are taken back on failure) and `ops` (the fenced operations
-// built from them).
+// file, and are taken back on failure), `ops` (the fenced operations
+// built from them) and `generation` (the directory's generation record and
+// its witness).
 
 mod authority;
 mod cache;
@@ -19,6 +20,7 @@ mod cancel;
 #[cfg(test)]
 mod crash_sim;
 mod format;
+mod generation;
 mod graveyard;
 mod index;
 mod listing;
@@ -52,6 +54,9 @@ pub use authority::AUTHORITY_FILE_NAME;
 use cache::OpenSession;
 pub use cancel::CANCEL_DIR_NAME;
 use format::millis;
+pub use generation::{
+    GENERATION_FILE_NAME, GenerationCheck, StoreGeneration, WITNESS_DIR_NAME, adopt_store_dir,
+};
 pub use graveyard::{GRAVEYARD_FILE_NAME, ReclaimReport};
 use ops::validate_batch;
 pub use options::{
@@ -91,6 +96,9 @@ struct StoreCore {
     ///
     /// [`list`]: SessionStore::list
     names: Mutex<HashMap<String, SessionId>>,
+    /// The generation this instance last claimed (with a generation check
+    /// on): a record found lower later went back under it.
+    generation: Mutex<Option<generation::StoreGeneration>>,
     /// Test hook: how many of the next data syncs fail.
     #[cfg(test)]
     fail_syncs: std::sync::atomic::AtomicU32,
@@ -122,8 +130,17 @@ fn open_flags() -> i32 {
 impl JsonlStore {
     /// Opens (creating it, mode 0700, when missing) the store directory.
     ///
+    /// With a [generation check](JsonlOptions::generation) on, it then
+    /// checks the directory's generation record (and its witness) and
+    /// advances it durably, once: blocking, a few `fsync`s, at start-up.
+    ///
     /// Errors: `Invalid` when `dir` exists but is not a directory (or is a
-    /// symbolic link); `Io` when it cannot be created or opened.
+    /// symbolic link); `Io` when it cannot be created or opened. With a
+    /// generation check: `Rewound` when the directory is a copy or older
+    /// than its witness (the message names both files and how to adopt it:
+    /// [`adopt_store_dir`]); `Corrupt` for a damaged generation record or
+    /// witness; `Unavailable` when another process held the generation
+    /// lock past [`JsonlOptions::lock_timeout`].
     pub fn open(dir: impl Into<PathBuf>, opts: JsonlOptions) -> Result<Self, StoreError> {
         let dir = dir.into();
         match std::fs::symlink_metadata(&dir) {
@@ -148,17 +165,46 @@ impl JsonlStore {
             .custom_flags((OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC).bits())
             .open(&dir)
             .map_err(|e| StoreError::io("opening store directory", &dir, e))?;
-        Ok(Self {
+        let store = Self {
             core: Arc::new(StoreCore {
                 dir,
                 dir_file,
                 opts,
                 open_sessions: Mutex::default(),
                 names: Mutex::default(),
+                generation: Mutex::default(),
                 #[cfg(test)]
                 fail_syncs: std::sync::atomic::AtomicU32::new(0),
             }),
-        })
+        };
+        if store.core.opts.generation != GenerationCheck::Off {
+            store.core.claim_generation()?;
+        }
+        Ok(store)
+    }
+
+    /// The generation this instance claimed when it opened the directory,
+    /// or last [advanced](Self::advance_generation) it to; `None` without a
+    /// [generation check](JsonlOptions::generation). Other writers on the
+    /// directory may have advanced it since.
+    pub fn generation(&self) -> Option<StoreGeneration> {
+        lock(&self.core.generation).clone()
+    }
+
+    /// Checks the directory again exactly as [`open`](Self::open) did and
+    /// advances its generation (in the store and in its witness).
+    ///
+    /// A restore is noticed only when the copy put back is older than the
+    /// last advance, so a server advances at start-up (`open` does), when
+    /// it stops, and every so often while it runs (say every few minutes:
+    /// a few `fsync`s each time); then a backup taken while it ran is
+    /// refused too once put back. Runs on tokio's blocking pool.
+    ///
+    /// Errors as for `open`, and `Rewound` when the record went back (or was
+    /// replaced) since this instance last claimed it; `Invalid` without a
+    /// generation check.
+    pub async fn advance_generation(&self) -> Result<StoreGeneration, StoreError> {
+        self.blocking(StoreCore::claim_generation).await
     }
 
     /// The store directory.

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use lease_port::{Clock, SystemClock};
 
+use super::GenerationCheck;
+
 /// The largest serialised event accepted, by default.
 pub const DEFAULT_MAX_EVENT_BYTES: usize = 1 << 20;
 
@@ -47,6 +49,7 @@ pub struct JsonlOptions {
     pub(super) lock_timeout: Duration,
     pub(super) max_page_bytes: usize,
     pub(super) clock: Arc<dyn Clock>,
+    pub(super) generation: GenerationCheck,
 }
 
 impl Default for JsonlOptions {
@@ -60,6 +63,7 @@ impl Default for JsonlOptions {
             lock_timeout: DEFAULT_LOCK_TIMEOUT,
             max_page_bytes: DEFAULT_MAX_PAGE_BYTES,
             clock: Arc::new(SystemClock),
+            generation: GenerationCheck::Off,
         }
     }
 }
@@ -128,6 +132,23 @@ impl JsonlOptions {
     /// The clock event timestamps come from. Default the system clock.
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
+        self
+    }
+
+    /// Whether [`JsonlStore::open`](super::JsonlStore::open) checks that
+    /// the directory has not come back older, and advances its generation.
+    /// Default [`GenerationCheck::Off`]: nothing is read or written, as
+    /// readers and operator tools want.
+    ///
+    /// A server that writes to the store sets
+    /// [`GenerationCheck::Witness`] with its lease directory (or
+    /// [`GenerationCheck::InStore`] when its leases live elsewhere): `open`
+    /// then fails with [`StoreErrorKind::Rewound`](crate::StoreErrorKind::Rewound)
+    /// for a copy of the directory, or one older than its witness, until it
+    /// is adopted ([`adopt_store_dir`](super::adopt_store_dir)). See the
+    /// crate docs, "The store's generation".
+    pub fn generation(mut self, check: GenerationCheck) -> Self {
+        self.generation = check;
         self
     }
 }
