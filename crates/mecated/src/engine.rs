@@ -38,6 +38,7 @@ mod follow;
 mod lease_wait;
 mod remote_cancel;
 mod replicas;
+mod store_watch;
 
 pub use follow::{FOLLOW_QUIET_CHECK, FollowEnd, FollowItem, RUN_ENDED};
 pub use lease_wait::{MAX_RUN_WAIT, RUN_WAIT_RETRY};
@@ -82,6 +83,8 @@ pub struct Engine {
 
 struct EngineInner {
     store: Arc<dyn SessionStore>,
+    /// The store's last `Rewound` answer, while it lasts (for `/readyz`).
+    store_fault: Arc<store_watch::StoreFault>,
     keeper: LeaseKeeper,
     agent: Arc<dyn Agent>,
     metrics: Arc<Metrics>,
@@ -246,9 +249,15 @@ impl Engine {
         exclusivity: Exclusivity,
     ) -> Self {
         let writer = incarnation_writer(keeper.owner());
+        let store_fault = Arc::new(store_watch::StoreFault::default());
+        let store = Arc::new(store_watch::WatchedStore {
+            inner: store,
+            fault: Arc::clone(&store_fault),
+        });
         Self {
             inner: Arc::new(EngineInner {
                 store,
+                store_fault,
                 keeper,
                 agent,
                 metrics,
@@ -323,6 +332,13 @@ impl Engine {
     /// or `None`. Readiness reports it.
     pub fn lease_backend_fault(&self) -> Option<String> {
         self.inner.keeper.backend_fault()
+    }
+
+    /// Why the session store refuses to serve, while it does: its state
+    /// went back, or it is deployed so that it could lose what it
+    /// confirmed (`state_rewound`). Cleared by its next success.
+    pub fn store_fault(&self) -> Option<String> {
+        self.inner.store_fault.get()
     }
 
     /// The fence of a run's writes: its lease's token, and this
@@ -456,8 +472,11 @@ impl Engine {
     ) {
         // At most two tries: the second only after the store refused our
         // claim because an earlier incarnation under our owner id wrote
-        // under the very token the backend handed back to us.
+        // under the very token the backend handed back to us, or because
+        // our token is below the store's mark (the lease authority lost or
+        // rewound state, or someone took over since), then above the mark.
         let mut retried = false;
+        let mut floor = None;
         // Cancel requests recorded before this run began are not for it.
         let cancels_before = self.cancel_baseline(&session).await;
         let (guard, token, first_seq) = loop {
@@ -469,7 +488,16 @@ impl Engine {
             } else {
                 Duration::ZERO
             };
-            let guard = match self.inner.keeper.acquire_within(&session, wait).await {
+            let acquired = match floor {
+                Some(floor) => {
+                    self.inner
+                        .keeper
+                        .acquire_above_within(&session, wait, floor)
+                        .await
+                }
+                None => self.inner.keeper.acquire_within(&session, wait).await,
+            };
+            let guard = match acquired {
                 Ok(guard) => guard,
                 Err(e) => {
                     let _ = started.send(Err(e.into()));
@@ -520,6 +548,22 @@ impl Engine {
                     // takeover with a greater token.
                     info!(%presented, "the store's mark is an earlier incarnation's; acquiring anew");
                     retried = true;
+                    let _ = guard.finish().await;
+                }
+                Err(EngineError::Store(StoreError::Fenced {
+                    presented,
+                    high_water,
+                    ..
+                })) if !retried && presented < high_water => {
+                    // Either another process took the session since our
+                    // acquire (then the backend answers Held to this), or
+                    // the lease authority issues tokens below what the
+                    // store accepted: it lost or rewound state. Ask once
+                    // for a token above the mark instead of failing every
+                    // run until an operator repairs the record.
+                    warn!(%presented, %high_water, "the store's mark is above the granted token; acquiring above it");
+                    retried = true;
+                    floor = Some(high_water);
                     let _ = guard.finish().await;
                 }
                 Err(e) => {

@@ -124,3 +124,57 @@ async fn a_second_incarnation_under_one_owner_id_cannot_write_beside_the_first()
         "the first incarnation's claim and one event: {log:#?}"
     );
 }
+
+/// Finishes at once.
+#[derive(Debug)]
+struct QuickAgent;
+
+#[async_trait]
+impl Agent for QuickAgent {
+    async fn run(&self, _: Turn, sink: &mut dyn EventSink) -> Result<(), AgentError> {
+        sink.emit(json!({"type": "done"})).await?;
+        Ok(())
+    }
+}
+
+/// A lease authority that lost its state (a new one in place of the old,
+/// issuing tokens from 1 again) meets a store that accepted tokens up to 3:
+/// the first run's claim is refused as below the mark, and the server asks
+/// once for a token above it instead of failing every run until an
+/// operator repairs the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_authority_lost_its_tokens_a_run_resumes_above_the_stores_mark() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = SessionId::new("s").unwrap();
+    let before = process(
+        dir.path(),
+        &MemLease::new(TTL),
+        "pod-1",
+        Arc::new(QuickAgent),
+    );
+    before.create_session(&s).await.unwrap();
+    for expected in 1..=3 {
+        let run = before.start_run(s.clone(), json!("x")).await.unwrap();
+        assert_eq!(run.token, Some(expected));
+        run.end.await.unwrap();
+    }
+
+    let after = process(
+        dir.path(),
+        &MemLease::new(TTL),
+        "pod-2",
+        Arc::new(QuickAgent),
+    );
+    let run = after.start_run(s.clone(), json!("y")).await.unwrap();
+    assert_eq!(run.token, Some(4), "not above the store's mark of 3");
+    run.end.await.unwrap();
+    // The floor was kept by the authority: the next run needs no retry.
+    let run = after.start_run(s.clone(), json!("z")).await.unwrap();
+    assert_eq!(run.token, Some(5));
+    run.end.await.unwrap();
+    let store = JsonlStore::open(dir.path(), JsonlOptions::default()).unwrap();
+    assert_eq!(
+        store.high_water(&s).await.unwrap(),
+        Some(lease_port::FencingToken::new(5))
+    );
+}

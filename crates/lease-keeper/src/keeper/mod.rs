@@ -22,7 +22,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use lease_port::{Lease, LeaseError, LeaseErrorKind, OwnerId, SessionId, SessionLease};
+use lease_port::{
+    FencingToken, Lease, LeaseError, LeaseErrorKind, OwnerId, SessionId, SessionLease,
+};
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 use tokio::time::{Instant, timeout};
@@ -160,8 +162,37 @@ impl LeaseKeeper {
         session: &SessionId,
         wait: Duration,
     ) -> Result<LeaseGuard, KeeperError> {
+        self.acquire_traced(session, wait, None).await
+    }
+
+    /// [`acquire_within`](Self::acquire_within), with a token above
+    /// `floor` ([`SessionLease::acquire_above`]): for a run whose store
+    /// refused the token it was granted as below the session's high-water
+    /// mark, after the lease authority lost or rewound state. The store's
+    /// mark is the floor; a backend that cannot raise its tokens answers
+    /// `Rewound`.
+    ///
+    /// [`SessionLease::acquire_above`]: lease_port::SessionLease::acquire_above
+    pub async fn acquire_above_within(
+        &self,
+        session: &SessionId,
+        wait: Duration,
+        floor: FencingToken,
+    ) -> Result<LeaseGuard, KeeperError> {
+        self.acquire_traced(session, wait, Some(floor)).await
+    }
+
+    async fn acquire_traced(
+        &self,
+        session: &SessionId,
+        wait: Duration,
+        floor: Option<FencingToken>,
+    ) -> Result<LeaseGuard, KeeperError> {
         let span = info_span!("lease_keeper.acquire", session = %session, owner = %self.core.owner);
-        let result = self.acquire_inner(session, wait).instrument(span).await;
+        let result = self
+            .acquire_inner(session, wait, floor)
+            .instrument(span)
+            .await;
         if let Err(e) = &result {
             self.core.metrics.acquire_failed(session, e.kind());
         }
@@ -172,6 +203,7 @@ impl LeaseKeeper {
         &self,
         session: &SessionId,
         wait: Duration,
+        floor: Option<FencingToken>,
     ) -> Result<LeaseGuard, KeeperError> {
         let core = &self.core;
         if core.shutdown.is_cancelled() {
@@ -205,7 +237,7 @@ impl LeaseKeeper {
         if core.unsupported.load(Ordering::Acquire) {
             return self.open_run(session, None, None, session_lock);
         }
-        let (lease, sent) = match self.call_acquire(session).await? {
+        let (lease, sent) = match self.call_acquire(session, floor).await? {
             Granted::Lease(lease, sent) => (lease, sent),
             Granted::Unsupported(e) => {
                 if !core.unsupported.swap(true, Ordering::AcqRel) {
@@ -220,14 +252,24 @@ impl LeaseKeeper {
 
     /// One acquire call, bounded by the acquire timeout (never more than
     /// the TTL), its answer checked and mapped to keeper errors.
-    async fn call_acquire(&self, session: &SessionId) -> Result<Granted, KeeperError> {
+    async fn call_acquire(
+        &self,
+        session: &SessionId,
+        floor: Option<FencingToken>,
+    ) -> Result<Granted, KeeperError> {
         let core = &self.core;
         let sent = Instant::now();
-        let answer = timeout(
-            core.acquire_timeout,
-            core.backend.acquire(session, &core.owner),
-        )
-        .await;
+        let call = async {
+            match floor {
+                Some(floor) => {
+                    core.backend
+                        .acquire_above(session, &core.owner, floor)
+                        .await
+                }
+                None => core.backend.acquire(session, &core.owner).await,
+            }
+        };
+        let answer = timeout(core.acquire_timeout, call).await;
         let lease = match answer {
             Ok(Ok(lease)) => lease,
             Ok(Err(e)) => {
@@ -283,6 +325,16 @@ impl LeaseKeeper {
                 core.owner
             )));
         }
+        if let Some(floor) = floor
+            && lease.token() <= floor
+        {
+            // A grant that could never write where its floor came from;
+            // it lapses at its expiry.
+            return Err(KeeperError::invalid(format!(
+                "the backend granted token {} when asked for one above {floor}",
+                lease.token()
+            )));
+        }
         // The lease is reckoned to live `ttl` from when the call was sent;
         // an answer at that moment grants nothing we could use.
         if Instant::now() >= sent + core.ttl {
@@ -333,7 +385,7 @@ impl LeaseKeeper {
                 source: e,
             });
         }
-        match self.call_acquire(session).await? {
+        match self.call_acquire(session, None).await? {
             Granted::Lease(lease, sent) if lease.token() > stale => {
                 lock(&core.unreleased).remove(session);
                 Ok((lease, sent))

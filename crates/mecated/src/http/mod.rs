@@ -576,7 +576,7 @@ pub(crate) async fn healthz() -> &'static str {
     summary = "Readiness",
     responses(
         (status = 200, description = "Ready: the text `ready`", body = String, content_type = "text/plain"),
-        (status = 503, description = "Not ready: the text `shutting down`, or `lease backend failing: ` and why, while the lease backend's calls fail (until one succeeds)", body = String, content_type = "text/plain"),
+        (status = 503, description = "Not ready: the text `shutting down`; `lease backend failing: ` and why, while the lease backend's calls fail (until one succeeds); or `session store state went back: ` and why, while the store refuses as `state_rewound` (until it answers again)", body = String, content_type = "text/plain"),
     )
 )]
 pub(crate) async fn readyz(State(engine): State<Engine>) -> Response {
@@ -586,6 +586,12 @@ pub(crate) async fn readyz(State(engine): State<Engine>) -> Response {
         (
             StatusCode::SERVICE_UNAVAILABLE,
             format!("lease backend failing: {fault}"),
+        )
+            .into_response()
+    } else if let Some(fault) = engine.store_fault() {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("session store state went back: {fault}"),
         )
             .into_response()
     } else {
