@@ -60,8 +60,7 @@ pub enum EtcdError {
         /// The member's endpoint.
         endpoint: String,
     },
-    /// An answer from another cluster than every earlier one, or from a
-    /// store whose revisions went back (its data was replaced): the
+    /// An answer from another cluster than every earlier one: the
     /// endpoints no longer reach the authority this client's tokens belong
     /// to. A configuration to fix, not a passing fault.
     #[error("etcd at {endpoint}: {detail}")]
@@ -70,6 +69,29 @@ pub enum EtcdError {
         endpoint: String,
         /// What changed.
         detail: String,
+    },
+    /// A linearizable answer from a store older than one this client has
+    /// already seen: its revision went back, so the cluster's data was
+    /// replaced by older data (restored from a snapshot or backup under
+    /// running clients, or wiped and written again). Revisions it hands out
+    /// now may repeat tokens issued before. Never a passing fault, so
+    /// never worth a retry: restore the newer data, or restart the clients
+    /// to go on with the older (the stores it fences then refuse tokens
+    /// at or below their marks). Reported as
+    /// [`Rewound`](lease_port::LeaseErrorKind::Rewound).
+    #[error(
+        "etcd at {endpoint}: the store's revision went back from {seen} to {answered}: \
+         its data was replaced by older data (restored from a snapshot or backup, or \
+         wiped), so its tokens may repeat earlier ones; restore the newer data, or \
+         restart the clients to go on with the older"
+    )]
+    Rewound {
+        /// The member that answered.
+        endpoint: String,
+        /// The highest revision this client saw before the request.
+        seen: i64,
+        /// The revision the answer came from.
+        answered: i64,
     },
     /// etcd refused the configured user's name or password.
     #[error("etcd refused to authenticate user {user:?}: {status}")]
@@ -115,8 +137,9 @@ impl EtcdError {
                     | tonic::Code::Internal
                     | tonic::Code::Cancelled
             ),
-            // The next member may be of the right cluster.
-            EtcdError::ClusterChanged { .. } => true,
+            // The next member may be of the right cluster, or the one
+            // that still has the newer data.
+            EtcdError::ClusterChanged { .. } | EtcdError::Rewound { .. } => true,
             EtcdError::Endpoint { .. }
             | EtcdError::Malformed { .. }
             | EtcdError::Auth { .. }
@@ -143,9 +166,16 @@ impl EtcdError {
     }
 
     /// The contract's view: a configuration error (an unusable endpoint,
-    /// credentials or permissions etcd refuses) is bad input, anything
-    /// else a passing fault.
+    /// credentials or permissions etcd refuses, another cluster) is bad
+    /// input, a store whose revision went back is
+    /// [`Rewound`](lease_port::LeaseErrorKind::Rewound), anything else a
+    /// passing fault.
     pub(crate) fn into_lease_error(self, doing: &'static str) -> LeaseError {
+        if matches!(self, EtcdError::Rewound { .. }) {
+            // Said in the message too: the remedy is an operator's, and
+            // many report only the message.
+            return LeaseError::rewound(format!("{doing}: {self}")).with_source(self);
+        }
         let misconfigured = match &self {
             EtcdError::Endpoint { .. }
             | EtcdError::Auth { .. }

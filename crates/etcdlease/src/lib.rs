@@ -49,9 +49,12 @@
 //!   (injective: no two ids share a key). The value names the holder and
 //!   keeps the original id.
 //! - **Beside it, a guard** `{prefix}g/{id}`, on no etcd lease: every write
-//!   that takes the session writes the guard too, and only a release
-//!   deletes it. A key gone while its guard remains is a hold that lapsed
-//!   without a release (see [Lapsed holds](#lapsed-holds)).
+//!   that takes the session writes the guard too, at the same revision,
+//!   and only a release deletes it (or the sweep, which removes a hold as
+//!   its release would; see
+//!   [One etcd lease per client](#one-etcd-lease-per-client)). A key gone
+//!   while its guard remains is a hold that lapsed without a release (see
+//!   [Lapsed holds](#lapsed-holds)).
 //! - **Acquire** is one transaction: if neither key nor guard exists, put
 //!   both, the key with the client's etcd lease attached; otherwise read
 //!   them. A live holder of another owner is
@@ -78,9 +81,15 @@
 //!   replaced still answers them, refreshing nothing the real leader knows
 //!   of; the fault tests caught exactly that. A later read from the same
 //!   term shows the member was still leader when it answered.
-//! - **Release** is a transaction that deletes key and guard only if the
-//!   guard's `mod_revision` is the lease's token and its value names the
-//!   lease's owner: it never removes another hold.
+//! - **Release** is one transaction (two nested in one, as etcd allows
+//!   since 3.3) that deletes the key if its `mod_revision` is the lease's
+//!   token and its value names the lease's owner, and the guard on the
+//!   same two conditions, each on its own: it never removes another hold
+//!   (a newer hold has a newer revision), and it removes the caller's key
+//!   even when the guard is gone (deleted by hand) or the guard when the
+//!   key is (a lapsed hold). Once etcd has answered, nothing of the hold
+//!   is left, whichever conditions held; a release that gets no answer is
+//!   completed by the sweep.
 //!
 //! # One etcd lease per client
 //!
@@ -103,6 +112,14 @@
 //!   deleted it had it had an etcd lease of its own. Renew a lease through
 //!   the client that acquired it: another client's renewals refresh the
 //!   etcd lease but not this bookkeeping.
+//! - A key stays in that bookkeeping until etcd has answered a delete
+//!   conditional on its hold (a release's or the sweep's), or a read showed
+//!   it gone or another's: a delete that failed, timed out or was dropped
+//!   with its call is sent again by the next sweep. A release makes its
+//!   hold (acquired through this client) due for the sweep at once, so a
+//!   release whose answer was lost, or whose call was dropped, still frees
+//!   the session, without waiting out the TTL. The sweep runs within the
+//!   client's acquires and renewals, at most every 250 ms, one at a time.
 //! - A released session is deleted, so the shared keep-alive never keeps a
 //!   released or taken-over session alive.
 //!
@@ -201,10 +218,61 @@
 //! revisions start again from 1, so its tokens must never meet a store
 //! fenced by the old one.
 //!
+//! # What it requires of its deployment
+//!
+//! - **An etcd cluster that keeps every write it acknowledged.** Tokens are
+//!   revisions, and a token is greater than every earlier one only while
+//!   the cluster's history is never cut back: keep etcd's fsync (no
+//!   `--unsafe-no-fsync`, an etcd 3.5 flag), never restore the cluster
+//!   from a snapshot or a backup, or wipe it, while clients (and the
+//!   stores they fence) are running, and keep every client of a prefix on
+//!   the same cluster.
+//! - **The keys under the prefix are this crate's.** Session keys, guards
+//!   (`{prefix}g/…`) and the authority marker are written and deleted by
+//!   its clients only; none is to be edited or deleted by hand.
+//!
+//! When that breaks:
+//!
+//! - *Restored or wiped under running clients.* Every client remembers the
+//!   highest revision it was answered from, and refuses each answer from
+//!   an older store as [`Rewound`](lease_port::LeaseErrorKind::Rewound)
+//!   (source [`EtcdError::Rewound`], whose message says what to do): it
+//!   never hands out a token from there, and retrying cannot help. Restore
+//!   the newer data, or restart the clients to go on with the older: a
+//!   restarted client cannot tell, and its tokens may repeat tokens issued
+//!   before, which a store that took them refuses (its high-water mark is
+//!   above them; [`acquire_above`](SessionLease::acquire_above) answers
+//!   `Rewound` for a grant not above a store's mark). A wiped cluster also
+//!   gets a new [authority](#authority), which a store fenced by the old
+//!   one refuses. A client started after the restore that never saw the
+//!   newer state cannot detect it at all.
+//! - *Another cluster at the endpoints.* Refused as
+//!   [`Invalid`](lease_port::LeaseErrorKind::Invalid) (source
+//!   [`EtcdError::ClusterChanged`]).
+//! - *A guard deleted by hand while its session is held.* The holder keeps
+//!   the session; its release, or the sweep when it abandons the session,
+//!   still frees it. But the session has lost what tells a lapsed hold from
+//!   a released one: if its key's etcd lease ends while the holder counts
+//!   on it (the frozen-leader case of [Lapsed holds](#lapsed-holds)),
+//!   another owner takes it at once instead of waiting the lapse out. A
+//!   guard deleted after its hold lapsed lets the next owner in at once,
+//!   too.
+//! - *A session key deleted by hand.* A lapsed hold: its holder's next
+//!   renewal answers [`Held`](lease_port::LeaseErrorKind::Held), and
+//!   another owner waits the lapse out.
+//! - *A key written by hand.* A session key this crate did not write makes
+//!   acquire answer `Held`, naming nobody, and `current` a `Transient`
+//!   error with [`EtcdError::Malformed`] as its source, until it is
+//!   deleted; a guard without its session key is waited out as a lapsed
+//!   hold.
+//!
 //! # Errors
 //!
 //! Credentials etcd refuses, or a user without permission on the prefix:
 //! [`Invalid`](lease_port::LeaseErrorKind::Invalid), a configuration to fix.
+//! Answers from a store older than one already seen:
+//! [`Rewound`](lease_port::LeaseErrorKind::Rewound), for an operator to fix
+//! (see [What it requires of its deployment](#what-it-requires-of-its-deployment)).
 //! etcd unreachable, a timeout, no leader: [`Transient`](lease_port::LeaseErrorKind::Transient),
 //! keeping an [`EtcdError`] as its source. Every request has its own
 //! timeout ([`request_timeout`](EtcdLeaseBuilder::request_timeout)); after
@@ -489,16 +557,31 @@ fn delete_op(key: Vec<u8>) -> RequestOp {
     }
 }
 
-/// Deletes the hold `token` of `value`'s owner: its guard, and its key if
-/// etcd still has it. Every write that takes a session writes both, so an
-/// unchanged guard means the key is this hold's or gone, never another's.
-fn release_if_ours(key: &[u8], guard: &[u8], token: i64, value: Vec<u8>) -> TxnRequest {
+/// Deletes the hold `token` of `value`'s owner: its key and its guard,
+/// each only if it is still this hold's (written at revision `token`, with
+/// that value), each on its own compare, in one atomic step. Every write
+/// that takes a session writes both at one revision, so a key or guard at
+/// another revision belongs to another hold and stays. Either may be gone
+/// already: the key when its etcd lease ended (a lapsed hold: the guard
+/// still goes), the guard when it was deleted by hand (the key still
+/// goes: it is on an etcd lease the client may keep alive for ever).
+///
+/// Once etcd has answered, neither is this hold's any more, whichever
+/// compares held.
+fn release_if_ours(key: &[u8], guard: &[u8], token: i64, value: &[u8]) -> TxnRequest {
+    let if_ours = |k: &[u8]| RequestOp {
+        request: Some(Request::Txn(TxnRequest {
+            compare: vec![
+                compare(k, compare_target::MOD, TargetUnion::ModRevision(token)),
+                compare(k, compare_target::VALUE, TargetUnion::Value(value.to_vec())),
+            ],
+            success: vec![delete_op(k.to_vec())],
+            failure: vec![],
+        })),
+    };
     TxnRequest {
-        compare: vec![
-            compare(guard, compare_target::MOD, TargetUnion::ModRevision(token)),
-            compare(guard, compare_target::VALUE, TargetUnion::Value(value)),
-        ],
-        success: vec![delete_op(key.to_vec()), delete_op(guard.to_vec())],
+        compare: vec![],
+        success: vec![if_ours(key), if_ours(guard)],
         failure: vec![],
     }
 }
@@ -981,29 +1064,33 @@ impl Inner {
     }
 
     /// Deletes the keys on this client's etcd lease whose holders stopped
-    /// renewing them a TTL and a grace ago (see `held_keys`). Each delete
-    /// is conditional on the key still being on that lease with that
-    /// value (and revision, when known), so it never touches a new hold.
+    /// renewing them a TTL and a grace ago, or released them without a
+    /// confirmed answer (see `held_keys`). Each delete is conditional on
+    /// the key still being on that lease with that value (and revision,
+    /// when known), so it never touches a new hold. A key leaves the
+    /// bookkeeping only once etcd answered its delete; the others wait for
+    /// the next sweep.
     async fn sweep(&self) {
-        for (key, held) in self.held.take_lapsed(Instant::now()) {
+        let Some(sweep) = self.held.sweep(Instant::now()) else {
+            return;
+        };
+        for (key, held) in &sweep.lapsed {
             let delete = match held.token {
-                // The hold ended in its holder's view a grace ago: removed
-                // as its release would.
-                Some(token) => {
-                    release_if_ours(&key, &self.keys.guard_of(&key), token, held.value.clone())
-                }
+                // The hold ended in its holder's view a grace ago, or its
+                // holder released it: removed as its release would.
+                Some(token) => release_if_ours(key, &self.keys.guard_of(key), token, &held.value),
                 // Whether the write landed is unknown: the key goes only if
                 // it is still ours, and its guard stays, so another owner
                 // waits as for any lapsed hold.
                 None => TxnRequest {
                     compare: vec![
                         compare(
-                            &key,
+                            key,
                             compare_target::LEASE,
                             TargetUnion::Lease(held.lease_id),
                         ),
                         compare(
-                            &key,
+                            key,
                             compare_target::VALUE,
                             TargetUnion::Value(held.value.clone()),
                         ),
@@ -1012,8 +1099,13 @@ impl Inner {
                     failure: vec![],
                 },
             };
-            if self.client.txn(delete).await.is_err() {
-                self.held.retry(key, held);
+            match self.client.txn(delete).await {
+                // Answered: deleted now, or not this hold's any more.
+                Ok(_) => self.held.deleted(key, held.generation),
+                // etcd is not answering this client: the rest waits too,
+                // rather than each costing the caller a timeout.
+                Err(e) if e.is_member_fault() => return,
+                Err(_) => {}
             }
         }
     }
@@ -1132,17 +1224,20 @@ impl Inner {
         let key = self.keys.session_key(lease.session_id());
         let value = encode_value(lease.session_id(), lease.owner(), self.ttl);
         // Sent, it may land whatever this call learns: a re-acquire by the
-        // same owner must then write a new hold, not keep this one.
-        self.held.releasing(&key, token);
+        // same owner must then write a new hold, not keep this one. Until
+        // etcd answers, the hold stays in the bookkeeping, due for the
+        // sweep: a release that fails or is dropped is completed there.
+        self.held.releasing(&key, token, Instant::now());
         self.client
             .txn(release_if_ours(
                 &key,
                 &self.keys.guard_of(&key),
                 token,
-                value,
+                &value,
             ))
             .await
             .map_err(|e| e.into_lease_error("release: transaction failed"))?;
+        // Answered: etcd holds nothing of this hold any more.
         self.held.forget(&key, token);
         Ok(())
     }

@@ -104,7 +104,7 @@ pub struct DeleteRangeResponse {
 /// One operation of a transaction branch.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct RequestOp {
-    #[prost(oneof = "Request", tags = "1, 2, 3")]
+    #[prost(oneof = "Request", tags = "1, 2, 3, 4")]
     pub request: Option<Request>,
 }
 
@@ -116,12 +116,16 @@ pub enum Request {
     Put(PutRequest),
     #[prost(message, tag = "3")]
     DeleteRange(DeleteRangeRequest),
+    /// A transaction nested in a branch (etcd 3.3 and later): its own
+    /// compares decide its own branch, within the one atomic step.
+    #[prost(message, tag = "4")]
+    Txn(TxnRequest),
 }
 
 /// The answer to one [`RequestOp`].
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ResponseOp {
-    #[prost(oneof = "Response", tags = "1, 2, 3")]
+    #[prost(oneof = "Response", tags = "1, 2, 3, 4")]
     pub response: Option<Response>,
 }
 
@@ -133,6 +137,8 @@ pub enum Response {
     Put(PutResponse),
     #[prost(message, tag = "3")]
     DeleteRange(DeleteRangeResponse),
+    #[prost(message, tag = "4")]
+    Txn(TxnResponse),
 }
 
 /// `Compare.result`.

@@ -305,10 +305,11 @@ impl EtcdClient {
         }
         if R::LINEARIZABLE_REVISION && header.revision > 0 {
             if header.revision < floor {
-                return Err(changed(format!(
-                    "the store's revision went back from {floor} to {}: its data was replaced",
-                    header.revision
-                )));
+                return Err(EtcdError::Rewound {
+                    endpoint: member.url.to_string(),
+                    seen: floor,
+                    answered: header.revision,
+                });
             }
             self.seen
                 .revision
