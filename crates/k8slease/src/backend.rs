@@ -15,7 +15,7 @@ use lease_port::{
     SystemClock,
 };
 
-use crate::error::{Failure, Target, Verb, foreign_object};
+use crate::error::{Failure, Target, Verb, foreign_object, rewound};
 use crate::expiry::ExpiryJudgement;
 use crate::name::{AUTHORITY_OBJECT, object_name};
 use crate::observe::{Observations, Observed};
@@ -264,10 +264,31 @@ impl K8sLease {
     }
 
     /// Reads the object as stored now. `None` when it does not exist.
+    ///
+    /// A version below the highest this client saw of the object before
+    /// the read was sent is [`Rewound`](lease_port::LeaseErrorKind::Rewound):
+    /// a GET is answered from the newest state (a quorum read), which
+    /// includes every write seen before it was sent. A reply overtaken by
+    /// a later one is no such case: only what was seen before sending
+    /// counts.
     async fn read(&self, name: &str) -> Result<Option<Observed>, LeaseError> {
         let target = self.target(Verb::Get, name);
+        let floor = self.inner.seen.floor(name);
         match self.call(target, self.inner.api.get(name)).await {
-            Ok(object) => self.note(name, object).map(Some),
+            Ok(object) => {
+                let version = record::resource_version(&object)?;
+                if version < floor {
+                    return Err(rewound(
+                        &self.inner.namespace,
+                        name,
+                        &format!(
+                            "a read answered resourceVersion {version}, older than version \
+                             {floor} of the same object, which this client had already seen"
+                        ),
+                    ));
+                }
+                self.note(name, object).map(Some)
+            }
             Err(Failure::NotFound(_)) => {
                 self.inner.seen.forget(name);
                 Ok(None)
@@ -296,6 +317,9 @@ impl K8sLease {
     ) -> Result<Written, LeaseError> {
         let target = self.target(verb, name);
         let params = PostParams::default();
+        // Every write lands after everything seen before it was sent, so
+        // its version must exceed all of those.
+        let newest = self.inner.seen.newest();
         let outcome = match verb {
             Verb::Create => {
                 self.call(target, self.inner.api.create(&params, object))
@@ -307,10 +331,14 @@ impl K8sLease {
             }
         };
         match outcome {
-            Ok(stored) if verb == Verb::Update && stored.metadata.uid != object.metadata.uid => {
-                self.note(name, stored).map(Written::Recreated)
+            Ok(stored) => {
+                let stored = self.check_written(verb, name, object, stored, newest)?;
+                if verb == Verb::Update && stored.metadata.uid != object.metadata.uid {
+                    self.note(name, stored).map(Written::Recreated)
+                } else {
+                    self.note(name, stored).map(Written::Done)
+                }
             }
-            Ok(stored) => self.note(name, stored).map(Written::Done),
             Err(Failure::Conflict | Failure::AlreadyExists) => Ok(Written::Lost),
             Err(Failure::NotFound(e)) => {
                 self.inner.seen.forget(name);
@@ -324,6 +352,38 @@ impl K8sLease {
             Err(Failure::Lease(e)) if e.is_retryable() => Ok(Written::Unknown(e)),
             Err(Failure::Lease(e)) => Err(e),
         }
+    }
+
+    /// Refuses the reply to a write of `sent` that shows storage older than
+    /// `newest`, the highest version seen before the write was sent. An
+    /// update answered with the version it was conditioned on wrote nothing
+    /// (it changed nothing, so the API server kept the object as it was);
+    /// any other write made a new version, which must be above `newest`.
+    fn check_written(
+        &self,
+        verb: Verb,
+        name: &str,
+        sent: &LeaseObject,
+        stored: LeaseObject,
+        newest: u64,
+    ) -> Result<LeaseObject, LeaseError> {
+        let version = record::resource_version(&stored)?;
+        let unchanged = verb == Verb::Update
+            && stored.metadata.uid == sent.metadata.uid
+            && sent.metadata.resource_version.as_deref()
+                == stored.metadata.resource_version.as_deref();
+        if unchanged || version > newest {
+            return Ok(stored);
+        }
+        Err(rewound(
+            &self.inner.namespace,
+            name,
+            &format!(
+                "a write ({}) was answered with resourceVersion {version}, not above version \
+                 {newest}, which this client had already seen",
+                verb.as_str()
+            ),
+        ))
     }
 
     /// The object we last saw, or the stored one when we have seen none.
@@ -353,23 +413,6 @@ impl K8sLease {
         }
     }
 
-    /// The token of `object`'s holder as far as this process can tell: an
-    /// object it created itself states no token, but this process remembers
-    /// the one its create granted.
-    fn token_of(&self, name: &str, object: &LeaseObject) -> StoredToken {
-        match record::stored_token(object) {
-            StoredToken::CreationVersion => object
-                .metadata
-                .uid
-                .as_deref()
-                .and_then(|uid| self.inner.seen.creation(name, uid))
-                .map_or(StoredToken::CreationVersion, |t| {
-                    StoredToken::Known(FencingToken::new(t))
-                }),
-            stored => stored,
-        }
-    }
-
     fn out_of_rounds(&self, name: &str, last: Option<LeaseError>) -> LeaseError {
         let error = LeaseError::transient(format!(
             "Lease {name:?} in namespace {:?} kept changing or answering late over {MAX_ROUNDS} \
@@ -389,12 +432,20 @@ impl K8sLease {
         }
     }
 
+    /// Acquires `session` for `owner` with a token above `floor` (zero for
+    /// a plain acquire, which every token exceeds).
     async fn acquire_object(
         &self,
         session: &SessionId,
         owner: &OwnerId,
+        floor: FencingToken,
     ) -> Result<Lease, LeaseError> {
         let inner = &self.inner;
+        if floor.get() == u64::MAX {
+            return Err(LeaseError::invalid(format!(
+                "no fencing token can exceed {floor}: nothing was acquired"
+            )));
+        }
         let name = object_name(session);
         let (mut current, mut fresh) = self.latest(&name).await?;
         let mut last_fault = None;
@@ -404,30 +455,18 @@ impl K8sLease {
         let mut distrust_own_token = false;
         for _ in 0..MAX_ROUNDS {
             let Some(observed) = current.take() else {
-                let now = inner.clock.now();
-                let object = record::new_held(&name, session, owner, inner.ttl, now)?;
+                // A free object, taken next round like any free one: the
+                // token is written with the holder, in the same update.
+                let object = record::new_free(&name, session);
                 match self.write(Verb::Create, &name, &object).await? {
-                    // The create's own version is the token: greater than
-                    // every version before it, deleted objects' included.
                     Written::Done(created) | Written::Recreated(created) => {
-                        if let Some(uid) = created.object.metadata.uid.as_deref() {
-                            inner.seen.note_creation(&name, uid, created.version);
-                        }
-                        return Ok(Lease::new(
-                            session.clone(),
-                            owner.clone(),
-                            FencingToken::new(created.version),
-                            now + inner.ttl,
-                        ));
+                        (current, fresh) = (Some(created), true);
                     }
-                    Written::Lost => {
-                        (current, fresh) = (self.read(&name).await?, true);
-                        continue;
-                    }
+                    // Someone else created it first: decide on theirs.
+                    Written::Lost => (current, fresh) = (self.read(&name).await?, true),
                     Written::Unknown(cause) => {
                         last_fault = Some(cause);
                         (current, fresh) = (self.read(&name).await?, true);
-                        continue;
                     }
                     Written::Gone(e) => {
                         return Err(LeaseError::invalid(format!(
@@ -437,6 +476,7 @@ impl K8sLease {
                         .with_source(e));
                     }
                 }
+                continue;
             };
             self.check_session(&observed, session)?;
             let object = &observed.object;
@@ -450,9 +490,9 @@ impl K8sLease {
                     now,
                     inner.clock.instant(),
                 );
-            let (token, next) = match (live, self.token_of(&name, object)) {
+            let (token, next) = match (live, record::stored_token(object)) {
                 (true, StoredToken::Known(token))
-                    if holder == Some(owner.as_str()) && !distrust_own_token =>
+                    if holder == Some(owner.as_str()) && !distrust_own_token && token > floor =>
                 {
                     (token, record::renewed(object, token, inner.ttl, now)?)
                 }
@@ -466,9 +506,10 @@ impl K8sLease {
                     return Err(Self::lost(object));
                 }
                 // Free, expired, or ours under a token the object does not
-                // state: a takeover, with a token above every earlier one.
+                // state or that is not above the floor: a takeover, with a
+                // token above every earlier one and above the floor.
                 (_, stored) => {
-                    let token = next_token(observed.version, stored)?;
+                    let token = next_token(observed.version, stored, floor)?;
                     (
                         token,
                         record::taken_over(object, owner, token, inner.ttl, now)?,
@@ -515,7 +556,7 @@ impl K8sLease {
             };
             self.check_session(&observed, lease.session_id())?;
             let object = &observed.object;
-            let stored = self.token_of(&name, object);
+            let stored = record::stored_token(object);
             if !record::held_by(object, stored, lease.owner(), lease.token()) {
                 if !fresh {
                     (current, fresh) = (self.read(&name).await?, true);
@@ -561,7 +602,7 @@ impl K8sLease {
                 return Ok(());
             };
             self.check_session(&observed, lease.session_id())?;
-            let stored = self.token_of(&name, &observed.object);
+            let stored = record::stored_token(&observed.object);
             if !record::held_by(&observed.object, stored, lease.owner(), lease.token()) {
                 if !fresh {
                     (current, fresh) = (self.read(&name).await?, true);
@@ -610,10 +651,18 @@ impl K8sLease {
         let foreign = |why: &str| foreign_object(&inner.namespace, &name, why);
         let owner = OwnerId::new(holder)
             .map_err(|e| foreign("its holderIdentity is not an owner id").with_source(e))?;
-        let token = match self.token_of(&name, object) {
+        let token = match record::stored_token(object) {
             StoredToken::Known(token) => token,
-            // Unchanged since the create that granted it.
-            StoredToken::CreationVersion => FencingToken::new(observed.version),
+            // Never guessed: the object's version is no token anyone was
+            // granted once anything else changed it.
+            StoredToken::Unstated => {
+                return Err(LeaseError::transient(format!(
+                    "Lease {name:?} in namespace {:?} is held by {holder:?} without a \
+                     mecatl.dev/fencing-token annotation (given by an older k8slease's create, \
+                     or by hand): its token is unknown until the holder renews or the hold lapses",
+                    inner.namespace
+                )));
+            }
             StoredToken::Unreadable => {
                 return Err(foreign(
                     "its mecatl.dev/fencing-token annotation is not a number",
@@ -662,7 +711,12 @@ impl K8sLease {
                 )
                 .await
             {
-                Ok(created) => object = Some(created),
+                Ok(created) => {
+                    if let Ok(version) = record::resource_version(&created) {
+                        self.inner.seen.saw_version(version);
+                    }
+                    object = Some(created);
+                }
                 Err(Failure::AlreadyExists | Failure::Conflict | Failure::TimedOut) => {
                     object = self.read_plain(name).await?;
                 }
@@ -692,7 +746,12 @@ impl K8sLease {
     async fn read_plain(&self, name: &str) -> Result<Option<LeaseObject>, LeaseError> {
         let target = self.target(Verb::Get, name);
         match self.call(target, self.inner.api.get(name)).await {
-            Ok(object) => Ok(Some(object)),
+            Ok(object) => {
+                if let Ok(version) = record::resource_version(&object) {
+                    self.inner.seen.saw_version(version);
+                }
+                Ok(Some(object))
+            }
             Err(Failure::NotFound(_)) => Ok(None),
             Err(Failure::TimedOut) => Err(target.timed_out(self.inner.request_timeout)),
             Err(Failure::Lease(e)) => Err(e),
@@ -704,22 +763,48 @@ impl K8sLease {
 }
 
 /// The token of a takeover conditioned on `version`: above `version`
-/// itself (every earlier token was at most the version of the write that
-/// made it, and versions only grow) and above the stored token.
-fn next_token(version: u64, stored: StoredToken) -> Result<FencingToken, LeaseError> {
-    let floor = match stored {
+/// itself (every token this crate wrote was at most the version of the
+/// write that set it, or at most its stored token, and versions only
+/// grow), above the stored token (which a floor may have raised past the
+/// versions, and which every later takeover must exceed in turn), and
+/// above `floor`.
+fn next_token(
+    version: u64,
+    stored: StoredToken,
+    floor: FencingToken,
+) -> Result<FencingToken, LeaseError> {
+    let highest = match stored {
         StoredToken::Known(t) => t.get().max(version),
-        StoredToken::CreationVersion | StoredToken::Unreadable => version,
-    };
-    floor.checked_add(1).map(FencingToken::new).ok_or_else(|| {
-        LeaseError::unsupported("the fencing token has reached u64::MAX and cannot rise")
-    })
+        StoredToken::Unstated | StoredToken::Unreadable => version,
+    }
+    .max(floor.get());
+    highest
+        .checked_add(1)
+        .map(FencingToken::new)
+        .ok_or_else(|| {
+            LeaseError::unsupported("the fencing token has reached u64::MAX and cannot rise")
+        })
 }
 
 #[async_trait]
 impl SessionLease for K8sLease {
     async fn acquire(&self, session: &SessionId, owner: &OwnerId) -> Result<Lease, LeaseError> {
-        self.acquire_object(session, owner).await
+        self.acquire_object(session, owner, FencingToken::new(0))
+            .await
+    }
+
+    /// Writes a token above `floor` in the same update as the holder; see
+    /// the crate docs, "Fencing tokens". Never answers `Rewound` for a
+    /// floor above the API server's versions: the token annotation carries
+    /// the raise, and every later takeover exceeds it. A floor of
+    /// `u64::MAX` is [`Invalid`](lease_port::LeaseErrorKind::Invalid).
+    async fn acquire_above(
+        &self,
+        session: &SessionId,
+        owner: &OwnerId,
+        floor: FencingToken,
+    ) -> Result<Lease, LeaseError> {
+        self.acquire_object(session, owner, floor).await
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Lease, LeaseError> {
@@ -805,25 +890,21 @@ mod tests {
     }
 
     #[test]
-    fn takeover_tokens_rise_above_version_and_stored_token() {
-        assert_eq!(
-            next_token(10, StoredToken::CreationVersion).unwrap().get(),
-            11
-        );
-        assert_eq!(
-            next_token(10, StoredToken::Known(FencingToken::new(4)))
-                .unwrap()
-                .get(),
-            11
-        );
-        assert_eq!(
-            next_token(10, StoredToken::Known(FencingToken::new(40)))
-                .unwrap()
-                .get(),
-            41
-        );
-        assert_eq!(next_token(10, StoredToken::Unreadable).unwrap().get(), 11);
-        let err = next_token(u64::MAX, StoredToken::CreationVersion).unwrap_err();
+    fn takeover_tokens_rise_above_version_stored_token_and_floor() {
+        let t = FencingToken::new;
+        let next = |version, stored, floor| next_token(version, stored, t(floor)).unwrap().get();
+        assert_eq!(next(10, StoredToken::Unstated, 0), 11);
+        assert_eq!(next(10, StoredToken::Known(t(4)), 0), 11);
+        assert_eq!(next(10, StoredToken::Known(t(40)), 0), 41);
+        assert_eq!(next(10, StoredToken::Unreadable, 0), 11);
+        // A floor above both raises the token; below, it changes nothing.
+        assert_eq!(next(10, StoredToken::Known(t(40)), 1000), 1001);
+        assert_eq!(next(10, StoredToken::Unstated, 3), 11);
+        // After a raise the stored token, not the version, leads.
+        assert_eq!(next(12, StoredToken::Known(t(1001)), 0), 1002);
+        let err = next_token(u64::MAX, StoredToken::Unstated, t(0)).unwrap_err();
+        assert_eq!(err.kind(), LeaseErrorKind::Unsupported);
+        let err = next_token(5, StoredToken::Unstated, t(u64::MAX)).unwrap_err();
         assert_eq!(err.kind(), LeaseErrorKind::Unsupported);
     }
 }

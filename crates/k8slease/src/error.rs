@@ -106,6 +106,21 @@ impl Target<'_> {
     }
 }
 
+/// The API server answered from Lease storage older than what this client
+/// has already seen: `what` says how it showed.
+pub(crate) fn rewound(namespace: &str, name: &str, what: &str) -> LeaseError {
+    LeaseError::rewound(format!(
+        "the API server's Lease storage went back: {what} (Lease {name:?} in namespace \
+         {namespace:?}). The etcd holding Leases (the cluster's, or one given to Leases alone \
+         with --etcd-servers-overrides=coordination.k8s.io/leases#...) was wiped, restored from \
+         a backup or failed over to a member missing acknowledged writes, so fencing tokens drawn \
+         from its versions could repeat tokens already issued. Restore that etcd's newest state; \
+         or, to go on from the older state, make sure no session store accepted tokens above its \
+         versions, or have the servers acquire above their stores' marks (acquire_above), and \
+         restart the lease clients"
+    ))
+}
+
 /// The object exists but was not written by this crate for this session.
 pub(crate) fn foreign_object(namespace: &str, name: &str, why: &str) -> LeaseError {
     LeaseError::invalid(format!(
@@ -162,6 +177,25 @@ mod tests {
         assert!(text.contains("update leases.coordination.k8s.io"), "{text}");
         assert!(text.contains("team-a"), "{text}");
         assert!(std::error::Error::source(&e).is_some());
+    }
+
+    #[test]
+    fn rewound_says_what_went_back_and_what_to_do() {
+        let e = rewound("team-a", "mecatl-s-x", "a read showed version 3 after 9");
+        assert_eq!(e.kind(), LeaseErrorKind::Rewound);
+        assert!(!e.is_retryable());
+        let text = e.to_string();
+        for needle in [
+            "Lease storage went back",
+            "version 3 after 9",
+            "--etcd-servers-overrides=coordination.k8s.io/leases",
+            "tokens",
+            "Restore that etcd",
+            "restart the lease clients",
+            "team-a",
+        ] {
+            assert!(text.contains(needle), "{needle:?} missing from: {text}");
+        }
     }
 
     #[test]

@@ -8,15 +8,17 @@
 //! once. Give every replica a `K8sLease` on the same namespace: each session
 //! has at most one live owner, and every takeover hands out a token greater
 //! than any before it, which the session store checks on every write. It
-//! needs nothing but the API server and three verbs on Leases.
+//! needs nothing but the API server and three verbs on Leases — and an
+//! etcd beneath it that keeps what it acknowledged (see "What it requires
+//! of the cluster").
 //!
 //! # When to choose it
 //!
 //! - The processes run in one Kubernetes cluster (or reach its API server),
 //!   and a service account may `get`, `create` and `update` Leases in one
 //!   namespace.
-//! - Lease operations are rare next to session work: each costs one or two
-//!   API requests (a renewal costs one), at a TTL of seconds. For thousands
+//! - Lease operations are rare next to session work: each costs one to
+//!   three API requests (a renewal costs one), at a TTL of seconds. For thousands
 //!   of sessions renewed every few seconds, a lease service with batched
 //!   renewal spares the API server.
 //!
@@ -61,7 +63,9 @@
 //! holder in `spec.holderIdentity`, the token in the
 //! `mecatl.dev/fencing-token` annotation, `renewTime`, `acquireTime`,
 //! `leaseDurationSeconds` (the TTL) and `leaseTransitions`, raised on every
-//! change of holder so `kubectl` shows takeovers.
+//! change of holder so `kubectl` shows takeovers. An object is created
+//! free, holding nobody, and its first holder takes it with an update like
+//! any later one: a holder and its token are always written together.
 //!
 //! Every write starts from the object as read (so `strategy`,
 //! `preferredHolder`, other labels and annotations survive) and is
@@ -81,7 +85,7 @@
 //! |---|---|
 //! | renew | 1 update |
 //! | release | 1 update (get + update if this process never saw the object) |
-//! | acquire, session never leased | get + create |
+//! | acquire, session never leased | get + create + update |
 //! | acquire, free or expired session | get + update (1 update when this client released it last) |
 //! | acquire, held elsewhere | 1 get (+1 update when memory said free) |
 //!
@@ -90,25 +94,74 @@
 //! Tokens come from the API server's `resourceVersion`, which every
 //! etcd-backed API server draws from one cluster-wide counter that only
 //! grows (Kubernetes documents it as opaque; a server whose versions are not
-//! integers is refused as [`Unsupported`](lease_port::LeaseErrorKind::Unsupported)):
+//! integers is refused as [`Unsupported`](lease_port::LeaseErrorKind::Unsupported)),
+//! and are written in the `mecatl.dev/fencing-token` annotation in the same
+//! write as the holder:
 //!
-//! - a takeover conditioned on version `v` writes token `v + 1` (or more, if
-//!   the stored token is higher) in the same write as the new holder. Every
-//!   earlier token was at most the version of the write that set it, which
-//!   is at most `v`.
-//! - the create of an object grants the version the create produced.
+//! - a takeover conditioned on version `v` writes token `v + 1`, or the
+//!   stored token `+ 1` if that is higher. Every earlier token of the
+//!   object is at most the version of the write that set it, which is at
+//!   most `v`, or at most the stored token, which each takeover raises.
+//! - [`acquire_above`](lease_port::SessionLease::acquire_above)`(floor)`
+//!   writes at least `floor + 1`, also above the server's versions (a
+//!   store's mark may be, after the Lease storage went back): the
+//!   annotation carries the raise, so every later takeover — by any
+//!   client, which reads the annotation — exceeds it in turn. The live
+//!   holder whose token is not above `floor` gets a new one (its old value
+//!   no longer renews); one above `floor` keeps its token. A session held
+//!   by another owner is `Held`, whatever the floor; a floor of `u64::MAX`
+//!   is [`Invalid`](lease_port::LeaseErrorKind::Invalid).
 //!
 //! **Promise:** within one namespace, every takeover's token is greater
 //! than every token issued before for that session — across releases,
 //! expiries, client restarts, and **out-of-band deletion** of the object
 //! (`kubectl delete lease`): a recreated object's versions exceed every
-//! version before the deletion, so its tokens do too. It rests on the
-//! server's versions growing; restoring etcd from a backup rewinds them
-//! (and everything else in the cluster). A holder whose object is deleted
-//! has lost its lease: its next renewal is `Held` (if that renewal's write
-//! re-creates the object, as Leases' create-on-update allows, the hold is
-//! cleared at once). Someone who hand-writes a token annotation can only
-//! raise later tokens.
+//! version before the deletion, so its tokens do too. Two limits: it rests
+//! on the server's versions growing (see "What it requires of the
+//! cluster"), and a token raised above the versions by a floor lives only
+//! in its object's annotation, so deleting that object lets tokens fall
+//! back to the versions — the store's mark then refuses them, and an
+//! acquire above that mark raises them again. A holder whose object is
+//! deleted has lost its lease: its next renewal is `Held` (the renewal's
+//! write names the deleted object's uid, which the API server takes as a
+//! precondition, so the object is not re-created; should a server
+//! re-create it anyway, the hold is cleared at once). Someone who
+//! hand-writes a token annotation can only raise later tokens.
+//!
+//! # What it requires of the cluster
+//!
+//! Only the Kubernetes API, with its usual guarantees: reads without a
+//! `resourceVersion` answered from the newest state, and an etcd that keeps
+//! every write it acknowledged, so versions never go back. Fencing rests on
+//! that. An etcd that loses acknowledged writes — restored from a backup,
+//! wiped, failed over to a member that had not received them, or an etcd
+//! given to Leases alone (`--etcd-servers-overrides=coordination.k8s.io/leases#…`)
+//! and treated as disposable, as is sometimes done to spare the main etcd
+//! lease churn — hands out versions, and so tokens, that were issued
+//! before, and the stores' checks would be all that stands between two
+//! writers. Do not treat that etcd as disposable.
+//!
+//! Each client watches for it (clones share what they saw): it remembers
+//! the highest `resourceVersion` seen on any object and on each object
+//! (kept after the object is deleted). A write must be answered above the
+//! highest version seen before it was sent (an update that changed nothing
+//! keeps its version and is no write), and a read of an object at least at
+//! the version of it seen before it was sent. An answer below is
+//! [`Rewound`](lease_port::LeaseErrorKind::Rewound) — never `Transient`,
+//! never a conflict to retry — naming the versions and what to do. The
+//! operation fails; a write answered so may have been applied (a hold it
+//! made lapses at its TTL). The client keeps refusing: reads of an object
+//! until someone writes it above what was seen, writes until the server's
+//! versions pass the highest seen. A holder whose object the rewind removed
+//! sees it as a deletion: its renewal is `Held`.
+//!
+//! To recover: restore the etcd's newest state; or accept the older one —
+//! make sure no session store accepted tokens above the new versions, or
+//! have the servers acquire above their stores' marks
+//! ([`acquire_above`](lease_port::SessionLease::acquire_above);
+//! `lease-keeper`'s `acquire_above_within` takes the mark as its floor),
+//! then restart the lease clients
+//! (a new client has seen nothing and accepts the server as it is).
 //!
 //! # Expiry and clock skew
 //!
@@ -154,9 +207,13 @@
 //! - [`RecordTime`](ExpiryJudgement::RecordTime): live until `renewTime`
 //!   plus `leaseDurationSeconds`, which is the expiry reported.
 //!
-//! The token is the one the backend stored: the `mecatl.dev/fencing-token`
-//! annotation, or, for an object unchanged since the create that made its
-//! holder, that create's resourceVersion. An object that is not ours (no
+//! The token is the one the backend stored with the holder, in the
+//! `mecatl.dev/fencing-token` annotation; edits of the object by others
+//! (labels, annotations) leave it as granted. A live holder without the
+//! annotation — set by hand, or by an older k8slease that created objects
+//! with their holder and stated that create's version nowhere — has no
+//! provable token: that is [`Transient`](lease_port::LeaseErrorKind::Transient),
+//! never a guess, until the hold lapses or is renewed. An object that is not ours (no
 //! or another session annotation, an unreadable token, a holder that is
 //! not a valid owner id) is [`Invalid`](lease_port::LeaseErrorKind::Invalid),
 //! as everywhere else. Needs only the `get` verb.
@@ -186,6 +243,8 @@
 //! | namespace missing, 400/422, a foreign object under our name, TTL not whole seconds | `Invalid` |
 //! | timeouts, connection errors, 401, 429, 5xx | `Transient`, with the cause as source |
 //! | `resourceVersion` not an integer | `Unsupported` |
+//! | an answer older than what this client saw (the Lease storage went back) | `Rewound` (not retryable) |
+//! | `acquire_above` with a floor of `u64::MAX` | `Invalid` |
 //!
 //! A missing permission is `Invalid` rather than `Unsupported` because an
 //! operator can grant it without restarting anything, and a server must not

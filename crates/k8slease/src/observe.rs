@@ -1,13 +1,17 @@
 //! What this process has seen of each Lease object, and when.
 //!
-//! Two uses: the version a renewal or release conditions its write on (so
-//! the common case is one request), and the moment each version was first
+//! Three uses: the version a renewal or release conditions its write on (so
+//! the common case is one request), the moment each version was first
 //! seen, which [`ExpiryJudgement::SkewSafe`](crate::ExpiryJudgement::SkewSafe)
-//! measures expiry from. Forgetting an entry is always safe: the next
-//! operation reads the object again, and a skew-safe client waits longer.
+//! measures expiry from, and the floors below which an answer shows that
+//! the API server's storage went back (see the crate docs, "What it
+//! requires of the cluster"). Forgetting an object is always safe: the next
+//! operation reads it again, and a skew-safe client waits longer; its floor
+//! outlives it (a deleted object's successor only has higher versions).
 
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
 use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
@@ -27,10 +31,13 @@ pub(crate) struct Observed {
 #[derive(Debug, Default)]
 pub(crate) struct Observations {
     by_name: Mutex<HashMap<String, Observed>>,
-    /// Objects this process created with their holder, by name: the uid of
-    /// the object and the token the create granted (its own version, which
-    /// the object itself cannot state).
-    created: Mutex<HashMap<String, (String, u64)>>,
+    /// The highest version seen of each object, by name, kept when the
+    /// object itself is forgotten: no later read of that name may answer
+    /// below it.
+    floors: Mutex<HashMap<String, u64>>,
+    /// The highest version seen on any object: every later write must be
+    /// answered above it.
+    newest: AtomicU64,
 }
 
 impl Observations {
@@ -38,10 +45,25 @@ impl Observations {
         self.lock().get(name).cloned()
     }
 
+    /// The highest version seen so far on any object (0: none).
+    pub(crate) fn newest(&self) -> u64 {
+        self.newest.load(Ordering::Acquire)
+    }
+
+    /// The highest version seen so far of object `name` (0: none).
+    pub(crate) fn floor(&self, name: &str) -> u64 {
+        self.floors().get(name).copied().unwrap_or(0)
+    }
+
+    /// Counts `version`, seen on some object, towards [`newest`](Self::newest).
+    pub(crate) fn saw_version(&self, version: u64) {
+        self.newest.fetch_max(version, Ordering::AcqRel);
+    }
+
     /// Notes `object` (at `version`), whose response arrived at `arrived`.
     /// A version seen before keeps its first sighting; a version older than
     /// one already noted (a slow reply overtaken by another task's) is
-    /// returned as read but not stored.
+    /// returned as read but not stored. Either way the floors rise to it.
     pub(crate) fn note(
         &self,
         name: &str,
@@ -49,6 +71,20 @@ impl Observations {
         version: u64,
         arrived: Instant,
     ) -> Observed {
+        self.saw_version(version);
+        {
+            let mut floors = self.floors();
+            if floors.len() >= CAPACITY && !floors.contains_key(name) {
+                // Forgetting floors only weakens the check, never fails it.
+                let mut keep = false;
+                floors.retain(|_, _| {
+                    keep = !keep;
+                    keep
+                });
+            }
+            let floor = floors.entry(name.to_owned()).or_insert(0);
+            *floor = (*floor).max(version);
+        }
         let mut map = self.lock();
         let seen = match map.get(name) {
             Some(known) if known.version == version => known.seen,
@@ -78,30 +114,16 @@ impl Observations {
         observed
     }
 
-    /// The object no longer exists.
+    /// The object no longer exists. Its floor stays.
     pub(crate) fn forget(&self, name: &str) {
         self.lock().remove(name);
     }
 
-    /// This process created `name` as the object with `uid`, granting `token`.
-    pub(crate) fn note_creation(&self, name: &str, uid: &str, token: u64) {
-        let mut created = self.created.lock().unwrap_or_else(PoisonError::into_inner);
-        if created.len() >= CAPACITY && !created.contains_key(name) {
-            created.clear();
-        }
-        created.insert(name.to_owned(), (uid.to_owned(), token));
-    }
-
-    /// The token this process's create of object `uid` granted, if it made it.
-    pub(crate) fn creation(&self, name: &str, uid: &str) -> Option<u64> {
-        let created = self.created.lock().unwrap_or_else(PoisonError::into_inner);
-        created
-            .get(name)
-            .filter(|(known, _)| known == uid)
-            .map(|(_, token)| *token)
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Observed>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Observed>> {
         self.by_name.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn floors(&self) -> MutexGuard<'_, HashMap<String, u64>> {
+        self.floors.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }

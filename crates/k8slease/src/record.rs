@@ -47,17 +47,22 @@ pub(crate) fn resource_version(object: &LeaseObject) -> Result<u64, LeaseError> 
 pub(crate) enum StoredToken {
     /// Written in the annotation by the write that made the holder.
     Known(FencingToken),
-    /// No annotation: the object was created with its holder, and the token
-    /// is the resourceVersion that create produced — known to its creator
-    /// from the reply, and to anyone while the object is unchanged since.
-    CreationVersion,
+    /// No annotation. This crate writes the token in every write that
+    /// makes a holder, so a holder without one was set by someone else —
+    /// by hand, or by an older k8slease, whose create of an object with its
+    /// holder granted that create's resourceVersion and stated it nowhere
+    /// (provable only while the object is unchanged since, which no reader
+    /// can tell). Its token is unknown; a takeover still exceeds it, since
+    /// that create's version is at most the version a takeover is
+    /// conditioned on.
+    Unstated,
     /// An annotation we cannot read: someone else wrote it.
     Unreadable,
 }
 
 pub(crate) fn stored_token(object: &LeaseObject) -> StoredToken {
     match annotation(object, TOKEN_ANNOTATION) {
-        None => StoredToken::CreationVersion,
+        None => StoredToken::Unstated,
         Some(text) => text
             .parse::<u64>()
             .map(|t| StoredToken::Known(FencingToken::new(t)))
@@ -78,8 +83,9 @@ pub(crate) fn held_by(
     }
     match stored {
         StoredToken::Known(t) => t == token,
-        StoredToken::CreationVersion => resource_version(object).ok() == Some(token.get()),
-        StoredToken::Unreadable => false,
+        // Nobody can prove which token such a holder has, so no lease
+        // value renews or releases it; it lapses, or a takeover replaces it.
+        StoredToken::Unstated | StoredToken::Unreadable => false,
     }
 }
 
@@ -132,17 +138,12 @@ fn ttl_seconds(ttl: Duration) -> i32 {
     i32::try_from(ttl.as_secs()).unwrap_or(i32::MAX)
 }
 
-/// A new object for `session`, held by `owner` from `now`. Its token is the
-/// resourceVersion the create produces, so it carries no token annotation.
-pub(crate) fn new_held(
-    name: &str,
-    session: &SessionId,
-    owner: &OwnerId,
-    ttl: Duration,
-    now: SystemTime,
-) -> Result<LeaseObject, LeaseError> {
-    let at = micro_time(now)?;
-    Ok(LeaseObject {
+/// A new object for `session`, held by nobody. The first holder takes it
+/// with an update, which writes its token with it like every takeover: a
+/// create cannot state the token it grants (its own resourceVersion is
+/// known only from its reply), so no holder is ever created.
+pub(crate) fn new_free(name: &str, session: &SessionId) -> LeaseObject {
+    LeaseObject {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),
             labels: Some(BTreeMap::from([(
@@ -155,15 +156,8 @@ pub(crate) fn new_held(
             )])),
             ..ObjectMeta::default()
         },
-        spec: Some(LeaseSpec {
-            holder_identity: Some(owner.as_str().to_owned()),
-            lease_duration_seconds: Some(ttl_seconds(ttl)),
-            acquire_time: Some(at.clone()),
-            renew_time: Some(at),
-            lease_transitions: Some(0),
-            ..LeaseSpec::default()
-        }),
-    })
+        spec: Some(LeaseSpec::default()),
+    }
 }
 
 fn set_token(object: &mut LeaseObject, token: FencingToken) {
@@ -188,9 +182,14 @@ pub(crate) fn taken_over(
     let mut next = object.clone();
     let changes_hands = holder(object) != Some(owner.as_str());
     let spec = next.spec.get_or_insert_with(LeaseSpec::default);
-    if changes_hands {
-        let transitions = spec.lease_transitions.unwrap_or(0).max(0);
-        spec.lease_transitions = Some(transitions.saturating_add(1));
+    match spec.lease_transitions {
+        // The first holder of an object that never had one.
+        None if holder(object).is_none() => spec.lease_transitions = Some(0),
+        transitions if changes_hands => {
+            let transitions = transitions.unwrap_or(0).max(0);
+            spec.lease_transitions = Some(transitions.saturating_add(1));
+        }
+        _ => {}
     }
     spec.holder_identity = Some(owner.as_str().to_owned());
     spec.lease_duration_seconds = Some(ttl_seconds(ttl));
@@ -201,7 +200,7 @@ pub(crate) fn taken_over(
 }
 
 /// `object`, still held under `token`, renewed at `now`. The token is
-/// written too: an object created with its holder gets its annotation here.
+/// written too: an object whose holder had none stated gets it here.
 pub(crate) fn renewed(
     object: &LeaseObject,
     token: FencingToken,

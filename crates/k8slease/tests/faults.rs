@@ -4,13 +4,14 @@
 
 mod support;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_emulator::{DroppedReply, Failure, Verb};
-use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
+use k8s_openapi::api::coordination::v1::{Lease as LeaseObject, LeaseSpec};
 use k8slease::{ExpiryJudgement, K8sLease, object_name};
-use kube::api::{Api, DeleteParams, PostParams};
-use lease_port::{LeaseErrorKind, OwnerId, SessionId, SessionLease};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use lease_port::{LeaseErrorKind, ManualClock, OwnerId, SessionId, SessionLease};
 use support::Cluster;
 
 const TTL: Duration = Duration::from_secs(10);
@@ -206,6 +207,99 @@ async fn an_outside_edit_of_the_holder_loses_the_lease_at_the_next_renew() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn current_reports_the_granted_token_after_an_outside_edit() {
+    let cluster = Cluster::emulated().await;
+    let (ca, cb) = (lease(&cluster).await, lease(&cluster).await);
+    let (s, a, b) = ids("labelled");
+    // A new session: the grant that creates its object.
+    let held = ca.acquire(&s, &a).await.unwrap();
+
+    // `kubectl label`: read, change, write back under the version.
+    let api: Api<LeaseObject> = Api::namespaced(cluster.kube().await, &cluster.namespace);
+    let mut object = api.get(&object_name(&s)).await.unwrap();
+    object
+        .metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert("team".into(), "a".into());
+    api.replace(&object_name(&s), &PostParams::default(), &object)
+        .await
+        .unwrap();
+    // `kubectl annotate`: a merge patch.
+    let mut patch = LeaseObject::default();
+    patch.metadata.annotations = Some([("example.com/note".to_owned(), "hi".to_owned())].into());
+    api.patch(
+        &object_name(&s),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
+    .unwrap();
+
+    // Every reader reports the token granted, not the object's version.
+    let never_saw_it = lease(&cluster).await;
+    for (who, client) in [("holder", &ca), ("other", &cb), ("new", &never_saw_it)] {
+        let shown = client.current(&s).await.unwrap().expect("held");
+        assert_eq!(shown.owner(), &a, "{who}");
+        assert_eq!(shown.token(), held.token(), "{who}");
+    }
+    assert_eq!(
+        stored_token(&stored(&cluster, &s).await),
+        held.token().get()
+    );
+
+    let renewed = ca.renew(&held).await.expect("an edit is no loss");
+    assert_eq!(renewed.token(), held.token());
+    ca.release(&renewed).await.unwrap();
+    let next = cb.acquire(&s, &b).await.unwrap();
+    assert!(next.token() > held.token());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_without_a_stated_token_is_never_reported_with_a_guess() {
+    let cluster = Cluster::emulated().await;
+    let (s, a, b) = ids("unstated");
+    // Held by hand (or by an older k8slease's create): no token annotation.
+    let api: Api<LeaseObject> = Api::namespaced(cluster.kube().await, &cluster.namespace);
+    let mut object = LeaseObject::default();
+    object.metadata.name = Some(object_name(&s));
+    object.metadata.annotations =
+        Some([("mecatl.dev/session-id".to_owned(), s.as_str().to_owned())].into());
+    object.spec = Some(LeaseSpec {
+        holder_identity: Some(a.as_str().to_owned()),
+        lease_duration_seconds: Some(10),
+        ..LeaseSpec::default()
+    });
+    let created = api.create(&PostParams::default(), &object).await.unwrap();
+    let version: u64 = created
+        .metadata
+        .resource_version
+        .as_deref()
+        .unwrap()
+        .parse()
+        .unwrap();
+
+    let clock = ManualClock::new();
+    let cb = K8sLease::builder(cluster.kube().await, &cluster.namespace)
+        .ttl(TTL)
+        .clock(Arc::new(clock.clone()))
+        .build()
+        .unwrap();
+    let err = cb.current(&s).await.unwrap_err();
+    assert_eq!(err.kind(), LeaseErrorKind::Transient, "{err:?}");
+    assert!(err.message().contains("token is unknown"), "{err}");
+    let err = cb.acquire(&s, &b).await.unwrap_err();
+    assert_eq!(err.holder(), Some(&a), "a live holder all the same");
+
+    clock.advance(TTL + Duration::from_secs(1));
+    assert_eq!(cb.current(&s).await.unwrap(), None, "lapsed");
+    let taken = cb.acquire(&s, &b).await.expect("takeover after expiry");
+    assert!(taken.token().get() > version);
+    let shown = cb.current(&s).await.unwrap().expect("held by b");
+    assert_eq!(shown.token(), taken.token());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fields_we_do_not_own_survive_our_writes() {
     let cluster = Cluster::emulated().await;
     let (ca, cb) = (lease(&cluster).await, lease(&cluster).await);
@@ -394,9 +488,9 @@ async fn a_missing_rbac_verb_names_verb_and_resource() {
         .unwrap();
     let (s, a, _) = ids("rbac");
 
-    // get and create suffice for a first acquire; renewing needs update.
-    let held = c.acquire(&s, &a).await.expect("get and create are granted");
-    let err = c.renew(&held).await.unwrap_err();
+    // get and create make the object; taking it needs update, as renewing
+    // does.
+    let err = c.acquire(&s, &a).await.unwrap_err();
     assert_eq!(err.kind(), LeaseErrorKind::Invalid, "{err:?}");
     assert!(!err.is_retryable());
     let text = err.to_string();
@@ -405,6 +499,16 @@ async fn a_missing_rbac_verb_names_verb_and_resource() {
         "the error must name the verb and resource: {text}"
     );
     assert!(std::error::Error::source(&err).is_some());
+    assert_eq!(holder(&stored(&cluster, &s).await), None, "nothing is held");
+    emulator.rbac().allow(user, &[Verb::Update], "leases");
+    let held = c.acquire(&s, &a).await.expect("get, create and update");
+    emulator.rbac().revoke(user, &[Verb::Update], "leases");
+    let err = c.renew(&held).await.unwrap_err();
+    assert_eq!(err.kind(), LeaseErrorKind::Invalid, "{err:?}");
+    assert!(
+        err.to_string()
+            .contains("update leases.coordination.k8s.io")
+    );
 
     emulator.rbac().revoke(user, &[Verb::Get], "leases");
     let other = SessionId::new("rbac-other").unwrap();
