@@ -379,8 +379,8 @@ impl Emulator {
     /// deleted since are back, each with its old `resourceVersion` and
     /// `uid` — and the revision counter restarts from the snapshot's, so
     /// the next write gets [`Snapshot::revision`]` + 1` and versions handed
-    /// out after the snapshot are handed out again. Watches resume from the
-    /// snapshot's history.
+    /// out after the snapshot are handed out again. A watch started later
+    /// replays the snapshot's history, not the writes it undid.
     ///
     /// Takes effect at once, between two requests; requests in flight
     /// finish against one state or the other. Namespaces, faults, RBAC and
