@@ -1,8 +1,9 @@
 //! The Redis-provided lease: a grant key with a server-side expiry per
 //! session, and a per-session token counter that only grows.
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -37,7 +38,16 @@ struct Inner {
     ttl: Duration,
     ttl_ms: String,
     authority: OnceCell<AuthorityId>,
+    /// The greatest token this client was granted per session: a new grant
+    /// at or below it is a token issued twice, so Redis went back (even
+    /// when other processes' writes since carried the prefix's counter past
+    /// this client's floor).
+    granted: Mutex<HashMap<SessionId, FencingToken>>,
 }
+
+/// How many sessions' greatest tokens a client keeps; beyond it one is
+/// forgotten (that session's check then rests on the prefix's counter).
+const MAX_GRANTED: usize = 100_000;
 
 impl fmt::Debug for RedisLease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -130,6 +140,7 @@ impl RedisLease {
                 ttl,
                 ttl_ms: ms.to_string(),
                 authority: OnceCell::new(),
+                granted: Mutex::default(),
             }),
         })
     }
@@ -154,6 +165,33 @@ impl RedisLease {
                 AuthorityId::new(id).map_err(|_| unreadable(&key, &reply))
             })
             .await
+    }
+
+    /// Records `token` as granted for `session`; `Err` with the greater
+    /// token granted before when a new grant is not above it.
+    fn granted(
+        &self,
+        session: &SessionId,
+        token: FencingToken,
+        new: bool,
+    ) -> Result<(), FencingToken> {
+        let mut all = self
+            .inner
+            .granted
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(before) = all.get(session).copied() {
+            if new && token <= before {
+                return Err(before);
+            }
+        } else if all.len() >= MAX_GRANTED
+            && let Some(any) = all.keys().next().cloned()
+        {
+            all.remove(&any);
+        }
+        let entry = all.entry(session.clone()).or_insert(token);
+        *entry = (*entry).max(token);
+        Ok(())
     }
 
     /// Renews up to [`RENEW_CHUNK`] leases in one script call.
@@ -253,13 +291,25 @@ impl SessionLease for RedisLease {
             (Some("ok"), Some(token)) => {
                 let token = text(token)
                     .and_then(|t| t.parse::<u64>().ok())
+                    .map(FencingToken::new)
                     .ok_or_else(|| unreadable("an acquired token", &reply))?;
-                Ok(Lease::new(
-                    session.clone(),
-                    owner.clone(),
-                    FencingToken::new(token),
-                    sent + self.inner.ttl,
-                ))
+                let new = parts.get(2).and_then(text) == Some("new");
+                let lease =
+                    Lease::new(session.clone(), owner.clone(), token, sent + self.inner.ttl);
+                if let Err(before) = self.granted(session, token, new) {
+                    // Best effort: the grant is Redis's older state's; it
+                    // lapses if this does not land.
+                    let _ = self.release(&lease).await;
+                    return Err(LeaseError::rewound(format!(
+                        "Redis at {} granted token {token} for session {session} again: this \
+                         client was granted token {before} for it already, so Redis lost \
+                         acknowledged writes (an older snapshot, a lagging replica promoted, keys \
+                         removed by hand). Restore the newer data if it exists; otherwise \
+                         restart this process to accept the older state",
+                        conn.location()
+                    )));
+                }
+                Ok(lease)
             }
             (Some("held"), Some(holder)) => Err(LeaseError::held(
                 text(holder).and_then(|h| OwnerId::new(h).ok()),

@@ -123,13 +123,58 @@
 //!   1,000 leases in one script call (one round trip), and
 //!   [`renews_in_batches`](lease_port::SessionLease::renews_in_batches) is
 //!   true.
+//! - **A floor** ([`acquire_above`](lease_port::SessionLease::acquire_above)):
+//!   the acquire script first raises the token record to the floor, so the
+//!   grant and every later takeover are above it. A server passes the
+//!   store's high-water mark when its fresh token was refused as below it.
 //! - **The authority** is a random id created once, by the first client
 //!   that asks, with set-if-absent under the prefix: the same for every
 //!   client of one database and prefix, across restarts of Redis and of
 //!   the clients, and different for any other Redis, database or prefix.
-//!   A client that knows the authority checks it in every acquire: if
-//!   Redis lost it (see below), acquiring fails with a `Transient` error
-//!   saying so until the process restarts.
+//!   A client that knows the authority checks it in every acquire.
+//!
+//! # What it requires of its deployment
+//!
+//! The fence is only as good as what Redis keeps. Two settings matter, and
+//! the crate checks the one it can see:
+//!
+//! - **`maxmemory-policy noeviction`** (checked). Under any evicting policy
+//!   a full Redis drops keys: with `volatile-*` the live grants first (the
+//!   only keys with an expiry, so a second owner takes a session its holder
+//!   still counts on), with `allkeys-*` token records, high-water marks and
+//!   sessions too (tokens restart, stale writers are accepted). Both
+//!   [`RedisStoreBuilder::connect`] and [`RedisLeaseBuilder::connect`] read
+//!   the policy (`CONFIG GET maxmemory-policy`, or `INFO memory` where
+//!   `CONFIG` is renamed or not granted) and refuse anything else as
+//!   `Rewound`, naming the fix; the policy is read again every
+//!   [`DEFAULT_POLICY_CHECK_INTERVAL`] while clients run, and a change to an
+//!   evicting policy refuses every call until it is set back. A user who may
+//!   read neither is refused too: grant it `+config|get` or `+info`. Many
+//!   managed Redis offerings default to `volatile-lru`: set the parameter.
+//! - **Persistence that keeps acknowledged writes**: the append-only file
+//!   with `appendfsync always`. Not checkable from a client; see below for
+//!   what happens without it.
+//!
+//! ## State that goes back is refused
+//!
+//! Every script checks and advances a counter under the prefix
+//! (`<prefix>clock`), and each process remembers the highest value it saw.
+//! A Redis that answers below it lost writes it had confirmed: restarted
+//! from an older snapshot, crashed under `appendfsync everysec`, failed
+//! over to a replica that lagged, flushed, or keys removed by hand. Every
+//! store call ([`StoreErrorKind::Rewound`](session_store::StoreErrorKind::Rewound))
+//! and lease call ([`LeaseErrorKind::Rewound`](lease_port::LeaseErrorKind::Rewound))
+//! of such a process is then refused before it does anything, so no token
+//! is issued twice to it and no write lands under a mark Redis forgot.
+//! Restoring the newer data ends the refusal; otherwise restarting the
+//! processes accepts the older state (its sessions lose what Redis lost).
+//! Reads are checked too: a follower never sees a session go back.
+//!
+//! What it cannot see: a process started after the loss knows nothing
+//! newer, and another process's progress after the loss can carry the
+//! counter past what a process saw before its next call (each write
+//! advances it by one); the fencing authority record, which a flush
+//! rewrites under a new marker, still refuses such a process's writes.
 //!
 //! ## Durability: honest limits
 //!
@@ -143,12 +188,9 @@
 //!   marks and both authority records live in the same database, so a
 //!   `FLUSHALL`, a restart without persistence or a failover to a replica
 //!   that had not received the writes takes them together. Processes that
-//!   were running then are refused (their store checks the recorded
-//!   authority, their leases check theirs) and must be restarted; the
-//!   restarted deployment records a new authority and starts tokens from 1
-//!   against marks that are gone. Events written before the loss are gone
-//!   too, so nothing old remains to protect, but a writer that learned
-//!   about the old state elsewhere is not fenced.
+//!   were running then are refused (see above) and must be restarted; the
+//!   restarted deployment serves what Redis kept. A writer that learned
+//!   about the old state elsewhere is not fenced by marks that are gone.
 //! - **Single Redis.** This is not Redlock and makes no promise across
 //!   several primaries or across a failover (replication is asynchronous:
 //!   a promoted replica may miss the last grants). Keys of one session
@@ -176,6 +218,7 @@
 //! | `<prefix>{<id>}:record` | hash: `live`, `seq` (last sequence number), `mark`, `writer` |
 //! | `<prefix>{<id>}:events` | stream, ids `<seq>-0`, fields `ts`, `k` (token), `w` (writer), `p` (the event's JSON) |
 //! | `<prefix>sessions` | sorted set of the existing session ids |
+//! | `<prefix>clock` | the change counter every script checks and advances |
 //! | `<prefix>lease-authority` | the leases' authority id |
 //! | `<prefix>fencing-authority` | the authority the store is bound to |
 //!

@@ -52,10 +52,19 @@ for i = 2, #ARGV do A[i - 1] = ARGV[i] end
 
 /// The fence check shared by append and delete.
 ///
+/// Besides the prefix's counter ([`clocked`]), each session's record only
+/// grows: its sequence number and its mark are never lowered, not even by
+/// a deletion. A record below what this client saw of it went back, which
+/// the counter alone can miss once other processes' writes after a loss
+/// carried it past this client's floor.
+///
 /// KEYS: 1 record, 2 events, 3 fencing authority.
 /// ARGV: 1 `f` (fenced) or `u` (unfenced), 2 token, 3 owner, 4 `1` when
 /// unfenced writes are allowed, 5 the authority this client bound (empty:
-/// none), 6 the time in milliseconds.
+/// none), 6 the time in milliseconds, 7 and 8 the highest sequence number
+/// and mark this client saw of the session (`0`: none).
+///
+/// A record below what the client saw went back.
 ///
 /// Leaves `r` (the record's fields) and `raise` (whether the write raises
 /// the mark) for the body; returns early with a refusal.
@@ -90,6 +99,9 @@ if ARGV[5] ~= '' then
   if bound ~= ARGV[5] then return {'authority', bound} end
 end
 local r = redis.call('HMGET', KEYS[1], 'live', 'seq', 'mark', 'writer')
+if cmp(r[2] or '0', ARGV[7]) < 0 or cmp(r[3] or '0', ARGV[8]) < 0 then
+  return {'rewound', r[2] or '0', r[3] or '0'}
+end
 if r[1] ~= '1' then return {'notfound'} end
 local raise = false
 if ARGV[1] == 'f' then
@@ -109,7 +121,7 @@ end
 }
 
 /// Appends ARGV[9..] as events after the fence check, then publishes
-/// ARGV[8] (the session id) on the channel ARGV[7] for the processes
+/// ARGV[10] (the session id) on the channel ARGV[9] for the processes
 /// waiting on it. Only the first `XADD` can fail (when the stream's last
 /// entry is not the recorded sequence number); it is called with `pcall`
 /// before anything else is written, so such a refusal writes nothing. The
@@ -124,7 +136,7 @@ pub(crate) static APPEND: LazyLock<Script> = LazyLock::new(|| {
         r#"
 local seq = tonumber(r[2] or '0')
 local first = seq + 1
-for i = 9, #ARGV do
+for i = 11, #ARGV do
   seq = seq + 1
   local id = string.format('%d-0', seq)
   local added
@@ -134,7 +146,7 @@ for i = 9, #ARGV do
     added = redis.pcall('XADD', KEYS[2], id, 'ts', ARGV[6], 'p', ARGV[i])
   end
   if type(added) == 'table' and added.err then
-    if i == 9 and not string.find(added.err, 'equal or smaller', 1, true) then
+    if i == 11 and not string.find(added.err, 'equal or smaller', 1, true) then
       return redis.error_reply(added.err)
     end
     return {'corrupt', added.err, id}
@@ -142,14 +154,14 @@ for i = 9, #ARGV do
 end
 redis.call('HSET', KEYS[1], 'seq', string.format('%d', seq))
 if raise then redis.call('HSET', KEYS[1], 'mark', ARGV[2], 'writer', ARGV[3]) end
-redis.pcall('PUBLISH', ARGV[7], ARGV[8])
+redis.pcall('PUBLISH', ARGV[9], ARGV[10])
 return {'ok', string.format('%d', first), string.format('%d', seq)}
 "#
     ))
 });
 
 /// Deletes after the fence check: the events go, the record (sequence
-/// number, mark) stays with `live` 0. KEYS[4] the session list, ARGV[7]
+/// number, mark) stays with `live` 0. KEYS[4] the session list, ARGV[9]
 /// the session id.
 pub(crate) static DELETE: LazyLock<Script> = LazyLock::new(|| {
     clocked(concat!(
@@ -158,7 +170,7 @@ pub(crate) static DELETE: LazyLock<Script> = LazyLock::new(|| {
 redis.call('DEL', KEYS[2])
 redis.call('HSET', KEYS[1], 'live', '0')
 if raise then redis.call('HSET', KEYS[1], 'mark', ARGV[2], 'writer', ARGV[3]) end
-redis.call('ZREM', KEYS[4], ARGV[7])
+redis.call('ZREM', KEYS[4], ARGV[9])
 return {'ok'}
 "#
     ))
@@ -177,15 +189,23 @@ return 'ok'
     )
 });
 
-/// KEYS: 1 record, 2 events. ARGV: 1 first entry id, 2 count. Nil when
-/// the session does not exist.
+/// KEYS: 1 record, 2 events. ARGV: 1 first entry id, 2 count, 3 and 4 the
+/// highest sequence number and mark this client saw of the session. Nil
+/// when the session does not exist; else `{'page', seq, mark, entries}`
+/// with the record's sequence number and mark, or a refusal when the
+/// record is below what the client saw.
 pub(crate) static READ: LazyLock<Script> = LazyLock::new(|| {
-    clocked_read(
+    clocked_read(concat!(
+        cmp!(),
         r#"
-if redis.call('HGET', KEYS[1], 'live') ~= '1' then return false end
-return redis.call('XRANGE', KEYS[2], ARGV[1], '+', 'COUNT', ARGV[2])
-"#,
-    )
+local r = redis.call('HMGET', KEYS[1], 'live', 'seq', 'mark')
+if cmp(r[2] or '0', ARGV[3]) < 0 or cmp(r[3] or '0', ARGV[4]) < 0 then
+  return {'rewound', r[2] or '0', r[3] or '0'}
+end
+if r[1] ~= '1' then return false end
+return {'page', r[2] or '0', r[3] or '0', redis.call('XRANGE', KEYS[2], ARGV[1], '+', 'COUNT', ARGV[2])}
+"#
+    ))
 });
 
 /// KEYS: 1 a key. ARGV: 1 a candidate value. Sets the key to the candidate
@@ -210,7 +230,9 @@ return ARGV[1]
 /// (emptied by its release). The live holder re-acquiring keeps its token
 /// while it is above the floor; anyone taking a free lease gets the next
 /// token, above the floor: `issued` is first raised to the floor, so every
-/// later takeover stays above it too.
+/// later takeover stays above it too. Answers `{'ok', token, 'kept'}` for
+/// the live holder keeping its token, `{'ok', token, 'new'}` for a new
+/// grant.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     clocked(concat!(
         cmp!(),
@@ -226,7 +248,7 @@ if held then
   local mine = string.sub(held, 1, sp - 1)
   if cmp(mine, ARGV[4]) > 0 then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return {'ok', mine}
+    return {'ok', mine, 'kept'}
   end
 end
 local issued = redis.call('HGET', KEYS[2], 'issued') or '0'
@@ -236,7 +258,7 @@ local token = redis.call('HGET', KEYS[2], 'issued')
 local grant = token .. ' ' .. ARGV[1]
 redis.call('HSET', KEYS[2], 'grant', grant)
 redis.call('SET', KEYS[1], grant, 'PX', ARGV[2])
-return {'ok', token}
+return {'ok', token, 'new'}
 "#
     ))
 });

@@ -1,9 +1,10 @@
 //! The session store: events in a stream per session, the fence checked
 //! and the events written by one script.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -137,6 +138,7 @@ impl RedisStoreBuilder {
                 max_event_bytes: self.max_event_bytes,
                 max_page_bytes: self.max_page_bytes,
                 bound: OnceLock::new(),
+                seen: Mutex::default(),
             }),
         })
     }
@@ -181,7 +183,23 @@ struct Inner {
     /// same authority gets a new marker, so an instance bound before the
     /// loss, whose marks are gone, can never write again.
     bound: OnceLock<(AuthorityId, String)>,
+    /// The highest sequence number and mark this instance saw of each
+    /// session it touched: a session's record never goes back, so a record
+    /// below them is Redis gone back, even when other processes' writes
+    /// since carried the prefix's counter past this process's floor.
+    seen: Mutex<HashMap<SessionId, SessionFloor>>,
 }
+
+/// What one instance saw of one session's record.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct SessionFloor {
+    seq: u64,
+    mark: u64,
+}
+
+/// How many sessions' floors an instance keeps; beyond it one is
+/// forgotten (that session's check then rests on the prefix's counter).
+const MAX_SESSION_FLOORS: usize = 100_000;
 
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -270,6 +288,51 @@ impl RedisStore {
         }
     }
 
+    fn floor(&self, session: &SessionId) -> SessionFloor {
+        self.inner
+            .seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(session)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Raises what this instance saw of `session` to `seen`.
+    fn saw(&self, session: &SessionId, seen: SessionFloor) {
+        let mut all = self
+            .inner
+            .seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if !all.contains_key(session) && all.len() >= MAX_SESSION_FLOORS {
+            let any = all.keys().next().cloned();
+            if let Some(any) = any {
+                all.remove(&any);
+            }
+        }
+        let floor = all.entry(session.clone()).or_default();
+        floor.seq = floor.seq.max(seen.seq);
+        floor.mark = floor.mark.max(seen.mark);
+    }
+
+    /// The refusal of a session record below what this instance saw.
+    fn session_went_back(&self, session: &SessionId, now: SessionFloor) -> StoreError {
+        let seen = self.floor(session);
+        let location = self.inner.conn.location();
+        StoreError::rewound(
+            location,
+            format!(
+                "session {session} went back in Redis at {location}: its record holds sequence \
+                 number {} and mark {}, but this process already saw {} and {}. Redis lost \
+                 acknowledged writes (an older snapshot, a lagging replica promoted, keys \
+                 removed by hand); nothing was done. Restore the newer data if it exists; \
+                 otherwise restart this process to accept the older state",
+                now.seq, now.mark, seen.seq, seen.mark
+            ),
+        )
+    }
+
     fn bound_arg(&self) -> &str {
         self.inner
             .bound
@@ -311,6 +374,8 @@ impl RedisStore {
             .arg(if self.inner.allow_unfenced { "1" } else { "0" })
             .arg(self.bound_arg())
             .arg(now_ms);
+        let floor = self.floor(session);
+        call.arg(floor.seq).arg(floor.mark);
         for a in extra {
             call.arg(*a);
         }
@@ -327,12 +392,23 @@ impl RedisStore {
         let field = |i: usize| parts.get(i).and_then(text).map(str::to_owned);
         match tag.as_str() {
             "ok" => {
+                if let WriteFence::Fenced(f) = fence {
+                    // Accepted: the mark is at least this token now.
+                    let mark = f.token().get();
+                    self.saw(session, SessionFloor { seq: 0, mark });
+                }
                 parts.remove(0);
                 Ok(parts)
             }
             "notfound" => Err(StoreError::NotFound {
                 session: session.clone(),
             }),
+            "rewound" => {
+                let now = record_floor(field(1), field(2)).ok_or_else(|| {
+                    self.corrupt(&keys.record(session), format!("{op}: reply {parts:?}"))
+                })?;
+                Err(self.session_went_back(session, now))
+            }
             "fenced" => {
                 let WriteFence::Fenced(f) = fence else {
                     return Err(self.corrupt(
@@ -413,6 +489,14 @@ fn invalid(message: impl Into<String>) -> StoreError {
     }
 }
 
+/// A session record's sequence number and mark, as a script answered them.
+fn record_floor(seq: Option<String>, mark: Option<String>) -> Option<SessionFloor> {
+    Some(SessionFloor {
+        seq: seq?.parse().ok()?,
+        mark: mark?.parse().ok()?,
+    })
+}
+
 fn parse_seq(value: &Value) -> Option<u64> {
     text(value)?.parse().ok()
 }
@@ -486,10 +570,19 @@ impl SessionStore for RedisStore {
             .await?;
         match parts.as_slice() {
             [first, last] => match (parse_seq(first), parse_seq(last)) {
-                (Some(first_seq), Some(last_seq)) => Ok(AppendReceipt {
-                    first_seq,
-                    last_seq,
-                }),
+                (Some(first_seq), Some(last_seq)) => {
+                    self.saw(
+                        session,
+                        SessionFloor {
+                            seq: last_seq,
+                            mark: 0,
+                        },
+                    );
+                    Ok(AppendReceipt {
+                        first_seq,
+                        last_seq,
+                    })
+                }
                 _ => Err(self.corrupt(
                     &self.inner.conn.keys().record(session),
                     format!("append: unexpected sequence numbers {parts:?}"),
@@ -514,29 +607,49 @@ impl SessionStore for RedisStore {
         let conn = &self.inner.conn;
         let keys = conn.keys();
         let want = limit.min(MAX_PAGE_EVENTS);
+        let floor = self.floor(session);
         let reply = conn
             .clocked(
                 conn.prepare(&scripts::READ)
                     .key(keys.record(session))
                     .key(keys.events(session))
                     .arg(format!("{}-0", from_seq.max(1)))
-                    .arg(want + 1),
+                    .arg(want + 1)
+                    .arg(floor.seq)
+                    .arg(floor.mark),
             )
             .await
             .map_err(self.read_refused("reading a session"))?;
-        let entries = match reply {
+        let unexpected = |reply: &Value| {
+            self.corrupt(
+                &keys.events(session),
+                format!("read: unexpected reply {reply:?}"),
+            )
+        };
+        let mut parts = match reply {
             Value::Nil => {
                 return Err(StoreError::NotFound {
                     session: session.clone(),
                 });
             }
-            Value::Array(entries) => entries,
-            other => {
-                return Err(self.corrupt(
-                    &keys.events(session),
-                    format!("read: unexpected reply {other:?}"),
-                ));
-            }
+            Value::Array(parts) => parts,
+            other => return Err(unexpected(&other)),
+        };
+        let tag = parts.first().and_then(text).map(str::to_owned);
+        let record = record_floor(
+            parts.get(1).and_then(text).map(str::to_owned),
+            parts.get(2).and_then(text).map(str::to_owned),
+        );
+        let entries = match (tag.as_deref(), record, parts.len()) {
+            (Some("rewound"), Some(now), 3) => return Err(self.session_went_back(session, now)),
+            (Some("page"), Some(now), 4) => match parts.pop() {
+                Some(Value::Array(entries)) => {
+                    self.saw(session, now);
+                    entries
+                }
+                _ => return Err(unexpected(&Value::Array(parts))),
+            },
+            _ => return Err(unexpected(&Value::Array(parts))),
         };
         let budget = self.inner.max_page_bytes;
         let mut used = 0;
