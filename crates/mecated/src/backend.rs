@@ -23,7 +23,8 @@ use lease_port::{
 };
 use nix::fcntl::{Flock, FlockArg};
 use session_store::{
-    DEFAULT_LEASE_DIR_NAME, FsyncPolicy, JsonlOptions, JsonlStore, SessionStore, StoreError,
+    DEFAULT_LEASE_DIR_NAME, FsyncPolicy, GenerationCheck, JsonlOptions, JsonlStore, SessionStore,
+    StoreError, StoreErrorKind,
 };
 use tracing::warn;
 
@@ -378,6 +379,9 @@ pub(crate) struct Opened {
     /// (exclusive when unleased, shared when leased) and the owner lock
     /// (file leases).
     pub(crate) process_locks: Vec<ProcessLock>,
+    /// The directory store, whose generation the server advances while it
+    /// runs and at shutdown (see [`session_store::GenerationCheck`]).
+    pub(crate) generations: Option<Arc<JsonlStore>>,
 }
 
 /// A lock held for the server's life; released when dropped.
@@ -400,7 +404,7 @@ pub(crate) async fn open(
     allow_volatile_lease_dir: bool,
 ) -> Result<Opened, StartError> {
     let unleased = *lease == LeaseChoice::Unleased;
-    let (store, store_dir) = open_store(store, lease, ttl).await?;
+    let (store, store_dir, generations) = open_store(store, lease, ttl).await?;
     let store_name = || match &store_dir {
         Some(dir) => dir.display().to_string(),
         None => "the Redis store".to_owned(),
@@ -447,6 +451,7 @@ pub(crate) async fn open(
             lease_dir: None,
             exclusivity: Exclusivity::Leased,
             process_locks,
+            generations,
         });
     }
     let (leases, exclusivity): (Arc<dyn SessionLease>, _) = match lease {
@@ -559,15 +564,23 @@ pub(crate) async fn open(
         lease_dir,
         exclusivity,
         process_locks,
+        generations,
     })
 }
 
-/// Opens the store; its directory when it has one.
+/// Opens the store; its directory when it has one, and the directory
+/// store itself for advancing its generation.
+///
+/// A directory store checks at open that it is not an older copy of
+/// itself: its generation, advanced by every server start, must not be
+/// below the one mirrored in the lease directory (a witness a restore of
+/// the store does not reach when the lease directory lives elsewhere), nor
+/// its directory another than the one it was written in.
 async fn open_store(
     store: &StoreChoice,
     lease: &LeaseChoice,
     ttl: Duration,
-) -> Result<(Arc<dyn SessionStore>, Option<PathBuf>), StartError> {
+) -> Result<OpenedStore, StartError> {
     #[cfg(not(feature = "redis"))]
     let _ = ttl;
     let unleased = *lease == LeaseChoice::Unleased;
@@ -578,17 +591,33 @@ async fn open_store(
             } else {
                 FsyncPolicy::Never
             };
+            let witness = match lease {
+                LeaseChoice::Dir(leases) => Some(leases.clone()),
+                _ => None,
+            };
+            let generation = witness
+                .clone()
+                .map_or(GenerationCheck::InStore, GenerationCheck::Witness);
             let jsonl = JsonlStore::open(
                 dir,
                 JsonlOptions::default()
                     .fsync(fsync)
-                    .allow_unfenced(unleased),
+                    .allow_unfenced(unleased)
+                    .generation(generation),
             )
-            .map_err(|source| StartError::Store {
-                store: dir.display().to_string(),
-                source,
+            .map_err(|source| match source.kind() {
+                StoreErrorKind::Rewound => StartError::StoreRewound {
+                    store: dir.clone(),
+                    witness,
+                    source,
+                },
+                _ => StartError::Store {
+                    store: dir.display().to_string(),
+                    source,
+                },
             })?;
-            Ok((Arc::new(jsonl), Some(dir.clone())))
+            let jsonl = Arc::new(jsonl);
+            Ok((jsonl.clone(), Some(dir.clone()), Some(jsonl)))
         }
         #[cfg(feature = "redis")]
         StoreChoice::Redis { url, prefix } => {
@@ -601,10 +630,18 @@ async fn open_store(
                 store: format!("Redis ({prefix})"),
                 source,
             })?;
-            Ok((Arc::new(redis), None))
+            Ok((Arc::new(redis), None, None))
         }
     }
 }
+
+/// The store, its directory when it has one, and the directory store for
+/// advancing its generation.
+type OpenedStore = (
+    Arc<dyn SessionStore>,
+    Option<PathBuf>,
+    Option<Arc<JsonlStore>>,
+);
 
 /// Ties the store to the lease authority whose tokens fence it: recorded on
 /// the first leased start, compared on every later one. Tokens of two

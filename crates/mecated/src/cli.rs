@@ -8,7 +8,9 @@ use std::time::SystemTime;
 
 use crate::agent::{Agent, EchoAgent, ExecAgent};
 use crate::backend::LeaseChoice;
-use crate::config::{AgentKind, Cli, Command, GcArgs, LeasesAction, LeasesArgs, ServeArgs};
+use crate::config::{
+    AdoptStoreArgs, AgentKind, Cli, Command, GcArgs, LeasesAction, LeasesArgs, ServeArgs,
+};
 use crate::server::default_owner;
 use crate::{Server, ServerConfig};
 use clap::Parser;
@@ -35,6 +37,7 @@ pub fn main_with(cli: Cli) -> ExitCode {
     let result = match cli.command {
         Some(Command::Leases(args)) => leases(&args),
         Some(Command::Gc(args)) => gc(&args),
+        Some(Command::AdoptStore(args)) => adopt_store(&args),
         None => tokio::runtime::Runtime::new()
             .map_err(|e| format!("cannot start the runtime: {e}"))
             .and_then(|rt| rt.block_on(serve(cli.serve))),
@@ -95,6 +98,32 @@ fn lock_quiet_store(store: &std::path::Path) -> Result<nix::fcntl::Flock<std::fs
             path.display()
         )
     })
+}
+
+fn adopt_store(args: &AdoptStoreArgs) -> Result<(), String> {
+    let store = &args.store_dir;
+    let _quiet = lock_quiet_store(store)?;
+    let witness = args.session_lease_dir.clone().or_else(|| {
+        let default = store.join(DEFAULT_LEASE_DIR_NAME);
+        default.is_dir().then_some(default)
+    });
+    let generation = session_store::adopt_store_dir(store, witness.as_deref()).map_err(|e| {
+        format!(
+            "cannot adopt {}: {}",
+            store.display(),
+            crate::error::error_chain(&e)
+        )
+    })?;
+    println!(
+        "{} adopted as store {} at generation {}{}",
+        store.display(),
+        generation.store_id(),
+        generation.get(),
+        witness
+            .map(|w| format!(", mirrored in {}", w.display()))
+            .unwrap_or_default()
+    );
+    Ok(())
 }
 
 /// The highest token `store_dir`'s store accepted for `session` (0 when

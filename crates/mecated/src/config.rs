@@ -34,6 +34,24 @@ pub enum Command {
     /// high-water marks (in the store's graveyard) so a re-created session
     /// still refuses old tokens. Safe while servers run.
     Gc(GcArgs),
+    /// Accept a store directory refused as an older copy of itself (put
+    /// back from a backup or an older disk image, or moved): records this
+    /// directory as the store and its state as the newest. Whatever was
+    /// written after the copy was taken is lost for good. Refused while
+    /// any server serves the store.
+    AdoptStore(AdoptStoreArgs),
+}
+
+/// What `mecated adopt-store` adopts.
+#[derive(Debug, Args)]
+pub struct AdoptStoreArgs {
+    /// The store directory.
+    #[arg(long, env = "MECATED_STORE_DIR")]
+    pub store_dir: PathBuf,
+    /// The lease directory its servers use, which mirrors the store's
+    /// generation; default `<STORE_DIR>/.session-leases` when it exists.
+    #[arg(long, env = "MECATED_SESSION_LEASE_DIR")]
+    pub session_lease_dir: Option<PathBuf>,
 }
 
 /// What `mecated gc` reclaims.

@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use lease_keeper::LeaseKeeper;
 use lease_port::{LeaseError, OwnerId};
+use session_store::JsonlStore;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-use tracing::info;
+use tracing::{error, info};
 
 use crate::agent::{Agent, EchoAgent};
 use crate::backend::{self, LeaseChoice, Opened, StoreChoice};
@@ -72,6 +73,25 @@ pub enum StartError {
         /// Which store.
         store: String,
         /// Why.
+        #[source]
+        source: session_store::StoreError,
+    },
+    /// The store directory is an older copy of itself (put back from a
+    /// backup or an older disk image), or a copy in another place.
+    #[error(
+        "refusing the session store {}: it is not the newest state of itself. If no newer \
+         copy exists and losing what was written since is accepted, adopt it as it is with \
+         every server of it stopped: `mecated adopt-store --store-dir {}{}`",
+        store.display(),
+        store.display(),
+        witness.as_ref().map(|w| format!(" --session-lease-dir {}", w.display())).unwrap_or_default()
+    )]
+    StoreRewound {
+        /// The store directory.
+        store: PathBuf,
+        /// The lease directory mirroring its generation, when there is one.
+        witness: Option<PathBuf>,
+        /// What the store found.
         #[source]
         source: session_store::StoreError,
     },
@@ -200,6 +220,41 @@ pub struct Server {
     /// The single-process lock (unleased) or the owner lock (file leases),
     /// held for the server's life.
     _process_locks: Vec<backend::ProcessLock>,
+    /// The directory store, its generation advanced while serving (by
+    /// `advancing`) and once more at shutdown.
+    generations: Option<Arc<JsonlStore>>,
+    advancing: Option<Advancing>,
+}
+
+/// The task advancing the generation; stopped when dropped, so a server
+/// dropped without a shutdown leaves nothing running.
+struct Advancing(JoinHandle<()>);
+
+impl Drop for Advancing {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// How often a serving process advances its directory store's
+/// generation: a copy of the store taken longer ago than this is refused
+/// once put back, even when no server stopped cleanly since.
+pub const GENERATION_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Advances the store's generation every [`GENERATION_INTERVAL`]. A store
+/// found older than its witness is logged as the error it is: the next
+/// start refuses it, and the writes it takes meanwhile are still fenced.
+fn advance_generations(store: Arc<JsonlStore>) -> Advancing {
+    Advancing(tokio::spawn(async move {
+        let mut every = tokio::time::interval(GENERATION_INTERVAL);
+        every.tick().await;
+        loop {
+            every.tick().await;
+            if let Err(e) = store.advance_generation().await {
+                error!(error = %crate::error::error_chain(&e), "cannot advance the store's generation");
+            }
+        }
+    }))
 }
 
 impl std::fmt::Debug for Server {
@@ -219,6 +274,7 @@ impl Server {
             lease_dir,
             exclusivity,
             process_locks,
+            generations,
         } = backend::open(
             &config.store,
             &config.lease,
@@ -266,6 +322,8 @@ impl Server {
             serve,
             shutdown_timeout: config.shutdown_timeout,
             _process_locks: process_locks,
+            advancing: generations.clone().map(advance_generations),
+            generations,
         })
     }
 
@@ -283,6 +341,14 @@ impl Server {
         // Responses of the cancelled runs are already on their way; the
         // listener closes once they are written, within what is left.
         let served = tokio::time::timeout_at(start + self.shutdown_timeout, self.serve).await;
+        drop(self.advancing);
+        // A copy taken while this server ran is older than the store it
+        // leaves behind.
+        if let Some(store) = &self.generations
+            && let Err(e) = store.advance_generation().await
+        {
+            error!(error = %crate::error::error_chain(&e), "cannot advance the store's generation at shutdown");
+        }
         clean && matches!(served, Ok(Ok(Ok(()))))
     }
 }
