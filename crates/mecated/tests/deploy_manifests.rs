@@ -64,7 +64,31 @@ fn the_rendered_deployment_is_what_mecak8s_needs() {
     let binding: RoleBinding = one(&docs, "RoleBinding");
     let deployment: Deployment = one(&docs, "Deployment");
     let pdb: PodDisruptionBudget = one(&docs, "PodDisruptionBudget");
-    let _: StatefulSet = one(&docs, "StatefulSet");
+    // The Redis for trying it out keeps what it confirmed: an fsynced
+    // append-only file, and no eviction (mecak8s refuses any other policy).
+    let redis: StatefulSet = one(&docs, "StatefulSet");
+    let redis_args = redis
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap()
+        .containers[0]
+        .args
+        .clone()
+        .unwrap_or_default();
+    for pair in [
+        ["--appendonly", "yes"],
+        ["--appendfsync", "always"],
+        ["--maxmemory-policy", "noeviction"],
+    ] {
+        assert!(
+            redis_args.windows(2).any(|w| w == pair),
+            "redis runs without {pair:?}: {redis_args:?}"
+        );
+    }
     let services: Vec<Service> = docs
         .iter()
         .filter(|d| d["kind"] == "Service")
