@@ -12,7 +12,8 @@ use lease_keeper::{
     DEFAULT_WRITE_WAIT, KeeperErrorKind, KeeperMetrics, LeaseKeeper, LossReason, RenewOutcome,
 };
 use lease_port::{
-    AuthorityId, Lease, LeaseError, LeaseErrorKind, ManualClock, OwnerId, SessionId, SessionLease,
+    AuthorityId, FencingToken, Lease, LeaseError, LeaseErrorKind, ManualClock, OwnerId, SessionId,
+    SessionLease,
 };
 use memlease::MemLease;
 use tokio::time::{Instant, sleep, timeout};
@@ -97,6 +98,20 @@ impl SessionLease for Probe {
         match fault {
             Some(kind) => Err(LeaseError::new(kind, "injected")),
             None => self.real.acquire(session, owner).await,
+        }
+    }
+
+    async fn acquire_above(
+        &self,
+        session: &SessionId,
+        owner: &OwnerId,
+        floor: FencingToken,
+    ) -> Result<Lease, LeaseError> {
+        self.calls.lock().unwrap().push(Call::Acquire);
+        let fault = self.faults.lock().unwrap().acquire;
+        match fault {
+            Some(kind) => Err(LeaseError::new(kind, "injected")),
+            None => self.real.acquire_above(session, owner, floor).await,
         }
     }
 
@@ -602,6 +617,31 @@ async fn acquire_maps_backend_answers_to_keeper_errors() {
     let err = k.acquire(&sid("x")).await.unwrap_err();
     assert_eq!(err.kind(), KeeperErrorKind::Invalid);
     assert!(!k.is_unleased());
+
+    // An authority whose state went back: never retryable, and reported
+    // as the backend's fault until a call succeeds.
+    w.probe.faults.lock().unwrap().acquire = Some(LeaseErrorKind::Rewound);
+    let err = k.acquire(&sid("x")).await.unwrap_err();
+    assert_eq!(err.kind(), KeeperErrorKind::Rewound);
+    assert!(!err.is_retryable());
+    assert!(k.backend_fault().is_some_and(|f| f.contains("went back")));
+    assert_eq!(k.held_leases(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_run_acquired_above_a_floor_writes_above_it() {
+    let w = world();
+    let k = keeper(&w, 0.0);
+    let first = k.acquire(&sid("s")).await.unwrap();
+    let token = first.token().unwrap();
+    first.finish().await.unwrap();
+    let floor = FencingToken::new(token.get() + 100);
+    let raised = k.acquire_above_within(&sid("s"), TTL, floor).await.unwrap();
+    assert!(raised.token().unwrap() > floor, "{:?}", raised.token());
+    raised.finish().await.unwrap();
+    let next = k.acquire(&sid("s")).await.unwrap();
+    assert!(next.token().unwrap() > floor, "the floor was not kept");
+    next.finish().await.unwrap();
 }
 
 #[test]
