@@ -778,12 +778,19 @@ fn next_token(
         StoredToken::Unstated | StoredToken::Unreadable => version,
     }
     .max(floor.get());
-    highest
+    let token = highest
         .checked_add(1)
         .map(FencingToken::new)
         .ok_or_else(|| {
             LeaseError::unsupported("the fencing token has reached u64::MAX and cannot rise")
-        })
+        })?;
+    debug_assert!(
+        token.get() > version
+            && token > floor
+            && !matches!(stored, StoredToken::Known(t) if token <= t),
+        "takeover token {token} not above version {version}, {stored:?} and floor {floor}"
+    );
+    Ok(token)
 }
 
 #[async_trait]

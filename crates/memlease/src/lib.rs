@@ -262,6 +262,11 @@ impl MemLease {
                     // A takeover, or the live holder whose token a store
                     // already passed: a new epoch.
                     let token = next_token_above(&mut shard.last_token, floor)?;
+                    debug_assert!(
+                        token > h.token && token > floor,
+                        "token {token} issued for {session} is not above {} and {floor}",
+                        h.token
+                    );
                     h.owner = owner.clone();
                     h.token = token;
                     h.expiry = expiry;
@@ -322,10 +327,11 @@ impl MemLease {
 fn next_token_above(last: &mut u64, floor: FencingToken) -> Result<FencingToken, LeaseError> {
     // Unreachable in practice (2^64 takeovers, or a floor of u64::MAX), but
     // a wrapped token would silently re-admit old owners: refuse instead.
-    let base = (*last).max(floor.get());
+    let (before, base) = (*last, (*last).max(floor.get()));
     *last = base
         .checked_add(1)
         .ok_or_else(|| LeaseError::invalid(format!("no fencing token exceeds {base}")))?;
+    debug_assert!(*last > before, "the shard's token counter went back");
     Ok(FencingToken::new(*last))
 }
 

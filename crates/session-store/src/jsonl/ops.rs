@@ -229,7 +229,17 @@ impl StoreCore {
                     let framing = framing(index);
                     let written = write(file, path, index, &fence_json(fence), framing)?;
                     if let Some((t, owner)) = fence {
+                        let before = index.high_water.as_ref().map(|m| m.token);
                         index.raise_mark(t, Some(owner));
+                        // Accepted: the mark is this token, never lower than
+                        // before, and this token's only writer is this one.
+                        debug_assert!(
+                            index.high_water.as_ref().is_some_and(|m| m.token == t
+                                && m.owner.as_deref() == Some(owner)
+                                && before.is_none_or(|b| b <= t)),
+                            "session {session}: mark {before:?} became {:?} accepting token {t} of {owner}",
+                            index.high_water
+                        );
                     }
                     Ok(written)
                 },
