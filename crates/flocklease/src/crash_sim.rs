@@ -43,7 +43,7 @@ mod tests {
     use super::*;
     use crate::FlockLease;
     use crate::record::Record;
-    use crate::store::file_name;
+    use crate::store::directory::file_name;
 
     const TTL: Duration = Duration::from_secs(10);
     const SECTOR: usize = 512;

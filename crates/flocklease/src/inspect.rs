@@ -12,7 +12,8 @@ use nix::sys::stat::Mode;
 
 use crate::LeaseFileError;
 use crate::record::{RECORD_LEN, Record};
-use crate::store::{file_name, from_nanos, is_kind, kind_name, open_dir};
+use crate::store::clock_domain::from_nanos;
+use crate::store::directory::{file_name, is_kind, kind_name, open_dir};
 
 /// The state of one session's lease at the time of listing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,7 +110,7 @@ pub fn list_leases(dir: impl AsRef<Path>, now: SystemTime) -> Result<Vec<LeaseEn
         let entry = entry.map_err(|e| LeaseFileError::io("listing", dir.to_path_buf(), e))?;
         let name = entry.file_name();
         let path = dir.join(&name);
-        if name == crate::store::OWNERS_DIR
+        if name == crate::store::owner_lock::OWNERS_DIR
             || name == crate::AUTHORITY_FILE
             || name == STORE_WITNESS_DIR
         {

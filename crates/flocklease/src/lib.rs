@@ -468,7 +468,7 @@ impl FlockLeaseBuilder {
         )?;
         if let (Some(fs), true) = (store.volatile, self.refuse_volatile) {
             return Err(LeaseFileError::Volatile {
-                path: store.dir,
+                path: store.dir().to_path_buf(),
                 fs,
             }
             .into());
@@ -501,7 +501,7 @@ impl FlockLease {
 
     /// The directory holding the lease files.
     pub fn dir(&self) -> &Path {
-        &self.store.dir
+        self.store.dir()
     }
 
     /// The TTL this instance grants.
@@ -551,7 +551,7 @@ impl FlockLease {
     /// the blocking pool.
     pub async fn list(&self) -> Result<Vec<LeaseEntry>, LeaseError> {
         let store = Arc::clone(&self.store);
-        offload(move |_| list_leases(&store.dir, store.clock.now())).await
+        offload(move |_| list_leases(store.dir(), store.clock.now())).await
     }
 
     async fn run(&self, op: Op) -> Result<Reply, LeaseError> {
@@ -633,7 +633,7 @@ fn granted(reply: Reply) -> Result<Lease, LeaseError> {
 impl fmt::Debug for FlockLease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("FlockLease")
-            .field("dir", &self.store.dir)
+            .field("dir", &self.store.dir())
             .field("ttl", &self.store.ttl)
             .field("lock_timeout", &self.store.lock_timeout)
             .field("inline_fast_path", &self.store.inline_fast_path)
@@ -691,7 +691,7 @@ impl SessionLease for FlockLease {
 
     /// The directory's id (see [`AUTHORITY_FILE`]), created on first call.
     async fn authority(&self) -> Result<AuthorityId, LeaseError> {
-        let dir = self.store.dir.clone();
+        let dir = self.store.dir().to_path_buf();
         tokio::task::spawn_blocking(move || authority::read_or_create(&dir))
             .await
             .map_err(|e| LeaseError::transient("authority lookup did not finish").with_source(e))?
