@@ -7,6 +7,12 @@
 //! stopped when dropped — also when the test panics, and (through the
 //! parent-death signal) when the test process is killed.
 //!
+//! A [`RedisServer`] can also come back older: [`RedisServer::snapshot`]
+//! saves its data as it is (`SAVE`) and [`RedisServer::restart_from`]
+//! restarts it with exactly that data, as a server restarted from a stale
+//! RDB file or a restored backup would; [`RedisServer::info`] reads what
+//! it reports of itself (memory, evictions).
+//!
 //! Between a client and any of them (or any TCP server) a [`FaultProxy`]
 //! injects network faults at run time: latency, dropped connections, a
 //! blackhole, replies lost after the request went through.
@@ -48,7 +54,7 @@ pub use etcd_cluster::{CLUSTER_SIZE, EtcdCluster};
 pub use process::ServerProcess;
 pub use process::find_binary;
 pub use proxy::{FaultProxy, ProxyCounters, ProxyMode};
-pub use redis::RedisServer;
+pub use redis::{RedisServer, RedisSnapshot};
 
 /// What every service started here can be told to do, as an operator or a
 /// failure would.

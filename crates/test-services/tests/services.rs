@@ -34,6 +34,69 @@ fn persistent_redis_keeps_acknowledged_writes_across_a_crash() {
 }
 
 #[test]
+fn persistent_redis_restarted_from_a_snapshot_forgets_what_came_after_it() {
+    let mut redis = RedisServer::start_persistent().expect("start redis");
+    assert_eq!(redis.command(&["SET", "k", "old"]).unwrap(), "+OK");
+    let snapshot = redis.snapshot().expect("snapshot");
+    assert!(snapshot.path().is_file());
+    assert_eq!(redis.command(&["SET", "k", "new"]).unwrap(), "+OK");
+    assert_eq!(redis.command(&["SET", "later", "1"]).unwrap(), "+OK");
+    // Runtime configuration goes back to the start-up one, too.
+    redis
+        .command(&["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"])
+        .unwrap();
+    redis
+        .restart_from(&snapshot)
+        .expect("restart from the snapshot");
+    assert_eq!(redis.command(&["GET", "k"]).unwrap(), "$3\r\nold");
+    assert_eq!(redis.command(&["GET", "later"]).unwrap(), "$-1");
+    assert_eq!(
+        redis.info("memory").unwrap()["maxmemory_policy"],
+        "noeviction"
+    );
+    // Still persistent: what is written after the restore survives a crash,
+    // and so does the snapshot's data.
+    assert_eq!(redis.command(&["SET", "after", "2"]).unwrap(), "+OK");
+    redis.kill();
+    redis.restart().expect("restart");
+    assert_eq!(redis.command(&["GET", "k"]).unwrap(), "$3\r\nold");
+    assert_eq!(redis.command(&["GET", "after"]).unwrap(), "$1\r\n2");
+    // The same snapshot serves again.
+    redis
+        .restart_from(&snapshot)
+        .expect("restart from it again");
+    assert_eq!(redis.command(&["GET", "after"]).unwrap(), "$-1");
+}
+
+#[test]
+fn redis_without_persistence_restarts_from_a_snapshot_then_empty() {
+    let mut redis = RedisServer::start().expect("start redis");
+    assert_eq!(redis.command(&["SET", "k", "old"]).unwrap(), "+OK");
+    let snapshot = redis.snapshot().expect("snapshot");
+    assert_eq!(redis.command(&["SET", "k", "new"]).unwrap(), "+OK");
+    redis
+        .restart_from(&snapshot)
+        .expect("restart from the snapshot");
+    assert_eq!(redis.command(&["GET", "k"]).unwrap(), "$3\r\nold");
+    // Taking a snapshot leaves nothing a plain restart would load.
+    redis.snapshot().expect("another snapshot");
+    redis.restart().expect("restart");
+    assert_eq!(redis.command(&["GET", "k"]).unwrap(), "$-1");
+}
+
+#[test]
+fn redis_info_reads_fields_of_a_section() {
+    let redis = RedisServer::start().expect("start redis");
+    let memory = redis.info("memory").expect("INFO memory");
+    assert!(
+        memory["used_memory"].parse::<u64>().unwrap() > 0,
+        "{memory:?}"
+    );
+    let stats = redis.info("stats").expect("INFO stats");
+    assert_eq!(stats["evicted_keys"], "0");
+}
+
+#[test]
 fn paused_redis_answers_only_after_resume() {
     let redis = RedisServer::start().expect("start redis");
     redis.pause().unwrap();
