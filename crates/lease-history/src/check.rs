@@ -5,7 +5,7 @@ use std::fmt::{self, Write as _};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::history::{Fault, FaultKind, History, Op, OpKind, Outcome, ms};
+use crate::history::{Fault, FaultKind, History, Op, OpKind, Outcome, Rewind, ms};
 
 /// The properties a history must keep, per session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -28,6 +28,11 @@ pub enum Property {
     /// other, every run is well formed and every run a client saw end is
     /// stored as the client saw it.
     LogIntegrity,
+    /// (f) State that went back, or may, is refused, never used: no client
+    /// from before a [rewind](crate::Rewind) succeeds at what went back
+    /// once it has, and nothing succeeds while the authority runs with an
+    /// evicting memory policy ([`FaultKind::EvictingPolicy`]).
+    Rewound,
 }
 
 impl Property {
@@ -39,6 +44,7 @@ impl Property {
             Property::StoreFencing => "store-fencing",
             Property::RunOrder => "run-order",
             Property::LogIntegrity => "log-integrity",
+            Property::Rewound => "rewound",
         }
     }
 }
@@ -159,14 +165,18 @@ impl fmt::Display for Verdict {
 pub fn check(history: &History) -> Verdict {
     let by_session = ops_by_session(history);
     let jumps = ClockSteps::new(history);
+    let eras = Eras::new(history);
     let mut found = Vec::new();
     for (session, ops) in &by_session {
-        let holds = holds_of(ops, &jumps);
-        single_holder(session, &holds, ops, &mut found);
-        token_order(session, ops, &mut found);
-        if let Some(log) = history.store_logs.get(session) {
-            store_fencing(session, ops, log, &mut found);
+        for ops in eras.split(ops) {
+            let holds = holds_of(&ops, &jumps);
+            single_holder(session, &holds, &ops, &mut found);
+            token_order(session, &ops, &mut found);
         }
+        if let Some(log) = history.store_logs.get(session) {
+            store_fencing(session, ops, log, &history.rewinds, &mut found);
+        }
+        rewound(session, ops, history, &mut found);
     }
     let mut verdict = Verdict {
         ops: history.ops.len(),
@@ -200,14 +210,52 @@ pub fn check(history: &History) -> Verdict {
     verdict
 }
 
-/// Every hold in `history` by the lease model, per session in order of
-/// start.
+/// Every hold in `history` by the lease model, per session (and per era
+/// between accepted rewinds) in order of start.
 pub fn holds(history: &History) -> Vec<Hold> {
     let jumps = ClockSteps::new(history);
+    let eras = Eras::new(history);
     ops_by_session(history)
         .values()
-        .flat_map(|ops| holds_of(ops, &jumps))
+        .flat_map(|ops| eras.split(ops))
+        .flat_map(|ops| holds_of(&ops, &jumps))
         .collect()
+}
+
+/// The eras of a history: from one accepted rewind to the next. Clients of
+/// an era hold and take over under one state; the clients that accepted a
+/// rewind start over on the older state, so holds and tokens are judged
+/// per era (what lies across is the rewind rule's to judge).
+struct Eras {
+    /// The epochs that began an era, in order.
+    starts: Vec<u32>,
+}
+
+impl Eras {
+    fn new(history: &History) -> Self {
+        let mut starts: Vec<u32> = history
+            .rewinds
+            .iter()
+            .filter_map(|r| r.accepted_by)
+            .collect();
+        starts.sort_unstable();
+        starts.dedup();
+        Eras { starts }
+    }
+
+    fn of(&self, op: &Op) -> usize {
+        self.starts.partition_point(|&e| e <= op.epoch)
+    }
+
+    /// `ops` (in order) split by era, each part in the same order.
+    fn split<'a>(&self, ops: &[&'a Op]) -> Vec<Vec<&'a Op>> {
+        let mut parts = vec![Vec::new(); self.starts.len() + 1];
+        for op in ops {
+            parts[self.of(op)].push(*op);
+        }
+        parts.retain(|p| !p.is_empty());
+        parts
+    }
 }
 
 /// Each session's operations, in order of invocation.
@@ -600,8 +648,16 @@ fn store_fencing(
     session: &Arc<str>,
     ops: &[&Op],
     log: &[crate::history::Logged],
+    rewinds: &[Rewind],
     out: &mut Vec<Violation>,
 ) {
+    // A write a store rewind may have taken away, accepted by clients
+    // started after the write's: done after its copy began.
+    let lost_in_rewind = |op: &Op| {
+        rewinds.iter().any(|r| {
+            r.store && r.accepted_by.is_some_and(|e| op.epoch < e) && op.completed >= r.copy_started
+        })
+    };
     let writes: HashMap<u64, &Op> = ops
         .iter()
         .filter(|op| op.kind == OpKind::Write)
@@ -703,7 +759,7 @@ fn store_fencing(
         }
     }
     for op in writes.values() {
-        if op.outcome == Outcome::Done && !landed.contains(&op.id) {
+        if op.outcome == Outcome::Done && !landed.contains(&op.id) && !lost_in_rewind(op) {
             violation(
                 op.completed,
                 vec![op.id],
@@ -716,6 +772,72 @@ fn store_fencing(
         }
     }
     out.append(&mut twice);
+}
+
+/// (f): nothing succeeds on state that went back, or may.
+fn rewound(session: &Arc<str>, ops: &[&Op], history: &History, out: &mut Vec<Violation>) {
+    let mut violation = |op: &Op, message: String| {
+        out.push(Violation {
+            property: Property::Rewound,
+            session: Arc::clone(session),
+            at: op.completed,
+            ops: vec![op.id],
+            message,
+            context: String::new(),
+        });
+    };
+    for r in &history.rewinds {
+        // The clients that were in use when it went back, up to those that
+        // accepted it.
+        let before = |op: &Op| {
+            history.epoch_start(op.epoch) < r.started && r.accepted_by.is_none_or(|e| op.epoch < e)
+        };
+        let concerned = |op: &Op| match op.kind {
+            OpKind::Write => r.store,
+            OpKind::Acquire | OpKind::Renew | OpKind::Release => r.leases,
+        };
+        for op in ops {
+            if op.invoked > r.ended && op.succeeded() && concerned(op) && before(op) {
+                violation(
+                    op,
+                    format!(
+                        "{}{} by {} through a client of epoch {} succeeded ({}) after {} went \
+                         back ({:.3}..{:.3}ms), before its clients were restarted to accept it",
+                        op.kind.name(),
+                        op.token.map_or(String::new(), |t| format!(" of token {t}")),
+                        op.owner,
+                        op.epoch,
+                        op.outcome,
+                        r.target,
+                        ms(r.started),
+                        ms(r.ended)
+                    ),
+                );
+            }
+        }
+    }
+    for f in history
+        .faults
+        .iter()
+        .filter(|f| f.kind == FaultKind::EvictingPolicy)
+    {
+        for op in ops {
+            if op.invoked >= f.started && op.invoked <= f.ended && op.succeeded() {
+                violation(
+                    op,
+                    format!(
+                        "{} by {} succeeded ({}) while {} could evict ({:.3}..{:.3}ms)",
+                        op.kind.name(),
+                        op.owner,
+                        op.outcome,
+                        f.target,
+                        ms(f.started),
+                        ms(f.ended)
+                    ),
+                );
+            }
+        }
+    }
 }
 
 /// How many of the session's operations either side of the violation the

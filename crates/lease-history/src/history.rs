@@ -1,6 +1,6 @@
 //! The record of a run: operations, faults and what the store kept.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -65,6 +65,13 @@ pub enum Outcome {
     Fenced,
     /// The caller cannot know whether the operation took effect.
     Ambiguous(Ambiguity),
+    /// Refused because the authority or the store answered from older state
+    /// than the caller had seen, or runs so that it may lose state (an
+    /// evicting memory policy): `LeaseErrorKind::Rewound`,
+    /// `StoreErrorKind::Rewound`. Never a success; a lease write answered so
+    /// may still have been applied (its hold lapses at its TTL), so it is
+    /// judged as ambiguous where that matters.
+    Rewound,
 }
 
 impl fmt::Display for Outcome {
@@ -77,6 +84,7 @@ impl fmt::Display for Outcome {
             Outcome::Held => f.write_str("held"),
             Outcome::Fenced => f.write_str("fenced"),
             Outcome::Ambiguous(why) => write!(f, "ambiguous ({why:?})"),
+            Outcome::Rewound => f.write_str("rewound"),
         }
     }
 }
@@ -102,6 +110,17 @@ pub struct Op {
     pub completed: Duration,
     /// How it ended.
     pub outcome: Outcome,
+    /// The incarnation of the clients it went through: 0 at the start of
+    /// a run, one more at every restart of all of them
+    /// ([`Restarts`](crate::Restarts)).
+    pub epoch: u32,
+}
+
+impl Op {
+    /// A success: granted, or done.
+    pub fn succeeded(&self) -> bool {
+        matches!(self.outcome, Outcome::Granted { .. } | Outcome::Done)
+    }
 }
 
 impl fmt::Display for Op {
@@ -120,7 +139,11 @@ impl fmt::Display for Op {
         if let Some(t) = self.token {
             write!(f, " token {t}")?;
         }
-        write!(f, " -> {}", self.outcome)
+        write!(f, " -> {}", self.outcome)?;
+        if self.epoch > 0 {
+            write!(f, " (epoch {})", self.epoch)?;
+        }
+        Ok(())
     }
 }
 
@@ -173,6 +196,15 @@ pub enum FaultKind {
     /// A second handle on the same lease store opened, used and closed in
     /// the holders' process (a descriptor closed under their locks).
     HandleChurn,
+    /// A service's state went back to an older copy: restarted from an
+    /// older snapshot, its storage rewound, a directory put back from a
+    /// backup. What went back, and whether the loss was accepted, is in
+    /// [`History::rewinds`].
+    Rewind,
+    /// The authority ran with a memory policy that evicts keys (named in
+    /// the fault's target) and under memory pressure: every operation
+    /// invoked meanwhile must be refused.
+    EvictingPolicy,
 }
 
 impl FaultKind {
@@ -198,6 +230,8 @@ impl FaultKind {
             FaultKind::ServiceDropsReplies => "service-drops-replies",
             FaultKind::HandleChurn => "handle-churn",
             FaultKind::Partition => "partition",
+            FaultKind::Rewind => "rewind",
+            FaultKind::EvictingPolicy => "evicting-policy",
         }
     }
 }
@@ -224,6 +258,47 @@ pub struct Logged {
     pub op: u64,
 }
 
+/// State that went back: a lease authority or a store (or both) came back
+/// from an older copy of itself, losing what was done after the copy.
+///
+/// A rewind is data loss the deployment suffers; what must hold is that no
+/// client that saw the newer state acts on the older one (its operations
+/// fail [`Outcome::Rewound`]) until the clients are restarted to accept it
+/// ([`accepted_by`](Self::accepted_by)), and that afterwards the rules hold
+/// again. See the [crate documentation](crate#state-that-went-back).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rewind {
+    /// What went back (a service, a directory), for reports.
+    pub target: Arc<str>,
+    /// The lease authority went back: its grants and tokens.
+    pub leases: bool,
+    /// The store went back: its events and high-water marks.
+    pub store: bool,
+    /// When the copy it went back to began to be taken: whatever was done
+    /// before is in it.
+    pub copy_started: Duration,
+    /// When the copy was complete: whatever was done after is not in it.
+    pub copy_ended: Duration,
+    /// When the state began to go back.
+    pub started: Duration,
+    /// When it had gone back.
+    pub ended: Duration,
+    /// The epoch of the clients started to accept the older state, if
+    /// they were; `None`: the rewind was never accepted, and every loss it
+    /// caused counts.
+    pub accepted_by: Option<u32>,
+}
+
+/// Every client of a run restarted: operations from here on go through
+/// clients of a new epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Restart {
+    /// The new clients' epoch.
+    pub epoch: u32,
+    /// When they took over.
+    pub at: Duration,
+}
+
 /// Everything a run did: the input of [`check`](crate::check).
 #[derive(Debug, Clone, Default)]
 pub struct History {
@@ -235,6 +310,20 @@ pub struct History {
     /// The write check needs it: an ambiguous write is judged by whether
     /// it landed, which only the store can say.
     pub store_logs: BTreeMap<Arc<str>, Vec<Logged>>,
+    /// State that went back, in order.
+    pub rewinds: Vec<Rewind>,
+    /// Restarts of every client, in order.
+    pub restarts: Vec<Restart>,
+}
+
+impl History {
+    /// When the clients of `epoch` took over (zero for the first).
+    pub fn epoch_start(&self, epoch: u32) -> Duration {
+        self.restarts
+            .iter()
+            .find(|r| r.epoch == epoch)
+            .map_or(Duration::ZERO, |r| r.at)
+    }
 }
 
 #[derive(Debug)]
@@ -244,6 +333,10 @@ struct Shared {
     ops: Mutex<Vec<Op>>,
     faults: Mutex<Vec<Fault>>,
     logs: Mutex<BTreeMap<Arc<str>, Vec<Logged>>>,
+    rewinds: Mutex<Vec<Rewind>>,
+    restarts: Mutex<Vec<Restart>>,
+    /// Operations invoked and not yet completed, by invocation.
+    in_flight: Mutex<BTreeSet<(Duration, u64)>>,
 }
 
 /// A thread-safe recorder: clones share one history and one timeline.
@@ -270,9 +363,25 @@ pub struct Invocation {
     token: Option<u64>,
     invoked: Duration,
     at: Instant,
+    epoch: u32,
+    /// Where it is counted as in flight until completed or dropped.
+    shared: Arc<Shared>,
+}
+
+impl Drop for Invocation {
+    fn drop(&mut self) {
+        lock(&self.shared.in_flight).remove(&(self.invoked, self.id));
+    }
 }
 
 impl Invocation {
+    /// Marks the operation as going through clients of `epoch` (see
+    /// [`Op::epoch`]); 0 unless set.
+    pub fn in_epoch(mut self, epoch: u32) -> Self {
+        self.epoch = epoch;
+        self
+    }
+
     /// The id the operation will have in the history; a write puts it in
     /// its payload so the store's log can be matched with the history.
     pub fn id(&self) -> u64 {
@@ -304,6 +413,9 @@ impl Recorder {
                 ops: Mutex::new(Vec::new()),
                 faults: Mutex::new(Vec::new()),
                 logs: Mutex::new(BTreeMap::new()),
+                rewinds: Mutex::new(Vec::new()),
+                restarts: Mutex::new(Vec::new()),
+                in_flight: Mutex::new(BTreeSet::new()),
             }),
         }
     }
@@ -324,7 +436,13 @@ impl Recorder {
         token: Option<FencingToken>,
     ) -> Invocation {
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        // Counted in flight from before its instant is taken: whoever waits
+        // for the operations invoked before some instant sees it.
+        let mut in_flight = lock(&self.shared.in_flight);
         let at = Instant::now();
+        let invoked = at.duration_since(self.shared.origin);
+        in_flight.insert((invoked, id));
+        drop(in_flight);
         Invocation {
             id,
             worker,
@@ -332,8 +450,10 @@ impl Recorder {
             session: session.as_str().into(),
             kind,
             token: token.map(FencingToken::get),
-            invoked: at.duration_since(self.shared.origin),
+            invoked,
             at,
+            epoch: 0,
+            shared: Arc::clone(&self.shared),
         }
     }
 
@@ -342,15 +462,75 @@ impl Recorder {
         let op = Op {
             id: inv.id,
             worker: inv.worker,
-            owner: inv.owner,
-            session: inv.session,
+            owner: Arc::clone(&inv.owner),
+            session: Arc::clone(&inv.session),
             kind: inv.kind,
             token: inv.token,
             invoked: inv.invoked,
             completed: self.now(),
             outcome,
+            epoch: inv.epoch,
         };
         lock(&self.shared.ops).push(op);
+        // `inv` leaves the in-flight set as it is dropped, after the push:
+        // an operation no longer in flight is in the history.
+        drop(inv);
+    }
+
+    /// Waits until every operation invoked before `before` has completed
+    /// (or was dropped), polling, for at most `within`. False when some
+    /// were still running then.
+    pub async fn settled(&self, before: Duration, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        loop {
+            let oldest = lock(&self.shared.in_flight).first().map(|(at, _)| *at);
+            if oldest.is_none_or(|at| at >= before) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// The operations completed at or after `since`, about in order of
+    /// completion.
+    pub fn ops_since(&self, since: Duration) -> Vec<Op> {
+        let ops = lock(&self.shared.ops);
+        // Pushed in about the order of completion: two threads may push in
+        // the other order than their instants, never a second apart.
+        let far_before = since.saturating_sub(Duration::from_secs(1));
+        let first = ops
+            .iter()
+            .rposition(|op| op.completed < far_before)
+            .map_or(0, |i| i + 1);
+        ops[first..]
+            .iter()
+            .filter(|op| op.completed >= since)
+            .cloned()
+            .collect()
+    }
+
+    /// Records that state went back (see [`Rewind`]); the clients that
+    /// accept it are recorded by [`Restarts::restart`](crate::Restarts::restart),
+    /// given the index this returns.
+    pub fn rewind(&self, rewind: Rewind) -> usize {
+        let mut rewinds = lock(&self.shared.rewinds);
+        rewinds.push(rewind);
+        rewinds.len() - 1
+    }
+
+    /// Records that the clients of `epoch` took over now, accepting the
+    /// rewind of index `accepts`, if any.
+    pub(crate) fn restarted(&self, epoch: u32, accepts: Option<usize>) {
+        let at = self.now();
+        lock(&self.shared.restarts).push(Restart { epoch, at });
+        if let Some(i) = accepts
+            && let Some(r) = lock(&self.shared.rewinds).get_mut(i)
+        {
+            r.accepted_by = Some(epoch);
+        }
     }
 
     /// Records that a fault is being injected into `target`.
@@ -394,6 +574,8 @@ impl Recorder {
             ops: lock(&self.shared.ops).clone(),
             faults: lock(&self.shared.faults).clone(),
             store_logs: lock(&self.shared.logs).clone(),
+            rewinds: lock(&self.shared.rewinds).clone(),
+            restarts: lock(&self.shared.restarts).clone(),
         }
     }
 }

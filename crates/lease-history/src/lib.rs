@@ -12,11 +12,12 @@
 //! ones included), and checks the history afterwards:
 //!
 //! - [`Recorder`] and [`History`]: the thread-safe record.
-//! - [`check`] → [`Verdict`]: the three properties below, with the first
+//! - [`check`] → [`Verdict`]: the properties below, with the first
 //!   violation and the operations around it, as text.
 //! - [`write_svg`]: a timeline a person reads at a glance, written beside
 //!   the verdict.
-//! - [`run`]: the workload ([`Workload`], [`Target`], [`FaultInjector`]).
+//! - [`run`]: the workload ([`Workload`], [`Target`], [`FaultInjector`]),
+//!   whose clients a fault injector can restart mid-run ([`Restarts`]).
 //! - [`server_log`]: the end-to-end check of a session server's store
 //!   against what its clients were told ([`check_server`]), drawn with the
 //!   same timeline ([`server_timeline`]).
@@ -92,6 +93,33 @@
 //!   acknowledged write is there and no refused one is; and the order
 //!   agrees with real time (a write answered before another began is not
 //!   ordered after it).
+//!
+//! # State that went back
+//!
+//! An authority or a store can come back older than its clients saw it —
+//! restarted from an older snapshot, its storage rewound, a directory put
+//! back from a backup — and what was done after the copy is lost: data
+//! loss the deployment suffers, which no client can undo. A fault injector
+//! records it as a [`Rewind`] (what went back, when the copy was taken,
+//! when the state went back) and, once the clients have told the operator
+//! so, restarts every client to accept the older state
+//! ([`Restarts::restart`], which starts a new [epoch](Op::epoch) and marks
+//! the rewind accepted by it). The checker then:
+//!
+//! - judges **(a)** and **(b)** per *era*, from one accepted rewind to the
+//!   next: the accepting clients start over on the older state, whose
+//!   tokens may be below those used before;
+//! - lets **(c)** miss an acknowledged write that an accepted rewind of the
+//!   store may have taken away (done after its copy began), and no other;
+//! - adds **(f) rewound**: no client in use when the state went back (of
+//!   an epoch begun before the rewind and before the one that accepted it)
+//!   succeeds at what went back — leases, the store, or both — in a call
+//!   invoked after it had gone back; and no call invoked while the
+//!   authority ran with an evicting memory policy
+//!   ([`FaultKind::EvictingPolicy`]) succeeds. A refusal is
+//!   [`Outcome::Rewound`].
+//!
+//! A rewind nobody noticed is never accepted, so everything it lost counts.
 
 mod check;
 mod clock;
@@ -105,9 +133,11 @@ pub use check::{Hold, Property, Verdict, Violation, check, holds};
 pub use clock::{ClockStepper, SteppedClock};
 pub use history::{
     Ambiguity, Fault, FaultInvocation, FaultKind, History, Invocation, Logged, Op, OpKind, Outcome,
-    Recorder,
+    Recorder, Restart, Rewind,
 };
 pub use rng::Rng;
-pub use runner::{FaultInjector, Progress, RunError, Target, Workload, Writer, run};
+pub use runner::{
+    Clients, FaultInjector, Progress, Restarts, RunError, Target, Workload, Writer, run,
+};
 pub use server_log::{ServerHistory, check_server, server_timeline};
 pub use timeline::{MAX_DRAWN_OPS, render_svg, write_svg};

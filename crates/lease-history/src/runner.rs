@@ -1,13 +1,14 @@
 //! The workload: workers that acquire, write, renew and release under
 //! faults, every step recorded.
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use lease_port::{Clock, Lease, LeaseErrorKind, OwnerId, SessionId, SessionLease};
+use lease_port::{Clock, FencingToken, Lease, LeaseErrorKind, OwnerId, SessionId, SessionLease};
 use serde_json::json;
 use session_store::{SessionStore, StoreError, StoreErrorKind, WriteFence};
 use tokio::sync::Notify;
@@ -81,6 +82,9 @@ pub struct Target {
     /// time left on a grant is its expiry minus this clock's reading at
     /// invocation.
     pub clock: Arc<dyn Clock>,
+    /// How a fault injector replaces every client above mid-run, as an
+    /// operator restarts every server (clones share it).
+    pub restarts: Restarts,
 }
 
 impl Target {
@@ -96,8 +100,157 @@ impl Target {
             store,
             writers: Vec::new(),
             clock,
+            restarts: Restarts::default(),
         }
     }
+}
+
+/// One incarnation of the clients a run goes through (see
+/// [`Target`] for what each field is).
+#[derive(Clone)]
+pub struct Clients {
+    /// Worker `i` uses `leases[i % leases.len()]`.
+    pub leases: Vec<Arc<dyn SessionLease>>,
+    /// Where sessions are created and, at the end, read back from.
+    pub store: Arc<dyn SessionStore>,
+    /// Worker `i` writes through `writers[i % writers.len()]`; when empty,
+    /// straight to `store`.
+    pub writers: Vec<Arc<dyn Writer>>,
+}
+
+/// Restarts of every client of a running workload, for a fault injector:
+/// the operator's restart of every server after state went back (to
+/// accept it), or a restart around some other change.
+///
+/// [`restart`](Self::restart) installs new clients of the next epoch:
+/// every operation from then on goes through them (each is recorded with
+/// its [`epoch`](crate::Op::epoch)), and a worker holding a lease from an
+/// earlier epoch drops it unreleased, as a restarted process has lost it,
+/// and acquires afresh. Clones share one sequence of epochs; a
+/// [`Target`]'s is set to its own clients, epoch 0, when [`run`] starts.
+#[derive(Clone, Default)]
+pub struct Restarts {
+    inner: Arc<RestartsInner>,
+}
+
+#[derive(Default)]
+struct RestartsInner {
+    current: Mutex<Option<Arc<Generation>>>,
+    epoch: AtomicU32,
+    sessions: Mutex<Vec<SessionId>>,
+}
+
+/// Clients of one epoch, and how many operations are running through them.
+struct Generation {
+    epoch: u32,
+    clients: Clients,
+    running: AtomicUsize,
+}
+
+/// An operation running through a generation's clients.
+struct Running<'a>(&'a Generation);
+
+impl Generation {
+    fn enter(&self) -> Running<'_> {
+        self.running.fetch_add(1, Ordering::SeqCst);
+        Running(self)
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Restarts {
+    /// The epoch of the clients in use now.
+    pub fn epoch(&self) -> u32 {
+        self.inner.epoch.load(Ordering::SeqCst)
+    }
+
+    /// Installs `clients` as the next epoch's and returns that epoch, once
+    /// every operation still running through earlier clients has ended
+    /// (they may then be dropped). The run's sessions are created in the
+    /// new store first where they are missing. `accepts`: the
+    /// [`Rewind`](crate::Rewind) (its index from [`Recorder::rewind`]) that
+    /// this restart accepts, recorded as accepted by the new epoch.
+    pub async fn restart(
+        &self,
+        recorder: &Recorder,
+        clients: Clients,
+        accepts: Option<usize>,
+    ) -> Result<u32, String> {
+        if clients.leases.is_empty() {
+            return Err("a restart needs at least one lease handle".into());
+        }
+        let sessions = lock(&self.inner.sessions).clone();
+        for s in &sessions {
+            create(&*clients.store, s)
+                .await
+                .map_err(|e| format!("create session {s} in the new store: {e}"))?;
+        }
+        let old = {
+            let mut current = lock(&self.inner.current);
+            let old = current
+                .take()
+                .ok_or("a restart before the run began, or after it ended")?;
+            let epoch = old.epoch + 1;
+            *current = Some(Arc::new(Generation {
+                epoch,
+                clients,
+                running: AtomicUsize::new(0),
+            }));
+            self.inner.epoch.store(epoch, Ordering::SeqCst);
+            recorder.restarted(epoch, accepts);
+            old
+        };
+        // Every call is bounded by the workload's call timeout; a minute
+        // is far beyond any.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while old.running.load(Ordering::SeqCst) > 0 {
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "operations through the clients of epoch {} still running a minute after the restart",
+                    old.epoch
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        Ok(old.epoch + 1)
+    }
+
+    fn begin(&self, clients: Clients, sessions: &[SessionId]) {
+        *lock(&self.inner.sessions) = sessions.to_vec();
+        *lock(&self.inner.current) = Some(Arc::new(Generation {
+            epoch: 0,
+            clients,
+            running: AtomicUsize::new(0),
+        }));
+        self.inner.epoch.store(0, Ordering::SeqCst);
+    }
+
+    fn current(&self) -> Option<Arc<Generation>> {
+        lock(&self.inner.current).clone()
+    }
+
+    fn end(&self) -> Option<Arc<Generation>> {
+        lock(&self.inner.current).take()
+    }
+}
+
+async fn create(store: &dyn SessionStore, session: &SessionId) -> Result<(), StoreError> {
+    retry(|| async {
+        match store.create(session).await {
+            Err(e) if e.kind() == StoreErrorKind::AlreadyExists => Ok(()),
+            other => other,
+        }
+    })
+    .await
 }
 
 /// Appends one event under a fence on a worker's behalf: the store itself,
@@ -183,6 +336,13 @@ struct Shared {
 }
 
 impl Shared {
+    /// The clients in use now.
+    fn generation(&self) -> Option<Arc<Generation>> {
+        self.target.restarts.current()
+    }
+}
+
+impl Shared {
     /// Reserves one operation of the budget.
     fn take_op(&self) -> bool {
         self.started.fetch_add(1, Ordering::Relaxed) < self.workload.ops
@@ -209,14 +369,16 @@ pub async fn run(
         .map(|i| SessionId::new(format!("s{i}")).map_err(|_| RunError::Invalid("session id")))
         .collect::<Result<_, _>>()?;
     for s in &sessions {
-        retry(|| async {
-            match target.store.create(s).await {
-                Err(e) if e.kind() == StoreErrorKind::AlreadyExists => Ok(()),
-                other => other,
-            }
-        })
-        .await?;
+        create(&*target.store, s).await?;
     }
+    target.restarts.begin(
+        Clients {
+            leases: target.leases.clone(),
+            store: Arc::clone(&target.store),
+            writers: target.writers.clone(),
+        },
+        &sessions,
+    );
     let recorder = Recorder::new();
     let shared = Arc::new(Shared {
         workload: workload.clone(),
@@ -273,11 +435,16 @@ pub async fn run(
     if let Some(e) = worker_error {
         return Err(RunError::Worker(e));
     }
-    for writer in &shared.target.writers {
+    let last = shared
+        .target
+        .restarts
+        .end()
+        .ok_or(RunError::Invalid("the run's clients were taken away"))?;
+    for writer in &last.clients.writers {
         writer.settle().await;
     }
     for s in &shared.sessions {
-        let log = retry(|| read_log(&*shared.target.store, s)).await?;
+        let log = retry(|| read_log(&*last.clients.store, s)).await?;
         recorder.store_log(s, log);
     }
     Ok(recorder.history())
@@ -355,7 +522,27 @@ struct Held {
 enum Granted {
     Yes(Held),
     Refused,
+    /// The state went back (or may): refused, and so will the next call be
+    /// until the clients are restarted.
+    Rewound,
     Unknown,
+}
+
+/// How a write ended, for the worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Written {
+    Yes,
+    /// Refused by the fence; the store's mark, when it said.
+    Fenced(Option<u64>),
+    Rewound,
+    Unknown,
+}
+
+impl Written {
+    /// The worker must stop acting for the session.
+    fn refused(self) -> bool {
+        matches!(self, Written::Fenced(_) | Written::Rewound)
+    }
 }
 
 async fn worker(i: usize, shared: Arc<Shared>) {
@@ -364,32 +551,71 @@ async fn worker(i: usize, shared: Arc<Shared>) {
     let Ok(owner) = OwnerId::new(format!("w{i}")) else {
         return;
     };
-    let me = Actor {
-        worker: i as u32,
-        owner,
-        shared: &shared,
-        leases: &*shared.target.leases[i % shared.target.leases.len()],
-    };
+    // A session's mark that refused a fresh grant's first write: the next
+    // acquire of it asks for a token above (after a lease authority lost
+    // its tokens, as a session server does).
+    let mut floors: HashMap<SessionId, u64> = HashMap::new();
     while shared.take_op() {
         let session = &shared.sessions[rng.below(shared.sessions.len() as u64) as usize];
-        let Granted::Yes(mut held) = me.acquire(session).await else {
-            tokio::time::sleep(rng.between(Duration::ZERO, w.ttl / 8)).await;
-            continue;
+        let Some(generation) = shared.generation() else {
+            return;
+        };
+        let me = Actor {
+            worker: i as u32,
+            owner: &owner,
+            shared: &shared,
+            generation: &generation,
+        };
+        let mut held = match me.acquire(session, floors.remove(session)).await {
+            Granted::Yes(held) => held,
+            Granted::Rewound => {
+                // Refused until the clients restart: no point asking again
+                // at once.
+                tokio::time::sleep(w.ttl / 2).await;
+                continue;
+            }
+            Granted::Refused | Granted::Unknown => {
+                tokio::time::sleep(rng.between(Duration::ZERO, w.ttl / 8)).await;
+                continue;
+            }
         };
         let writes = 1 + rng.below(u64::from(w.max_writes.max(1)));
         let mut lost = false;
+        // The clients were restarted: the lease went with the process that
+        // held it, never to be renewed, written under or released.
+        let mut abandoned = false;
+        let mut first_write = true;
+        let mut note_fence = |written: Written, lease: &Lease, first: &mut bool| {
+            if let Written::Fenced(Some(mark)) = written
+                && *first
+                && mark > lease.token().get()
+            {
+                floors.insert(session.clone(), mark);
+            }
+            *first = false;
+        };
         for _ in 0..writes {
+            if me.stale() {
+                abandoned = true;
+                break;
+            }
             if rng.per_mille(w.pause_per_mille) {
                 // The stale writer: stops past its TTL, then carries on.
                 let pause = shared
                     .recorder
-                    .fault(FaultKind::HolderPause, me.owner.as_str());
+                    .fault(FaultKind::HolderPause, owner.as_str());
                 tokio::time::sleep(rng.between(w.ttl * 5 / 4, w.ttl * 2)).await;
                 shared.recorder.heal(pause);
+                if me.stale() {
+                    abandoned = true;
+                    break;
+                }
                 if !shared.take_op() {
                     break;
                 }
-                let fenced = me.write(&held.lease).await == Some(false);
+                let written = me.write(&held.lease).await;
+                note_fence(written, &held.lease, &mut first_write);
+                let fenced = written.refused();
                 if !shared.take_op() {
                     break;
                 }
@@ -408,7 +634,7 @@ async fn worker(i: usize, shared: Arc<Shared>) {
                 }
                 match me.renew(&held.lease).await {
                     Granted::Yes(h) => held = h,
-                    Granted::Refused => {
+                    Granted::Refused | Granted::Rewound => {
                         lost = true;
                         break;
                     }
@@ -422,7 +648,9 @@ async fn worker(i: usize, shared: Arc<Shared>) {
             if !shared.take_op() {
                 break;
             }
-            if me.write(&held.lease).await == Some(false) {
+            let written = me.write(&held.lease).await;
+            note_fence(written, &held.lease, &mut first_write);
+            if written.refused() {
                 lost = true;
                 break;
             }
@@ -430,6 +658,9 @@ async fn worker(i: usize, shared: Arc<Shared>) {
             if !gap.is_zero() {
                 tokio::time::sleep(gap).await;
             }
+        }
+        if abandoned || me.stale() {
+            continue;
         }
         // Part of the cycle even when the budget is spent: a hold left to
         // expire would only slow the last takeovers. After a loss, half
@@ -443,31 +674,53 @@ async fn worker(i: usize, shared: Arc<Shared>) {
 
 struct Actor<'a> {
     worker: u32,
-    owner: OwnerId,
+    owner: &'a OwnerId,
     shared: &'a Shared,
-    leases: &'a dyn SessionLease,
+    generation: &'a Generation,
 }
 
 impl Actor<'_> {
-    fn invoke(&self, session: &SessionId, kind: OpKind, lease: Option<&Lease>) -> Invocation {
-        self.shared.recorder.invoke(
-            self.worker,
-            &self.owner,
-            session,
-            kind,
-            lease.map(Lease::token),
-        )
+    /// The clients were restarted since this actor's were current.
+    fn stale(&self) -> bool {
+        self.shared.target.restarts.epoch() != self.generation.epoch
     }
 
-    async fn acquire(&self, session: &SessionId) -> Granted {
+    fn leases(&self) -> &dyn SessionLease {
+        let leases = &self.generation.clients.leases;
+        &*leases[self.worker as usize % leases.len()]
+    }
+
+    fn invoke(&self, session: &SessionId, kind: OpKind, lease: Option<&Lease>) -> Invocation {
+        self.shared
+            .recorder
+            .invoke(
+                self.worker,
+                self.owner,
+                session,
+                kind,
+                lease.map(Lease::token),
+            )
+            .in_epoch(self.generation.epoch)
+    }
+
+    /// Acquires `session`, above `floor` when given.
+    async fn acquire(&self, session: &SessionId, floor: Option<u64>) -> Granted {
+        let _running = self.generation.enter();
         let inv = self.invoke(session, OpKind::Acquire, None);
-        let fut = self.leases.acquire(session, &self.owner);
-        self.granted(inv, fut).await
+        let leases = self.leases();
+        match floor {
+            Some(floor) => {
+                let fut = leases.acquire_above(session, self.owner, FencingToken::new(floor));
+                self.granted(inv, fut).await
+            }
+            None => self.granted(inv, leases.acquire(session, self.owner)).await,
+        }
     }
 
     async fn renew(&self, lease: &Lease) -> Granted {
+        let _running = self.generation.enter();
         let inv = self.invoke(lease.session_id(), OpKind::Renew, Some(lease));
-        let fut = self.leases.renew(lease);
+        let fut = self.leases().renew(lease);
         self.granted(inv, fut).await
     }
 
@@ -496,6 +749,9 @@ impl Actor<'_> {
                 )
             }
             Ok(Err(e)) if e.kind() == LeaseErrorKind::Held => (Outcome::Held, Granted::Refused),
+            Ok(Err(e)) if e.kind() == LeaseErrorKind::Rewound => {
+                (Outcome::Rewound, Granted::Rewound)
+            }
             Ok(Err(e)) if e.kind() == LeaseErrorKind::Transient => {
                 (Outcome::Ambiguous(Ambiguity::Transient), Granted::Unknown)
             }
@@ -505,26 +761,26 @@ impl Actor<'_> {
         granted
     }
 
-    /// `Some(true)` written, `Some(false)` fenced, `None` unknown.
-    async fn write(&self, lease: &Lease) -> Option<bool> {
+    async fn write(&self, lease: &Lease) -> Written {
+        let _running = self.generation.enter();
         let inv = self.invoke(lease.session_id(), OpKind::Write, Some(lease));
         let payload = json!({
             "op": inv.id(),
             "owner": self.owner.as_str(),
             "token": lease.token().get(),
         });
-        let target = &self.shared.target;
+        let clients = &self.generation.clients;
         let append = async {
-            match target
+            match clients
                 .writers
-                .get(self.worker as usize % target.writers.len().max(1))
+                .get(self.worker as usize % clients.writers.len().max(1))
             {
                 Some(writer) => {
                     writer
                         .append(lease.session_id(), WriteFence::from(lease), &payload)
                         .await
                 }
-                None => target
+                None => clients
                     .store
                     .append(
                         lease.session_id(),
@@ -537,24 +793,35 @@ impl Actor<'_> {
         };
         let (outcome, result) =
             match tokio::time::timeout(self.shared.workload.call_timeout, append).await {
-                Ok(Ok(())) => (Outcome::Done, Some(true)),
-                Ok(Err(e)) if e.kind() == StoreErrorKind::Fenced => (Outcome::Fenced, Some(false)),
-                Ok(Err(_)) => (Outcome::Ambiguous(Ambiguity::Other), None),
-                Err(_) => (Outcome::Ambiguous(Ambiguity::Timeout), None),
+                Ok(Ok(())) => (Outcome::Done, Written::Yes),
+                Ok(Err(e)) if e.kind() == StoreErrorKind::Fenced => {
+                    let mark = match &e {
+                        StoreError::Fenced { high_water, .. } => Some(high_water.get()),
+                        _ => None,
+                    };
+                    (Outcome::Fenced, Written::Fenced(mark))
+                }
+                Ok(Err(e)) if e.kind() == StoreErrorKind::Rewound => {
+                    (Outcome::Rewound, Written::Rewound)
+                }
+                Ok(Err(_)) => (Outcome::Ambiguous(Ambiguity::Other), Written::Unknown),
+                Err(_) => (Outcome::Ambiguous(Ambiguity::Timeout), Written::Unknown),
             };
         self.shared.recorder.complete(inv, outcome);
         result
     }
 
     async fn release(&self, lease: &Lease) {
+        let _running = self.generation.enter();
         let inv = self.invoke(lease.session_id(), OpKind::Release, Some(lease));
         let outcome = match tokio::time::timeout(
             self.shared.workload.call_timeout,
-            self.leases.release(lease),
+            self.leases().release(lease),
         )
         .await
         {
             Ok(Ok(())) => Outcome::Done,
+            Ok(Err(e)) if e.kind() == LeaseErrorKind::Rewound => Outcome::Rewound,
             Ok(Err(e)) if e.kind() == LeaseErrorKind::Transient => {
                 Outcome::Ambiguous(Ambiguity::Transient)
             }

@@ -709,6 +709,7 @@ pub fn server_timeline(h: &ServerHistory) -> History {
                 Some(400..=499) => Outcome::Fenced,
                 _ => Outcome::Ambiguous(Ambiguity::Other),
             },
+            epoch: 0,
         });
     }
     let ids = stored_ids(h);
@@ -744,6 +745,7 @@ pub fn server_timeline(h: &ServerHistory) -> History {
                         token: start.token.unwrap_or(0),
                         valid_for: until.saturating_sub(start.at),
                     },
+                    epoch: 0,
                 });
                 next_run_id += 1;
             }
@@ -758,6 +760,7 @@ pub fn server_timeline(h: &ServerHistory) -> History {
                     invoked: e.at,
                     completed: e.at,
                     outcome: Outcome::Done,
+                    epoch: 0,
                 });
             }
             i = end;
@@ -768,5 +771,6 @@ pub fn server_timeline(h: &ServerHistory) -> History {
         ops,
         faults: h.faults.clone(),
         store_logs: BTreeMap::new(),
+        ..History::default()
     }
 }

@@ -160,6 +160,29 @@ pub fn render_svg(history: &History, verdict: &Verdict) -> String {
             escape(f.kind.name())
         );
     }
+    // Restarts of every client: a line across every lane, labelled with
+    // the new epoch (and the rewind it accepted).
+    for r in history.restarts.iter().filter(|r| r.at >= t0 && r.at <= t1) {
+        let accepts = history
+            .rewinds
+            .iter()
+            .find(|w| w.accepted_by == Some(r.epoch))
+            .map_or(String::new(), |w| {
+                format!(", accepting the rewind of {}", w.target)
+            });
+        let _ = writeln!(
+            svg,
+            r##"<line x1="{0:.1}" y1="{1}" x2="{0:.1}" y2="{2}" stroke="#a0c" stroke-width="1.5"><title>{3}</title></line>"##,
+            x(r.at),
+            TOP - 6.0,
+            height - 30.0,
+            escape(&format!(
+                "clients restarted at {:.3}ms: epoch {}{accepts}",
+                ms(r.at),
+                r.epoch
+            ))
+        );
+    }
     // Lane labels and guides.
     for ((session, owner), i) in &lanes {
         let ly = TOP + LANE * *i as f64;
@@ -218,6 +241,7 @@ pub fn render_svg(history: &History, verdict: &Verdict) -> String {
                 let colour = match outcome {
                     Outcome::Done => "#080",
                     Outcome::Fenced => "#d00",
+                    Outcome::Rewound => "#a0c",
                     _ => "#888",
                 };
                 let _ = writeln!(
@@ -227,11 +251,11 @@ pub fn render_svg(history: &History, verdict: &Verdict) -> String {
                     ly + LANE - 1.0
                 );
             }
-            (_, Outcome::Held | Outcome::Ambiguous(_)) => {
-                let fill = if op.outcome == Outcome::Held {
-                    "#bbb"
-                } else {
-                    "#555"
+            (_, Outcome::Held | Outcome::Ambiguous(_) | Outcome::Rewound) => {
+                let fill = match op.outcome {
+                    Outcome::Held => "#bbb",
+                    Outcome::Rewound => "#a0c",
+                    _ => "#555",
                 };
                 let _ = writeln!(
                     svg,

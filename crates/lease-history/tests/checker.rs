@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lease_history::{
-    Ambiguity, Fault, FaultKind, History, Logged, Op, OpKind, Outcome, Property, check, render_svg,
+    Ambiguity, Fault, FaultKind, History, Logged, Op, OpKind, Outcome, Property, Restart, Rewind,
+    check, render_svg,
 };
 
 const TTL: Duration = Duration::from_millis(100);
@@ -19,6 +20,8 @@ fn ms(n: u64) -> Duration {
 #[derive(Default)]
 struct H {
     history: History,
+    /// The epoch of the clients the next operations go through.
+    epoch: u32,
 }
 
 impl H {
@@ -43,8 +46,48 @@ impl H {
             invoked: ms(invoked),
             completed: ms(completed),
             outcome,
+            epoch: self.epoch,
         });
         id
+    }
+
+    /// Every client restarted at `at`: later operations are of the next
+    /// epoch.
+    fn restart(&mut self, at: u64) -> u32 {
+        self.epoch += 1;
+        self.history.restarts.push(Restart {
+            epoch: self.epoch,
+            at: ms(at),
+        });
+        self.epoch
+    }
+
+    /// `what` (leases, store or both) went back between `from` and `to`
+    /// to a copy taken between `copied` and `copied + 1`, accepted by
+    /// `accepted_by`.
+    fn rewind(&mut self, leases: bool, store: bool, copied: u64, from: u64, to: u64) -> usize {
+        self.history.rewinds.push(Rewind {
+            target: "redis".into(),
+            leases,
+            store,
+            copy_started: ms(copied),
+            copy_ended: ms(copied + 1),
+            started: ms(from),
+            ended: ms(to),
+            accepted_by: None,
+        });
+        self.history.faults.push(Fault {
+            kind: FaultKind::Rewind,
+            target: "redis".into(),
+            started: ms(from),
+            ended: ms(to),
+        });
+        self.history.rewinds.len() - 1
+    }
+
+    fn accept(&mut self, rewind: usize, at: u64) {
+        let epoch = self.restart(at);
+        self.history.rewinds[rewind].accepted_by = Some(epoch);
     }
 
     fn acquire(&mut self, owner: &str, at: u64, token: u64) -> u64 {
@@ -524,4 +567,175 @@ fn a_release_in_doubt_may_end_the_same_lease_acquired_again() {
     // Answered before the re-acquire, the release cannot land after it.
     h.history.ops[1].outcome = Outcome::Done;
     assert_eq!(check(&h.history).count(Property::SingleHolder), 1);
+}
+
+/// Redis, holding leases and store, restarted from a snapshot taken at 40:
+/// the old clients are refused, then restarted to accept the older state,
+/// whose tokens and marks are below what they had used.
+fn rewound_and_accepted() -> (H, Vec<u64>, usize) {
+    let mut h = H::default();
+    h.acquire("w1", 0, 1);
+    let a = h.write("w1", 10, 1, Outcome::Done);
+    h.release("w1", 20, 1);
+    h.acquire("w2", 30, 2);
+    let b = h.write("w2", 35, 2, Outcome::Done);
+    // The snapshot (40..41) holds a and b; c, d and token 3 come after it.
+    let c = h.write("w2", 45, 2, Outcome::Done);
+    h.release("w2", 50, 2);
+    h.acquire("w1", 60, 3);
+    let d = h.write("w1", 70, 3, Outcome::Done);
+    let rewind = h.rewind(true, true, 40, 80, 90);
+    // The clients that saw token 3 are refused by the older state.
+    h.write("w1", 95, 3, Outcome::Rewound);
+    h.renew("w1", 96, 3, Outcome::Rewound);
+    h.op("w2", OpKind::Acquire, None, 97, 98, Outcome::Rewound);
+    h.accept(rewind, 100);
+    // The new clients start from the snapshot: token 3 is issued again.
+    h.acquire("w2", 110, 3);
+    let e = h.write("w2", 120, 3, Outcome::Done);
+    let _ = (c, d);
+    (h, vec![a, b, e], rewind)
+}
+
+#[test]
+fn a_rewind_accepted_by_restarted_clients_is_clean() {
+    let (mut h, landed, _) = rewound_and_accepted();
+    h.log(&landed);
+    let verdict = check(&h.history);
+    assert!(verdict.is_clean(), "{verdict}");
+    assert_eq!(verdict.faults["rewind"], 1);
+}
+
+#[test]
+fn a_client_from_before_the_rewind_must_not_succeed_after_it() {
+    let (mut h, mut landed, _) = rewound_and_accepted();
+    // An old client's write lands on the older state between the rewind
+    // and the restart: it presented token 3, which the older state never
+    // issued.
+    h.epoch = 0;
+    let stale = h.write("w1", 92, 3, Outcome::Done);
+    landed.insert(2, stale);
+    h.log(&landed);
+    let verdict = check(&h.history);
+    assert_eq!(verdict.count(Property::Rewound), 1, "{verdict}");
+    let first = verdict.first.expect("a violation");
+    assert_eq!(first.property, Property::Rewound);
+    assert_eq!(first.ops, vec![stale]);
+    assert!(first.message.contains("epoch 0"), "{}", first.message);
+
+    // So must its lease calls; a refusal or an unknown fate is no success.
+    let (mut h, landed, _) = rewound_and_accepted();
+    h.epoch = 0;
+    let renewed = h.renew("w1", 93, 3, granted(3));
+    h.renew("w1", 94, 3, Outcome::Ambiguous(Ambiguity::Timeout));
+    h.log(&landed);
+    let verdict = check(&h.history);
+    assert_eq!(verdict.count(Property::Rewound), 1, "{verdict}");
+    assert_eq!(verdict.first.expect("a violation").ops, vec![renewed]);
+}
+
+#[test]
+fn a_call_begun_before_the_rewind_ended_may_succeed_on_the_newer_state() {
+    let (mut h, landed, _) = rewound_and_accepted();
+    // Invoked at 85, while Redis was going back: it may have been done
+    // before, and its loss is the accepted one.
+    h.epoch = 0;
+    h.op(
+        "w1",
+        OpKind::Renew,
+        Some(3),
+        85,
+        86,
+        Outcome::Granted {
+            token: 3,
+            valid_for: TTL,
+        },
+    );
+    h.log(&landed);
+    let verdict = check(&h.history);
+    assert!(verdict.is_clean(), "{verdict}");
+}
+
+#[test]
+fn only_an_accepted_store_rewind_excuses_lost_writes() {
+    // Accepted: c and d, done after the copy began, may be gone.
+    let (mut h, landed, rewind) = rewound_and_accepted();
+    h.log(&landed);
+    assert!(check(&h.history).is_clean());
+    // Never accepted (nobody noticed the store went back): they count.
+    h.history.rewinds[rewind].accepted_by = None;
+    let verdict = check(&h.history);
+    assert!(verdict.count(Property::StoreFencing) >= 2, "{verdict}");
+    // A write done before the copy began must be kept, accepted or not.
+    let (mut h, landed, _) = rewound_and_accepted();
+    h.log(&landed[1..]);
+    let verdict = check(&h.history);
+    assert_eq!(verdict.count(Property::StoreFencing), 1, "{verdict}");
+    assert!(
+        verdict
+            .first
+            .expect("a violation")
+            .message
+            .contains("acknowledged but the store does not hold it")
+    );
+    // A rewind of the lease authority alone excuses no lost write.
+    let (mut h, landed, rewind) = rewound_and_accepted();
+    h.history.rewinds[rewind].store = false;
+    h.log(&landed);
+    let verdict = check(&h.history);
+    assert!(verdict.count(Property::StoreFencing) >= 2, "{verdict}");
+}
+
+#[test]
+fn holds_and_tokens_are_judged_per_era_between_accepted_rewinds() {
+    // Token 3 issued again after the accepted rewind: no token-order
+    // violation, since the clients that saw it are gone.
+    let (h, _, rewind) = rewound_and_accepted();
+    assert!(check(&h.history).is_clean());
+    // The same history with the restart accepting nothing: one era, and
+    // token 3 issued twice to two owners is caught.
+    let mut h = h;
+    h.history.rewinds[rewind].accepted_by = None;
+    let verdict = check(&h.history);
+    assert!(verdict.count(Property::TokenOrder) >= 1, "{verdict}");
+    // A restart alone (no rewind) splits nothing: a takeover before expiry
+    // across it is still two holders.
+    let mut h = H::default();
+    h.acquire("w1", 0, 1);
+    h.restart(20);
+    h.acquire("w2", 30, 2);
+    let verdict = check(&h.history);
+    assert_eq!(verdict.count(Property::SingleHolder), 1, "{verdict}");
+}
+
+#[test]
+fn nothing_may_succeed_while_the_authority_may_evict() {
+    let evicting = |h: &mut H| {
+        h.history.faults.push(Fault {
+            kind: FaultKind::EvictingPolicy,
+            target: "redis (allkeys-lru)".into(),
+            started: ms(100),
+            ended: ms(200),
+        });
+    };
+    // Refused throughout; a call invoked just before may still succeed.
+    let mut h = H::default();
+    evicting(&mut h);
+    h.acquire("w1", 95, 1);
+    let a = h.write("w1", 99, 1, Outcome::Done);
+    h.write("w1", 120, 1, Outcome::Rewound);
+    h.renew("w1", 130, 1, Outcome::Rewound);
+    h.op("w2", OpKind::Acquire, None, 150, 151, Outcome::Rewound);
+    h.acquire("w2", 300, 2);
+    h.log(&[a]);
+    let verdict = check(&h.history);
+    assert!(verdict.is_clean(), "{verdict}");
+    assert_eq!(verdict.faults["evicting-policy"], 1);
+    // One grant in the window is one violation.
+    let mut h = H::default();
+    evicting(&mut h);
+    let taken = h.acquire("w2", 150, 2);
+    let verdict = check(&h.history);
+    assert_eq!(verdict.count(Property::Rewound), 1, "{verdict}");
+    assert_eq!(verdict.first.expect("a violation").ops, vec![taken]);
 }
