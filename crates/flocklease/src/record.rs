@@ -274,6 +274,13 @@ impl Record {
                 });
             }
         };
+        Self::decode_legacy(path, bytes, layout).map(Some)
+    }
+
+    /// Decodes a record of an older version in `layout` (2 or 1), from the
+    /// bytes of a whole file.
+    fn decode_legacy(path: &Path, bytes: &[u8], layout: &Layout) -> Result<Record, LeaseFileError> {
+        let path_buf = || path.to_path_buf();
         if bytes.len() < layout.len {
             return Err(LeaseFileError::Truncated {
                 path: path_buf(),
@@ -339,7 +346,7 @@ impl Record {
         if !padding_clean {
             return Err(malformed("padding after an id is not zero".into()));
         }
-        Ok(Some(Record {
+        Ok(Record {
             session,
             owner,
             holder_lost: false,
@@ -348,7 +355,7 @@ impl Record {
             expiry_nanos,
             mono_expiry_nanos: 0,
             boot_id: [0; 16],
-        }))
+        })
     }
 }
 

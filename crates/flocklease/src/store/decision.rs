@@ -642,19 +642,77 @@ mod tests {
                 acquire("b", 0),
                 Held(Some(id("a"))),
             ),
-            case(
-                "live hold of another owner, above a floor: Held all the same",
-                Ok(Some(held("a", 5, 100, 5))),
-                Some(100),
-                acquire("b", 1_000),
-                Held(Some(id("a"))),
-            ),
+        ]);
+    }
+
+    /// A used-up reservation, a record torn by a power cut, one that does
+    /// not decode, a session out of tokens.
+    #[test]
+    fn acquire_decisions_on_used_up_and_damaged_records() {
+        let case = |name, read, armed, op, want| Case {
+            name,
+            read,
+            armed,
+            op,
+            want,
+        };
+        check(vec![
             case(
                 "reservation used up, armed: a new reservation",
                 Ok(Some(free(100, 100))),
                 Some(100),
                 acquire("b", 0),
                 reserved(101),
+            ),
+            case(
+                "torn record, live: held by a holder nobody can name",
+                Ok(Some(torn(5, 100, 5))),
+                Some(100),
+                acquire("b", 0),
+                Held(None),
+            ),
+            case(
+                "torn record, expired: taken over past its ceiling, even armed",
+                Ok(Some(torn(5, 100, -1))),
+                Some(100),
+                acquire("b", 0),
+                reserved(101),
+            ),
+            case(
+                "unreadable record: an error, never free",
+                unreadable(),
+                Some(100),
+                acquire("a", 0),
+                Failed(LeaseErrorKind::Transient),
+            ),
+            case(
+                "every token used",
+                Ok(Some(free(u64::MAX, u64::MAX))),
+                Some(u64::MAX),
+                acquire("a", 0),
+                Failed(LeaseErrorKind::Invalid),
+            ),
+        ]);
+    }
+
+    /// `acquire_above`: the token is above the floor, and so is the record
+    /// written (reserving past the floor when the next token would not be).
+    #[test]
+    fn acquire_above_decisions() {
+        let case = |name, read, armed, op, want| Case {
+            name,
+            read,
+            armed,
+            op,
+            want,
+        };
+        check(vec![
+            case(
+                "live hold of another owner, above a floor: Held all the same",
+                Ok(Some(held("a", 5, 100, 5))),
+                Some(100),
+                acquire("b", 1_000),
+                Held(Some(id("a"))),
             ),
             case(
                 "floor below the token: costs nothing more than acquire",
@@ -704,34 +762,6 @@ mod tests {
                 Some(100),
                 acquire("a", 4),
                 plain(5, 100, false),
-            ),
-            case(
-                "torn record, live: held by a holder nobody can name",
-                Ok(Some(torn(5, 100, 5))),
-                Some(100),
-                acquire("b", 0),
-                Held(None),
-            ),
-            case(
-                "torn record, expired: taken over past its ceiling, even armed",
-                Ok(Some(torn(5, 100, -1))),
-                Some(100),
-                acquire("b", 0),
-                reserved(101),
-            ),
-            case(
-                "unreadable record: an error, never free",
-                unreadable(),
-                Some(100),
-                acquire("a", 0),
-                Failed(LeaseErrorKind::Transient),
-            ),
-            case(
-                "every token used",
-                Ok(Some(free(u64::MAX, u64::MAX))),
-                Some(u64::MAX),
-                acquire("a", 0),
-                Failed(LeaseErrorKind::Invalid),
             ),
         ]);
     }
