@@ -416,6 +416,10 @@ fn holds_of(ops: &[&Op], jumps: &ClockSteps) -> Vec<Hold> {
     // (the holder re-acquired its live lease while its release was in
     // doubt): per (owner, token), the instant from which that is possible.
     let mut late_releases: HashMap<(&str, u64), Vec<(Duration, Duration)>> = HashMap::new();
+    // A grant to the same owner under any token (an acquire above a floor
+    // answers a live holder a new one): the authority keeps one grant per
+    // owner, so it replaces the earlier one, whose value no longer renews.
+    let mut reacquires: HashMap<&str, Vec<Duration>> = HashMap::new();
     for op in ops {
         if let (OpKind::Release, Some(token)) = (op.kind, op.token) {
             releases
@@ -438,9 +442,12 @@ fn holds_of(ops: &[&Op], jumps: &ClockSteps) -> Vec<Hold> {
                 .entry((&op.owner, token))
                 .or_default()
                 .push(op.invoked);
+            if op.kind == OpKind::Acquire {
+                reacquires.entry(&op.owner).or_default().push(op.invoked);
+            }
         }
     }
-    for invocations in regrants.values_mut() {
+    for invocations in regrants.values_mut().chain(reacquires.values_mut()) {
         invocations.sort();
     }
     let mut holds = Vec::new();
@@ -466,6 +473,12 @@ fn holds_of(ops: &[&Op], jumps: &ClockSteps) -> Vec<Hold> {
             until = until.min(op.completed);
         }
         if let Some(next) = regrants.get(&(&*op.owner, token)) {
+            let i = next.partition_point(|at| *at <= op.invoked);
+            if let Some(&at) = next.get(i) {
+                until = until.min(at);
+            }
+        }
+        if let Some(next) = reacquires.get(&*op.owner) {
             let i = next.partition_point(|at| *at <= op.invoked);
             if let Some(&at) = next.get(i) {
                 until = until.min(at);
@@ -792,9 +805,13 @@ fn rewound(session: &Arc<str>, ops: &[&Op], history: &History, out: &mut Vec<Vio
         let before = |op: &Op| {
             history.epoch_start(op.epoch) < r.started && r.accepted_by.is_none_or(|e| op.epoch < e)
         };
+        // A release only gives up the caller's own hold (and succeeds,
+        // doing nothing, where the older state has none); should it end a
+        // hold the accepting clients took, their era shows two holders.
         let concerned = |op: &Op| match op.kind {
             OpKind::Write => r.store,
-            OpKind::Acquire | OpKind::Renew | OpKind::Release => r.leases,
+            OpKind::Acquire | OpKind::Renew => r.leases,
+            OpKind::Release => false,
         };
         for op in ops {
             if op.invoked > r.ended && op.succeeded() && concerned(op) && before(op) {

@@ -113,8 +113,11 @@
 //!   store may have taken away (done after its copy began), and no other;
 //! - adds **(f) rewound**: no client in use when the state went back (of
 //!   an epoch begun before the rewind and before the one that accepted it)
-//!   succeeds at what went back — leases, the store, or both — in a call
-//!   invoked after it had gone back; and no call invoked while the
+//!   succeeds at what went back — acquiring or renewing leases, writing to
+//!   the store — in a call invoked after it had gone back (a release, which
+//!   only gives up the caller's own hold, may; should it end a hold of the
+//!   accepting clients, (a) sees two holders in their era); and no call
+//!   invoked while the
 //!   authority ran with an evicting memory policy
 //!   ([`FaultKind::EvictingPolicy`]) succeeds. A refusal is
 //!   [`Outcome::Rewound`].

@@ -651,6 +651,9 @@ fn a_call_begun_before_the_rewind_ended_may_succeed_on_the_newer_state() {
             valid_for: TTL,
         },
     );
+    // A release gives up the caller's own hold: where the older state has
+    // none it succeeds doing nothing.
+    h.op("w2", OpKind::Release, Some(2), 91, 92, Outcome::Done);
     h.log(&landed);
     let verdict = check(&h.history);
     assert!(verdict.is_clean(), "{verdict}");
@@ -738,4 +741,24 @@ fn nothing_may_succeed_while_the_authority_may_evict() {
     let verdict = check(&h.history);
     assert_eq!(verdict.count(Property::Rewound), 1, "{verdict}");
     assert_eq!(verdict.first.expect("a violation").ops, vec![taken]);
+}
+
+#[test]
+fn a_grant_to_the_same_owner_under_a_new_token_replaces_its_earlier_one() {
+    // w3 holds token 17; an acquire above a store's mark answers it token
+    // 38 for the same session: the authority keeps one grant per owner,
+    // so 17 ends there, and w1 may take over once 38 is released.
+    let mut h = H::default();
+    h.acquire("w3", 0, 17);
+    h.acquire("w3", 10, 38);
+    h.release("w3", 20, 38);
+    h.acquire("w1", 30, 39);
+    let verdict = check(&h.history);
+    assert!(verdict.is_clean(), "{verdict}");
+    // Another owner's grant still overlaps it.
+    let mut h = H::default();
+    h.acquire("w3", 0, 17);
+    h.acquire("w1", 10, 18);
+    let verdict = check(&h.history);
+    assert_eq!(verdict.count(Property::SingleHolder), 1, "{verdict}");
 }
