@@ -664,6 +664,7 @@ impl SessionLease for FlockLease {
         owner: &OwnerId,
         floor: FencingToken,
     ) -> Result<Lease, LeaseError> {
+        floor.check_floor()?;
         granted(
             self.run(Op::Acquire(session.clone(), owner.clone(), floor.get()))
                 .await?,

@@ -782,7 +782,7 @@ fn next_token(
         .checked_add(1)
         .map(FencingToken::new)
         .ok_or_else(|| {
-            LeaseError::unsupported("the fencing token has reached u64::MAX and cannot rise")
+            LeaseError::invalid("the fencing token has reached u64::MAX and cannot rise")
         })?;
     debug_assert!(
         token.get() > version
@@ -803,14 +803,15 @@ impl SessionLease for K8sLease {
     /// Writes a token above `floor` in the same update as the holder; see
     /// the crate docs, "Fencing tokens". Never answers `Rewound` for a
     /// floor above the API server's versions: the token annotation carries
-    /// the raise, and every later takeover exceeds it. A floor of
-    /// `u64::MAX` is [`Invalid`](lease_port::LeaseErrorKind::Invalid).
+    /// the raise, and every later takeover exceeds it. A floor above
+    /// [`FencingToken::MAX_FLOOR`] is [`Invalid`](lease_port::LeaseErrorKind::Invalid).
     async fn acquire_above(
         &self,
         session: &SessionId,
         owner: &OwnerId,
         floor: FencingToken,
     ) -> Result<Lease, LeaseError> {
+        floor.check_floor()?;
         self.acquire_object(session, owner, floor).await
     }
 

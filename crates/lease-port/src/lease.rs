@@ -17,6 +17,26 @@ use crate::{OwnerId, SessionId};
 pub struct FencingToken(u64);
 
 impl FencingToken {
+    /// The highest floor [`SessionLease::acquire_above`](crate::SessionLease::acquire_above)
+    /// accepts (2^62); a greater one is [`Invalid`](crate::LeaseErrorKind::Invalid).
+    /// Stores' marks never come near it, and a floor next to `u64::MAX`
+    /// would use up a session's tokens for good: one call from a careless
+    /// or hostile caller would make every later takeover impossible.
+    pub const MAX_FLOOR: FencingToken = FencingToken(1 << 62);
+
+    /// `Ok` for a floor [`acquire_above`](crate::SessionLease::acquire_above)
+    /// accepts, else the `Invalid` error every backend answers for it.
+    pub fn check_floor(self) -> Result<(), crate::LeaseError> {
+        if self > Self::MAX_FLOOR {
+            return Err(crate::LeaseError::invalid(format!(
+                "token floor {self} is above the highest accepted, {}: no store's mark comes \
+                 near it, and tokens above it would soon run out",
+                Self::MAX_FLOOR
+            )));
+        }
+        Ok(())
+    }
+
     /// Wraps a raw token value.
     pub const fn new(value: u64) -> Self {
         Self(value)

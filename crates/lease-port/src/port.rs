@@ -39,6 +39,9 @@ pub trait SessionLease: Send + Sync {
     /// every later takeover stays above it too. The live holder
     /// re-acquiring with a token not above `floor` gets a new, greater one.
     ///
+    /// A floor above [`FencingToken::MAX_FLOOR`] is
+    /// [`Invalid`](crate::LeaseErrorKind::Invalid), with nothing granted.
+    ///
     /// The default calls [`acquire`](Self::acquire) and accepts the grant
     /// only when its token is above `floor`; otherwise it releases the
     /// grant and answers [`LeaseErrorKind::Rewound`](crate::LeaseErrorKind::Rewound):
@@ -50,6 +53,7 @@ pub trait SessionLease: Send + Sync {
         owner: &OwnerId,
         floor: FencingToken,
     ) -> Result<Lease, LeaseError> {
+        floor.check_floor()?;
         let lease = self.acquire(session, owner).await?;
         if lease.token() > floor {
             return Ok(lease);

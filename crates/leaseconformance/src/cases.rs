@@ -667,10 +667,18 @@ fn check_current<F: LeaseFactory>(
 /// gets a token above it, and the floor holds for every later takeover.
 /// A backend that cannot raise its tokens answers `Rewound` instead, and
 /// leaves the session free. The live holder asking above its own token
-/// gets a greater one and keeps the session.
+/// gets a greater one and keeps the session. A floor above
+/// [`FencingToken::MAX_FLOOR`] is `Invalid` and grants nothing.
 pub async fn acquire_above_floor<F: LeaseFactory>(f: &F) {
     let (ca, cb) = (f.client().await, f.client().await);
     let (s, a, b) = (session("floor"), owner("a"), owner("b"));
+    // A floor no store's mark comes near would use the session's tokens
+    // up for good: refused, and nothing is held.
+    let beyond = FencingToken::new(FencingToken::MAX_FLOOR.get() + 1);
+    match cb.acquire_above(&s, &b, beyond).await {
+        Err(e) if e.kind() == LeaseErrorKind::Invalid => {}
+        other => panic!("acquire above {beyond}: {other:?}, not Invalid"),
+    }
     let first = must("a acquires", ca.acquire(&s, &a).await);
     must("a releases", ca.release(&first).await);
     // A floor below what the backend would issue anyway changes nothing.

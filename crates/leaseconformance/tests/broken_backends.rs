@@ -58,6 +58,8 @@ enum Flaw {
     /// The grant is above the floor, but the token record is not raised:
     /// the next takeover goes back below it.
     FloorForgotten,
+    /// Any floor is taken, however close to the end of the tokens.
+    FloorUnbounded,
 }
 
 #[derive(Debug, Clone)]
@@ -139,6 +141,9 @@ impl SessionLease for Broken {
         o: &OwnerId,
         floor: FencingToken,
     ) -> Result<Lease, LeaseError> {
+        if self.flaw != Flaw::FloorUnbounded {
+            floor.check_floor()?;
+        }
         let lease = self.acquire(s, o).await?;
         if lease.token() > floor || self.flaw == Flaw::FloorIgnored {
             return Ok(lease);
@@ -336,6 +341,7 @@ async fn every_flaw_is_caught_by_the_case_made_for_it() {
         ),
         (Flaw::FloorIgnored, "acquire_above_floor"),
         (Flaw::FloorForgotten, "acquire_above_floor"),
+        (Flaw::FloorUnbounded, "acquire_above_floor"),
     ];
     let mut missed = Vec::new();
     for (flaw, case) in expectations {

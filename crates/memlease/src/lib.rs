@@ -375,6 +375,7 @@ impl SessionLease for MemLease {
         owner: &OwnerId,
         floor: FencingToken,
     ) -> Result<Lease, LeaseError> {
+        floor.check_floor()?;
         self.acquire_now(session, owner, floor)
     }
 

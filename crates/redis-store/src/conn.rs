@@ -206,9 +206,10 @@ async fn memory_policy(
             }
         }
         Ok(_) => {}
-        // A server error (unknown command, NOPERM): try INFO. No answer
-        // at all is the caller's to report.
-        Err(RequestError::Redis(e)) if e.code().is_some() => {}
+        // Not granted or renamed away: try INFO. Anything else (no answer,
+        // BUSY, too many clients, still loading) is a passing fault the
+        // caller reports or waits out; it says nothing of the policy.
+        Err(RequestError::Redis(e)) if denied(&e) => {}
         Err(e) => return Err(e),
     }
     let info = within(
@@ -224,8 +225,22 @@ async fn memory_policy(
                 .find_map(|l| l.strip_prefix("maxmemory_policy:"))
                 .map(|p| p.trim().to_owned())
         })),
-        Err(RequestError::Redis(e)) if e.code().is_some() => Ok(None),
+        Err(RequestError::Redis(e)) if denied(&e) => Ok(None),
         Err(e) => Err(e),
+    }
+}
+
+/// True when the server refuses the command for good: the user is not
+/// granted it (`NOPERM`), or it is renamed away (an unknown command).
+fn denied(e: &RedisError) -> bool {
+    let unknown = || {
+        let text = e.to_string().to_ascii_lowercase();
+        text.contains("unknown command") || text.contains("unknown subcommand")
+    };
+    match e.code() {
+        Some("NOPERM") => true,
+        Some("ERR") => unknown(),
+        _ => false,
     }
 }
 

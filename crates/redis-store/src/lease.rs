@@ -128,10 +128,14 @@ impl RedisLease {
     }
 
     pub(crate) fn over(conn: Conn, ttl: Duration) -> Result<RedisLease, LeaseError> {
+        // Redis refuses an expiry that overflows its clock once the script
+        // has raised the token record: a bound well inside it keeps the
+        // grant's writes all or nothing.
+        const MAX_TTL_MS: u128 = 366 * 24 * 3600 * 1000;
         let ms = ttl.as_nanos().div_ceil(1_000_000);
-        if ms == 0 || ms > i64::MAX as u128 {
+        if ms == 0 || ms > MAX_TTL_MS {
             return Err(LeaseError::invalid(format!(
-                "lease TTL {ttl:?} is not between 1 ms and i64::MAX ms"
+                "lease TTL {ttl:?} is not between 1 ms and a year"
             )));
         }
         Ok(RedisLease {
@@ -143,6 +147,11 @@ impl RedisLease {
                 granted: Mutex::default(),
             }),
         })
+    }
+
+    /// The authority, when this client has learned it.
+    pub(crate) fn known_authority_now(&self) -> Option<&AuthorityId> {
+        self.inner.authority.get()
     }
 
     /// How long a grant lasts without renewal.
@@ -165,6 +174,17 @@ impl RedisLease {
                 AuthorityId::new(id).map_err(|_| unreadable(&key, &reply))
             })
             .await
+    }
+
+    /// True when this client was granted `lease`'s token (or a greater
+    /// one) for its session.
+    fn was_granted(&self, lease: &Lease) -> bool {
+        self.inner
+            .granted
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(lease.session_id())
+            .is_some_and(|t| *t >= lease.token())
     }
 
     /// Records `token` as granted for `session`; `Err` with the greater
@@ -235,6 +255,17 @@ impl RedisLease {
             .map(|(lease, answer)| match answer {
                 Value::Int(1) => Ok(lease.with_expiry(sent + self.inner.ttl)),
                 Value::Int(0) => Err(LeaseError::held(None)),
+                // A token this client was never granted is simply not held.
+                Value::Int(-1) if !self.was_granted(lease) => Err(LeaseError::held(None)),
+                Value::Int(-1) => Err(LeaseError::rewound(format!(
+                    "Redis at {} no longer records issuing token {} for session {}: it lost \
+                     acknowledged writes (an older snapshot, a lagging replica promoted, keys \
+                     removed by hand), and could issue the token again. Restore the newer data \
+                     if it exists; otherwise restart this process to accept the older state",
+                    conn.location(),
+                    lease.token(),
+                    lease.session_id()
+                ))),
                 other => match text(&other).and_then(parse_grant) {
                     Some((_, holder)) => Err(LeaseError::held(Some(holder))),
                     None => Err(unreadable("a renewal answer", &other)),
@@ -259,13 +290,9 @@ impl SessionLease for RedisLease {
         owner: &OwnerId,
         floor: FencingToken,
     ) -> Result<Lease, LeaseError> {
-        // The record is raised with HINCRBY, which holds a signed 64-bit
-        // integer: a floor beyond it could never be issued above.
-        if floor.get() >= i64::MAX as u64 {
-            return Err(LeaseError::invalid(format!(
-                "token floor {floor} is beyond what Redis can count to"
-            )));
-        }
+        // (The record is raised with HINCRBY, a signed 64-bit integer:
+        // the bound leaves it 2^62 takeovers of room.)
+        floor.check_floor()?;
         let authority = self.known_authority().await?;
         let conn = &self.inner.conn;
         let keys = conn.keys();

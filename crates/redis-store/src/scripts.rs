@@ -58,13 +58,16 @@ for i = 2, #ARGV do A[i - 1] = ARGV[i] end
 /// the counter alone can miss once other processes' writes after a loss
 /// carried it past this client's floor.
 ///
-/// KEYS: 1 record, 2 events, 3 fencing authority.
+/// KEYS: 1 record, 2 events, 3 fencing authority, 4 the session's lease
+/// token record when the store is fenced by its own leases, else `''`.
 /// ARGV: 1 `f` (fenced) or `u` (unfenced), 2 token, 3 owner, 4 `1` when
 /// unfenced writes are allowed, 5 the authority this client bound (empty:
 /// none), 6 the time in milliseconds, 7 and 8 the highest sequence number
 /// and mark this client saw of the session (`0`: none).
 ///
-/// A record below what the client saw went back.
+/// A record below what the client saw went back; so did a token record
+/// below the token presented (`{'unissued', issued}`): no lease of this
+/// Redis issued that token, so Redis lost the grant that did.
 ///
 /// Leaves `r` (the record's fields) and `raise` (whether the write raises
 /// the mark) for the body; returns early with a refusal.
@@ -103,6 +106,10 @@ if cmp(r[2] or '0', ARGV[7]) < 0 or cmp(r[3] or '0', ARGV[8]) < 0 then
   return {'rewound', r[2] or '0', r[3] or '0'}
 end
 if r[1] ~= '1' then return {'notfound'} end
+if ARGV[1] == 'f' and KEYS[4] ~= '' then
+  local issued = redis.call('HGET', KEYS[4], 'issued') or '0'
+  if cmp(ARGV[2], issued) > 0 then return {'unissued', issued} end
+end
 local raise = false
 if ARGV[1] == 'f' then
   if r[3] then
@@ -161,7 +168,7 @@ return {'ok', string.format('%d', first), string.format('%d', seq)}
 });
 
 /// Deletes after the fence check: the events go, the record (sequence
-/// number, mark) stays with `live` 0. KEYS[4] the session list, ARGV[9]
+/// number, mark) stays with `live` 0. KEYS[5] the session list, ARGV[9]
 /// the session id.
 pub(crate) static DELETE: LazyLock<Script> = LazyLock::new(|| {
     clocked(concat!(
@@ -170,7 +177,7 @@ pub(crate) static DELETE: LazyLock<Script> = LazyLock::new(|| {
 redis.call('DEL', KEYS[2])
 redis.call('HSET', KEYS[1], 'live', '0')
 if raise then redis.call('HSET', KEYS[1], 'mark', ARGV[2], 'writer', ARGV[3]) end
-redis.call('ZREM', KEYS[4], ARGV[9])
+redis.call('ZREM', KEYS[5], ARGV[9])
 return {'ok'}
 "#
     ))
@@ -266,20 +273,26 @@ return {'ok', token, 'new'}
 /// KEYS: for each lease, its grant key then its token record. ARGV: 1 TTL
 /// in milliseconds, then for each lease the grant `"<token> <owner>"` the
 /// caller holds. Answers, per lease, 1 (renewed), the grant held instead,
-/// or 0 (nobody holds it and it cannot be reclaimed).
+/// 0 (nobody holds it and it cannot be reclaimed), or -1: the token was
+/// never issued here (the token record is below it, so Redis went back).
 ///
 /// A lapsed grant is reclaimed only while it is still the last grant made:
 /// nobody acquired since (that makes a new grant) and its holder did not
 /// release it (that empties the record). Otherwise it is lost.
 pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
-    clocked(
+    clocked(concat!(
+        cmp!(),
         r#"
 local out = {}
 for i = 1, #KEYS / 2 do
   local lease, tokens = KEYS[2 * i - 1], KEYS[2 * i]
   local want = ARGV[i + 1]
   local held = redis.call('GET', lease)
-  if held == want then
+  local sp = string.find(want, ' ', 1, true)
+  local issued = redis.call('HGET', tokens, 'issued') or '0'
+  if sp and cmp(string.sub(want, 1, sp - 1), issued) > 0 then
+    out[i] = -1
+  elseif held == want then
     redis.call('PEXPIRE', lease, ARGV[1])
     out[i] = 1
   elseif held then
@@ -292,8 +305,8 @@ for i = 1, #KEYS / 2 do
   end
 end
 return out
-"#,
-    )
+"#
+    ))
 });
 
 /// KEYS: 1 lease, 2 token record. ARGV: 1 the grant `"<token> <owner>"`.

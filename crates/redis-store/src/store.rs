@@ -353,9 +353,21 @@ impl RedisStore {
     ) -> Result<Vec<Value>, StoreError> {
         let keys = self.inner.conn.keys();
         let mut call = self.inner.conn.prepare(script);
+        // Fenced by its own leases, the store knows which tokens were
+        // issued: one above the record was issued by a state Redis lost.
+        let own = self
+            .inner
+            .lease
+            .as_ref()
+            .and_then(RedisLease::known_authority_now);
+        let tokens = match (own, self.inner.bound.get()) {
+            (Some(own), Some((bound, _))) if own == bound => keys.lease_tokens(session),
+            _ => String::new(),
+        };
         call.key(keys.record(session))
             .key(keys.events(session))
-            .key(keys.fencing_authority());
+            .key(keys.fencing_authority())
+            .key(tokens);
         if let Some(k) = extra_key {
             call.key(k);
         }
@@ -403,6 +415,24 @@ impl RedisStore {
             "notfound" => Err(StoreError::NotFound {
                 session: session.clone(),
             }),
+            "unissued" => {
+                let location = self.inner.conn.location();
+                Err(StoreError::rewound(
+                    location,
+                    format!(
+                        "token {} was never issued for session {session} by the leases of Redis \
+                         at {location} (their record says {}): Redis lost the grant that issued \
+                         it and could issue it again, or the token came from elsewhere. Nothing \
+                         was done. Restore the newer data if it exists; otherwise restart this \
+                         process to accept the older state",
+                        match fence {
+                            WriteFence::Fenced(f) => f.token().get(),
+                            WriteFence::Unfenced => 0,
+                        },
+                        field(1).unwrap_or_default()
+                    ),
+                ))
+            }
             "rewound" => {
                 let now = record_floor(field(1), field(2)).ok_or_else(|| {
                     self.corrupt(&keys.record(session), format!("{op}: reply {parts:?}"))

@@ -1370,3 +1370,110 @@ async fn an_acquire_above_a_floor_raises_the_token_record() {
         .unwrap_err();
     assert_eq!(err.kind(), LeaseErrorKind::Invalid, "{err}");
 }
+
+/// A Redis busy with a long script while the policy is read again answers
+/// BUSY: a passing fault, never taken for an unreadable policy (which
+/// would refuse everything as `Rewound` until the next reading).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_redis_during_the_policy_check_is_a_passing_fault() {
+    let redis = RedisServer::start().unwrap();
+    let set = redis.command(&["CONFIG", "SET", "busy-reply-threshold", "100"]);
+    assert_eq!(set.unwrap(), "+OK");
+    let store = RedisStore::builder(redis.url())
+        .prefix("t:")
+        .policy_check_interval(Duration::ZERO)
+        .connect()
+        .await
+        .unwrap();
+    let s = sid("busy");
+    store.create(&s).await.unwrap();
+    let addr = redis.addr();
+    let busy = std::thread::spawn(move || {
+        // A script that keeps the server busy for a few seconds.
+        let mut conn = std::net::TcpStream::connect(addr).unwrap();
+        let script = "local i = 0 while i < 100000000 do i = i + 1 end return 1";
+        let request = format!(
+            "*3\r\n$4\r\nEVAL\r\n${}\r\n{script}\r\n$1\r\n0\r\n",
+            script.len()
+        );
+        std::io::Write::write_all(&mut conn, request.as_bytes()).unwrap();
+        let mut reply = [0u8; 16];
+        let _ = std::io::Read::read(&mut conn, &mut reply);
+    });
+    let mut saw_busy = false;
+    while !busy.is_finished() {
+        match store.read(&s, 1, 1).await {
+            Err(e) => {
+                assert_ne!(e.kind(), StoreErrorKind::Rewound, "{e}");
+                saw_busy = true;
+            }
+            Ok(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+    busy.join().unwrap();
+    assert!(saw_busy, "the script never kept Redis busy");
+    store.read(&s, 1, 1).await.unwrap();
+}
+
+/// A token granted just before Redis went back, whose holder has not
+/// written yet: other processes' writes carry the change counter past the
+/// holder's floor, so only the token record can tell. The holder's renewal
+/// and its first write are refused (its token is above what Redis records
+/// issuing), before another process can be granted the same token and the
+/// two act under one.
+#[tokio::test]
+async fn a_token_redis_forgot_issuing_is_refused_to_its_holder() {
+    let mut redis = RedisServer::start().unwrap();
+    let server = |redis: &RedisServer| {
+        RedisStore::builder(redis.url())
+            .prefix("t:")
+            .leases(Duration::from_secs(30))
+            .connect()
+    };
+    let b = server(&redis).await.unwrap();
+    let b_leases = b.lease().unwrap().clone();
+    let authority = b_leases.authority().await.unwrap();
+    b.bind_authority(&authority).await.unwrap();
+    let s = sid("forgotten");
+    b.create(&s).await.unwrap();
+    let t1 = b_leases.acquire(&s, &owner("b")).await.unwrap();
+    b.append(&s, (&t1).into(), &[json!(1)]).await.unwrap();
+    b_leases.release(&t1).await.unwrap();
+    assert_eq!(redis.command(&["SAVE"]).unwrap(), "+OK");
+    let t2 = b_leases.acquire(&s, &owner("b")).await.unwrap();
+    assert_eq!(t2.token(), FencingToken::new(2));
+    redis.restart().unwrap();
+
+    let busy = retry_unavailable(|| server(&redis)).await.unwrap();
+    busy.bind_authority(&authority).await.unwrap();
+    let elsewhere = sid("elsewhere");
+    busy.create(&elsewhere).await.unwrap();
+    let lease = busy
+        .lease()
+        .unwrap()
+        .acquire(&elsewhere, &owner("busy"))
+        .await
+        .unwrap();
+    for i in 0..20 {
+        busy.append(&elsewhere, (&lease).into(), &[json!(i)])
+            .await
+            .unwrap();
+    }
+
+    // (b's connection met the restart: its first request may fail.)
+    let mut renewed = b_leases.renew(&t2).await;
+    for _ in 0..50 {
+        match &renewed {
+            Err(e) if e.kind() == LeaseErrorKind::Transient => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                renewed = b_leases.renew(&t2).await;
+            }
+            _ => break,
+        }
+    }
+    let e = renewed.unwrap_err();
+    assert_eq!(e.kind(), LeaseErrorKind::Rewound, "{e}");
+    let e = b.append(&s, (&t2).into(), &[json!(2)]).await.unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Rewound, "{e}");
+    assert!(e.to_string().contains("never issued"), "{e}");
+}
