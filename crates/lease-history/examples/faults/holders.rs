@@ -14,9 +14,9 @@
 //! caller would drop its future (the holder may have started it already).
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -32,7 +32,9 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use session_store::{FsyncPolicy, JsonlOptions, JsonlStore, SessionStore, StoreError, WriteFence};
+use session_store::{
+    FsyncPolicy, GenerationCheck, JsonlOptions, JsonlStore, SessionStore, StoreError, WriteFence,
+};
 use test_services::netns::{Host, Network};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
@@ -271,8 +273,8 @@ impl LeaseSpec {
     }
 }
 
-/// How a holder process is started:
-/// `holder-process LEASES STORE_DIR TTL_MS [store-without-fencing]`.
+/// How a holder process is started: `holder-process LEASES STORE_DIR
+/// TTL_MS [store-without-fencing] [generation-witness=DIR]`.
 struct HolderArgs {
     leases: LeaseSpec,
     store: PathBuf,
@@ -280,29 +282,56 @@ struct HolderArgs {
     /// A broken variant: the holder writes through a store that writes
     /// refused writes anyway.
     broken_store: bool,
+    /// The store's generation check, as a server opens it.
+    generation: GenerationCheck,
 }
 
 /// The argument that starts a holder over a store without fencing.
 const STORE_WITHOUT_FENCING: &str = "store-without-fencing";
+/// The prefix of the argument that opens the store with a generation
+/// check witnessed in a directory.
+const GENERATION_WITNESS: &str = "generation-witness=";
 
 fn holder_args(args: &[String]) -> Result<HolderArgs, String> {
-    let (leases, store, ttl_ms, broken_store) = match args {
-        [leases, store, ttl_ms] => (leases, store, ttl_ms, false),
-        [leases, store, ttl_ms, broken] if broken == STORE_WITHOUT_FENCING => {
-            (leases, store, ttl_ms, true)
-        }
-        _ => {
-            return Err(format!(
-                "usage: faults {HOLDER_PROCESS} LEASES STORE_DIR TTL_MS [{STORE_WITHOUT_FENCING}]"
-            ));
-        }
+    let usage = || {
+        format!(
+            "usage: faults {HOLDER_PROCESS} LEASES STORE_DIR TTL_MS [{STORE_WITHOUT_FENCING}] \
+             [{GENERATION_WITNESS}DIR]"
+        )
     };
-    Ok(HolderArgs {
+    let [leases, store, ttl_ms, flags @ ..] = args else {
+        return Err(usage());
+    };
+    let mut parsed = HolderArgs {
         leases: LeaseSpec::parse(leases)?,
         store: store.into(),
         ttl: Duration::from_millis(ttl_ms.parse().map_err(|e| format!("TTL_MS: {e}"))?),
-        broken_store,
-    })
+        broken_store: false,
+        generation: GenerationCheck::Off,
+    };
+    for flag in flags {
+        if flag == STORE_WITHOUT_FENCING {
+            parsed.broken_store = true;
+        } else if let Some(dir) = flag.strip_prefix(GENERATION_WITNESS) {
+            parsed.generation = GenerationCheck::witness(dir);
+        } else {
+            return Err(usage());
+        }
+    }
+    Ok(parsed)
+}
+
+/// The store as a holder (or the rig, as one more server of it) opens it.
+pub(crate) fn open_store(
+    dir: &Path,
+    generation: &GenerationCheck,
+) -> Result<JsonlStore, StoreError> {
+    JsonlStore::open(
+        dir,
+        JsonlOptions::default()
+            .fsync(FsyncPolicy::Never)
+            .generation(generation.clone()),
+    )
 }
 
 /// The holder process's `main`: answers calls from stdin on stdout until
@@ -388,11 +417,7 @@ impl Hands {
 
 async fn serve(args: HolderArgs) -> Result<(), String> {
     let mut store: Arc<dyn SessionStore> = Arc::new(
-        JsonlStore::open(
-            &args.store,
-            JsonlOptions::default().fsync(FsyncPolicy::Never),
-        )
-        .map_err(|e| format!("open the store: {e}"))?,
+        open_store(&args.store, &args.generation).map_err(|e| format!("open the store: {e}"))?,
     );
     if args.broken_store {
         store = Arc::new(BrokenStore::new(store, StoreBreakage::NoFence));
@@ -453,6 +478,9 @@ struct HolderProcess {
     pid: Pid,
     calls: mpsc::UnboundedSender<ToHolder>,
     waiting: Waiting,
+    /// False once its answers ended (the process is gone): a call then
+    /// fails at once instead of waiting for an answer that cannot come.
+    alive: Arc<AtomicBool>,
     next: AtomicU64,
     child: Mutex<Option<Child>>,
 }
@@ -466,7 +494,13 @@ impl HolderProcess {
             .arg(config.leases.to_arg())
             .arg(&config.store)
             .arg(config.ttl.as_millis().to_string())
-            .args(config.broken_store.then_some(STORE_WITHOUT_FENCING));
+            .args(config.broken_store.then_some(STORE_WITHOUT_FENCING))
+            .args(
+                config
+                    .generation_witness
+                    .as_ref()
+                    .map(|dir| format!("{GENERATION_WITNESS}{}", dir.display())),
+            );
         if let Some((network, host)) = &config.host {
             command = network.wrap(host, &command);
         }
@@ -493,6 +527,8 @@ impl HolderProcess {
         tokio::spawn(send_calls(stdin, outbox));
         let waiting: Waiting = Arc::default();
         let answered = Arc::clone(&waiting);
+        let alive = Arc::new(AtomicBool::new(true));
+        let living = Arc::clone(&alive);
         tokio::spawn(async move {
             let mut lines = BufReader::new(stdout).lines();
             while let Ok(Some(line)) = lines.next_line().await {
@@ -506,12 +542,14 @@ impl HolderProcess {
             }
             // The process is gone: every call still waiting never gets an
             // answer, and its caller learns so from the dropped sender.
+            living.store(false, Ordering::SeqCst);
             lock(&answered).clear();
         });
         Ok(HolderProcess {
             pid,
             calls,
             waiting,
+            alive,
             next: AtomicU64::new(1),
             child: Mutex::new(Some(child)),
         })
@@ -524,7 +562,11 @@ impl HolderProcess {
         let gone = || Failure::Store {
             message: format!("holder process {} is gone", self.pid),
         };
-        if self.calls.send(ToHolder::Call { id, call }).is_err() {
+        // Checked after the call waits: the reader marks the process gone
+        // before it drops every waiting call.
+        if !self.alive.load(Ordering::SeqCst)
+            || self.calls.send(ToHolder::Call { id, call }).is_err()
+        {
             lock(&self.waiting).remove(&id);
             return Err(gone());
         }
@@ -592,6 +634,9 @@ pub(crate) struct HolderConfig {
     pub(crate) ttl: Duration,
     /// A broken variant: write through a store without fencing.
     pub(crate) broken_store: bool,
+    /// Open the store with a generation check witnessed in this directory
+    /// (the lease directory), as a server does; `None`: no check.
+    pub(crate) generation_witness: Option<PathBuf>,
     /// The host of a private network the holder runs on, if any; else
     /// this host's own network.
     pub(crate) host: Option<(Network, Host)>,
@@ -624,6 +669,11 @@ impl Holder {
     /// Its worker's name.
     pub(crate) fn name(&self) -> &str {
         &self.name
+    }
+
+    /// How its processes are started.
+    pub(crate) fn config(&self) -> &HolderConfig {
+        &self.config
     }
 
     fn process(&self) -> Arc<HolderProcess> {
@@ -766,6 +816,20 @@ pub(crate) fn target_of(holders: &[Arc<Holder>], store: Arc<dyn SessionStore>) -
         .map(|h| Arc::clone(h) as Arc<dyn Writer>)
         .collect();
     target
+}
+
+/// The holders a rig's workers go through now: replaced as a whole when
+/// every client restarts.
+pub(crate) type HolderSet = Arc<Mutex<Vec<Arc<Holder>>>>;
+
+/// `holders` as the rig's current set.
+pub(crate) fn set_of(holders: Vec<Arc<Holder>>) -> HolderSet {
+    Arc::new(Mutex::new(holders))
+}
+
+/// The holders in `set` now.
+pub(crate) fn current(set: &HolderSet) -> Vec<Arc<Holder>> {
+    lock(set).clone()
 }
 
 /// Stops a holder process with SIGSTOP past its TTL, or kills it and

@@ -15,8 +15,9 @@ use tokio::sync::oneshot;
 use tokio::task::{JoinHandle, block_in_place};
 use tokio::time::sleep;
 
-use crate::holders::{self, Holder};
+use crate::holders::{self, HolderSet};
 use crate::partitions::Partitions;
+use crate::rewinds::{EmulatorRewind, RedisMemory, RedisRewind, StoreSwap};
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -154,14 +155,48 @@ pub(crate) enum Action {
     },
     /// Holders in processes of their own: stopped past their TTL, killed
     /// and replaced, or a descriptor churned in them.
-    Holders(Vec<Arc<Holder>>),
+    Holders(HolderSet),
     /// Links of a private network cut and healed.
     Partitions(Box<Partitions>),
+    /// Redis restarted from an older snapshot, its clients restarted once
+    /// they refuse it.
+    RedisRewind(Box<RedisRewind>),
+    /// Redis under memory pressure with each evicting policy in turn.
+    RedisMemory(Box<RedisMemory>),
+    /// The API emulator's Lease storage rewound to a snapshot or wiped.
+    EmulatorRewind(Box<EmulatorRewind>),
+    /// Every holder stopped, the store directory backed up or put back
+    /// from the backup, every holder started again.
+    StoreSwap(Box<StoreSwap>),
 }
 
-/// Picks one action per fault, uniformly, from the run's seed.
+/// Picks one action per fault, uniformly, from the run's seed — except
+/// that the actions in `sure` come first, one at every other fault from
+/// the first, so that a short run injects each at least once.
 pub(crate) struct Chaos {
     pub(crate) actions: Vec<Action>,
+    /// Indices into `actions`, in the order they are due.
+    pub(crate) sure: Vec<usize>,
+    /// Faults injected so far.
+    pub(crate) injected: usize,
+}
+
+impl Chaos {
+    /// Uniform choices among `actions`.
+    pub(crate) fn new(actions: Vec<Action>) -> Chaos {
+        Chaos {
+            actions,
+            sure: Vec::new(),
+            injected: 0,
+        }
+    }
+
+    /// The actions of indices `sure` are injected first, in this order, at
+    /// every other fault.
+    pub(crate) fn with_sure(mut self, sure: Vec<usize>) -> Chaos {
+        self.sure = sure;
+        self
+    }
 }
 
 #[async_trait]
@@ -170,7 +205,17 @@ impl FaultInjector for Chaos {
         if self.actions.is_empty() {
             return Ok(());
         }
-        let i = rng.below(self.actions.len() as u64) as usize;
+        let due = self
+            .injected
+            .is_multiple_of(2)
+            .then(|| self.sure.get(self.injected / 2).copied())
+            .flatten()
+            .filter(|&i| i < self.actions.len());
+        self.injected += 1;
+        let i = match due {
+            Some(i) => i,
+            None => rng.below(self.actions.len() as u64) as usize,
+        };
         match &mut self.actions[i] {
             Action::Clock(stepper) => stepper.inject(rng, rec).await,
             Action::Proxy {
@@ -293,8 +338,12 @@ impl FaultInjector for Chaos {
                 rec.heal(fault);
                 Ok(())
             }
-            Action::Holders(holders) => holders::hurt(holders, rng, rec).await,
+            Action::Holders(holders) => holders::hurt(&holders::current(holders), rng, rec).await,
             Action::Partitions(partitions) => partitions.inject(rng, rec).await,
+            Action::RedisRewind(rewind) => rewind.inject(rec).await,
+            Action::RedisMemory(memory) => memory.inject(rec).await,
+            Action::EmulatorRewind(rewind) => rewind.inject(rec).await,
+            Action::StoreSwap(swap) => swap.inject(rec).await,
         }
     }
 }

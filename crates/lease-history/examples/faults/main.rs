@@ -8,6 +8,7 @@ mod e2e;
 mod holders;
 mod injectors;
 mod partitions;
+mod rewinds;
 mod rigs;
 
 use std::collections::BTreeMap;
@@ -16,7 +17,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use broken::{BrokenLease, BrokenStore, LeaseBreakage, StoreBreakage};
+use broken::{BrokenLease, BrokenStore, LeaseBreakage, SettingBreakage, StoreBreakage};
 use lease_history::{History, Progress, Property, Verdict, Workload, check, run, write_svg};
 use lease_port::{Clock, SessionLease};
 
@@ -327,12 +328,89 @@ fn report(name: &str, history: &History, out: &Path) -> Result<Verdict, String> 
         println!("  around:   {}", around.display());
     }
     print!("{verdict}");
+    print!("{}", state_gone_back(history));
     println!(
         "  verdict:  {}\n  timeline: {}",
         text.display(),
         svg.display()
     );
     Ok(verdict)
+}
+
+/// What became of the calls made on state that went back, or might: per
+/// rewind, the calls of the clients in use then, after it, refused or
+/// not, and who accepted it; for the evicting policies, the calls made
+/// meanwhile.
+fn state_gone_back(history: &History) -> String {
+    use lease_history::{FaultKind, Outcome};
+    use std::fmt::Write as _;
+    let mut text = String::new();
+    for r in &history.rewinds {
+        let after: Vec<_> = history
+            .ops
+            .iter()
+            .filter(|op| {
+                op.invoked > r.ended
+                    && history.epoch_start(op.epoch) < r.started
+                    && r.accepted_by.is_none_or(|e| op.epoch < e)
+            })
+            .collect();
+        let refused = after
+            .iter()
+            .filter(|op| op.outcome == Outcome::Rewound)
+            .count();
+        let _ = writeln!(
+            text,
+            "rewind of {} at {:.0}ms (copy of {:.0}ms): {} calls after it by the clients before, {refused} refused as rewound; {}",
+            r.target,
+            r.ended.as_secs_f64() * 1e3,
+            r.copy_ended.as_secs_f64() * 1e3,
+            after.len(),
+            match r.accepted_by {
+                Some(e) => format!(
+                    "accepted by the clients of epoch {e} at {:.0}ms",
+                    history.epoch_start(e).as_secs_f64() * 1e3
+                ),
+                None => "never accepted".into(),
+            }
+        );
+    }
+    let windows: Vec<_> = history
+        .faults
+        .iter()
+        .filter(|f| f.kind == FaultKind::EvictingPolicy)
+        .collect();
+    if !windows.is_empty() {
+        let during: Vec<_> = history
+            .ops
+            .iter()
+            .filter(|op| {
+                windows
+                    .iter()
+                    .any(|f| op.invoked >= f.started && op.invoked <= f.ended)
+            })
+            .collect();
+        let refused = during
+            .iter()
+            .filter(|op| op.outcome == Outcome::Rewound)
+            .count();
+        let _ = writeln!(
+            text,
+            "evicting policies: {} spells, {} calls made meanwhile, {refused} refused as rewound",
+            windows.len(),
+            during.len()
+        );
+    }
+    let unaccepted = history.restarts.len()
+        - history
+            .rewinds
+            .iter()
+            .filter(|r| r.accepted_by.is_some())
+            .count();
+    if unaccepted > 0 {
+        let _ = writeln!(text, "client restarts accepting no rewind: {unaccepted}");
+    }
+    text
 }
 
 /// Every operation of every session, and every fault with its amount,
@@ -371,6 +449,9 @@ struct Variant {
     /// Over file leases with every holder a process of its own, the
     /// store's breakage in the holders; else in-process over memlease.
     processes: bool,
+    /// A real client configured with a detection off, in the rig of its
+    /// backend, under the one fault the detection is for.
+    setting: Option<SettingBreakage>,
     must_break: Property,
 }
 
@@ -380,6 +461,7 @@ const VARIANTS: &[Variant] = &[
         lease: None,
         store: Some(StoreBreakage::NoFence),
         processes: false,
+        setting: None,
         must_break: Property::StoreFencing,
     },
     Variant {
@@ -390,6 +472,7 @@ const VARIANTS: &[Variant] = &[
         lease: Some(LeaseBreakage::NoTokenBump),
         store: Some(StoreBreakage::EqualTokenFromOther),
         processes: false,
+        setting: None,
         must_break: Property::StoreFencing,
     },
     Variant {
@@ -397,6 +480,7 @@ const VARIANTS: &[Variant] = &[
         lease: Some(LeaseBreakage::NoTokenBump),
         store: None,
         processes: false,
+        setting: None,
         must_break: Property::TokenOrder,
     },
     Variant {
@@ -404,6 +488,7 @@ const VARIANTS: &[Variant] = &[
         lease: Some(LeaseBreakage::RenewIgnoresLoss),
         store: None,
         processes: false,
+        setting: None,
         must_break: Property::TokenOrder,
     },
     Variant {
@@ -411,6 +496,7 @@ const VARIANTS: &[Variant] = &[
         lease: Some(LeaseBreakage::ReleaseOthersHold),
         store: None,
         processes: false,
+        setting: None,
         must_break: Property::SingleHolder,
     },
     Variant {
@@ -420,6 +506,31 @@ const VARIANTS: &[Variant] = &[
         lease: None,
         store: Some(StoreBreakage::NoFence),
         processes: true,
+        setting: None,
+        must_break: Property::StoreFencing,
+    },
+    Variant {
+        // Redis under memory pressure with each evicting policy, its
+        // clients never reading the policy again after connecting: they
+        // go on, Redis evicts lease grants under them, and a second owner
+        // takes a session its holder still holds.
+        name: "redis-policy-never-rechecked",
+        lease: None,
+        store: None,
+        processes: false,
+        setting: Some(SettingBreakage::PolicyNeverRechecked),
+        must_break: Property::SingleHolder,
+    },
+    Variant {
+        // The store directory put back from an older copy between
+        // restarts of every holder, opened without a generation check:
+        // nobody notices, and what was acknowledged after the copy is
+        // gone.
+        name: "store-directory-swap-without-generation-check",
+        lease: None,
+        store: None,
+        processes: true,
+        setting: Some(SettingBreakage::GenerationCheckOff),
         must_break: Property::StoreFencing,
     },
 ];
@@ -431,12 +542,22 @@ async fn run_broken(variant: &Variant, args: &Args) -> Result<Row, String> {
     // often finds them sooner.
     workload.pause_per_mille = if variant.processes { 0 } else { 50 };
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let rig = if variant.processes {
-        rigs::flock_holders(&mut workload, dir.path(), variant.store.is_some())?
-    } else {
-        rigs::setup("memlease", &mut workload, dir.path()).await?
+    let rig = match variant.setting {
+        Some(setting @ SettingBreakage::PolicyNeverRechecked) => {
+            rigs::redis(&mut workload, Some(setting)).await?
+        }
+        Some(setting @ SettingBreakage::GenerationCheckOff) => {
+            rigs::flock_swaps(&mut workload, dir.path(), Some(setting))?
+        }
+        None if variant.processes => {
+            rigs::flock_holders(&mut workload, dir.path(), variant.store.is_some())?
+        }
+        None => rigs::setup("memlease", &mut workload, dir.path()).await?,
     };
-    if variant.processes {
+    if variant.setting.is_some() {
+        // The fault the detection is for, and nothing else.
+        workload.pause_per_mille = 0;
+    } else if variant.processes {
         // A stale write needs a stop to catch a holder mid-hold, with a
         // write about to go and a rival taking over meanwhile: a few stops
         // in a hundred operations do. Faults come one after another, more
@@ -458,11 +579,16 @@ async fn run_broken(variant: &Variant, args: &Args) -> Result<Row, String> {
     let started = Instant::now();
     // The process variant's only stale writers are holders the injector
     // stops or kills: workers never pause themselves there.
-    let faults = if variant.processes { rig.faults } else { None };
+    let faults = if variant.processes || variant.setting.is_some() {
+        rig.faults
+    } else {
+        None
+    };
     let history = run(&workload, target, faults, None)
         .await
         .map_err(|e| e.to_string())?;
     let elapsed = started.elapsed();
+    drop(rig.keep);
     let verdict = report(&format!("broken-{}", variant.name), &history, &args.out)?;
     match verdict.ops_to_first_by.get(&variant.must_break) {
         Some(n) => println!(

@@ -165,6 +165,7 @@ pub(crate) async fn etcd_partitions(w: &mut Workload, dir: &Path) -> Result<Rig,
                 store: dir.join("store"),
                 ttl: w.ttl,
                 broken_store: false,
+                generation_witness: None,
                 host: Some((network.clone(), host)),
             },
         )?);
@@ -179,12 +180,10 @@ pub(crate) async fn etcd_partitions(w: &mut Workload, dir: &Path) -> Result<Rig,
     };
     Ok(Rig {
         target,
-        faults: Some(Box::new(Chaos {
-            actions: vec![
-                Action::Partitions(Box::new(partitions)),
-                Action::Holders(holders),
-            ],
-        })),
+        faults: Some(Box::new(Chaos::new(vec![
+            Action::Partitions(Box::new(partitions)),
+            Action::Holders(holders::set_of(holders)),
+        ]))),
         // The holders go with the target, before these; the cluster goes
         // before the network its members run on.
         keep: vec![Box::new(cluster), Box::new(network)],

@@ -11,15 +11,17 @@ use flocklease::FlockLease;
 use grpcdriver::GrpcLease;
 use k8s_emulator::{Emulator, EmulatorConfig};
 use k8slease::K8sLease;
-use lease_history::{ClockStepper, FaultInjector, SteppedClock, Target, Workload};
+use lease_history::{Clients, ClockStepper, FaultInjector, SteppedClock, Target, Workload};
 use lease_port::{Clock, SessionLease, SystemClock};
 use memlease::MemLease;
 use redis_session_store::{RedisLease, RedisStore};
-use session_store::{FsyncPolicy, JsonlOptions, JsonlStore, SessionStore};
+use session_store::{FsyncPolicy, GenerationCheck, JsonlOptions, JsonlStore, SessionStore};
 use test_services::{EtcdCluster, EtcdServer, FaultProxy, RedisServer};
 
+use crate::broken::{POLICY_NEVER_RECHECKED, SettingBreakage};
 use crate::holders::{self, Holder, HolderConfig, LeaseSpec};
 use crate::injectors::{Action, Chaos, GrpcServer};
+use crate::rewinds::{EmulatorRewind, MakeClients, RedisMemory, RedisRewind, StoreSwap};
 
 pub(crate) struct Rig {
     pub(crate) target: Target,
@@ -38,7 +40,7 @@ pub(crate) fn jsonl(dir: &Path) -> Result<Arc<dyn SessionStore>, String> {
 }
 
 fn chaos(actions: Vec<Action>) -> Option<Box<dyn FaultInjector>> {
-    Some(Box::new(Chaos { actions }))
+    Some(Box::new(Chaos::new(actions)))
 }
 
 /// A lease call gives up well within a third of the TTL, so a renewal
@@ -63,9 +65,9 @@ pub(crate) async fn setup(name: &str, w: &mut Workload, dir: &Path) -> Result<Ri
                 keep: Vec::new(),
             })
         }
-        "flocklease" => flock_holders(w, dir, false),
+        "flocklease" => flock_swaps(w, dir, None),
         "grpc-memlease" | "grpc-flocklease" | "grpc-etcd" => grpc(name, w, dir).await,
-        "redis" => redis(w).await,
+        "redis" => redis(w, None).await,
         "k8s" => k8s(w, dir).await,
         "etcd" => etcd(w, dir).await,
         "etcd-partitions" => crate::partitions::etcd_partitions(w, dir).await,
@@ -82,8 +84,27 @@ pub(crate) fn flock_holders(
     dir: &Path,
     broken_store: bool,
 ) -> Result<Rig, String> {
+    let (target, holders) = start_holders(w, dir, broken_store, None)?;
+    Ok(Rig {
+        target,
+        faults: chaos(vec![Action::Holders(holders)]),
+        keep: Vec::new(),
+    })
+}
+
+/// A holder process per worker over the lease directory `dir/leases` and
+/// the store `dir/store`, opened with a generation check witnessed in
+/// `witness` when given (as a server opens it), and the target over them.
+fn start_holders(
+    w: &mut Workload,
+    dir: &Path,
+    broken_store: bool,
+    witness: Option<&Path>,
+) -> Result<(Target, holders::HolderSet), String> {
     w.ttl = Duration::from_millis(300);
-    let store = jsonl(dir)?;
+    let generation = witness.map_or(GenerationCheck::Off, GenerationCheck::witness);
+    let store = holders::open_store(&dir.join("store"), &generation)
+        .map_err(|e| format!("open the JSONL store: {e}"))?;
     let holders = (0..w.workers)
         .map(|i| {
             Holder::start(
@@ -93,15 +114,49 @@ pub(crate) fn flock_holders(
                     store: dir.join("store"),
                     ttl: w.ttl,
                     broken_store,
+                    generation_witness: witness.map(Path::to_path_buf),
                     host: None,
                 },
             )
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let target = holders::target_of(&holders, store);
+    let target = holders::target_of(&holders, Arc::new(store));
+    Ok((target, holders::set_of(holders)))
+}
+
+/// The file-lease rig with store directory swaps: holder processes that
+/// open the store with a generation check witnessed in the lease
+/// directory — or, with [`SettingBreakage::GenerationCheckOff`], without
+/// one — stopped, killed and churned, and every so often all stopped
+/// while the store directory is backed up or put back from that backup.
+/// The broken variant injects only the swaps.
+pub(crate) fn flock_swaps(
+    w: &mut Workload,
+    dir: &Path,
+    breakage: Option<SettingBreakage>,
+) -> Result<Rig, String> {
+    let lease_dir = dir.join("leases");
+    let check = breakage != Some(SettingBreakage::GenerationCheckOff);
+    let witness = check.then_some(lease_dir.as_path());
+    let (target, holders) = start_holders(w, dir, false, witness)?;
+    let swap = Action::StoreSwap(Box::new(StoreSwap {
+        holders: Arc::clone(&holders),
+        restarts: target.restarts.clone(),
+        store_dir: dir.join("store"),
+        lease_dir: lease_dir.clone(),
+        generation: witness.map_or(GenerationCheck::Off, GenerationCheck::witness),
+        backup_dir: dir.join("store-backup"),
+        backup: None,
+    }));
+    let faults = if breakage.is_some() {
+        Chaos::new(vec![swap])
+    } else {
+        // A backup and a swap in every run, however short.
+        Chaos::new(vec![Action::Holders(holders), swap]).with_sure(vec![1, 1])
+    };
     Ok(Rig {
         target,
-        faults: chaos(vec![Action::Holders(holders)]),
+        faults: Some(Box::new(faults)),
         keep: Vec::new(),
     })
 }
@@ -184,33 +239,91 @@ async fn grpc(name: &str, w: &mut Workload, dir: &Path) -> Result<Rig, String> {
     })
 }
 
+/// How the Redis rig's clients are made: one lease connection per worker
+/// and one store connection, all through the fault proxy, the memory
+/// policy read on every call — or, with
+/// [`SettingBreakage::PolicyNeverRechecked`], only at connect.
+#[derive(Debug, Clone)]
+struct RedisClients {
+    url: String,
+    workers: usize,
+    ttl: Duration,
+    policy_check: Duration,
+}
+
+impl RedisClients {
+    async fn connect(&self) -> Result<Clients, String> {
+        let mut leases: Vec<Arc<dyn SessionLease>> = Vec::new();
+        for _ in 0..self.workers {
+            let lease = RedisLease::builder(self.url.clone())
+                .ttl(self.ttl)
+                .request_timeout(call_timeout(self.ttl))
+                .policy_check_interval(self.policy_check)
+                .connect()
+                .await
+                .map_err(|e| format!("redis lease: {e}"))?;
+            leases.push(Arc::new(lease));
+        }
+        let store = RedisStore::builder(self.url.clone())
+            .request_timeout(call_timeout(self.ttl))
+            .policy_check_interval(self.policy_check)
+            .connect()
+            .await
+            .map_err(|e| format!("redis store: {e}"))?;
+        Ok(Clients {
+            leases,
+            store: Arc::new(store),
+            writers: Vec::new(),
+        })
+    }
+
+    fn maker(self) -> MakeClients {
+        let clients = Arc::new(self);
+        Arc::new(move || {
+            let clients = Arc::clone(&clients);
+            Box::pin(async move { clients.connect().await })
+        })
+    }
+}
+
 /// Leases and the store in one persistent Redis, reached through a fault
-/// proxy: a partition cuts both, as it would in a deployment.
-async fn redis(w: &mut Workload) -> Result<Rig, String> {
+/// proxy: a partition cuts both, as it would in a deployment. Besides
+/// proxy faults, restarts, kills and stops, Redis is restarted from an
+/// older snapshot, and put under memory pressure with each evicting
+/// policy. The broken variant ([`SettingBreakage::PolicyNeverRechecked`])
+/// injects only the memory pressure.
+pub(crate) async fn redis(
+    w: &mut Workload,
+    breakage: Option<SettingBreakage>,
+) -> Result<Rig, String> {
     w.ttl = Duration::from_millis(600);
     let redis = tokio::task::block_in_place(RedisServer::start_persistent)
         .map_err(|e| format!("start redis: {e}"))?;
     let proxy = Arc::new(FaultProxy::start(redis.addr()).map_err(|e| format!("proxy: {e}"))?);
-    let url = format!("redis://{}", proxy.addr());
-    let mut leases: Vec<Arc<dyn SessionLease>> = Vec::new();
-    for _ in 0..w.workers {
-        let lease = RedisLease::builder(url.clone())
-            .ttl(w.ttl)
-            .request_timeout(call_timeout(w.ttl))
-            .connect()
-            .await
-            .map_err(|e| format!("redis lease: {e}"))?;
-        leases.push(Arc::new(lease));
-    }
-    let store = RedisStore::builder(url)
-        .request_timeout(call_timeout(w.ttl))
-        .connect()
-        .await
-        .map_err(|e| format!("redis store: {e}"))?;
+    let made = RedisClients {
+        url: format!("redis://{}", proxy.addr()),
+        workers: w.workers,
+        ttl: w.ttl,
+        policy_check: match breakage {
+            Some(SettingBreakage::PolicyNeverRechecked) => POLICY_NEVER_RECHECKED,
+            _ => Duration::ZERO,
+        },
+    };
+    let clients = made.connect().await?;
+    let target = Target::new(clients.leases, clients.store, Arc::new(SystemClock));
+    let make = made.maker();
     let redis = Arc::new(Mutex::new(redis));
-    Ok(Rig {
-        target: Target::new(leases, Arc::new(store), Arc::new(SystemClock)),
-        faults: chaos(vec![
+    let memory = Action::RedisMemory(Box::new(RedisMemory {
+        redis: Arc::clone(&redis),
+        restarts: target.restarts.clone(),
+        make: Arc::clone(&make),
+        window: w.ttl / 4,
+        workers: w.workers,
+    }));
+    let faults = if breakage.is_some() {
+        Chaos::new(vec![memory])
+    } else {
+        Chaos::new(vec![
             Action::Proxy {
                 proxy: Arc::clone(&proxy),
                 name: "proxy to redis",
@@ -230,38 +343,86 @@ async fn redis(w: &mut Workload) -> Result<Rig, String> {
                 redis: Arc::clone(&redis),
                 longest: w.ttl * 2,
             },
-        ]),
+            Action::RedisRewind(Box::new(RedisRewind {
+                redis: Arc::clone(&redis),
+                restarts: target.restarts.clone(),
+                make,
+                workers: w.workers,
+                snapshot: None,
+            })),
+            memory,
+        ])
+        // A snapshot, the memory pressure, the restart from the snapshot.
+        .with_sure(vec![4, 5, 4])
+    };
+    Ok(Rig {
+        target,
+        faults: Some(Box::new(faults)),
         keep: vec![Box::new(redis), Box::new(proxy)],
     })
 }
 
 /// The Kubernetes API emulator, every worker with a kube client of its
 /// own; faults are the emulator's (latency, 5xx, replies lost after the
-/// write committed).
+/// write committed) and its Lease storage rewound to a snapshot or wiped,
+/// after which the lease clients are restarted and the store's marks,
+/// which did not go back, make the workers acquire above them.
 async fn k8s(w: &mut Workload, dir: &Path) -> Result<Rig, String> {
     w.ttl = Duration::from_secs(1);
-    let emulator = Emulator::start(EmulatorConfig::default())
-        .await
-        .map_err(|e| format!("start the API emulator: {e}"))?;
-    let mut leases: Vec<Arc<dyn SessionLease>> = Vec::new();
-    for _ in 0..w.workers {
-        let client = k8slease::client_from_kubeconfig(emulator.kubeconfig_path())
+    let emulator = Arc::new(
+        Emulator::start(EmulatorConfig::default())
             .await
-            .map_err(|e| format!("kube client: {e}"))?;
-        let lease = K8sLease::builder(client, "default")
-            .ttl(w.ttl)
-            .request_timeout(call_timeout(w.ttl))
-            .build()
-            .map_err(|e| format!("k8s lease: {e}"))?;
-        leases.push(Arc::new(lease));
-    }
+            .map_err(|e| format!("start the API emulator: {e}"))?,
+    );
+    let kubeconfig = emulator.kubeconfig_path().to_path_buf();
+    let (workers, ttl, store_dir) = (w.workers, w.ttl, dir.to_path_buf());
+    let make: MakeClients = Arc::new(move || {
+        let (kubeconfig, store_dir) = (kubeconfig.clone(), store_dir.clone());
+        Box::pin(async move {
+            let mut leases: Vec<Arc<dyn SessionLease>> = Vec::new();
+            for _ in 0..workers {
+                let client = k8slease::client_from_kubeconfig(&kubeconfig)
+                    .await
+                    .map_err(|e| format!("kube client: {e}"))?;
+                let lease = K8sLease::builder(client, "default")
+                    .ttl(ttl)
+                    .request_timeout(call_timeout(ttl))
+                    .build()
+                    .map_err(|e| format!("k8s lease: {e}"))?;
+                leases.push(Arc::new(lease));
+            }
+            Ok(Clients {
+                leases,
+                store: jsonl(&store_dir)?,
+                writers: Vec::new(),
+            })
+        })
+    });
+    let clients = make().await?;
+    let target = Target::new(clients.leases, clients.store, Arc::new(SystemClock));
     let faults = emulator.faults().clone();
+    let rewind = Action::EmulatorRewind(Box::new(EmulatorRewind {
+        emulator: Arc::clone(&emulator),
+        restarts: target.restarts.clone(),
+        make,
+        workers: w.workers,
+        step: 0,
+        snapshot: None,
+        since: Duration::ZERO,
+    }));
     Ok(Rig {
-        target: Target::new(leases, jsonl(dir)?, Arc::new(SystemClock)),
-        faults: chaos(vec![Action::Emulator {
-            faults,
-            longest: w.ttl,
-        }]),
+        target,
+        faults: Some(Box::new(
+            Chaos::new(vec![
+                Action::Emulator {
+                    faults,
+                    longest: w.ttl,
+                },
+                rewind,
+            ])
+            // A snapshot, its restore, a wipe.
+            .with_sure(vec![1, 1, 1]),
+        )),
         keep: vec![Box::new(emulator)],
     })
 }

@@ -1,5 +1,6 @@
-//! Deliberately broken wrappers around real backends and stores: the
-//! checker must find every one of them. Test support (shared with the
+//! Deliberately broken wrappers around real backends and stores, and
+//! settings that turn a real client's detection off: the checker must
+//! find every one of them. Test support (shared with the
 //! `faults` example), never a backend: nothing here may be used for real.
 
 #![allow(dead_code, unreachable_pub)]
@@ -38,6 +39,25 @@ pub enum StoreBreakage {
     /// is written anyway.
     EqualTokenFromOther,
 }
+
+/// A rule broken by how a real client is configured rather than by a
+/// wrapper: the setting that turns a detection off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SettingBreakage {
+    /// Redis clients that read the server's memory policy only at connect
+    /// (`policy_check_interval` of [`POLICY_NEVER_RECHECKED`]): a policy
+    /// changed to an evicting one later is never seen, and they go on
+    /// using a Redis that drops lease grants and marks.
+    PolicyNeverRechecked,
+    /// A JSONL store opened without its generation check
+    /// (`GenerationCheck::Off`): a store directory put back from an older
+    /// copy opens as if it were the newest.
+    GenerationCheckOff,
+}
+
+/// The policy re-check interval of [`SettingBreakage::PolicyNeverRechecked`]:
+/// longer than any run.
+pub const POLICY_NEVER_RECHECKED: Duration = Duration::from_secs(24 * 3600);
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)

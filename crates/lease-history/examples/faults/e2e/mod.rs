@@ -283,9 +283,7 @@ pub(crate) async fn run(name: &str, plan: &Plan) -> Result<Finished, String> {
     let stop = Arc::new(AtomicBool::new(false));
     let chaos = chaos::ReplicaChaos {
         replicas: Arc::clone(&replicas),
-        services: (!service_faults.is_empty()).then_some(Chaos {
-            actions: service_faults,
-        }),
+        services: (!service_faults.is_empty()).then(|| Chaos::new(service_faults)),
         // The etcd run exists for its lease service: half its faults go
         // there.
         services_share: if name == "mecated-etcd" { 50 } else { 30 },
