@@ -334,6 +334,13 @@ impl Engine {
         self.inner.keeper.backend_fault()
     }
 
+    /// Records a store failure met outside a store call the engine made
+    /// (the server's check of its store directory's generation), so
+    /// `/readyz` reports a store that went back at once.
+    pub(crate) fn note_store_failure(&self, e: &StoreError) {
+        self.inner.store_fault.note(e);
+    }
+
     /// Why the session store refuses to serve, while it does: its state
     /// went back, or it is deployed so that it could lose what it
     /// confirmed (`state_rewound`). Cleared by its next success.

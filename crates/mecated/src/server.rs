@@ -242,15 +242,18 @@ impl Drop for Advancing {
 pub const GENERATION_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Advances the store's generation every [`GENERATION_INTERVAL`]. A store
-/// found older than its witness is logged as the error it is: the next
-/// start refuses it, and the writes it takes meanwhile are still fenced.
-fn advance_generations(store: Arc<JsonlStore>) -> Advancing {
+/// found gone back under this server refuses every call from then on, and
+/// `/readyz` fails; the next start refuses it until it is adopted.
+fn advance_generations(store: Arc<JsonlStore>, app: Engine) -> Advancing {
     Advancing(tokio::spawn(async move {
         let mut every = tokio::time::interval(GENERATION_INTERVAL);
         every.tick().await;
         loop {
             every.tick().await;
             if let Err(e) = store.advance_generation().await {
+                // A store found gone back refuses every call from now on;
+                // readiness says so at once.
+                app.note_store_failure(&e);
                 error!(error = %crate::error::error_chain(&e), "cannot advance the store's generation");
             }
         }
@@ -316,13 +319,16 @@ impl Server {
                 .await
         });
         info!(%addr, owner = %config.owner, lease = ?config.lease, "mecated serving");
+        let advancing = generations
+            .clone()
+            .map(|store| advance_generations(store, app.clone()));
         Ok(Self {
             app,
             addr,
             serve,
             shutdown_timeout: config.shutdown_timeout,
             _process_locks: process_locks,
-            advancing: generations.clone().map(advance_generations),
+            advancing,
             generations,
         })
     }

@@ -416,3 +416,31 @@ async fn stores_sharing_a_witness_directory_keep_apart() {
         2
     );
 }
+
+/// A directory put back from an older copy under a running store: the next
+/// advance finds it, and from then on the store refuses every call — a
+/// holder below the real mark must not write into the older state.
+#[tokio::test]
+async fn a_directory_put_back_under_a_running_store_is_refused_from_then_on() {
+    let d = Dirs::new();
+    let store = d.open().unwrap();
+    let (a, b) = (sid("a"), sid("b"));
+    write_session(&store, &a, 5).await;
+    write_session(&store, &b, 5).await;
+    store.advance_generation().await.unwrap();
+    let backup = snapshot(&d.store);
+    store.advance_generation().await.unwrap();
+    write_session(&store, &a, 10).await;
+    write_session(&store, &b, 10).await;
+
+    restore_in_place(&d.store, &backup);
+    let err = store.advance_generation().await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Rewound, "{err}");
+    let err = store.append(&b, tok(7), &[json!(7)]).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Rewound, "{err}");
+    let err = store.high_water(&b).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Rewound, "{err}");
+    let err = store.read(&a, 1, 10).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Rewound, "{err}");
+    assert_eq!(d.open().unwrap_err().kind(), StoreErrorKind::Rewound);
+}

@@ -29,6 +29,13 @@ impl StoreFault {
             .clone()
     }
 
+    /// Records `e` when it says the store went back.
+    pub(crate) fn note(&self, e: &StoreError) {
+        if e.kind() == StoreErrorKind::Rewound {
+            *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(error_chain(e));
+        }
+    }
+
     fn observe<T>(&self, result: Result<T, StoreError>) -> Result<T, StoreError> {
         let mut slot = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         match &result {

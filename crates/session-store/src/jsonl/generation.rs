@@ -115,8 +115,9 @@ struct Record {
     v: u64,
     store: String,
     generation: u64,
-    /// The store directory's identity when the record was written.
-    dev: u64,
+    /// The store directory's identity when the record was written: its
+    /// file system's id and its inode.
+    fs: u64,
     ino: u64,
     /// The store directory's path then (for messages and for finding the
     /// witness of a store that lost its record).
@@ -132,7 +133,7 @@ struct Unsealed<'a> {
     v: u64,
     store: &'a str,
     generation: u64,
-    dev: u64,
+    fs: u64,
     ino: u64,
     path: &'a str,
 }
@@ -150,7 +151,7 @@ impl Record {
             v: self.v,
             store: &self.store,
             generation: self.generation,
-            dev: self.dev,
+            fs: self.fs,
             ino: self.ino,
             path: &self.path,
         }
@@ -172,7 +173,7 @@ impl Record {
     }
 
     fn identity(&self) -> Identity {
-        (self.dev, self.ino)
+        (self.fs, self.ino)
     }
 
     fn generation(&self) -> StoreGeneration {
@@ -183,7 +184,7 @@ impl Record {
     }
 }
 
-/// A directory's device and inode.
+/// A directory's file system id and inode.
 type Identity = (u64, u64);
 
 fn damaged(path: &Path, what: &str, remedy: &str) -> StoreError {
@@ -304,11 +305,27 @@ fn open_dir(path: &Path, what: &'static str) -> Result<File, StoreError> {
         .map_err(|e| StoreError::io(what, path, e))
 }
 
+/// The directory's file system and inode. The file system is named by
+/// its id (`statvfs`'s `f_fsid`, which ext4, xfs and btrfs derive from the
+/// file system's UUID), not by the device number: the same file system
+/// attached as another device (a reboot's device order, a re-attached
+/// volume, a loop device, a container's overlay restarted) is the same
+/// directory, not a copy. File systems that report no id fall back to the
+/// device number.
 fn identity(dir: &Path, dir_file: &File) -> Result<Identity, StoreError> {
     let meta = dir_file
         .metadata()
         .map_err(|e| StoreError::io("inspecting the store directory", dir, e))?;
-    Ok((meta.dev(), meta.ino()))
+    let fs = nix::sys::statvfs::fstatvfs(dir_file)
+        .map(|v| u64::from(v.filesystem_id()))
+        .map_err(|e| {
+            StoreError::io(
+                "inspecting the store directory's file system",
+                dir,
+                io::Error::from(e),
+            )
+        })?;
+    Ok((if fs == 0 { meta.dev() } else { fs }, meta.ino()))
 }
 
 /// The store directory's path as recorded: canonical when it can be.
@@ -434,14 +451,14 @@ fn claim(
             return Err(StoreError::rewound(
                 location,
                 format!(
-                    "its generation record {} was written in another directory (device {}, \
-                     inode {}; this one is device {}, inode {}): this store directory is a \
+                    "its generation record {} was written in another directory (file system {}, \
+                     inode {}; this one is file system {}, inode {}): this store directory is a \
                      copy — restored from a backup into a new directory, copied, moved to \
                      another disk — and its high-water marks may lag tokens already used, or \
                      the original may still serve beside it. If the original is retired for \
                      good, {hint}",
                     own_path.display(),
-                    r.dev,
+                    r.fs,
                     r.ino,
                     here.0,
                     here.1,
@@ -499,12 +516,12 @@ fn claim(
                         location,
                         format!(
                             "its witness {} was last written by this store in another directory \
-                             ({}, device {}, inode {}; this one is device {}, inode {}): two \
+                             ({}, file system {}, inode {}; this one is file system {}, inode {}): two \
                              copies of the store share one witness. Serve only one of them; \
                              to serve this one, stop every server of both and {hint}",
                             wpath.display(),
                             r.path,
-                            r.dev,
+                            r.fs,
                             r.ino,
                             here.0,
                             here.1,
@@ -539,7 +556,7 @@ fn claim(
         v: 1,
         store,
         generation: next,
-        dev: here.0,
+        fs: here.0,
         ino: here.1,
         path,
         crc: 0,
@@ -576,6 +593,7 @@ impl StoreCore {
                  (JsonlOptions::generation): it neither checks nor advances one",
             ));
         }
+        self.refuse_if_went_back()?;
         let mut seen = lock(&self.generation);
         let claimed = claim(
             &self.dir,
@@ -583,9 +601,35 @@ impl StoreCore {
             check,
             self.opts.lock_timeout,
             seen.as_ref(),
-        )?;
-        *seen = Some(claimed.clone());
-        Ok(claimed)
+        );
+        match claimed {
+            Ok(claimed) => {
+                *seen = Some(claimed.clone());
+                Ok(claimed)
+            }
+            // Found older than this instance served it: what it serves now
+            // is not what it confirmed, so nothing more is served from it.
+            Err(e) if e.kind() == crate::StoreErrorKind::Rewound && seen.is_some() => {
+                *lock(&self.went_back) = Some(e.to_string());
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `Rewound` once a check found the directory gone back under this
+    /// instance.
+    pub(super) fn refuse_if_went_back(&self) -> Result<(), StoreError> {
+        match &*lock(&self.went_back) {
+            Some(why) => Err(StoreError::rewound(
+                self.dir.display().to_string(),
+                format!(
+                    "refusing every call: the directory went back while this process served \
+                     it ({why})"
+                ),
+            )),
+            None => Ok(()),
+        }
     }
 }
 
@@ -685,7 +729,7 @@ pub fn adopt_store_dir(
         generation: floor
             .checked_add(1)
             .ok_or_else(|| damaged(&own_path, "the generation counter is exhausted", OWN_REMEDY))?,
-        dev: here.0,
+        fs: here.0,
         ino: here.1,
         path,
         crc: 0,
@@ -707,7 +751,7 @@ mod tests {
             v: 1,
             store: "0123456789abcdef0123456789abcdef".into(),
             generation: 42,
-            dev: 2049,
+            fs: 2049,
             ino: 1234,
             path: "/var/lib/mecated/store".into(),
             crc: 0,

@@ -70,6 +70,7 @@ impl JsonlStore {
         R: Send + 'static,
         F: Fn(&StoreCore, Wait) -> Result<R, AttemptError> + Send + 'static,
     {
+        self.core.refuse_if_went_back()?;
         if self.core.opts.fsync != FsyncPolicy::Always {
             match f(&self.core, Wait::Once) {
                 Ok(r) => return Ok(r),
@@ -88,6 +89,7 @@ impl JsonlStore {
         R: Send + 'static,
         F: Fn(&StoreCore, Wait) -> Result<R, AttemptError> + Send + 'static,
     {
+        self.core.refuse_if_went_back()?;
         let core = Arc::clone(&self.core);
         let task = tokio::task::spawn_blocking(move || {
             let deadline = Instant::now() + core.opts.lock_timeout;

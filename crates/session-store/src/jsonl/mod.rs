@@ -99,6 +99,11 @@ struct StoreCore {
     /// The generation this instance last claimed (with a generation check
     /// on): a record found lower later went back under it.
     generation: Mutex<Option<generation::StoreGeneration>>,
+    /// Why the directory is refused from now on: a later check found it
+    /// older than what this instance claimed (put back from a copy while it
+    /// served). Every call is then refused; only a new instance, after the
+    /// operator adopted the directory, serves it again.
+    went_back: Mutex<Option<String>>,
     /// Test hook: how many of the next data syncs fail.
     #[cfg(test)]
     fail_syncs: std::sync::atomic::AtomicU32,
@@ -173,6 +178,7 @@ impl JsonlStore {
                 open_sessions: Mutex::default(),
                 names: Mutex::default(),
                 generation: Mutex::default(),
+                went_back: Mutex::default(),
                 #[cfg(test)]
                 fail_syncs: std::sync::atomic::AtomicU32::new(0),
             }),
