@@ -124,15 +124,16 @@ enum LapsedStep {
 
 /// The step for a lapsed hold that must still be seen lapsed for
 /// `remaining`, when the caller waits up to `patience` and `may_wait` says
-/// whether the budget has a wait left. With no wait left, it is taken
-/// over as if the wait were over.
+/// whether the budget has a wait left. A hold is taken over only once it
+/// has been seen lapsed for its whole wait: with the waits used up and
+/// time still left, it is refused (its holder may still count on it).
 fn lapsed_step(remaining: Duration, patience: Duration, may_wait: bool) -> LapsedStep {
-    if remaining > patience {
-        LapsedStep::Refuse
-    } else if !remaining.is_zero() && may_wait {
+    if remaining.is_zero() {
+        LapsedStep::TakeOver
+    } else if remaining <= patience && may_wait {
         LapsedStep::Wait
     } else {
-        LapsedStep::TakeOver
+        LapsedStep::Refuse
     }
 }
 
@@ -637,8 +638,13 @@ mod tests {
             lapsed_step(Duration::ZERO, Duration::ZERO, true),
             LapsedStep::TakeOver
         );
-        // With the waits used up, what is left is not waited for.
-        assert_eq!(lapsed_step(second, patience, false), LapsedStep::TakeOver);
+        // With the waits used up, a hold with time left is refused, never
+        // taken over early.
+        assert_eq!(lapsed_step(second, patience, false), LapsedStep::Refuse);
+        assert_eq!(
+            lapsed_step(Duration::ZERO, patience, false),
+            LapsedStep::TakeOver
+        );
         assert_eq!(
             lapsed_step(patience + second, patience, false),
             LapsedStep::Refuse

@@ -170,11 +170,17 @@
 //! processes accepts the older state (its sessions lose what Redis lost).
 //! Reads are checked too: a follower never sees a session go back.
 //!
-//! What it cannot see: a process started after the loss knows nothing
-//! newer, and another process's progress after the loss can carry the
-//! counter past what a process saw before its next call (each write
-//! advances it by one); the fencing authority record, which a flush
-//! rewrites under a new marker, still refuses such a process's writes.
+//! The counter alone misses a loss once other processes' writes since
+//! carried it past what a process saw, so three checks back it, each on
+//! what only grows per session: a store instance remembers the highest
+//! sequence number and mark it saw of each session and refuses a record
+//! below them; a lease client refuses a new grant at or below a token it
+//! was granted for the session; and a renewal, or a write of a store fenced
+//! by its own leases, under a token above what the session's token record
+//! says was issued is refused to its holder before the token can be
+//! granted again. What none can see: a process started after the loss
+//! knows nothing newer, and one idle through it learns only at its next
+//! call.
 //!
 //! ## Durability: honest limits
 //!

@@ -2,8 +2,9 @@
 //! the directory (`.store-generation`) with the directory's identity, and
 //! mirrored in a witness file in another directory (the lease directory),
 //! so that a directory that comes back older — a copy, a restored backup,
-//! an older disk image put back in place — is refused instead of served
-//! with high-water marks below tokens already used.
+//! an older disk image put back in place while the witness, elsewhere,
+//! kept its newer generation — is refused instead of served with
+//! high-water marks below tokens already used.
 //!
 //! Every write of either file is a private temporary file, synced, renamed
 //! over the old one, and the directory synced: a reader sees the old
