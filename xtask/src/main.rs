@@ -21,6 +21,8 @@ mod backends;
 mod bench;
 mod ci;
 mod faults;
+#[cfg(test)]
+mod fn_length;
 mod fuzz;
 mod proto;
 mod services;

@@ -86,7 +86,7 @@ impl Workspace {
     }
 }
 
-fn rust_files(dir: &Path) -> Vec<PathBuf> {
+pub(crate) fn rust_files(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let Ok(entries) = fs::read_dir(dir) else {
         return out;
@@ -274,6 +274,16 @@ fn only_servers_depend_on_backends() {
     assert_clean(
         "backend isolation",
         check_backend_isolation(&Workspace::load()),
+    );
+}
+
+#[test]
+fn no_function_runs_past_the_budget() {
+    let ws = Workspace::load();
+    let dirs: Vec<PathBuf> = ws.packages.iter().map(|p| p.dir.clone()).collect();
+    assert_clean(
+        "function length",
+        crate::fn_length::check(&crate::workspace_root(), &dirs, crate::fn_length::ALLOWED),
     );
 }
 
