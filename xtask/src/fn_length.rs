@@ -435,7 +435,9 @@ mod tests {
         fs::create_dir_all(dir.join("src")).unwrap();
         let file = "crates/c/src/lib.rs";
         let write = |text: String| fs::write(root.path().join(file), text).unwrap();
-        let check = |allowed: &[(&str, &str, usize)]| check(root.path(), &[dir.clone()], allowed);
+        let check = |allowed: &[(&str, &str, usize)]| {
+            check(root.path(), std::slice::from_ref(&dir), allowed)
+        };
 
         write(long_fn("big", BUDGET + 20));
         assert_eq!(check(&[]).len(), 1, "an unlisted long function passed");
