@@ -171,8 +171,10 @@ pub(crate) enum Action {
 }
 
 /// Picks one action per fault, uniformly, from the run's seed — except
-/// that the actions in `sure` come first, one at every other fault from
-/// the first, so that a short run injects each at least once.
+/// the actions in `sure`, which come on a schedule of their own: in the
+/// order given at every other fault from the first (so that a short run
+/// injects each at least once), then in the same order again at every
+/// fourth; the other faults are drawn from the remaining actions.
 pub(crate) struct Chaos {
     pub(crate) actions: Vec<Action>,
     /// Indices into `actions`, in the order they are due.
@@ -191,11 +193,28 @@ impl Chaos {
         }
     }
 
-    /// The actions of indices `sure` are injected first, in this order, at
-    /// every other fault.
+    /// The actions of indices `sure` come on their schedule (see
+    /// [`Chaos`]), never drawn.
     pub(crate) fn with_sure(mut self, sure: Vec<usize>) -> Chaos {
-        self.sure = sure;
+        self.sure = sure
+            .into_iter()
+            .filter(|&i| i < self.actions.len())
+            .collect();
         self
+    }
+
+    /// The scheduled action due at fault `n`, if one is.
+    fn due(&self, n: usize) -> Option<usize> {
+        let first = 2 * self.sure.len();
+        if self.sure.is_empty() {
+            None
+        } else if n < first {
+            n.is_multiple_of(2).then(|| self.sure[n / 2])
+        } else {
+            let k = n - first;
+            k.is_multiple_of(4)
+                .then(|| self.sure[(k / 4) % self.sure.len()])
+        }
     }
 }
 
@@ -205,16 +224,20 @@ impl FaultInjector for Chaos {
         if self.actions.is_empty() {
             return Ok(());
         }
-        let due = self
-            .injected
-            .is_multiple_of(2)
-            .then(|| self.sure.get(self.injected / 2).copied())
-            .flatten()
-            .filter(|&i| i < self.actions.len());
+        let due = self.due(self.injected);
         self.injected += 1;
         let i = match due {
             Some(i) => i,
-            None => rng.below(self.actions.len() as u64) as usize,
+            None => {
+                let drawn: Vec<usize> = (0..self.actions.len())
+                    .filter(|i| !self.sure.contains(i))
+                    .collect();
+                if drawn.is_empty() {
+                    rng.below(self.actions.len() as u64) as usize
+                } else {
+                    drawn[rng.below(drawn.len() as u64) as usize]
+                }
+            }
         };
         match &mut self.actions[i] {
             Action::Clock(stepper) => stepper.inject(rng, rec).await,

@@ -315,13 +315,13 @@ impl RedisMemory {
         );
         // The restore took back whatever was done on the evicting Redis:
         // nothing, when every call was refused as it must be; else state
-        // went back for the clients that did it.
+        // went back for the clients that did it. (A call whose fate is
+        // unknown tells nothing: a client that refuses sends nothing.)
         rec.settled(started, Duration::from_secs(10)).await;
-        let acted = rec.ops_since(since).iter().any(|op| {
-            op.invoked >= since
-                && op.invoked <= until
-                && (op.succeeded() || matches!(op.outcome, Outcome::Ambiguous(_)))
-        });
+        let acted = rec
+            .ops_since(since)
+            .iter()
+            .any(|op| op.invoked >= since && op.invoked <= until && op.succeeded());
         if acted {
             let rewind = rec.rewind(Rewind {
                 target: "redis (backup restored after evicting)".into(),
