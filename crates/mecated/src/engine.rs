@@ -469,46 +469,43 @@ impl Engine {
         started.await.unwrap_or(Err(EngineError::ShuttingDown))
     }
 
-    /// Leases and claims the session, answers `started`, then drives the
-    /// run to its end. Runs on a task of the engine's, never on a caller's.
-    async fn claim_and_drive(
+    /// Takes the session's lease and claims the run in the store: the
+    /// lease, its token and the claim's sequence number; `None` when the
+    /// client left before anything was claimed (the lease is given back).
+    ///
+    /// At most two tries: the second only after the store refused the
+    /// claim because an earlier incarnation under our owner id wrote under
+    /// the very token the backend handed back to us, or because our token
+    /// is below the store's mark (the lease authority lost or rewound
+    /// state, or someone took over since) — then above the mark.
+    async fn claim(
         &self,
-        session: SessionId,
-        input: Value,
-        started: oneshot::Sender<Result<StartedRun, EngineError>>,
-    ) {
-        // At most two tries: the second only after the store refused our
-        // claim because an earlier incarnation under our owner id wrote
-        // under the very token the backend handed back to us, or because
-        // our token is below the store's mark (the lease authority lost or
-        // rewound state, or someone took over since), then above the mark.
-        let mut retried = false;
-        let mut floor = None;
-        // Cancel requests recorded before this run began are not for it.
-        let cancels_before = self.cancel_baseline(&session).await;
-        let (guard, token, first_seq) = loop {
+        session: &SessionId,
+        started: &oneshot::Sender<Result<StartedRun, EngineError>>,
+    ) -> Result<Option<(LeaseGuard, Option<FencingToken>, u64)>, EngineError> {
+        let mut again: Option<Option<FencingToken>> = None;
+        loop {
             // A run of this session already in this process: answer at
             // once rather than queue behind it (on the retry, wait for our
             // own release).
-            let wait = if retried {
-                self.inner.keeper.ttl()
-            } else {
-                Duration::ZERO
-            };
-            let acquired = match floor {
-                Some(floor) => {
+            let guard = match again {
+                None => {
                     self.inner
                         .keeper
-                        .acquire_above_within(&session, wait, floor)
-                        .await
+                        .acquire_within(session, Duration::ZERO)
+                        .await?
                 }
-                None => self.inner.keeper.acquire_within(&session, wait).await,
-            };
-            let guard = match acquired {
-                Ok(guard) => guard,
-                Err(e) => {
-                    let _ = started.send(Err(e.into()));
-                    return;
+                Some(floor) => {
+                    let wait = self.inner.keeper.ttl();
+                    match floor {
+                        Some(floor) => {
+                            self.inner
+                                .keeper
+                                .acquire_above_within(session, wait, floor)
+                                .await?
+                        }
+                        None => self.inner.keeper.acquire_within(session, wait).await?,
+                    }
                 }
             };
             if started.is_closed() {
@@ -517,70 +514,84 @@ impl Engine {
                 // (From the claim on, the run is ours whatever the client
                 // does.)
                 info!("the client left before the run was claimed; not started");
-                drop(guard);
-                return;
+                return Ok(None);
             }
             let token = guard.token();
             Span::current().record("token", token.map(|t| t.get()));
-            let fence = self.fence(&guard);
-            // Claim the session in the store before anything else: the
-            // first write raises the high-water mark to our token, so from
-            // here on no earlier owner can write, whether or not our agent
-            // ever emits.
-            let claim = json!({
-                "type": "run_started",
-                "owner": self.inner.keeper.owner().as_str(),
-                "token": token.map(|t| t.get()),
-            });
-            let claimed = match tracked_append(
-                &guard.write_gate(),
-                Arc::clone(&self.inner.store),
-                session.clone(),
-                fence,
-                claim,
-            ) {
-                Ok(write) => write.await.map_err(EngineError::from),
-                Err(e) => Err(e.into()),
-            };
-            match claimed {
-                Ok(receipt) => break (guard, token, receipt.first_seq),
+            match self.write_claim(session, &guard).await {
+                Ok(first_seq) => return Ok(Some((guard, token, first_seq))),
                 Err(EngineError::Store(StoreError::Fenced {
                     presented,
                     high_water,
                     ..
-                })) if !retried && presented == high_water => {
-                    // The lease was handed back to our owner id with the
-                    // token a previous incarnation (a restarted process)
-                    // wrote under. Give it back; the next acquisition is a
-                    // takeover with a greater token.
-                    info!(%presented, "the store's mark is an earlier incarnation's; acquiring anew");
-                    retried = true;
+                })) if again.is_none() && presented <= high_water => {
+                    if presented == high_water {
+                        // The lease was handed back to our owner id with the
+                        // token a previous incarnation (a restarted process)
+                        // wrote under. Give it back; the next acquisition is
+                        // a takeover with a greater token.
+                        info!(%presented, "the store's mark is an earlier incarnation's; acquiring anew");
+                        again = Some(None);
+                    } else {
+                        // Either another process took the session since our
+                        // acquire (then the backend answers Held to this),
+                        // or the lease authority issues tokens below what
+                        // the store accepted: it lost or rewound state. Ask
+                        // once for a token above the mark instead of failing
+                        // every run until an operator repairs the record.
+                        warn!(%presented, %high_water, "the store's mark is above the granted token; acquiring above it");
+                        again = Some(Some(high_water));
+                    }
                     let _ = guard.finish().await;
                 }
-                Err(EngineError::Store(StoreError::Fenced {
-                    presented,
-                    high_water,
-                    ..
-                })) if !retried && presented < high_water => {
-                    // Either another process took the session since our
-                    // acquire (then the backend answers Held to this), or
-                    // the lease authority issues tokens below what the
-                    // store accepted: it lost or rewound state. Ask once
-                    // for a token above the mark instead of failing every
-                    // run until an operator repairs the record.
-                    warn!(%presented, %high_water, "the store's mark is above the granted token; acquiring above it");
-                    retried = true;
-                    floor = Some(high_water);
-                    let _ = guard.finish().await;
-                }
-                Err(e) => {
-                    // Not ours to write: lost between acquire and write.
-                    // Release (the keeper never releases a value it knows
-                    // is lost).
-                    drop(guard);
-                    let _ = started.send(Err(e));
-                    return;
-                }
+                // Not ours to write: lost between acquire and write. The
+                // guard is dropped, which releases (the keeper never
+                // releases a value it knows is lost).
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Claims the session in the store before anything else: the first
+    /// write raises the high-water mark to our token, so from here on no
+    /// earlier owner can write, whether or not our agent ever emits. The
+    /// claim's sequence number.
+    async fn write_claim(
+        &self,
+        session: &SessionId,
+        guard: &LeaseGuard,
+    ) -> Result<u64, EngineError> {
+        let claim = json!({
+            "type": "run_started",
+            "owner": self.inner.keeper.owner().as_str(),
+            "token": guard.token().map(|t| t.get()),
+        });
+        let write = tracked_append(
+            &guard.write_gate(),
+            Arc::clone(&self.inner.store),
+            session.clone(),
+            self.fence(guard),
+            claim,
+        )?;
+        Ok(write.await?.first_seq)
+    }
+
+    /// Leases and claims the session, answers `started`, then drives the
+    /// run to its end. Runs on a task of the engine's, never on a caller's.
+    async fn claim_and_drive(
+        &self,
+        session: SessionId,
+        input: Value,
+        started: oneshot::Sender<Result<StartedRun, EngineError>>,
+    ) {
+        // Cancel requests recorded before this run began are not for it.
+        let cancels_before = self.cancel_baseline(&session).await;
+        let (guard, token, first_seq) = match self.claim(&session, &started).await {
+            Ok(Some(claimed)) => claimed,
+            Ok(None) => return,
+            Err(e) => {
+                let _ = started.send(Err(e));
+                return;
             }
         };
         // From here the run is claimed: it runs to an outcome whatever
