@@ -239,16 +239,10 @@ impl EtcdLeases {
             b = b.tls(tls);
         }
         if let Some((user, password_file)) = &self.user {
-            let password = read(password_file, "etcd password file")?;
-            let password = String::from_utf8(password).map_err(|_| {
-                LeaseError::invalid(format!(
-                    "the etcd password file {} is not UTF-8",
-                    password_file.display()
-                ))
-            })?;
-            let password = password.strip_suffix('\n').unwrap_or(&password);
-            let password = password.strip_suffix('\r').unwrap_or(password);
-            b = b.credentials(etcdlease::Credentials::new(user.clone(), password));
+            b = b.credentials(etcdlease::Credentials::from_password_file(
+                user.clone(),
+                password_file,
+            )?);
         }
         b.build()
     }

@@ -92,12 +92,10 @@ async fn open_backend(cli: &Cli) -> Result<(Arc<dyn SessionLease>, SharedClock),
                 b = b.tls(tls);
             }
             if let (Some(user), Some(file)) = (&cli.etcd_user, &cli.etcd_password_file) {
-                let password =
-                    String::from_utf8(read(file, "etcd password file")?).map_err(|_| {
-                        format!("the etcd password file {} is not UTF-8", file.display())
-                    })?;
-                let password = password.trim_end_matches(['\r', '\n']);
-                b = b.credentials(etcdlease::Credentials::new(user.clone(), password));
+                b = b.credentials(
+                    etcdlease::Credentials::from_password_file(user.clone(), file)
+                        .map_err(|e| e.to_string())?,
+                );
             }
             Arc::new(b.build().map_err(|e| format!("etcd: {e}"))?)
         }

@@ -28,7 +28,56 @@ impl Credentials {
             password: password.into(),
         }
     }
+
+    /// The user `user` with the password held in the file at `path`: one
+    /// line, its line ending (any trailing `\n` and `\r`, as editors and
+    /// `kubectl create secret --from-file` leave them) not part of it. A
+    /// file that is not UTF-8, empty, or holds a line break inside the
+    /// password is refused rather than sent as a password that cannot be
+    /// meant: every program reading a password file this way reads the
+    /// same password from it.
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir()?;
+    /// let path = dir.path().join("password");
+    /// std::fs::write(&path, "s3cret\r\n")?;
+    /// let credentials = etcdlease::Credentials::from_password_file("app", &path)?;
+    /// assert_eq!(credentials, etcdlease::Credentials::new("app", "s3cret"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn from_password_file(
+        user: impl Into<String>,
+        path: impl AsRef<std::path::Path>,
+    ) -> Result<Self, lease_port::LeaseError> {
+        let path = path.as_ref();
+        let invalid = |why: String| {
+            lease_port::LeaseError::invalid(format!(
+                "the etcd password file {}: {why}",
+                path.display()
+            ))
+        };
+        let bytes = std::fs::read(path).map_err(|e| invalid(format!("cannot be read: {e}")))?;
+        let text = String::from_utf8(bytes).map_err(|_| invalid("is not UTF-8".into()))?;
+        let password = text.trim_end_matches(['\r', '\n']);
+        if password.is_empty() {
+            return Err(invalid("holds no password".into()));
+        }
+        if password.contains(['\r', '\n']) {
+            return Err(invalid(
+                "holds more than one line: a password file holds the password alone".into(),
+            ));
+        }
+        Ok(Credentials::new(user, password))
+    }
 }
+
+impl PartialEq for Credentials {
+    fn eq(&self, other: &Self) -> bool {
+        self.user == other.user && self.password == other.password
+    }
+}
+
+impl Eq for Credentials {}
 
 impl std::fmt::Debug for Credentials {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -105,5 +154,48 @@ mod tests {
         auth.forget(&two);
         assert!(auth.token().is_none());
         assert!(auth.set("no\nnewlines in headers").is_err());
+    }
+}
+
+#[cfg(test)]
+mod password_file_tests {
+    use super::Credentials;
+
+    #[test]
+    fn a_password_file_reads_the_same_however_its_line_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pw");
+        for (content, expected) in [
+            ("pw", Some("pw")),
+            ("pw\n", Some("pw")),
+            ("pw\r\n", Some("pw")),
+            ("pw\n\n", Some("pw")),
+            ("pw\r\n\r\n", Some("pw")),
+            ("p w \n", Some("p w ")),
+            ("", None),
+            ("\n", None),
+            ("one\ntwo\n", None),
+            ("one\rtwo", None),
+        ] {
+            std::fs::write(&path, content).unwrap();
+            let read = Credentials::from_password_file("u", &path);
+            match expected {
+                Some(password) => {
+                    assert_eq!(
+                        read.unwrap(),
+                        Credentials::new("u", password),
+                        "{content:?}"
+                    );
+                }
+                None => assert_eq!(
+                    read.unwrap_err().kind(),
+                    lease_port::LeaseErrorKind::Invalid,
+                    "{content:?}"
+                ),
+            }
+        }
+        std::fs::write(&path, [0xff, 0xfe]).unwrap();
+        assert!(Credentials::from_password_file("u", &path).is_err());
+        assert!(Credentials::from_password_file("u", dir.path().join("missing")).is_err());
     }
 }
