@@ -313,6 +313,8 @@ fn open_dir(path: &Path, what: &'static str) -> Result<File, StoreError> {
 /// volume, a loop device, a container's overlay restarted) is the same
 /// directory, not a copy. File systems that report no id fall back to the
 /// device number.
+// `f_fsid` is a C `unsigned long`: `u64` here, narrower elsewhere.
+#[allow(clippy::useless_conversion)]
 fn identity(dir: &Path, dir_file: &File) -> Result<Identity, StoreError> {
     let meta = dir_file
         .metadata()
