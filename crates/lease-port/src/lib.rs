@@ -14,9 +14,13 @@
 //! |---|---|---|
 //! | `memlease` | tasks in one process | tests; a single process that wants the lifecycle anyway |
 //! | `flocklease` | processes on one host | several server processes sharing a directory |
+//! | `etcdlease` | processes on any hosts reaching one etcd cluster | several hosts, tokens from etcd revisions, expiry judged by etcd |
+//! | `k8slease` | processes in one Kubernetes cluster | pods leasing through the API server, no etcd of your own |
+//! | `grpcdriver` | processes reaching one lease service | many hosts speaking one small gRPC contract to any backend |
+//! | `redis-session-store` | processes sharing one Redis | a Redis you already run, store and leases in one |
 //!
-//! To coordinate several hosts, implement the trait over a service they
-//! share, and check that backend with `leaseconformance`.
+//! For anything else the hosts share, implement the trait over it, and
+//! check that backend with `leaseconformance`.
 //!
 //! # Example
 //!
