@@ -171,8 +171,8 @@ impl Refusal {
 /// next request that finds the last check old.
 struct Deployment {
     interval: Duration,
-    /// When the policy was last read.
-    checked: Mutex<Instant>,
+    /// When the policy was last read; `None`: a reading is due.
+    checked: Mutex<Option<Instant>>,
     /// The refusal the last reading gave, if any.
     unsafe_policy: Mutex<Option<String>>,
 }
@@ -353,7 +353,7 @@ impl Conn {
             clock: Arc::new(AtomicU64::new(0)),
             deployment: Arc::new(Deployment {
                 interval: target.policy_check_interval,
-                checked: Mutex::new(Instant::now()),
+                checked: Mutex::new(Some(Instant::now())),
                 unsafe_policy: Mutex::new(None),
             }),
         })
@@ -375,7 +375,7 @@ impl Conn {
     /// is below what this process saw, and the counter Redis answers kept
     /// as the new floor. Answers the script body's own reply.
     pub(crate) async fn clocked(&self, call: &ScriptInvocation<'_>) -> Result<Value, Refusal> {
-        self.recheck_policy().await;
+        self.recheck_policy().await.map_err(Refusal::Request)?;
         if let Some(why) = self
             .deployment
             .unsafe_policy
@@ -408,31 +408,46 @@ impl Conn {
 
     /// Reads the memory policy again when the last reading is older than
     /// the interval; one caller reads while the others go on with the
-    /// last verdict. A reading that gets no answer keeps the last verdict.
-    async fn recheck_policy(&self) {
+    /// last verdict. A reading that gets no answer (a broken connection,
+    /// BUSY, LOADING) fails the call that made it, as a passing fault, and
+    /// leaves the reading due: a call never runs past a due reading that
+    /// did not happen, so an evicting policy set meanwhile is never used.
+    async fn recheck_policy(&self) -> Result<(), RequestError> {
         let due = {
             let mut checked = self
                 .deployment
                 .checked
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            if checked.elapsed() < self.deployment.interval {
+            if checked.is_some_and(|at| at.elapsed() < self.deployment.interval) {
                 false
             } else {
-                *checked = Instant::now();
+                *checked = Some(Instant::now());
                 true
             }
         };
         if !due {
-            return;
+            return Ok(());
         }
-        if let Ok(policy) = memory_policy(&mut self.manager.clone(), self.timeout).await {
-            *self
-                .deployment
-                .unsafe_policy
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner) =
-                judge_policy(policy.as_deref(), &self.location);
+        match memory_policy(&mut self.manager.clone(), self.timeout).await {
+            Ok(policy) => {
+                *self
+                    .deployment
+                    .unsafe_policy
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) =
+                    judge_policy(policy.as_deref(), &self.location);
+                Ok(())
+            }
+            Err(e) => {
+                // Due again at once: the next call reads before it runs.
+                *self
+                    .deployment
+                    .checked
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = None;
+                Err(e)
+            }
         }
     }
 

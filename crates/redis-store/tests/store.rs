@@ -1477,3 +1477,39 @@ async fn a_token_redis_forgot_issuing_is_refused_to_its_holder() {
     assert_eq!(e.kind(), StoreErrorKind::Rewound, "{e}");
     assert!(e.to_string().contains("never issued"), "{e}");
 }
+
+/// A reading of the policy that gets no answer (the connection broke in a
+/// restart) fails the call that made it and stays due: no call runs on a
+/// Redis whose policy was made evicting meanwhile, however the connection
+/// comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_call_runs_past_a_policy_reading_that_got_no_answer() {
+    let mut redis = RedisServer::start_persistent().unwrap();
+    let store = RedisStore::builder(redis.url())
+        .prefix("t:")
+        .policy_check_interval(Duration::ZERO)
+        .allow_unfenced(true)
+        .connect()
+        .await
+        .unwrap();
+    let s = sid("reading");
+    store.create(&s).await.unwrap();
+    redis.restart().unwrap();
+    let set = redis.command(&["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"]);
+    assert_eq!(set.unwrap(), "+OK");
+    let mut refused = false;
+    for _ in 0..50 {
+        match store.append(&s, WriteFence::Unfenced, &[json!(1)]).await {
+            Ok(r) => panic!("appended {r:?} under an evicting policy"),
+            Err(e) if e.kind() == StoreErrorKind::Rewound => {
+                refused = true;
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    assert!(refused, "the evicting policy was never read");
+    let set = redis.command(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+    assert_eq!(set.unwrap(), "+OK");
+    assert_eq!(all(&store, &s).await, vec![]);
+}
