@@ -269,30 +269,6 @@ fn fill(redis: &RedisServer, window: Duration) -> Result<u64, String> {
 impl RedisMemory {
     pub(crate) async fn inject(&mut self, rec: &Recorder) -> Result<(), String> {
         let redis = Arc::clone(&self.redis);
-        // Every client first has an answer from Redis since the fault
-        // began. A client re-reads the policy before every call, but one
-        // whose re-read gets no answer keeps its last verdict (so says
-        // redis-store's `recheck_policy`): a client whose connection broke
-        // in an earlier restart of Redis, idle since (its worker paused),
-        // reads nothing on its next call, keeps "noeviction", and its
-        // script — sent once the connection is made again — runs on the
-        // evicting Redis. Seeds 2 and 5 of the short profile showed it (a
-        // renewal granted under volatile-random, under volatile-lru).
-        // That is redis-store's to close; until then the pressure starts
-        // on clients with live connections, and the checker still flags
-        // any call that succeeds meanwhile.
-        let begun = rec.now();
-        if !every_worker_saw(
-            rec,
-            begun,
-            self.workers,
-            |op| is_lease_call(op) && answered(op),
-            |op| op.kind == OpKind::Write && answered(op),
-        )
-        .await
-        {
-            return Ok(());
-        }
         let first = EVICTING_POLICIES[0];
         block_in_place(|| config_set(&lock(&redis), "maxmemory-policy", first))?;
         let mut fault = rec.fault(FaultKind::EvictingPolicy, &format!("redis ({first})"));

@@ -3,7 +3,9 @@
 //! This test binary has its own `main` (`harness = false`): run normally it
 //! is the parent and runs the scenarios below; re-executed with
 //! `FLOCKLEASE_TEST_ROLE` set it is one of the competing processes. Accepts
-//! name filters, `--exact` and `--list` like a libtest binary.
+//! name filters, `--exact` and `--list` like a libtest binary. That is why
+//! it is not part of `tests/integration`: the holders it starts are this
+//! executable, so its `main` must be its own.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
