@@ -2,8 +2,6 @@
 //! server over memlease, the probes that stay open without credentials,
 //! and the refusal to expose an unauthenticated server.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +9,7 @@ use std::time::Duration;
 use grpcdriver::{ClientTls, GrpcLease, LeaseServer, ServeError, ServerTls, pb};
 use lease_port::{Clock, LeaseErrorKind, SessionLease, SystemClock};
 use memlease::MemLease;
-use support::{Running, owner, session, wire_status};
+use crate::support::{Running, owner, session, wire_status};
 use test_services::pki::Pki;
 use tokio_stream::StreamExt;
 use tonic::Code;

@@ -3,8 +3,6 @@
 //! that is not a lease service at all is a misconfiguration (`Invalid`),
 //! never a backend that cannot lease (`Unsupported`).
 
-mod support;
-
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -20,7 +18,7 @@ use grpcdriver::pb::{
 };
 use lease_port::{Clock, LeaseErrorKind, SessionLease, SystemClock};
 use memlease::MemLease;
-use support::{Running, owner, session};
+use crate::support::{Running, owner, session};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;

@@ -4,8 +4,6 @@
 //! restart. Competitors talk to the server directly, never through the
 //! proxy, so they see the truth the faulty client cannot.
 
-mod support;
-
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
@@ -13,7 +11,7 @@ use grpcdriver::{GrpcLease, ServerStats};
 use lease_keeper::{LeaseKeeper, LossReason};
 use lease_port::{Clock, Lease, LeaseErrorKind, SessionLease, SystemClock};
 use memlease::MemLease;
-use support::{Running, owner, session};
+use crate::support::{Running, owner, session};
 use test_services::{FaultProxy, ProxyMode};
 use tokio::time::{sleep, timeout};
 use tonic::Code;

@@ -4,8 +4,6 @@
 //! client as `Rewound` without being retried, and a server that ignores the
 //! floor (one older than the field) is caught by the client's own check.
 
-mod support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -17,7 +15,7 @@ use lease_port::{
     SessionId, SessionLease, SystemClock,
 };
 use memlease::MemLease;
-use support::{Running, owner, session, wire_status};
+use crate::support::{Running, owner, session, wire_status};
 use tonic::Code;
 use tonic_types::StatusExt;
 

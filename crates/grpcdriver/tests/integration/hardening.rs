@@ -2,8 +2,6 @@
 //! loopback: each test states what the contract or the server's
 //! documentation promises.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,7 +9,7 @@ use grpcdriver::GrpcLease;
 use grpcdriver::pb::{self, lease_service_client::LeaseServiceClient};
 use lease_port::{Clock, LeaseErrorKind, OwnerId, SessionId, SessionLease, SystemClock};
 use memlease::MemLease;
-use support::Running;
+use crate::support::Running;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 

@@ -2,8 +2,6 @@
 //! the limit, invalid ids — each answered INVALID_ARGUMENT by a real
 //! server, and read as `Invalid` by the client.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +14,7 @@ use lease_port::{
 };
 use memlease::MemLease;
 use prost::bytes::{Buf, BufMut, Bytes};
-use support::{Running, owner, session, wire_status};
+use crate::support::{Running, owner, session, wire_status};
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::transport::Channel;
 use tonic::{Code, Status};

@@ -3,8 +3,6 @@
 //! client, a backend that lets time pass while it holds the request shows
 //! exactly which instant the client counted from.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +11,7 @@ use lease_port::{
     AuthorityId, Clock, Lease, LeaseError, ManualClock, OwnerId, SessionId, SessionLease,
 };
 use memlease::MemLease;
-use support::{Running, owner, session};
+use crate::support::{Running, owner, session};
 
 const TTL: Duration = Duration::from_secs(10);
 /// Passes while the request waits, before the backend grants.
