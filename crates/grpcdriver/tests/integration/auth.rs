@@ -9,11 +9,12 @@ use std::time::Duration;
 use grpcdriver::{ClientTls, GrpcLease, LeaseServer, ServeError, ServerTls, pb};
 use lease_port::{Clock, LeaseErrorKind, SessionLease, SystemClock};
 use memlease::MemLease;
-use crate::support::{Running, owner, session, wire_status};
 use test_services::pki::Pki;
 use tokio_stream::StreamExt;
 use tonic::Code;
 use tonic::transport::Channel;
+
+use crate::support::{Running, owner, session, wire_status};
 
 const TTL: Duration = Duration::from_secs(30);
 const TOKEN: &str = "s3cret-token";

@@ -18,12 +18,13 @@ use grpcdriver::pb::{
 };
 use lease_port::{Clock, LeaseErrorKind, SessionLease, SystemClock};
 use memlease::MemLease;
-use crate::support::{Running, owner, session};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 use tonic::transport::server::{Router, TcpIncoming};
 use tonic::{Request, Response, Status, Streaming};
+
+use crate::support::{Running, owner, session};
 
 const TTL: Duration = Duration::from_secs(30);
 

@@ -11,10 +11,11 @@ use grpcdriver::{GrpcLease, ServerStats};
 use lease_keeper::{LeaseKeeper, LossReason};
 use lease_port::{Clock, Lease, LeaseErrorKind, SessionLease, SystemClock};
 use memlease::MemLease;
-use crate::support::{Running, owner, session};
 use test_services::{FaultProxy, ProxyMode};
 use tokio::time::{sleep, timeout};
 use tonic::Code;
+
+use crate::support::{Running, owner, session};
 
 const TTL: Duration = Duration::from_secs(30);
 /// Bound on waiting for something that must happen; never asserted as a

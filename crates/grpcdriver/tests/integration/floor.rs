@@ -15,9 +15,10 @@ use lease_port::{
     SessionId, SessionLease, SystemClock,
 };
 use memlease::MemLease;
-use crate::support::{Running, owner, session, wire_status};
 use tonic::Code;
 use tonic_types::StatusExt;
+
+use crate::support::{Running, owner, session, wire_status};
 
 const TTL: Duration = Duration::from_secs(30);
 const FLOOR: FencingToken = FencingToken::new(1000);

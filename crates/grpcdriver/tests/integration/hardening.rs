@@ -9,9 +9,10 @@ use grpcdriver::GrpcLease;
 use grpcdriver::pb::{self, lease_service_client::LeaseServiceClient};
 use lease_port::{Clock, LeaseErrorKind, OwnerId, SessionId, SessionLease, SystemClock};
 use memlease::MemLease;
-use crate::support::Running;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+
+use crate::support::Running;
 
 const TTL: Duration = Duration::from_secs(30);
 

@@ -14,11 +14,12 @@ use lease_port::{
 };
 use memlease::MemLease;
 use prost::bytes::{Buf, BufMut, Bytes};
-use crate::support::{Running, owner, session, wire_status};
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 use tonic_types::StatusExt;
+
+use crate::support::{Running, owner, session, wire_status};
 
 const TTL: Duration = Duration::from_secs(30);
 

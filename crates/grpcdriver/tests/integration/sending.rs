@@ -11,6 +11,7 @@ use lease_port::{
     AuthorityId, Clock, Lease, LeaseError, ManualClock, OwnerId, SessionId, SessionLease,
 };
 use memlease::MemLease;
+
 use crate::support::{Running, owner, session};
 
 const TTL: Duration = Duration::from_secs(10);
