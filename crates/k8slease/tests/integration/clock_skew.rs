@@ -2,14 +2,13 @@
 //! each client judges another holder's expiry with its own clocks, so each
 //! client here gets its own injected clock, against the real emulator.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8slease::{ExpiryJudgement, K8sLease};
 use lease_port::{Clock, LeaseErrorKind, ManualClock, OwnerId, SessionId, SessionLease};
-use support::Cluster;
+
+use crate::support::Cluster;
 
 const TTL: Duration = Duration::from_secs(10);
 

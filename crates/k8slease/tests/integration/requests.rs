@@ -1,14 +1,13 @@
 //! API requests per operation, counted by the emulator: what a cluster's
 //! API server pays for each lease operation.
 
-mod support;
-
 use std::time::Duration;
 
 use k8s_emulator::Verb;
 use k8slease::ExpiryJudgement;
 use lease_port::{LeaseErrorKind, OwnerId, SessionId, SessionLease};
-use support::Cluster;
+
+use crate::support::Cluster;
 
 const TTL: Duration = Duration::from_secs(10);
 

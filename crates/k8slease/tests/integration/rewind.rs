@@ -5,8 +5,6 @@
 //! conflict to retry, so no token it hands out can repeat one issued
 //! before.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +14,8 @@ use kube::api::Api;
 use lease_port::{
     FencingToken, Lease, LeaseError, LeaseErrorKind, ManualClock, OwnerId, SessionId, SessionLease,
 };
-use support::Cluster;
+
+use crate::support::Cluster;
 
 const TTL: Duration = Duration::from_secs(10);
 

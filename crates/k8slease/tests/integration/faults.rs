@@ -2,8 +2,6 @@
 //! emulator: replies lost after a committed write, server faults, slow
 //! answers, outside edits, out-of-band deletion, missing RBAC verbs.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +10,8 @@ use k8s_openapi::api::coordination::v1::{Lease as LeaseObject, LeaseSpec};
 use k8slease::{ExpiryJudgement, K8sLease, object_name};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use lease_port::{LeaseErrorKind, ManualClock, OwnerId, SessionId, SessionLease};
-use support::Cluster;
+
+use crate::support::Cluster;
 
 const TTL: Duration = Duration::from_secs(10);
 const TOKEN: &str = "mecatl.dev/fencing-token";

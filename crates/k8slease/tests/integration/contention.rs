@@ -2,16 +2,15 @@
 //! contend for one session round after round: every hold granted is the
 //! only live one, and tokens rise in the order holds were granted.
 
-mod support;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8slease::ExpiryJudgement;
 use lease_port::{LeaseErrorKind, OwnerId, SessionId, SessionLease};
-use support::Cluster;
 use tokio::sync::Barrier;
+
+use crate::support::Cluster;
 
 const CLIENTS: usize = 50;
 const ROUNDS: usize = 8;

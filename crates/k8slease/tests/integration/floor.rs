@@ -3,8 +3,6 @@
 //! it, and every later takeover — by any client, after release or expiry —
 //! stays above the raised token.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +11,8 @@ use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
 use k8slease::{ExpiryJudgement, K8sLease, object_name};
 use kube::api::Api;
 use lease_port::{FencingToken, LeaseErrorKind, ManualClock, OwnerId, SessionId, SessionLease};
-use support::Cluster;
+
+use crate::support::Cluster;
 
 const TTL: Duration = Duration::from_secs(10);
 const TOKEN: &str = "mecatl.dev/fencing-token";
