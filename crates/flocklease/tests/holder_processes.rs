@@ -40,18 +40,13 @@ fn main() -> ExitCode {
     }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let exact = args.iter().any(|a| a == "--exact");
-    let filters: Vec<&str> = args
-        .iter()
-        .filter(|a| !a.starts_with('-'))
-        .map(String::as_str)
-        .collect();
+    let (filters, skips) = name_filters(&args);
+    let matches = |name: &str, f: &str| if exact { name == f } else { name.contains(f) };
     let selected: Vec<_> = SCENARIOS
         .iter()
         .filter(|(name, _)| {
-            filters.is_empty()
-                || filters
-                    .iter()
-                    .any(|f| if exact { name == f } else { name.contains(f) })
+            (filters.is_empty() || filters.iter().any(|f| matches(name, f)))
+                && !skips.iter().any(|f| matches(name, f))
         })
         .collect();
     if args.iter().any(|a| a == "--list") {
@@ -82,6 +77,33 @@ fn main() -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// libtest's options that take a value as the next argument: that value
+/// (`--format terse`, as nextest lists tests) is no name filter.
+const OPTIONS_WITH_VALUES: &[&str] = &[
+    "--format",
+    "--color",
+    "--test-threads",
+    "--logfile",
+    "--shuffle-seed",
+    "-Z",
+];
+
+/// The name filters among `args`, and the `--skip` ones.
+fn name_filters(args: &[String]) -> (Vec<&str>, Vec<&str>) {
+    let (mut filters, mut skips) = (Vec::new(), Vec::new());
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        if arg == "--skip" {
+            skips.extend(it.next().map(String::as_str));
+        } else if OPTIONS_WITH_VALUES.contains(&arg.as_str()) {
+            it.next();
+        } else if !arg.starts_with('-') {
+            filters.push(arg.as_str());
+        }
+    }
+    (filters, skips)
 }
 
 /// Nanoseconds on CLOCK_MONOTONIC, which every process on a Linux host
