@@ -2,9 +2,9 @@
 //! checked for two owners acting on one session, then the deliberately
 //! broken variants, which the checker must catch.
 //!
-//! The runs live in `lease-history`'s `faults` example, where the backends
-//! are dev-dependencies (xtask depends on no backend); this makes sure the
-//! services exist, then builds and runs it.
+//! The runs live in the `fault-runs` crate (`testing/fault-runs`, its
+//! binary `faults`), which depends on every backend (xtask depends on
+//! none); this makes sure the services exist, then builds and runs it.
 
 use std::path::PathBuf;
 
@@ -97,8 +97,8 @@ pub(crate) fn faults(args: &[String]) -> Result {
                 "--locked",
                 "--quiet",
                 "--package",
-                "lease-history",
-                "--example",
+                "fault-runs",
+                "--bin",
                 "faults",
                 "--",
             ])

@@ -124,6 +124,8 @@
 //!
 //! A rewind nobody noticed is never accepted, so everything it lost counts.
 
+#[cfg(feature = "broken")]
+pub mod broken;
 mod check;
 mod clock;
 mod history;

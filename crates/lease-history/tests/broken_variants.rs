@@ -4,10 +4,7 @@
 
 use std::sync::Arc;
 
-#[path = "support/broken.rs"]
-mod broken;
-
-use broken::{BrokenLease, BrokenStore, LeaseBreakage, StoreBreakage};
+use lease_history::broken::{BrokenLease, BrokenStore, LeaseBreakage, StoreBreakage};
 use lease_history::{
     ClockStepper, FaultInjector, History, OpKind, Outcome, Property, SteppedClock, Target, Verdict,
     Workload, check, run, write_svg,

@@ -42,7 +42,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 use tokio::time::sleep;
 
-use crate::broken::{BrokenStore, StoreBreakage};
+use lease_history::broken::{BrokenStore, StoreBreakage};
 
 /// The first argument that makes this executable a holder process.
 pub(crate) const HOLDER_PROCESS: &str = "holder-process";

@@ -2,8 +2,6 @@
 //! the broken variants, which the checker must catch. `cargo xtask faults`
 //! runs this; see `--help`.
 
-#[path = "../../tests/support/broken.rs"]
-mod broken;
 mod e2e;
 mod holders;
 mod injectors;
@@ -17,7 +15,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use broken::{BrokenLease, BrokenStore, LeaseBreakage, SettingBreakage, StoreBreakage};
+use lease_history::broken::{
+    BrokenLease, BrokenStore, LeaseBreakage, SettingBreakage, StoreBreakage,
+};
 use lease_history::{History, Progress, Property, Verdict, Workload, check, run, write_svg};
 use lease_port::{Clock, SessionLease};
 

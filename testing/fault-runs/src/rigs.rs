@@ -18,10 +18,10 @@ use redis_session_store::{RedisLease, RedisStore};
 use session_store::{FsyncPolicy, GenerationCheck, JsonlOptions, JsonlStore, SessionStore};
 use test_services::{EtcdCluster, EtcdServer, FaultProxy, RedisServer};
 
-use crate::broken::{POLICY_NEVER_RECHECKED, SettingBreakage};
 use crate::holders::{self, Holder, HolderConfig, LeaseSpec};
 use crate::injectors::{Action, Chaos, GrpcServer};
 use crate::rewinds::{EmulatorRewind, MakeClients, RedisMemory, RedisRewind, StoreSwap};
+use lease_history::broken::{POLICY_NEVER_RECHECKED, SettingBreakage};
 
 pub(crate) struct Rig {
     pub(crate) target: Target,

@@ -83,10 +83,10 @@ fn binary(name: &str, env: &str) -> Result<PathBuf, String> {
     if let Some(p) = std::env::var_os(env) {
         return Ok(PathBuf::from(p));
     }
-    // target/<profile>/examples/faults → target/<profile>/<name>
+    // target/<profile>/faults → target/<profile>/<name>
     let beside = std::env::current_exe()
         .ok()
-        .and_then(|exe| Some(exe.parent()?.parent()?.join(name)));
+        .and_then(|exe| Some(exe.parent()?.join(name)));
     match beside {
         Some(p) if p.is_file() => Ok(p),
         _ => Err(format!(

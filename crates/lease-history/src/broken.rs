@@ -1,9 +1,8 @@
 //! Deliberately broken wrappers around real backends and stores, and
 //! settings that turn a real client's detection off: the checker must
-//! find every one of them. Test support (shared with the
-//! `faults` example), never a backend: nothing here may be used for real.
-
-#![allow(dead_code, unreachable_pub)]
+//! find every one of them. Behind the `broken` feature, for this crate's
+//! tests and the fault runs; never a backend: nothing here may be used
+//! for real.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
