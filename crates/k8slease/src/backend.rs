@@ -910,9 +910,11 @@ mod tests {
         assert_eq!(next(10, StoredToken::Unstated, 3), 11);
         // After a raise the stored token, not the version, leads.
         assert_eq!(next(12, StoredToken::Known(t(1001)), 0), 1002);
+        // Exhausted tokens are a state no call can get past, never a
+        // backend that cannot lease (which a keeper may run unleased on).
         let err = next_token(u64::MAX, StoredToken::Unstated, t(0)).unwrap_err();
-        assert_eq!(err.kind(), LeaseErrorKind::Unsupported);
+        assert_eq!(err.kind(), LeaseErrorKind::Invalid);
         let err = next_token(5, StoredToken::Unstated, t(u64::MAX)).unwrap_err();
-        assert_eq!(err.kind(), LeaseErrorKind::Unsupported);
+        assert_eq!(err.kind(), LeaseErrorKind::Invalid);
     }
 }
