@@ -24,13 +24,11 @@ use etcdlease::EtcdLease;
 use lease_port::{Lease, LeaseErrorKind, OwnerId, SessionId, SessionLease};
 use test_services::EtcdCluster;
 
+use crate::ONE_CLUSTER;
+
 const TTL: Duration = Duration::from_secs(3);
 const WORKERS: usize = 4;
 const SESSIONS: usize = 3;
-
-/// One cluster at a time: three clusters of three members would starve a
-/// two-core machine.
-static ONE_CLUSTER: Mutex<()> = Mutex::new(());
 
 #[derive(Debug, Clone)]
 struct Hold {

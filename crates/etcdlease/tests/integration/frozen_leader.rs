@@ -14,6 +14,8 @@ use etcdlease::EtcdLease;
 use lease_port::{Lease, LeaseErrorKind, OwnerId, SessionId, SessionLease};
 use test_services::EtcdCluster;
 
+use crate::ONE_CLUSTER;
+
 const TTL: Duration = Duration::from_secs(3);
 
 fn client(endpoint: String) -> EtcdLease {
@@ -51,6 +53,7 @@ const FREEZES: usize = 4;
 
 #[test]
 fn no_takeover_while_a_holder_counts_on_a_lease_a_frozen_leader_revoked() {
+    let _one = ONE_CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
     let cluster = EtcdCluster::start().expect("a three-member etcd cluster");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
