@@ -10,6 +10,12 @@
 //! owner. The test's client lives on a host of its own too: every thread
 //! of the test's runtime joins it, so each socket the test opens crosses
 //! the private network.
+//!
+//! A binary of its own, not part of `tests/integration`: its threads move
+//! into network namespaces, and a thread started from one stays there
+//! (test_services' process-wide spawner thread too, made by whichever
+//! test first starts a server), so no other test shares its process. It
+//! also needs root and `iproute2`, which no other test here does.
 
 mod support;
 

@@ -3,13 +3,12 @@
 
 #![cfg(feature = "etcd")]
 
-mod support;
-
 use std::time::Duration;
 
 use etcdlease::EtcdLease;
-use support::*;
 use test_services::EtcdServer;
+
+use crate::support::*;
 
 /// etcd counts whole seconds and raises anything below its minimum (2 s
 /// with default settings) without telling the holder; a TTL above that

@@ -5,13 +5,12 @@
 
 #![cfg(feature = "k8s")]
 
-mod support;
-
 use std::time::Duration;
 
 use k8s_emulator::{Emulator, EmulatorConfig};
 use k8slease::K8sLease;
-use support::*;
+
+use crate::support::*;
 
 /// Whole seconds, as `leaseDurationSeconds` counts. Each API request gets
 /// a quarter of it, which a loaded machine needs more of than 1 s allows.

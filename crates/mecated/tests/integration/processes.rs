@@ -1,8 +1,6 @@
 //! Real processes: the built `mecated` binary started twice on one store
 //! directory, driven over HTTP, stopped with real signals.
 
-mod support;
-
 use std::ffi::OsStr;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -10,7 +8,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use support::*;
+
+use crate::support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn second_process_gets_409_while_other_sessions_run_in_parallel() {

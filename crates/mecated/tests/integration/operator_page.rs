@@ -2,12 +2,11 @@
 //! lists a session created over the API with its lease, and shows the
 //! events a run appended, read through the follow endpoint.
 
-mod support;
-
 use std::process::Command;
 
 use serde_json::json;
-use support::*;
+
+use crate::support::*;
 
 /// The page as Chromium renders it once its scripts ran: `--dump-dom`
 /// prints the DOM after the page settled (within a virtual time budget,

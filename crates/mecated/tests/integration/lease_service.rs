@@ -3,8 +3,6 @@
 //! test process, reached by every server process over loopback TCP with
 //! `--session-lease-url`.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +10,8 @@ use grpcdriver::{GrpcLease, LeaseServer};
 use memlease::MemLease;
 use reqwest::StatusCode;
 use serde_json::json;
-use support::*;
+
+use crate::support::*;
 
 /// The service's grant; the servers run with `--session-lease-ttl 1s`.
 const SERVICE_TTL: Duration = Duration::from_secs(1);

@@ -2,14 +2,13 @@
 //! environment (`POD_NAMESPACE`, `POD_NAME`, `REDIS_URL`), sessions in a real
 //! Redis, leases as Lease objects in the Kubernetes API emulator.
 
-mod support;
-
 use std::process::{Command, Stdio};
 
 use nix::sys::signal::Signal;
 use reqwest::StatusCode;
 use serde_json::json;
-use support::*;
+
+use crate::support::*;
 
 fn replica(redis: &str, kubeconfig: &str, pod: &str) -> Mecated {
     let child = Command::new(env!("CARGO_BIN_EXE_mecak8s"))

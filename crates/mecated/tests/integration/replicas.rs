@@ -3,15 +3,14 @@
 //! cancelled through others, and a run that waits for its session starts
 //! once the holder releases it.
 
-mod support;
-
 use std::time::Instant;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use support::proxy::RoundRobin;
-use support::sse::{SseMessage, SseReader};
-use support::*;
+
+use crate::support::proxy::RoundRobin;
+use crate::support::sse::{SseMessage, SseReader};
+use crate::support::*;
 
 /// Slow runs, so that following and cancelling happen mid-run: 20 steps
 /// over 6 s.

@@ -3,14 +3,13 @@
 //! replica, a follow of an unleased session with earlier runs, and more
 //! followers than the kernel gives a user inotify instances.
 
-mod support;
-
 use std::time::Instant;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use support::sse::SseReader;
-use support::*;
+
+use crate::support::sse::SseReader;
+use crate::support::*;
 
 async fn follow_from(m: &Mecated, id: &str, last_event_id: Option<u64>) -> SseReader {
     let mut req = client()
