@@ -12,6 +12,10 @@ use crate::{Result, backends, cargo, run, services};
 /// fresh machine gets one known to build with this toolchain.
 const CARGO_DENY_VERSION: &str = "0.20.2";
 
+/// The cargo-nextest release CI installs when `cargo nextest` is missing;
+/// pinned for the same reason.
+const CARGO_NEXTEST_VERSION: &str = "0.9.143";
+
 pub(crate) fn ci() -> Result {
     for (tool, component) in [("fmt", "rustfmt"), ("clippy", "clippy")] {
         if !has_cargo_subcommand(tool) {
@@ -21,6 +25,7 @@ pub(crate) fn ci() -> Result {
         }
     }
     let deny = cargo_deny()?;
+    cargo_nextest()?;
     services::ensure(&backends::all_services())?;
     run("format", cargo().args(["fmt", "--all", "--check"]))?;
     run(
@@ -73,15 +78,26 @@ pub(crate) fn ci() -> Result {
             "--quiet",
         ]),
     )?;
+    // Each test in a process of its own, several at once: most of them
+    // wait on real time. `.config/nextest.toml` says how many, and which
+    // must never overlap.
     run(
-        "tests",
+        "tests (cargo-nextest)",
         cargo().args([
-            "test",
+            "nextest",
+            "run",
             "--workspace",
             "--all-features",
             "--locked",
             "--no-fail-fast",
+            "--profile",
+            "ci",
         ]),
+    )?;
+    // nextest does not run doctests.
+    run(
+        "doctests",
+        cargo().args(["test", "--workspace", "--all-features", "--locked", "--doc"]),
     )?;
     // Criterion runs each benchmark once when started by `cargo test`, so
     // the benches cannot rot between measured runs.
@@ -117,6 +133,28 @@ fn cargo_deny() -> Result<PathBuf> {
         ]),
     )?;
     find_cargo_deny().ok_or_else(|| "cargo install cargo-deny succeeded but no binary found".into())
+}
+
+/// `cargo nextest`, installed first if this machine has none.
+fn cargo_nextest() -> Result {
+    if has_cargo_subcommand("nextest") {
+        return Ok(());
+    }
+    run(
+        &format!("install cargo-nextest {CARGO_NEXTEST_VERSION}"),
+        cargo().args([
+            "install",
+            "--locked",
+            "cargo-nextest",
+            "--version",
+            CARGO_NEXTEST_VERSION,
+        ]),
+    )?;
+    if has_cargo_subcommand("nextest") {
+        Ok(())
+    } else {
+        Err("cargo install cargo-nextest succeeded but `cargo nextest` still fails".into())
+    }
 }
 
 /// Where cargo itself looks for subcommands: `$CARGO_HOME/bin`, then `PATH`.
