@@ -67,17 +67,21 @@ pub(crate) fn ci() -> Result {
         ]),
     )?;
     deny_on_fresh_cargo_home(&deny)?;
-    run(
-        "package every publishable crate",
-        cargo().args([
-            "package",
-            "--workspace",
-            "--no-verify",
-            "--allow-dirty",
-            "--locked",
-            "--quiet",
-        ]),
-    )?;
+    // Test support (`publish = false`) depends on other test support by
+    // path alone, which a package may not: only what ships is packaged.
+    let mut package = cargo();
+    package.args([
+        "package",
+        "--workspace",
+        "--no-verify",
+        "--allow-dirty",
+        "--locked",
+        "--quiet",
+    ]);
+    for name in unpublished()? {
+        package.args(["--exclude", &name]);
+    }
+    run("package every publishable crate", &mut package)?;
     // Each test in a process of its own, several at once: most of them
     // wait on real time. `.config/nextest.toml` says how many, and which
     // must never overlap.
@@ -108,6 +112,29 @@ pub(crate) fn ci() -> Result {
     crate::faults::faults(&["--profile".into(), "short".into()])?;
     println!("\nci: all checks passed");
     Ok(())
+}
+
+/// The workspace members marked `publish = false`.
+fn unpublished() -> Result<Vec<String>> {
+    let out = cargo()
+        .args(["metadata", "--format-version", "1", "--no-deps", "--locked"])
+        .output()
+        .map_err(|e| format!("cargo metadata: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "cargo metadata failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let meta: serde_json::Value =
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("cargo metadata: {e}"))?;
+    Ok(meta["packages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["publish"].as_array().is_some_and(|a| a.is_empty()))
+        .filter_map(|p| p["name"].as_str().map(str::to_owned))
+        .collect())
 }
 
 fn has_cargo_subcommand(name: &str) -> bool {
