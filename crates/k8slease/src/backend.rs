@@ -35,6 +35,11 @@ const DEFAULT_TIMEOUT_CAP: Duration = Duration::from_secs(5);
 /// the bound while making a loss to pure contention rare.
 const MAX_ROUNDS: usize = 16;
 
+/// Of those rounds, how many may end in a write whose outcome is unknown
+/// (a timeout, a 5xx) before the operation gives up as `Transient`: an API
+/// server failing every write is reported soon, not after every round.
+const MAX_FAULT_ROUNDS: usize = 6;
+
 /// Leases on sessions as `coordination.k8s.io/v1` Lease objects in one
 /// namespace. Cheap to clone; clones share one connection pool and one
 /// memory of the objects seen (see [`ExpiryJudgement::SkewSafe`]).
@@ -418,8 +423,8 @@ impl K8sLease {
 
     fn out_of_rounds(&self, name: &str, last: Option<LeaseError>) -> LeaseError {
         let error = LeaseError::transient(format!(
-            "Lease {name:?} in namespace {:?} kept changing or answering late over {MAX_ROUNDS} \
-             attempts",
+            "Lease {name:?} in namespace {:?} kept changing or answering late, attempt after \
+             attempt",
             self.inner.namespace
         ));
         match last {
@@ -456,6 +461,7 @@ impl K8sLease {
         // token it carries was chosen before the deletion, so only a fresh
         // takeover token may stand.
         let mut distrust_own_token = false;
+        let mut faults = 0;
         for _ in 0..MAX_ROUNDS {
             let Some(observed) = current.take() else {
                 // A free object, taken next round like any free one: the
@@ -469,6 +475,10 @@ impl K8sLease {
                     Written::Lost => (current, fresh) = (self.read(&name).await?, true),
                     Written::Unknown(cause) => {
                         last_fault = Some(cause);
+                        faults += 1;
+                        if faults == MAX_FAULT_ROUNDS {
+                            return Err(self.out_of_rounds(&name, last_fault));
+                        }
                         (current, fresh) = (self.read(&name).await?, true);
                     }
                     Written::Gone(e) => {
@@ -536,6 +546,10 @@ impl K8sLease {
                 Written::Lost => (current, fresh) = (self.read(&name).await?, true),
                 Written::Unknown(cause) => {
                     last_fault = Some(cause);
+                    faults += 1;
+                    if faults == MAX_FAULT_ROUNDS {
+                        return Err(self.out_of_rounds(&name, last_fault));
+                    }
                     (current, fresh) = (self.read(&name).await?, true);
                 }
                 Written::Gone(_) => (current, fresh) = (None, true),
@@ -549,6 +563,7 @@ impl K8sLease {
         let name = object_name(lease.session_id());
         let (mut current, mut fresh) = self.latest(&name).await?;
         let mut last_fault = None;
+        let mut faults = 0;
         for _ in 0..MAX_ROUNDS {
             let Some(observed) = current.take() else {
                 if !fresh {
@@ -584,6 +599,10 @@ impl K8sLease {
                 Written::Lost => (current, fresh) = (self.read(&name).await?, true),
                 Written::Unknown(cause) => {
                     last_fault = Some(cause);
+                    faults += 1;
+                    if faults == MAX_FAULT_ROUNDS {
+                        return Err(self.out_of_rounds(&name, last_fault));
+                    }
                     (current, fresh) = (self.read(&name).await?, true);
                 }
                 Written::Gone(_) => return Err(LeaseError::held(None)),
@@ -596,6 +615,7 @@ impl K8sLease {
         let name = object_name(lease.session_id());
         let (mut current, mut fresh) = self.latest(&name).await?;
         let mut last_fault = None;
+        let mut faults = 0;
         for _ in 0..MAX_ROUNDS {
             let Some(observed) = current.take() else {
                 if !fresh {
@@ -623,6 +643,10 @@ impl K8sLease {
                 Written::Lost => (current, fresh) = (self.read(&name).await?, true),
                 Written::Unknown(cause) => {
                     last_fault = Some(cause);
+                    faults += 1;
+                    if faults == MAX_FAULT_ROUNDS {
+                        return Err(self.out_of_rounds(&name, last_fault));
+                    }
                     (current, fresh) = (self.read(&name).await?, true);
                 }
             }
