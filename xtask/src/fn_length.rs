@@ -21,7 +21,7 @@ pub(crate) const ALLOWED: &[(&str, &str, usize)] = &[
     ("crates/k8s-emulator/src/openapi.rs", "schemas", 119),
     ("crates/k8s-emulator/src/server.rs", "leases", 133),
     ("crates/k8s-emulator/src/store.rs", "update", 113),
-    ("crates/k8slease/src/backend.rs", "acquire_object", 106),
+    ("crates/k8slease/src/backend.rs", "acquire_object", 103),
     ("crates/lease-history/src/check.rs", "store_fencing", 129),
     ("crates/lease-history/src/runner.rs", "worker", 126),
     ("crates/lease-history/src/server_log.rs", "check_log", 149),

@@ -421,6 +421,23 @@ impl K8sLease {
         }
     }
 
+    /// Counts a write whose outcome is unknown, keeping its cause; the
+    /// operation's error once there were [`MAX_FAULT_ROUNDS`] of them.
+    fn unknown_write(
+        &self,
+        name: &str,
+        faults: &mut usize,
+        last: &mut Option<LeaseError>,
+        cause: LeaseError,
+    ) -> Result<(), LeaseError> {
+        *faults += 1;
+        if *faults == MAX_FAULT_ROUNDS {
+            return Err(self.out_of_rounds(name, Some(cause)));
+        }
+        *last = Some(cause);
+        Ok(())
+    }
+
     fn out_of_rounds(&self, name: &str, last: Option<LeaseError>) -> LeaseError {
         let error = LeaseError::transient(format!(
             "Lease {name:?} in namespace {:?} kept changing or answering late, attempt after \
@@ -448,12 +465,8 @@ impl K8sLease {
         owner: &OwnerId,
         floor: FencingToken,
     ) -> Result<Lease, LeaseError> {
+        // (A floor is bounded by `acquire_above`, before anything is sent.)
         let inner = &self.inner;
-        if floor.get() == u64::MAX {
-            return Err(LeaseError::invalid(format!(
-                "no fencing token can exceed {floor}: nothing was acquired"
-            )));
-        }
         let name = object_name(session);
         let (mut current, mut fresh) = self.latest(&name).await?;
         let mut last_fault = None;
@@ -474,11 +487,7 @@ impl K8sLease {
                     // Someone else created it first: decide on theirs.
                     Written::Lost => (current, fresh) = (self.read(&name).await?, true),
                     Written::Unknown(cause) => {
-                        last_fault = Some(cause);
-                        faults += 1;
-                        if faults == MAX_FAULT_ROUNDS {
-                            return Err(self.out_of_rounds(&name, last_fault));
-                        }
+                        self.unknown_write(&name, &mut faults, &mut last_fault, cause)?;
                         (current, fresh) = (self.read(&name).await?, true);
                     }
                     Written::Gone(e) => {
@@ -545,11 +554,7 @@ impl K8sLease {
                 // stored decides (ours with our token: it did).
                 Written::Lost => (current, fresh) = (self.read(&name).await?, true),
                 Written::Unknown(cause) => {
-                    last_fault = Some(cause);
-                    faults += 1;
-                    if faults == MAX_FAULT_ROUNDS {
-                        return Err(self.out_of_rounds(&name, last_fault));
-                    }
+                    self.unknown_write(&name, &mut faults, &mut last_fault, cause)?;
                     (current, fresh) = (self.read(&name).await?, true);
                 }
                 Written::Gone(_) => (current, fresh) = (None, true),
@@ -598,11 +603,7 @@ impl K8sLease {
                 }
                 Written::Lost => (current, fresh) = (self.read(&name).await?, true),
                 Written::Unknown(cause) => {
-                    last_fault = Some(cause);
-                    faults += 1;
-                    if faults == MAX_FAULT_ROUNDS {
-                        return Err(self.out_of_rounds(&name, last_fault));
-                    }
+                    self.unknown_write(&name, &mut faults, &mut last_fault, cause)?;
                     (current, fresh) = (self.read(&name).await?, true);
                 }
                 Written::Gone(_) => return Err(LeaseError::held(None)),
@@ -642,11 +643,7 @@ impl K8sLease {
                 Written::Done(_) | Written::Gone(_) | Written::Recreated(_) => return Ok(()),
                 Written::Lost => (current, fresh) = (self.read(&name).await?, true),
                 Written::Unknown(cause) => {
-                    last_fault = Some(cause);
-                    faults += 1;
-                    if faults == MAX_FAULT_ROUNDS {
-                        return Err(self.out_of_rounds(&name, last_fault));
-                    }
+                    self.unknown_write(&name, &mut faults, &mut last_fault, cause)?;
                     (current, fresh) = (self.read(&name).await?, true);
                 }
             }
