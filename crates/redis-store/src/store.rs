@@ -711,7 +711,7 @@ impl SessionStore for RedisStore {
         Ok(Page {
             events,
             next_seq,
-            torn_tail: false,
+            unfinished_write: false,
         })
     }
 

@@ -202,7 +202,7 @@
 //!   not itself committed — an incomplete line, lines without their commit
 //!   line, lines a commit does not match, zeros or bytes from elsewhere —
 //!   is a *torn tail*: readers ignore it and report it
-//!   ([`Page::torn_tail`]); the next write to the session cuts it off
+//!   ([`Page::unfinished_write`]); the next write to the session cuts it off
 //!   before appending (`O_APPEND` would otherwise glue the new line to it).
 //!   Earlier events are never affected, and the session stays readable.
 //!   Damage *followed by* a committed write (a commit line matching the
@@ -324,6 +324,7 @@
 mod error;
 pub mod jsonl;
 mod model;
+mod port;
 
 pub use error::{StoreError, StoreErrorKind};
 pub use jsonl::{
@@ -333,6 +334,7 @@ pub use jsonl::{
     ReclaimReport, StoreGeneration, WITNESS_DIR_NAME, adopt_store_dir,
 };
 pub use model::{
-    APPEND_POLL_INTERVAL, AppendReceipt, CancelRequest, Fence, ListCursor, MAX_LIST_LIMIT, Page,
-    SessionPage, SessionStore, StoredEvent, WriteFence, check_list_limit, poll_for_append,
+    AppendReceipt, CancelRequest, Fence, ListCursor, MAX_LIST_LIMIT, Page, SessionPage,
+    StoredEvent, WriteFence, check_list_limit,
 };
+pub use port::{APPEND_POLL_INTERVAL, SessionStore, poll_for_append};

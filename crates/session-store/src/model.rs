@@ -1,10 +1,8 @@
-//! The store trait and the values it speaks in.
+//! The values the store trait speaks in.
 
-use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
-use async_trait::async_trait;
-use lease_port::{AuthorityId, FencingToken, Lease, OwnerId, SessionId, SessionLease};
+use lease_port::{FencingToken, Lease, OwnerId, SessionId};
 use serde_json::Value;
 
 use crate::StoreError;
@@ -115,171 +113,11 @@ pub struct Page {
     pub events: Vec<StoredEvent>,
     /// Where the next page starts, when there are more events.
     pub next_seq: Option<u64>,
-    /// True when the file ends in a torn (incomplete) line left by a
-    /// crash: it was ignored, and the next write to the session removes it.
-    pub torn_tail: bool,
-}
-
-/// Storage of session events, every write fenced by the writer's lease
-/// token.
-///
-/// Object-safe: servers hold an `Arc<dyn SessionStore>`. See the [crate
-/// documentation](crate) for the rules an implementation keeps.
-#[async_trait]
-pub trait SessionStore: Send + Sync {
-    /// Creates an empty session. `AlreadyExists` when it exists. Creating
-    /// a deleted session again starts it empty but keeps its high-water
-    /// mark and never reuses a sequence number.
-    async fn create(&self, session: &SessionId) -> Result<(), StoreError>;
-
-    /// Appends `events` (at least one) as one batch: all or nothing.
-    ///
-    /// Checks `fence` against the session's high-water mark atomically with
-    /// the write: a token below it, or equal to it from another owner than
-    /// the one the mark belongs to, is refused with [`StoreError::Fenced`]
-    /// and nothing is written; an accepted higher token becomes the new
-    /// mark, bound to its owner.
-    async fn append(
-        &self,
-        session: &SessionId,
-        fence: WriteFence,
-        events: &[Value],
-    ) -> Result<AppendReceipt, StoreError>;
-
-    /// Reads at most `limit` (≥ 1) events with `seq >= from_seq`.
-    async fn read(
-        &self,
-        session: &SessionId,
-        from_seq: u64,
-        limit: usize,
-    ) -> Result<Page, StoreError>;
-
-    /// Every existing session, sorted.
-    async fn list(&self) -> Result<Vec<SessionId>, StoreError>;
-
-    /// At most `limit` (≥ 1) existing sessions, sorted, all after `after`
-    /// when given; [`SessionPage::next`] says where the next page starts.
-    ///
-    /// Paging through a store while sessions are created and deleted
-    /// lists every session that exists throughout exactly once: pages are
-    /// ranges of ids, and a cursor names the last id a page held, not a
-    /// position. A session created or deleted meanwhile may or may not be
-    /// listed. An implementation's memory is bounded by the page, not the
-    /// store.
-    ///
-    /// The default pages through [`list`](Self::list), so it reads every
-    /// session each time: stores of any size override it.
-    async fn list_page(
-        &self,
-        after: Option<&ListCursor>,
-        limit: usize,
-    ) -> Result<SessionPage, StoreError> {
-        check_list_limit(limit)?;
-        let all = self.list().await?;
-        let start = after.map_or(0, |c| all.partition_point(|s| s <= c.last()));
-        let rest = &all[start..];
-        let sessions = rest.iter().take(limit).cloned().collect();
-        Ok(SessionPage::new(sessions, rest.len() > limit))
-    }
-
-    /// Deletes a session, fenced like an append. The high-water mark
-    /// survives, so a stale owner cannot write to a re-created session.
-    async fn delete(&self, session: &SessionId, fence: WriteFence) -> Result<(), StoreError>;
-
-    /// The session's high-water mark: the highest token accepted, `None`
-    /// when no fenced write ever was.
-    async fn high_water(&self, session: &SessionId) -> Result<Option<FencingToken>, StoreError>;
-
-    /// Records that tokens of `authority` fence this store, or checks that
-    /// they do.
-    ///
-    /// The first call records the id, once and durably; every later call,
-    /// from any process, succeeds only for the same id and otherwise fails
-    /// with [`StoreError::AuthorityMismatch`] naming the recorded one. Two
-    /// racing first calls record exactly one id: the loser is answered as a
-    /// later call. A server calls it at start-up with its lease backend's
-    /// [`authority`](SessionLease::authority) before it writes.
-    ///
-    /// A store written before it recorded an authority (sessions, no
-    /// record) is bound by its first call: nothing in its data can name the
-    /// authority that fenced it.
-    ///
-    /// Implementations: a database keeps the id under one key and creates
-    /// it with a conditional write (Redis `SET NX`, an etcd transaction on
-    /// the key's absence, a Kubernetes object created or found), then
-    /// compares.
-    async fn bind_authority(&self, authority: &AuthorityId) -> Result<(), StoreError>;
-
-    /// The authority recorded by [`bind_authority`](Self::bind_authority),
-    /// `None` before the first binding.
-    async fn recorded_authority(&self) -> Result<Option<AuthorityId>, StoreError>;
-
-    /// The store's own lease backend, when it offers one (a database with
-    /// conditional writes can). `None` by default: the server then picks a
-    /// lease backend itself.
-    fn session_lease(&self) -> Option<Arc<dyn SessionLease>> {
-        None
-    }
-
-    /// Waits until `session` holds an event with `seq > after_seq`, for at
-    /// most `timeout`: `true` once it does (possibly at once), `false` when
-    /// the time ran out first. Appends by any process count.
-    ///
-    /// `NotFound` when the session does not exist. Dropping the future
-    /// frees everything it holds (a client that disconnects costs
-    /// nothing afterwards).
-    ///
-    /// The default reads the session every [`APPEND_POLL_INTERVAL`]
-    /// ([`poll_for_append`]); a store that can be told of appends (a file
-    /// watch, a blocking stream read) overrides it to answer as soon as one
-    /// lands.
-    async fn wait_for_append(
-        &self,
-        session: &SessionId,
-        after_seq: u64,
-        timeout: Duration,
-    ) -> Result<bool, StoreError> {
-        poll_for_append(self, session, after_seq, timeout).await
-    }
-
-    /// Records that the run holding `session` under lease token `run`
-    /// should stop. Any process may call it; the process running the run
-    /// watches [`cancel_request`](Self::cancel_request) and cancels.
-    ///
-    /// Only ever raises the recorded token, and counts every request for
-    /// the recorded token or a later one: a request for an earlier run
-    /// never replaces one for a later run, a request names the run it
-    /// targets, so a later run (a takeover, whose token is greater) is
-    /// never stopped by it, and the count tells a run apart from an earlier
-    /// run of the same token (a holder that re-acquired its own live
-    /// lease). `Unsupported` by default.
-    async fn request_cancel(
-        &self,
-        session: &SessionId,
-        run: FencingToken,
-    ) -> Result<(), StoreError> {
-        let _ = (session, run);
-        Err(StoreError::Unsupported {
-            what: "cancel requests",
-        })
-    }
-
-    /// The latest cancel request recorded for `session`
-    /// ([`request_cancel`](Self::request_cancel)), `None` when none was.
-    ///
-    /// A run holding token `t` reads it before it acquires its lease (its
-    /// baseline) and stops once it reads a request with `run >= t` and a
-    /// `serial` above the baseline's: requests recorded before the run
-    /// began never stop it. `Unsupported` by default.
-    async fn cancel_request(
-        &self,
-        session: &SessionId,
-    ) -> Result<Option<CancelRequest>, StoreError> {
-        let _ = session;
-        Err(StoreError::Unsupported {
-            what: "cancel requests",
-        })
-    }
+    /// True when the store holds, after the last event, the remains of a
+    /// write a crash cut short (in the JSONL store, a torn last line). They
+    /// are not events and are ignored; the next write to the session
+    /// removes them. A store whose writes are atomic always answers false.
+    pub unfinished_write: bool,
 }
 
 /// The latest cancel request of a session.
@@ -290,43 +128,6 @@ pub struct CancelRequest {
     /// How many requests were recorded for that token or a later one: it
     /// only grows.
     pub serial: u64,
-}
-
-/// How often the default [`SessionStore::wait_for_append`] reads the
-/// session: a bound on the delay it adds, and on its cost (one small read
-/// per interval per waiter).
-pub const APPEND_POLL_INTERVAL: Duration = Duration::from_millis(100);
-
-/// [`SessionStore::wait_for_append`] by reading `session` every
-/// [`APPEND_POLL_INTERVAL`] until an event after `after_seq` exists or
-/// `timeout` passes. For stores without a way to be told of appends.
-pub async fn poll_for_append<S: SessionStore + ?Sized>(
-    store: &S,
-    session: &SessionId,
-    after_seq: u64,
-    timeout: Duration,
-) -> Result<bool, StoreError> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if has_event_after(store, session, after_seq).await? {
-            return Ok(true);
-        }
-        let now = tokio::time::Instant::now();
-        if now >= deadline {
-            return Ok(false);
-        }
-        tokio::time::sleep_until(deadline.min(now + APPEND_POLL_INTERVAL)).await;
-    }
-}
-
-/// Whether `session` holds an event with `seq > after_seq`.
-pub(crate) async fn has_event_after<S: SessionStore + ?Sized>(
-    store: &S,
-    session: &SessionId,
-    after_seq: u64,
-) -> Result<bool, StoreError> {
-    let page = store.read(session, after_seq.saturating_add(1), 1).await?;
-    Ok(!page.events.is_empty())
 }
 
 /// The most sessions one [`SessionStore::list_page`] call may ask for.

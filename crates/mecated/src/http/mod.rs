@@ -327,7 +327,7 @@ pub(crate) async fn read_events(
     Ok(Json(EventPage {
         events: page.events.iter().map(Event::from).collect(),
         next_after: page.next_seq.map(|n| n.saturating_sub(1)),
-        torn_tail: page.torn_tail,
+        torn_tail: page.unfinished_write,
     })
     .into_response())
 }

@@ -38,7 +38,7 @@ async fn all(store: &RedisStore, s: &SessionId) -> Vec<(u64, Option<u64>, Value)
     loop {
         let page = store.read(s, from, 2).await.unwrap();
         assert!(page.events.len() <= 2);
-        assert!(!page.torn_tail);
+        assert!(!page.unfinished_write);
         out.extend(
             page.events
                 .into_iter()

@@ -235,10 +235,10 @@ pub(super) mod tests {
         let mut want = got.unwrap_or_default();
         want.push(json!("next"));
         let after: Vec<Value> = page.events.into_iter().map(|e| e.payload).collect();
-        if after != want || page.torn_tail {
+        if after != want || page.unfinished_write {
             return Err(format!(
                 "after the next write: {after:?}, torn {}",
-                page.torn_tail
+                page.unfinished_write
             ));
         }
         Ok(())

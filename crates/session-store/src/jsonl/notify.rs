@@ -14,8 +14,8 @@ use tokio::io::unix::AsyncFd;
 
 use super::JsonlStore;
 use crate::StoreError;
-use crate::model::has_event_after;
 use crate::poll_for_append;
+use crate::port::has_event_after;
 
 /// An inotify instance that tokio can wait on.
 struct Watch(Inotify);

@@ -372,7 +372,7 @@ impl StoreCore {
                     Ok(Page {
                         events,
                         next_seq: index.events.get(end).map(|e| e.seq),
-                        torn_tail: index.torn > 0,
+                        unfinished_write: index.torn > 0,
                     })
                 },
             )

@@ -94,7 +94,7 @@ async fn create_append_read_list_delete() {
     let page = store.read(&a, 3, 10).await.unwrap();
     assert_eq!(page.events.len(), 2);
     assert_eq!(page.next_seq, None);
-    assert!(!page.torn_tail);
+    assert!(!page.unfinished_write);
     assert!(store.read(&a, 99, 10).await.unwrap().events.is_empty());
 
     let mut expected = vec![a.clone(), long.clone()];
@@ -403,7 +403,7 @@ async fn a_torn_final_line_is_reported_ignored_and_cut_by_the_next_write() {
     for reader in [&store, &open(dir.path())] {
         let page = reader.read(&s, 1, 10).await.unwrap();
         assert_eq!(page.events.len(), 3);
-        assert!(page.torn_tail);
+        assert!(page.unfinished_write);
         // The torn line's token does not count.
         assert_eq!(
             reader.high_water(&s).await.unwrap(),
@@ -419,7 +419,7 @@ async fn a_torn_final_line_is_reported_ignored_and_cut_by_the_next_write() {
     assert!(bytes.ends_with(b"\n"));
     for reader in [&store, &fresh] {
         let page = reader.read(&s, 1, 10).await.unwrap();
-        assert!(!page.torn_tail);
+        assert!(!page.unfinished_write);
         assert_eq!(
             page.events
                 .iter()
@@ -453,7 +453,7 @@ async fn a_truncated_file_ends_earlier_and_a_headless_one_can_be_recreated() {
         .unwrap();
     let page = store.read(&s, 1, 10).await.unwrap();
     assert_eq!(page.events.len(), 2);
-    assert!(page.torn_tail);
+    assert!(page.unfinished_write);
     assert_eq!(
         store.high_water(&s).await.unwrap(),
         Some(FencingToken::new(1))
@@ -506,7 +506,7 @@ async fn a_damaged_line_before_the_last_is_corrupt() {
     // a crash: it is a torn tail, and the earlier events stay readable.
     fs::write(&path, damage(&text, "\"three\"")).unwrap();
     let page = open(dir.path()).read(&s, 1, 10).await.unwrap();
-    assert!(page.torn_tail);
+    assert!(page.unfinished_write);
     assert_eq!(page.events.len(), 2);
     fs::write(&path, &text).unwrap();
 
@@ -1109,7 +1109,7 @@ async fn a_file_of_format_1_is_read_and_framed_from_its_next_write() {
                {\"t\":\"e\",\"seq\":1,\"token\":2,\"ts\":2,\"payload\":\"old\"}\n";
     fs::write(store.path_of(&s), format!("{old}\u{0}\u{7}garbage\n")).unwrap();
     let page = store.read(&s, 1, 10).await.unwrap();
-    assert!(page.torn_tail);
+    assert!(page.unfinished_write);
     assert_eq!(page.events.len(), 1);
 
     store
@@ -1135,7 +1135,7 @@ async fn a_file_of_format_1_is_read_and_framed_from_its_next_write() {
     fs::write(store.path_of(&s), [&before[..], next.as_bytes()].concat()).unwrap();
     let fresh = open(dir.path());
     let page = fresh.read(&s, 1, 10).await.unwrap();
-    assert!(page.torn_tail);
+    assert!(page.unfinished_write);
     assert_eq!(page.events.len(), 3);
     fresh.append(&s, tok(3), &[json!("after")]).await.unwrap();
     let mut want = want;
