@@ -1,3 +1,5 @@
+//! Serves: both — writes and compare-and-set for all; list, watch history, namespaces for kubectl.
+//!
 //! The Lease store: one revision counter for every write (as etcd's), atomic
 //! compare-and-set on resourceVersion, and the event history watches replay.
 

@@ -1,3 +1,5 @@
+//! Serves: both — every Lease written is validated.
+//!
 //! The API server's validation of a Lease, with its field paths and wording.
 
 use std::fmt;

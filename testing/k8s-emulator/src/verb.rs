@@ -1,3 +1,5 @@
+//! Serves: both — RBAC grants, fault rules and request counts are kept per verb.
+//!
 //! The verbs the API server authorizes and counts requests by.
 
 use std::fmt;

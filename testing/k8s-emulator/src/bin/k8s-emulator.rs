@@ -1,3 +1,5 @@
+//! Serves: kubectl only — the emulator as a process, for a person (or the kubectl test).
+//!
 //! Runs the Kubernetes Lease API emulator until interrupted, with a
 //! kubeconfig for kubectl.
 

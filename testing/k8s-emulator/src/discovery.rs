@@ -1,3 +1,5 @@
+//! Serves: kubectl only — kube-rs, as k8slease uses it, asks for no discovery document.
+//!
 //! The discovery documents clients read before they touch a resource.
 
 use serde_json::{Value, json};

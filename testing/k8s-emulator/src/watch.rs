@@ -1,3 +1,5 @@
+//! Serves: kubectl only — `kubectl get --watch`; k8slease never watches the API.
+//!
 //! `?watch=1`: a chunked stream of `{"type", "object"}` lines.
 
 use std::{collections::HashMap, collections::VecDeque, sync::Arc, time::Duration};

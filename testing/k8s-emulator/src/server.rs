@@ -1,3 +1,5 @@
+//! Serves: both — every request: k8slease's get, create and update beside kubectl's list and watch.
+//!
 //! HTTP serving: the accept loop (each connection can be cut mid-request),
 //! routing, authentication, authorization, faults and the lease handlers.
 
@@ -23,11 +25,12 @@ use tokio_util::sync::CancellationToken;
 use tower::Service;
 
 use crate::{
+    core_v1,
     counters::RequestCounters,
     decode::{API_VERSION, FieldValidation, decode_lease, parse_json, to_value},
     discovery,
     faults::{DroppedReply, Failure, Faults},
-    openapi,
+    list, openapi,
     patch::{PATCH_TYPES, PatchType, json_patch, merge_patch, strategic_merge_patch},
     rbac::{Identity, Rbac},
     selector::Selector,
@@ -370,16 +373,8 @@ async fn resource_request(shared: &Arc<Shared>, target: Target, request: Request
         Target::Leases { namespace, name } => {
             leases(shared, verb, namespace, name, &query, request).await
         }
-        Target::Namespaces { name } => Ok(namespaces(shared, name.as_deref())),
-        Target::Events { .. } => Ok(json_response(
-            StatusCode::OK,
-            &json!({
-                "kind": "EventList",
-                "apiVersion": "v1",
-                "metadata": {"resourceVersion": shared.store.revision().to_string()},
-                "items": [],
-            }),
-        )),
+        Target::Namespaces { name } => Ok(core_v1::namespaces(shared, name.as_deref())),
+        Target::Events { .. } => Ok(core_v1::events(shared)),
     };
     let response = match outcome {
         Ok(response) => response,
@@ -413,52 +408,6 @@ fn accepts_json(headers: &HeaderMap) -> bool {
         let media = part.split(';').next().unwrap_or("").trim();
         matches!(media, "application/json" | "application/*" | "*/*" | "")
     })
-}
-
-/// Whether the client asked for a `meta.k8s.io` Table (kubectl get does).
-fn wants_table(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|accept| accept.split(',').next())
-        .is_some_and(|first| first.contains("as=Table") && first.contains("g=meta.k8s.io"))
-}
-
-fn namespaces(shared: &Shared, name: Option<&str>) -> Response {
-    let render = |name: &str, record: &crate::store::NamespaceRecord| {
-        json!({
-            "kind": "Namespace",
-            "apiVersion": "v1",
-            "metadata": {
-                "name": name,
-                "uid": record.uid,
-                "resourceVersion": record.resource_version.to_string(),
-                "creationTimestamp": record.created,
-                "labels": {"kubernetes.io/metadata.name": name},
-            },
-            "spec": {"finalizers": ["kubernetes"]},
-            "status": {"phase": "Active"},
-        })
-    };
-    match name {
-        Some(name) => match shared.store.namespace(name) {
-            Some(record) => json_response(StatusCode::OK, &render(name, &record)),
-            None => ApiError::namespace_not_found(name).into(),
-        },
-        None => {
-            let (all, revision) = shared.store.namespaces();
-            let items: Vec<Value> = all.iter().map(|(n, r)| render(n, r)).collect();
-            json_response(
-                StatusCode::OK,
-                &json!({
-                    "kind": "NamespaceList",
-                    "apiVersion": "v1",
-                    "metadata": {"resourceVersion": revision.to_string()},
-                    "items": items,
-                }),
-            )
-        }
-    }
 }
 
 fn content_type(headers: &HeaderMap) -> String {
@@ -533,7 +482,7 @@ async fn leases(
                 .store
                 .get(&ns, &name)
                 .ok_or_else(|| ApiError::lease_not_found(&name))?;
-            if wants_table(request.headers()) {
+            if table::wanted(request.headers()) {
                 let revision = lease.metadata.resource_version.clone().unwrap_or_default();
                 return Ok(json_response(
                     StatusCode::OK,
@@ -545,7 +494,7 @@ async fn leases(
         Verb::List => {
             let selector = selector()?;
             let (items, revision) = shared.store.list(namespace.as_deref(), &selector);
-            list_response(items, revision, query, request.headers())
+            list::response(items, revision, query, request.headers())
         }
         Verb::Watch => {
             let selector = selector()?;
@@ -554,7 +503,7 @@ async fn leases(
                 namespace,
                 selector,
                 query,
-                wants_table(request.headers()),
+                table::wanted(request.headers()),
             )
         }
         Verb::Create => {
@@ -640,7 +589,7 @@ async fn leases(
             let dry = dry_run(query)?;
             let deleted = shared.store.delete_collection(&ns, &selector, dry);
             let revision = shared.store.revision();
-            list_response(deleted, revision, &HashMap::new(), &HeaderMap::new())
+            list::response(deleted, revision, &HashMap::new(), &HeaderMap::new())
         }
     }
 }
@@ -728,102 +677,6 @@ fn delete_preconditions(body: &[u8]) -> Result<Preconditions, ApiError> {
     })
 }
 
-/// A LeaseList (or Table) page: `limit` and `continue` page through the
-/// items in key order.
-fn list_response(
-    items: Vec<Lease>,
-    revision: u64,
-    query: &HashMap<String, String>,
-    headers: &HeaderMap,
-) -> Result<Response, ApiError> {
-    let start = match query.get("continue").filter(|c| !c.is_empty()) {
-        Some(token) => decode_continue(token)?,
-        None => None,
-    };
-    let mut items: Vec<Lease> = match &start {
-        Some(after) => items
-            .into_iter()
-            .filter(|l| {
-                let key = (
-                    l.metadata.namespace.clone().unwrap_or_default(),
-                    l.metadata.name.clone().unwrap_or_default(),
-                );
-                key > *after
-            })
-            .collect(),
-        None => items,
-    };
-    let limit = query
-        .get("limit")
-        .and_then(|l| l.parse::<usize>().ok())
-        .filter(|l| *l > 0);
-    let mut metadata = json!({"resourceVersion": revision.to_string()});
-    if let Some(limit) = limit
-        && items.len() > limit
-    {
-        let remaining = items.len() - limit;
-        items.truncate(limit);
-        if let Some(last) = items.last() {
-            metadata["continue"] = json!(encode_continue(
-                last.metadata.namespace.as_deref().unwrap_or(""),
-                last.metadata.name.as_deref().unwrap_or(""),
-            ));
-            metadata["remainingItemCount"] = json!(remaining);
-        }
-    }
-    if wants_table(headers) {
-        let mut rendered = table::render(&items, &revision.to_string(), query);
-        rendered["metadata"] = metadata;
-        return Ok(json_response(StatusCode::OK, &rendered));
-    }
-    let items: Vec<Value> = items
-        .iter()
-        .map(|lease| {
-            let mut value = to_value(lease);
-            // Items of a typed list carry no apiVersion or kind.
-            if let Value::Object(map) = &mut value {
-                map.remove("apiVersion");
-                map.remove("kind");
-            }
-            value
-        })
-        .collect();
-    Ok(json_response(
-        StatusCode::OK,
-        &json!({
-            "kind": "LeaseList",
-            "apiVersion": API_VERSION,
-            "metadata": metadata,
-            "items": items,
-        }),
-    ))
-}
-
-fn encode_continue(namespace: &str, name: &str) -> String {
-    format!("{namespace}/{name}")
-        .bytes()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-fn decode_continue(token: &str) -> Result<Option<(String, String)>, ApiError> {
-    let bad = || ApiError::bad_request(format!("continue key is not valid: {token}"));
-    if !token.len().is_multiple_of(2) {
-        return Err(bad());
-    }
-    let bytes: Option<Vec<u8>> = (0..token.len())
-        .step_by(2)
-        .map(|i| {
-            token
-                .get(i..i + 2)
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-        })
-        .collect();
-    let text = String::from_utf8(bytes.ok_or_else(bad)?).map_err(|_| bad())?;
-    let (namespace, name) = text.split_once('/').ok_or_else(bad)?;
-    Ok(Some((namespace.to_string(), name.to_string())))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -835,15 +688,5 @@ mod tests {
         assert_eq!(q["watch"], "1");
         assert_eq!(q["x"], "");
         assert_eq!(percent_decode("%zz%4"), "%zz%4");
-    }
-
-    #[test]
-    fn continue_tokens_round_trip() {
-        let token = encode_continue("default", "a.b");
-        assert_eq!(
-            decode_continue(&token).unwrap(),
-            Some(("default".into(), "a.b".into()))
-        );
-        assert!(decode_continue("zz").is_err());
     }
 }

@@ -1,3 +1,5 @@
+//! Serves: kubectl only — list, watch and deletecollection take selectors; k8slease sends none.
+//!
 //! `labelSelector` and `fieldSelector` as list and watch take them.
 
 use std::collections::BTreeMap;

@@ -1,3 +1,5 @@
+//! Serves: both — every emulator starts from an `EmulatorConfig`.
+//!
 //! How an emulator is started.
 
 use std::{

@@ -1,3 +1,5 @@
+//! Serves: kubectl only — `kubectl apply`, `edit` and `explain` read it; kube-rs never does.
+//!
 //! The OpenAPI v3 document of `coordination.k8s.io/v1`. kubectl reads it to
 //! learn that the server validates fields itself (`fieldValidation`), to
 //! compute `kubectl apply` patches and for `kubectl explain`.

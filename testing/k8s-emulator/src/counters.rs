@@ -1,3 +1,5 @@
+//! Serves: both — k8slease tests and benches assert request counts; so does the kubectl test.
+//!
 //! Requests counted per (verb, resource), for benchmarks that report API
 //! requests per operation.
 

@@ -1,3 +1,5 @@
+//! Serves: both — the handle; `snapshot`, `restore`, `wipe` are for k8slease tests and fault runs.
+//!
 //! The running emulator and its handles.
 
 use std::{

@@ -1,10 +1,22 @@
+//! Serves: kubectl only — `kubectl get` asks for Tables; kube-rs asks for plain JSON.
+//!
 //! `meta.k8s.io/v1` Table replies, which `kubectl get` asks for: the
 //! columns the API server prints for leases (Name, Holder, Age).
 
 use std::collections::HashMap;
 
+use axum::http::{HeaderMap, header};
 use k8s_openapi::api::coordination::v1::Lease;
 use serde_json::{Value, json};
+
+/// Whether the client asked for a `meta.k8s.io` Table (kubectl get does).
+pub(crate) fn wanted(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|accept| accept.split(',').next())
+        .is_some_and(|first| first.contains("as=Table") && first.contains("g=meta.k8s.io"))
+}
 
 fn columns() -> Value {
     json!([

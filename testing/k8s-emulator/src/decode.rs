@@ -1,3 +1,5 @@
+//! Serves: both — every POST, PUT and PATCH body (`fieldValidation=Strict` is kubectl's).
+//!
 //! Turning a request body into a Lease the way the API server's decoder
 //! does: API version and kind checks, strict `MicroTime`, unknown fields
 //! handled per `fieldValidation`.

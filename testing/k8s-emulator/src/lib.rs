@@ -54,6 +54,49 @@
 //!   `/version`), namespaces (`GET /api/v1/namespaces[/{ns}]`) and an empty
 //!   event list, which kubectl reads. Table replies for `kubectl get`.
 //!
+//! # Who each part serves
+//!
+//! Two kinds of client reach the emulator. *k8slease tests and fault runs*:
+//! `k8slease`'s tests and benches, the servers' tests that lease through
+//! it (`mecated`, `mecatl-leased`) and `testing/fault-runs`, all speaking
+//! through kube-rs, which sends get, create and update (PUT) — and, from
+//! k8slease's tests only, delete and a JSON merge patch. *kubectl*: the
+//! real `kubectl` (`tests/integration/kubectl.rs`), which also reads
+//! discovery and OpenAPI, lists with Table replies, watches, and patches
+//! with strategic merge and server-side apply. The emulator's own HTTP
+//! tests (`tests/integration/http_api.rs`) cover both.
+//!
+//! | module | serves | for what |
+//! |---|---|---|
+//! | `emulator` | both | [`Emulator`]: start, kubeconfigs, handles; [`Emulator::snapshot`], [`Emulator::restore`] and [`Emulator::wipe`] for k8slease tests and fault runs |
+//! | `config` | both | [`EmulatorConfig`] |
+//! | `kubeconfig` | both | the kubeconfig files kube-rs and kubectl read |
+//! | `tls` | both | the CA and server certificate: kubectl sends tokens only over TLS, and k8slease's tests use the HTTPS kubeconfig |
+//! | `server` | both | accept loop, routing, authentication, authorization, faults, the lease handlers |
+//! | `store` | both | revision counter, compare-and-set, writes; its list, watch history and namespace reads serve kubectl |
+//! | `decode`, `validation`, `status` | both | request bodies, Lease validation, `Status` failure replies |
+//! | `rbac` | both | tokens for every client; [`Rbac::allow`] for k8slease's missing-verb test and kubectl's forbidden test |
+//! | `verb` | both | [`Verb`], which RBAC, faults and counters are keyed by |
+//! | `counters` | both | [`RequestCounters`]: k8slease's tests and benches count requests per operation; the kubectl test counts PATCHes |
+//! | `patch` | both | patch types by content type, and JSON merge patch (k8slease's tests, `kubectl patch --type merge`) |
+//! | `faults` | k8slease tests and fault runs | [`Faults`]: latency, 5xx, replies lost after commit |
+//! | `patch::strategic` | kubectl | strategic merge patch (`kubectl apply`, `kubectl edit`) |
+//! | `patch::json` | kubectl | JSON patch (`kubectl patch --type json`) |
+//! | `list` | kubectl | LeaseList pages (`limit`, `continue`), deletecollection replies |
+//! | `selector` | kubectl | `labelSelector`, `fieldSelector` of list, watch, deletecollection |
+//! | `watch` | kubectl | `?watch=1` streams |
+//! | `table` | kubectl | `meta.k8s.io` Table replies for `kubectl get` |
+//! | `discovery` | kubectl | `/api`, `/apis`, `/version` and the resource lists |
+//! | `openapi` | kubectl | `/openapi/v3` (`kubectl apply`, `edit`, `explain`) |
+//! | `core_v1` | kubectl | namespaces and the empty event list |
+//! | `bin/k8s-emulator.rs` | kubectl | the emulator as a process, for a person with kubectl |
+//!
+//! Beside the kubectl-only modules, some kubectl-only branches live in
+//! shared code: the list, watch, deletecollection and non-merge patch arms
+//! of the lease handlers and the server-side apply checks (`server`), the
+//! store's list, watch and namespace reads (`store`), `fieldValidation`
+//! other than the default `Warn` (`decode`), and 410 `Expired` (`status`).
+//!
 //! # The API server's rules it keeps
 //!
 //! - One revision counter for every write (etcd's revision): each write
@@ -91,12 +134,14 @@
 //! closing `sendInitialEvents`.
 
 mod config;
+mod core_v1;
 mod counters;
 mod decode;
 mod discovery;
 mod emulator;
 mod faults;
 mod kubeconfig;
+mod list;
 mod openapi;
 mod patch;
 mod rbac;

@@ -1,3 +1,5 @@
+//! Serves: both — every failure reply (410 `Expired` reaches only kubectl's watches).
+//!
 //! Failure replies shaped as the API server's `meta.k8s.io/v1` `Status`.
 
 use axum::{

@@ -1,3 +1,5 @@
+//! Serves: both — kube-rs (k8slease) and kubectl read the files written here.
+//!
 //! Kubeconfig files that point kubectl and kube-rs at the emulator.
 
 use std::{fs, io, path::Path};

@@ -1,3 +1,5 @@
+//! Serves: both — tokens for every client; grants for k8slease's and kubectl's forbidden tests.
+//!
 //! Who a request is (bearer token → user) and what that user may do.
 
 use std::{

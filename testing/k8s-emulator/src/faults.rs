@@ -1,3 +1,5 @@
+//! Serves: k8slease tests and fault runs — no kubectl test injects a fault.
+//!
 //! Injected faults: added latency, failing replies, and writes that commit
 //! but whose reply never arrives.
 

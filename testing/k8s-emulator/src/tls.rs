@@ -1,3 +1,5 @@
+//! Serves: both — kubectl sends its token only over TLS; k8slease's tests use the HTTPS kubeconfig.
+//!
 //! The certificate authority and server certificate made at start.
 //!
 //! client-go (so kubectl) sends a bearer token only over TLS, so the
