@@ -162,4 +162,9 @@ impl SessionLease for EtcdLease {
     fn renews_in_batches(&self) -> bool {
         true
     }
+
+    /// The TTL asked of etcd; a lease etcd grants shorter is refused.
+    fn granted_ttl(&self) -> Option<Duration> {
+        Some(self.ttl())
+    }
 }

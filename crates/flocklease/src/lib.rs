@@ -697,4 +697,8 @@ impl SessionLease for FlockLease {
             .await
             .map_err(|e| LeaseError::transient("authority lookup did not finish").with_source(e))?
     }
+
+    fn granted_ttl(&self) -> Option<Duration> {
+        Some(self.ttl())
+    }
 }

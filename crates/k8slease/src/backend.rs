@@ -862,6 +862,10 @@ impl SessionLease for K8sLease {
     async fn authority(&self) -> Result<AuthorityId, LeaseError> {
         self.authority_object().await
     }
+
+    fn granted_ttl(&self) -> Option<Duration> {
+        Some(self.ttl())
+    }
 }
 
 #[cfg(test)]

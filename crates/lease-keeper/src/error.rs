@@ -4,18 +4,24 @@ use std::time::Duration;
 
 use lease_port::{LeaseError, OwnerId, SessionId};
 
+/// How long a caller refused `Unavailable` is told to wait: long enough
+/// not to hammer a failing backend, short enough to catch its recovery.
+pub(crate) const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(1);
+
 /// The coarse kind of a [`KeeperError`], for deciding what to answer.
 ///
-/// | kind | server answer |
-/// |---|---|
-/// | `LeasedElsewhere` | 409 *session leased elsewhere* |
-/// | `Unavailable` | 503, retry later |
-/// | `Busy` | 409/429: a run of this session is in progress in this process |
-/// | `ShuttingDown` | 503 without retry on this process |
-/// | `Invalid` | 400 / configuration error |
-/// | `RunEnded` | none: the write is not made and the run stops |
-/// | `WritesInFlight` | none: logged when a run ends |
-/// | `Rewound` | 500, not retryable: the authority must be fixed |
+/// | kind | server answer | `Retry-After` ([`KeeperError::retry_after`]) |
+/// |---|---|---|
+/// | `LeasedElsewhere` | 409 *session leased elsewhere* | the holder's lease's time left, else the TTL |
+/// | `Busy` | 409: a run of this session is live in this process | the TTL |
+/// | `Unavailable` | 503, retry later | 1 s |
+/// | `ShuttingDown` | 503: retry on another process | none |
+/// | `Invalid` | 400 / configuration error | none |
+/// | `Rewound` | 500, not retryable: the authority must be fixed | none |
+/// | `RunEnded` | none: the write is not made and the run stops | none |
+/// | `WritesInFlight` | none: logged when a run ends | none |
+///
+/// `lease-http` answers exactly this table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum KeeperErrorKind {
@@ -23,7 +29,8 @@ pub enum KeeperErrorKind {
     LeasedElsewhere,
     /// The lease backend failed transiently or did not answer in time; nothing is held.
     Unavailable,
-    /// The in-process lock of the session was not free within the wait bound.
+    /// A run of the session is live in this process (or did not end within
+    /// the wait asked for).
     Busy,
     /// [`LeaseKeeper::shutdown`](crate::LeaseKeeper::shutdown) has begun.
     ShuttingDown,
@@ -45,23 +52,27 @@ pub enum KeeperErrorKind {
 /// [`LeaseGuard`](crate::LeaseGuard) operations.
 ///
 /// Match on [`kind()`](Self::kind); the backend's error, when there is one,
-/// is the [`source()`](std::error::Error::source).
+/// is the [`source()`](std::error::Error::source), and its text is part of
+/// this error's own.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum KeeperError {
     /// Acquire answered `Held`: another owner holds the session. Nothing was started.
-    #[error("session {session} is leased elsewhere{}", holder.as_ref().map(|h| format!(" (by {h})")).unwrap_or_default())]
+    #[error("session {session} is leased elsewhere{}: {source}", holder.as_ref().map(|h| format!(" (by {h})")).unwrap_or_default())]
     LeasedElsewhere {
         /// The session asked for.
         session: SessionId,
         /// The live holder, when the backend named it.
         holder: Option<OwnerId>,
+        /// When to ask again: the holder's lease's time left when the
+        /// backend said, else the keeper's TTL.
+        retry_after: Duration,
         /// The backend's `Held` error.
         #[source]
         source: LeaseError,
     },
     /// The backend failed transiently or timed out. Retryable; nothing is held.
-    #[error("lease backend unavailable for session {session}")]
+    #[error("lease backend unavailable for session {session}: {source}")]
     Unavailable {
         /// The session concerned.
         session: SessionId,
@@ -71,7 +82,7 @@ pub enum KeeperError {
     },
     /// The backend answered `Rewound`: its state is older than what this
     /// process saw. Not retryable; nothing is held.
-    #[error("the lease authority's state went back (session {session})")]
+    #[error("the lease authority's state went back (session {session}): {source}")]
     Rewound {
         /// The session concerned.
         session: SessionId,
@@ -79,14 +90,17 @@ pub enum KeeperError {
         #[source]
         source: LeaseError,
     },
-    /// The per-session in-process lock was not free within the wait bound:
-    /// another run of the same session is in progress in this process.
-    #[error("session {session} is busy in this process (waited {waited:?})")]
+    /// Another run of the same session is live in this process, and did not
+    /// end within the wait asked for (none, by default: a competitor in this
+    /// process is refused at once, like one elsewhere).
+    #[error("session {session} is busy: a run of it is live in this process (waited {waited:?})")]
     Busy {
         /// The session asked for.
         session: SessionId,
         /// How long the call waited for the lock.
         waited: Duration,
+        /// When to ask again: the keeper's TTL.
+        retry_after: Duration,
     },
     /// The keeper is shutting down and takes no new runs.
     #[error("the lease keeper is shutting down")]
@@ -116,7 +130,7 @@ pub enum KeeperError {
         waited: Duration,
     },
     /// Bad input or configuration, or a backend answer that breaks the contract.
-    #[error("invalid: {message}")]
+    #[error("invalid: {message}{}", source.as_ref().map(|s| format!(": {s}")).unwrap_or_default())]
     Invalid {
         /// What was wrong.
         message: String,
@@ -148,6 +162,18 @@ impl KeeperError {
             self.kind(),
             KeeperErrorKind::Unavailable | KeeperErrorKind::Busy
         )
+    }
+
+    /// When the same call is worth trying again, for a `Retry-After`
+    /// answer: see the table on [`KeeperErrorKind`]. `None` when retrying
+    /// here cannot help.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            KeeperError::LeasedElsewhere { retry_after, .. }
+            | KeeperError::Busy { retry_after, .. } => Some(*retry_after),
+            KeeperError::Unavailable { .. } => Some(UNAVAILABLE_RETRY_AFTER),
+            _ => None,
+        }
     }
 
     /// The live holder for `LeasedElsewhere`, when known.

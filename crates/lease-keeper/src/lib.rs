@@ -14,70 +14,93 @@
 //! # When to choose it
 //!
 //! Whenever the same session can be driven by more than one process (or you
-//! want the lifecycle and fencing tokens even with one): build one keeper
-//! per process over the backend of the deployment (`memlease`,
-//! `flocklease`, or your own [`SessionLease`](lease_port::SessionLease)),
-//! call [`LeaseKeeper::acquire`] before every run, and pass
-//! [`LeaseGuard::token`] with every write to a fenced store such as
-//! `session-store`. Code that only needs one call (a maintenance tool
-//! taking a lease once) can use the backend directly.
+//! want the lifecycle and fencing even with one): build one keeper per
+//! process over the backend of the deployment (`memlease`, `flocklease`,
+//! `etcdlease`, `k8slease`, `grpcdriver`, `redis-session-store`, or your
+//! own [`SessionLease`](lease_port::SessionLease)), call
+//! [`LeaseKeeper::acquire`] before every run, and make every store write
+//! through [`LeaseGuard::spawn_write`], which hands the write the run's
+//! [`WriteFence`](lease_port::WriteFence) and keeps the run open until the
+//! write has ended. Code that only needs one call (a maintenance tool taking
+//! a lease once) can use the backend directly. For an HTTP server,
+//! `lease-http` does all of this per request.
 //!
 //! # Example
+//!
+//! Two keepers over one lease table stand for two processes; the store is
+//! `session-store`'s JSONL directory.
 //!
 //! ```
 //! use std::{sync::Arc, time::Duration};
 //! use lease_keeper::{KeeperErrorKind, LeaseKeeper};
 //! use lease_port::{OwnerId, SessionId};
 //! use memlease::MemLease;
+//! use serde_json::json;
+//! use session_store::{JsonlOptions, JsonlStore, SessionStore, StoreErrorKind};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let ttl = Duration::from_secs(30);
-//! let backend = MemLease::new(ttl); // clones share one table: two "processes"
-//! let a = LeaseKeeper::new(Arc::new(backend.clone()), OwnerId::new("host-a/1")?, ttl)?;
-//! let b = LeaseKeeper::new(Arc::new(backend), OwnerId::new("host-b/1")?, ttl)?;
+//! let backend = MemLease::new(ttl); // clones share one table
+//! let a = LeaseKeeper::new(Arc::new(backend.clone()), OwnerId::new("host-a")?, ttl)?;
+//! let b = LeaseKeeper::new(Arc::new(backend), OwnerId::new("host-b")?, ttl)?;
+//! let dir = tempfile::tempdir()?;
+//! let store = Arc::new(JsonlStore::open(dir.path(), JsonlOptions::default())?);
 //! let chat = SessionId::new("chat-7")?;
+//! store.create(&chat).await?;
 //!
 //! let run = a.acquire(&chat).await?;
-//! let token = run.token().expect("memlease grants leases");
-//! // ... drive the session; stop when `run.lost()` completes. Each write
-//! // carries `token` and holds a permit until it has ended:
-//! let permit = run.begin_write()?;
-//! // store.append(&chat, token, …).await;
-//! drop(permit);
+//! // The write runs on its own task: dropping `appended` would not stop it,
+//! // and the run's release would wait for it.
+//! let (s, id) = (Arc::clone(&store), chat.clone());
+//! let appended = run.spawn_write(move |fence| async move {
+//!     s.append(&id, fence, &[json!({"text": "hi"})]).await
+//! })?;
+//! appended.await?;
+//! let late_fence = run.fence(); // as if A paused here past its TTL
 //!
+//! // Another process is refused while A holds the session.
 //! let err = b.acquire(&chat).await.unwrap_err();
 //! assert_eq!(err.kind(), KeeperErrorKind::LeasedElsewhere);
+//! assert!(err.retry_after().is_some());
 //!
 //! run.finish().await?; // released on a detached task
 //! let taken = b.acquire(&chat).await?;
-//! assert!(taken.token() > Some(token));
+//! store.append(&chat, taken.fence(), &[json!({"text": "from B"})]).await?;
+//!
+//! // A's write arriving late is refused by the store: B's token is higher.
+//! let err = store.append(&chat, late_fence, &[json!({"text": "late"})]).await.unwrap_err();
+//! assert_eq!(err.kind(), StoreErrorKind::Fenced);
 //! b.shutdown().await; // releases everything b still holds
 //! # Ok(()) }
 //! ```
 //!
 //! # The rules
 //!
-//! 1. **In-process lock first.** Each session has an async mutex per keeper;
-//!    a second run of the same session in the same process waits for the
-//!    first (and for its release) at most the *lock wait* bound
-//!    ([`KeeperBuilder::lock_wait`], or [`LeaseKeeper::acquire_within`]),
-//!    then fails with `Busy`. The wait is cancellable: drop the future.
-//!    Never two runs of one session in one process.
+//! 1. **In-process lock first.** Each session has an async mutex per keeper.
+//!    A second run of a session live in this process is refused at once with
+//!    `Busy`, as a run on another process is refused with
+//!    `LeasedElsewhere` — unless it asked to wait ([`KeeperBuilder::lock_wait`],
+//!    [`LeaseKeeper::acquire_within`]). A run whose release has begun is
+//!    always waited for, so the next request after a run answered is not
+//!    refused. The wait is cancellable: drop the future. Never two runs of
+//!    one session in one process.
 //! 2. **Acquire outcomes.** `Held` → [`KeeperError::LeasedElsewhere`]
 //!    carrying the holder when known; nothing started. `Transient` (or no
 //!    answer within the acquire timeout, which is never more than the TTL,
 //!    or an answer only once the TTL since the call was sent has passed) →
 //!    [`KeeperError::Unavailable`], retryable; nothing held. `Invalid` →
 //!    [`KeeperError::Invalid`].
-//! 3. **`Unsupported` means unleased, for good.** The first `Unsupported`
-//!    is logged once; the keeper never consults that backend again
+//! 3. **`Unsupported` fails the run, unless unleased running was allowed.**
+//!    By default a backend answering `Unsupported` fails the run
+//!    `Unavailable`: a keeper never silently stops fencing. With
+//!    [`KeeperBuilder::allow_unleased`], the first `Unsupported` is logged
+//!    once; the keeper never consults that backend again
 //!    ([`LeaseKeeper::is_unleased`]) and every run gets an *unleased* guard:
-//!    [`LeaseGuard::is_leased`] is false and [`LeaseGuard::token`] is
-//!    `None`. A fenced store must then be told the write is *unfenced*,
-//!    which `session-store` accepts only when configured to (the deployment
-//!    proves single-process ownership) and only while no fenced write was
-//!    ever accepted for the session.
+//!    [`LeaseGuard::is_leased`] is false and [`LeaseGuard::fence`] is
+//!    `Unfenced`, which `session-store` accepts only when configured to (the
+//!    deployment proves single-process ownership) and only while no fenced
+//!    write was ever accepted for the session.
 //! 4. **Renew about every TTL/3, with jitter, keeping the newest value.**
 //!    The interval is `ttl × renew_fraction` scaled by a random factor in
 //!    `1 ± jitter` ([`KeeperBuilder::renew_fraction`],
@@ -90,7 +113,7 @@
 //!    batches instead, under the same rules (see [Batch
 //!    renewal](#batch-renewal)).
 //! 5. **`Held` on renew is loss, at once.** The loss signal fires
-//!    ([`LeaseGuard::lost`], [`LeaseGuard::loss_token`]) with
+//!    ([`LeaseGuard::lost`], [`LeaseGuard::loss_signal`]) with
 //!    [`LossReason::Held`], and the stale value is never released.
 //! 6. **Transient renew failures retry until the lease's own expiry**, every
 //!    quarter interval. The expiry is measured on the monotonic clock as
@@ -99,10 +122,13 @@
 //!    ([`LossReason::Expired`]). Any other renew error is loss too
 //!    ([`LossReason::Rejected`]).
 //! 7. **Writes end before the run does.** Every store write of a run takes
-//!    a [`WritePermit`] ([`LeaseGuard::write_gate`],
-//!    [`LeaseGuard::begin_write`]) and keeps it until the write has ended —
-//!    moved into whatever finishes the write, not held by a future that a
-//!    cancelled run drops while the write goes on. Permits are refused
+//!    a [`WritePermit`] and keeps it until the write has ended —
+//!    [`LeaseGuard::spawn_write`] does both, running the write on a task of
+//!    its own; by hand, take it with [`LeaseGuard::begin_write`] and move it
+//!    into whatever finishes the write. Never hold it in a future that a
+//!    cancelled run may drop while the write goes on (a `select!` branch
+//!    not taken): the write may still land, and must not land after the
+//!    next owner's first write. Permits are refused
 //!    ([`KeeperErrorKind::RunEnded`]) once the run lost its lease or its
 //!    release began. The release first waits for every permit, at most the
 //!    write wait ([`KeeperBuilder::write_wait`]); past it the lease is *not*
@@ -200,7 +226,11 @@
 //!
 //! The TTL given to [`LeaseKeeper::builder`] must therefore be the TTL the
 //! backend grants (or less): that, not the expiry field, is what the keeper
-//! reckons with.
+//! reckons with. A backend that says what it grants
+//! ([`granted_ttl`](lease_port::SessionLease::granted_ttl); every backend of
+//! this workspace does, and `grpcdriver` once given its `min_grant`) is
+//! checked when the keeper is built: a keeper TTL longer than the grants is
+//! refused as `Invalid`.
 //!
 //! # Runtime
 //!
@@ -217,6 +247,7 @@ pub use error::{KeeperError, KeeperErrorKind};
 pub use keeper::{
     DEFAULT_JITTER, DEFAULT_LOCK_WAIT, DEFAULT_RELEASE_TIMEOUT, DEFAULT_RENEW_BATCH_LIMIT,
     DEFAULT_RENEW_FRACTION, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_WRITE_WAIT, KeeperBuilder,
-    LeaseGuard, LeaseKeeper, LossReason, ShutdownReport, WriteGate, WritePermit,
+    LeaseGuard, LeaseKeeper, LossReason, LossSignal, ShutdownReport, WriteGate, WritePermit,
+    WriteTask,
 };
 pub use metrics::{KeeperMetrics, NoMetrics, RenewOutcome};

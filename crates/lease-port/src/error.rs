@@ -54,6 +54,13 @@ impl fmt::Display for LeaseErrorKind {
 
 type Source = Box<dyn StdError + Send + Sync + 'static>;
 
+/// Who holds a session, as far as the backend said.
+#[derive(Debug, Default)]
+struct HeldBy {
+    holder: Option<OwnerId>,
+    left: Option<std::time::Duration>,
+}
+
 /// The error every [`SessionLease`](crate::SessionLease) operation returns.
 ///
 /// Match on [`kind()`](Self::kind); the underlying cause, when there is one,
@@ -77,7 +84,9 @@ type Source = Box<dyn StdError + Send + Sync + 'static>;
 pub struct LeaseError {
     kind: LeaseErrorKind,
     message: Cow<'static, str>,
-    holder: Option<OwnerId>,
+    /// Boxed: most errors have no holder, and an error travels in every
+    /// `Result` of the crates above, so it is kept small.
+    held: Option<Box<HeldBy>>,
     #[source]
     source: Option<Source>,
 }
@@ -88,7 +97,7 @@ impl LeaseError {
         Self {
             kind,
             message: message.into(),
-            holder: None,
+            held: None,
             source: None,
         }
     }
@@ -99,10 +108,11 @@ impl LeaseError {
             Some(h) => Cow::Owned(format!("held by {h}")),
             None => Cow::Borrowed("held by another owner or no longer ours"),
         };
-        Self {
-            holder,
-            ..Self::new(LeaseErrorKind::Held, message)
+        let mut e = Self::new(LeaseErrorKind::Held, message);
+        if let Some(holder) = holder {
+            e = e.with_holder(holder);
         }
+        e
     }
 
     /// The backend cannot provide leases at all.
@@ -135,7 +145,17 @@ impl LeaseError {
     /// Records the live holder (meaningful for [`LeaseErrorKind::Held`]).
     #[must_use]
     pub fn with_holder(mut self, holder: OwnerId) -> Self {
-        self.holder = Some(holder);
+        self.held.get_or_insert_default().holder = Some(holder);
+        self
+    }
+
+    /// Records how much longer the holder's lease lives, as the backend
+    /// judged when it answered (meaningful for [`LeaseErrorKind::Held`]): a
+    /// caller can say when to try again. A holder that keeps renewing
+    /// holds on past it.
+    #[must_use]
+    pub fn with_held_for(mut self, left: std::time::Duration) -> Self {
+        self.held.get_or_insert_default().left = Some(left);
         self
     }
 
@@ -146,7 +166,12 @@ impl LeaseError {
 
     /// The owner holding the session, when the backend knows it.
     pub fn holder(&self) -> Option<&OwnerId> {
-        self.holder.as_ref()
+        self.held.as_ref().and_then(|h| h.holder.as_ref())
+    }
+
+    /// How much longer the holder's lease lives, when the backend said.
+    pub fn held_for(&self) -> Option<std::time::Duration> {
+        self.held.as_ref().and_then(|h| h.left)
     }
 
     /// The detail given when the error was made.
@@ -159,8 +184,13 @@ impl LeaseError {
         self.kind == LeaseErrorKind::Transient
     }
 
+    /// The cause is part of the text: a caller that prints only the error
+    /// (most do) still sees why.
     fn render(&self) -> String {
-        format!("{}: {}", self.kind, self.message)
+        match &self.source {
+            Some(source) => format!("{}: {}: {source}", self.kind, self.message),
+            None => format!("{}: {}", self.kind, self.message),
+        }
     }
 }
 
@@ -168,7 +198,7 @@ impl fmt::Debug for LeaseError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut d = f.debug_struct("LeaseError");
         d.field("kind", &self.kind).field("message", &self.message);
-        if let Some(h) = &self.holder {
+        if let Some(h) = self.holder() {
             d.field("holder", h);
         }
         if let Some(s) = &self.source {

@@ -131,6 +131,7 @@
 
 mod clock;
 mod error;
+mod fence;
 mod id;
 mod lease;
 mod port;
@@ -139,6 +140,7 @@ mod port;
 pub use clock::ManualClock;
 pub use clock::{Clock, MonotonicWallClock, SystemClock};
 pub use error::{LeaseError, LeaseErrorKind};
+pub use fence::{Fence, WriteFence};
 pub use id::{AuthorityId, MAX_ID_LEN, OwnerId, SessionId};
 pub use lease::{FencingToken, Lease};
 pub use port::SessionLease;

@@ -134,6 +134,19 @@ pub trait SessionLease: Send + Sync {
     fn renews_in_batches(&self) -> bool {
         false
     }
+
+    /// How long every lease this backend grants lives, at least, counted
+    /// from when the call that granted or renewed it was sent; `None` when
+    /// the backend cannot say before it grants.
+    ///
+    /// A caller that times its leases on its own clock (the lease keeper
+    /// renews and gives up a lease by its own TTL) compares its TTL with
+    /// this once, and refuses a backend that grants less: two owners would
+    /// otherwise overlap for the difference. Backends that take their TTL
+    /// from their configuration answer it; the default is `None`.
+    fn granted_ttl(&self) -> Option<std::time::Duration> {
+        None
+    }
 }
 
 macro_rules! forward {
@@ -168,6 +181,9 @@ macro_rules! forward {
             }
             fn renews_in_batches(&self) -> bool {
                 (**self).renews_in_batches()
+            }
+            fn granted_ttl(&self) -> Option<std::time::Duration> {
+                (**self).granted_ttl()
             }
         }
     )*};

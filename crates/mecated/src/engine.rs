@@ -15,10 +15,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lease_keeper::{KeeperError, KeeperErrorKind, LeaseGuard, LeaseKeeper, WriteGate};
-use lease_port::{FencingToken, OwnerId, SessionId};
+use lease_port::{FencingToken, SessionId};
 use serde_json::{Value, json};
 use session_store::{
-    AppendReceipt, Fence, ListCursor, Page, SessionPage, SessionStore, StoreError, StoreErrorKind,
+    AppendReceipt, ListCursor, Page, SessionPage, SessionStore, StoreError, StoreErrorKind,
     StoredEvent, WriteFence,
 };
 use tokio::runtime::Handle;
@@ -96,33 +96,9 @@ struct EngineInner {
     shutting_down: CancellationToken,
     leased: bool,
     single_process: bool,
-    /// The writer this process's fenced writes name: the lease owner plus
-    /// an id of this incarnation. Owner ids are often stable across
-    /// restarts (`--owner $POD_NAME`), and a backend hands a live lease back
-    /// to its owner with the same token; the store refuses an equal token
-    /// from another writer, so a second incarnation under one owner id can
-    /// never write beside the first under one token.
-    writer: OwnerId,
     /// Runs of this process by token, and the lease view for runs
     /// elsewhere.
     replicas: replicas::Replicas,
-}
-
-/// `owner#<random>`: the owner id extended by an id of this incarnation.
-fn incarnation_writer(owner: &OwnerId) -> OwnerId {
-    let nonce = std::hash::BuildHasher::hash_one(
-        &std::hash::RandomState::new(),
-        (std::process::id(), std::time::SystemTime::now()),
-    );
-    // An owner id near the length limit keeps its nonce by giving up its
-    // tail: the writer must differ between incarnations, not read nicely.
-    let mut writer = owner.as_str().to_owned();
-    let suffix = format!("#{nonce:016x}");
-    while writer.len() + suffix.len() > lease_port::MAX_ID_LEN {
-        writer.pop();
-    }
-    writer.push_str(&suffix);
-    OwnerId::new(writer).expect("an owner id with a hex suffix is valid")
 }
 
 /// How the process proved, or failed to prove, that it alone serves its
@@ -248,7 +224,6 @@ impl Engine {
         metrics: Arc<Metrics>,
         exclusivity: Exclusivity,
     ) -> Self {
-        let writer = incarnation_writer(keeper.owner());
         let store_fault = Arc::new(store_watch::StoreFault::default());
         let store = Arc::new(store_watch::WatchedStore {
             inner: store,
@@ -267,7 +242,6 @@ impl Engine {
                 shutting_down: CancellationToken::new(),
                 leased: exclusivity == Exclusivity::Leased,
                 single_process: exclusivity == Exclusivity::ProvenSingleProcess,
-                writer,
                 replicas: replicas::Replicas::default(),
             }),
         }
@@ -349,12 +323,14 @@ impl Engine {
     }
 
     /// The fence of a run's writes: its lease's token, and this
-    /// incarnation as the writer; unfenced when the run is unleased.
+    /// incarnation (the keeper's writer) as the writer; unfenced when the
+    /// run is unleased. Owner ids are often stable across restarts
+    /// (`--owner $POD_NAME`), and a backend hands a live lease back to its
+    /// owner with the same token; the store refuses an equal token from
+    /// another writer, so a second incarnation under one owner id can never
+    /// write beside the first under one token.
     fn fence(&self, guard: &LeaseGuard) -> WriteFence {
-        match guard.lease() {
-            Some(lease) => WriteFence::from(Fence::new(lease.token(), self.inner.writer.clone())),
-            None => WriteFence::Unfenced,
-        }
+        guard.fence()
     }
 
     /// The process metrics.

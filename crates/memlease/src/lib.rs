@@ -9,8 +9,11 @@
 //!   tokens, cancellation on loss) with nothing to deploy.
 //!
 //! It does **not** coordinate separate processes: every process has its own
-//! table. For several processes on one host use `flocklease`; across hosts,
-//! a backend over a service they share.
+//! table, and each table is an authority of its own (its tokens start over
+//! at 1), unless [`MemLeaseBuilder::authority`] names a stable one for a
+//! single process over a persistent store. For several processes on one
+//! host use `flocklease`; across hosts, a backend over a service they
+//! share.
 //!
 //! # Example
 //!
@@ -133,6 +136,7 @@ pub struct MemLeaseBuilder {
     ttl: Duration,
     clock: Arc<dyn Clock>,
     shards: usize,
+    authority: Option<AuthorityId>,
 }
 
 impl MemLeaseBuilder {
@@ -155,6 +159,26 @@ impl MemLeaseBuilder {
         self
     }
 
+    /// Names the table's authority instead of a new one.
+    ///
+    /// By default every table, in every process, is an authority of its
+    /// own (`mem:<pid>:<n>:<random>`), since its tokens start over at 1. A
+    /// persistent store remembers the authority that fenced it and refuses
+    /// any other, so a single-process server over a `JsonlStore` with the
+    /// default would be refused at its second start. Naming a stable
+    /// authority lets it start; because the new table's tokens start low
+    /// again, acquire *above* what the store has seen
+    /// ([`acquire_above`](SessionLease::acquire_above) with the store's
+    /// high-water mark, as the lease keeper's `acquire_above_within` does)
+    /// or the store fences the first writes.
+    ///
+    /// Never give one authority to two tables that live at once: both
+    /// would issue the same tokens to different owners.
+    pub fn authority(mut self, authority: AuthorityId) -> Self {
+        self.authority = Some(authority);
+        self
+    }
+
     /// Builds the table.
     pub fn build(self) -> MemLease {
         MemLease {
@@ -163,7 +187,7 @@ impl MemLeaseBuilder {
                 hasher: RandomState::new(),
                 ttl: self.ttl,
                 clock: self.clock,
-                authority: new_authority(),
+                authority: self.authority.unwrap_or_else(new_authority),
             }),
         }
     }
@@ -181,6 +205,7 @@ impl MemLease {
             ttl: DEFAULT_TTL,
             clock: Arc::new(SystemClock),
             shards: DEFAULT_SHARDS,
+            authority: None,
         }
     }
 
@@ -252,7 +277,8 @@ impl MemLease {
             Entry::Occupied(mut e) => {
                 let h = e.get_mut();
                 if now < h.expiry && h.owner != *owner {
-                    return Err(LeaseError::held(Some(h.owner.clone())));
+                    let left = h.expiry.duration_since(now).unwrap_or_default();
+                    return Err(LeaseError::held(Some(h.owner.clone())).with_held_for(left));
                 }
                 if now < h.expiry && h.token > floor {
                     // The live holder re-acquiring keeps its epoch.
@@ -392,9 +418,14 @@ impl SessionLease for MemLease {
         Ok(self.current_now(session))
     }
 
-    /// Unique to this table: its tokens start over in any other.
+    /// Unique to this table unless the builder named one: its tokens start
+    /// over in any other.
     async fn authority(&self) -> Result<AuthorityId, LeaseError> {
         Ok(self.table.authority.clone())
+    }
+
+    fn granted_ttl(&self) -> Option<Duration> {
+        Some(self.table.ttl)
     }
 }
 
@@ -608,6 +639,16 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.kind(), LeaseErrorKind::Invalid);
         assert!(leases.renew(&held).await.is_ok(), "the grant is untouched");
+    }
+
+    #[tokio::test]
+    async fn tables_are_authorities_of_their_own_unless_one_is_named() {
+        let (a, b) = (MemLease::new(DEFAULT_TTL), MemLease::new(DEFAULT_TTL));
+        assert_ne!(a.authority().await.unwrap(), b.authority().await.unwrap());
+        let named = AuthorityId::new("mem:chat-backend").unwrap();
+        let c = MemLease::builder().authority(named.clone()).build();
+        assert_eq!(c.authority().await.unwrap(), named);
+        assert_eq!(c.granted_ttl(), Some(DEFAULT_TTL));
     }
 
     #[tokio::test]

@@ -412,6 +412,10 @@ impl SessionLease for RedisLease {
     fn renews_in_batches(&self) -> bool {
         true
     }
+
+    fn granted_ttl(&self) -> Option<Duration> {
+        Some(self.ttl())
+    }
 }
 
 /// The grant string a lease key holds.

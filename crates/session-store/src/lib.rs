@@ -333,8 +333,11 @@ pub use jsonl::{
     GENERATION_FILE_NAME, GRAVEYARD_FILE_NAME, GenerationCheck, JsonlOptions, JsonlStore,
     ReclaimReport, StoreGeneration, WITNESS_DIR_NAME, adopt_store_dir,
 };
+/// The fence types are the lease contract's; re-exported so a store's
+/// callers need no second import.
+pub use lease_port::{Fence, WriteFence};
 pub use model::{
-    AppendReceipt, CancelRequest, Fence, ListCursor, MAX_LIST_LIMIT, Page, SessionPage,
-    StoredEvent, WriteFence, check_list_limit,
+    AppendReceipt, CancelRequest, ListCursor, MAX_LIST_LIMIT, Page, SessionPage, StoredEvent,
+    check_list_limit,
 };
 pub use port::{APPEND_POLL_INTERVAL, SessionStore, poll_for_append};

@@ -2,87 +2,10 @@
 
 use std::time::SystemTime;
 
-use lease_port::{FencingToken, Lease, OwnerId, SessionId};
+use lease_port::{FencingToken, SessionId};
 use serde_json::Value;
 
 use crate::StoreError;
-
-/// A writer's proof of its right to change a session: its lease token
-/// *and* the owner the lease was issued to.
-///
-/// A token alone is not enough: two lease authorities (two lease
-/// directories, say) both hand out token 1, and a store must not let two
-/// writers share a mark. The store binds its high-water mark to the
-/// writer that set it and refuses an equal token from anyone else.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Fence {
-    token: FencingToken,
-    owner: OwnerId,
-}
-
-impl Fence {
-    /// The fence of `owner` holding a lease with `token`.
-    pub fn new(token: FencingToken, owner: OwnerId) -> Self {
-        Self { token, owner }
-    }
-
-    /// The lease token.
-    pub fn token(&self) -> FencingToken {
-        self.token
-    }
-
-    /// The owner (one process incarnation) the lease was issued to.
-    pub fn owner(&self) -> &OwnerId {
-        &self.owner
-    }
-}
-
-impl From<&Lease> for Fence {
-    fn from(lease: &Lease) -> Self {
-        Fence::new(lease.token(), lease.owner().clone())
-    }
-}
-
-/// How a write proves its right to change a session.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum WriteFence {
-    /// The writer's lease token and owner. Refused when the token is below
-    /// the session's high-water mark, or equal to it while the mark belongs
-    /// to another owner; otherwise accepted, and a higher token raises the
-    /// mark and binds it to this owner.
-    Fenced(Fence),
-    /// No token: the deployment runs unleased. Accepted only by a store
-    /// configured to allow it, and only while the session has never
-    /// accepted a fenced write.
-    Unfenced,
-}
-
-impl WriteFence {
-    /// The fence of `owner` holding a lease with `token`.
-    pub fn new(token: FencingToken, owner: OwnerId) -> Self {
-        WriteFence::Fenced(Fence::new(token, owner))
-    }
-}
-
-impl From<Fence> for WriteFence {
-    fn from(fence: Fence) -> Self {
-        WriteFence::Fenced(fence)
-    }
-}
-
-impl From<&Lease> for WriteFence {
-    fn from(lease: &Lease) -> Self {
-        WriteFence::Fenced(lease.into())
-    }
-}
-
-/// `Some(lease)` → [`WriteFence::Fenced`], `None` → [`WriteFence::Unfenced`]:
-/// what a lease guard's `lease()` maps to.
-impl From<Option<&Lease>> for WriteFence {
-    fn from(lease: Option<&Lease>) -> Self {
-        lease.map_or(WriteFence::Unfenced, WriteFence::from)
-    }
-}
 
 /// One stored event.
 #[derive(Debug, Clone, PartialEq)]

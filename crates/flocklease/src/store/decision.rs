@@ -214,7 +214,9 @@ impl<'a> Judge<'a> {
                 },
             ) if self.live(r) => {
                 if holder != owner {
-                    return Ok(Plan::nothing(Err(LeaseError::held(Some(holder.clone())))));
+                    return Ok(Plan::nothing(Err(
+                        LeaseError::held(Some(holder.clone())).with_held_for(self.left(r))
+                    )));
                 }
                 if r.token > floor {
                     // The live holder re-acquiring keeps its epoch. Sync

@@ -549,4 +549,11 @@ impl SessionLease for GrpcLease {
     fn renews_in_batches(&self) -> bool {
         true
     }
+
+    /// The [`min_grant`](crate::GrpcLeaseBuilder::min_grant) this client
+    /// holds every grant to, when set: the service's own TTL is known only
+    /// from its answers, and a grant shorter than the minimum is refused.
+    fn granted_ttl(&self) -> Option<Duration> {
+        self.inner.min_grant
+    }
 }

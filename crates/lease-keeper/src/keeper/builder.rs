@@ -2,6 +2,7 @@
 //! checks the configuration once so the running keeper can trust it.
 
 use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -24,8 +25,10 @@ pub const DEFAULT_JITTER: f64 = 0.1;
 pub const DEFAULT_RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default bound on [`LeaseKeeper::shutdown`].
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
-/// Default bound on waiting for the per-session in-process lock.
-pub const DEFAULT_LOCK_WAIT: Duration = Duration::from_secs(30);
+/// Default bound on waiting for a live run of the same session in this
+/// process: none, so a competitor here is refused at once, as one on
+/// another process is.
+pub const DEFAULT_LOCK_WAIT: Duration = Duration::ZERO;
 /// Default bound on waiting, when a run ends, for the writes it started.
 pub const DEFAULT_WRITE_WAIT: Duration = Duration::from_secs(5);
 /// Default for the most leases renewed in one batch call.
@@ -101,8 +104,14 @@ impl KeeperBuilder {
         self
     }
 
-    /// Bound on waiting for a run of the same session in this process to
-    /// end. Default 30 s.
+    /// Bound on waiting for a live run of the same session in this process
+    /// to end. Default zero: the second run is refused at once with
+    /// [`Busy`](crate::KeeperErrorKind::Busy), exactly as a run on another
+    /// process is refused with `LeasedElsewhere`; set a bound to queue
+    /// runs of one session in one process instead. A run whose release has
+    /// already begun is always waited for (at most the write wait plus the
+    /// release timeout), so a request arriving just after the previous run
+    /// answered is not refused.
     pub fn lock_wait(mut self, bound: Duration) -> Self {
         self.lock_wait = bound;
         self
@@ -118,14 +127,17 @@ impl KeeperBuilder {
     }
 
     /// Whether a backend answering `Unsupported` (it cannot lease at all)
-    /// turns the keeper unleased for good. Default `true`, for a process
-    /// that offers leasing when the deployment has it.
+    /// turns the keeper unleased for good. Default `false`: a keeper built
+    /// over a backend must never silently stop fencing, so `Unsupported`
+    /// fails the run as [`Unavailable`](crate::KeeperErrorKind::Unavailable)
+    /// (retryable, like any backend fault), is reported by
+    /// [`LeaseKeeper::backend_fault`], and later runs keep asking the
+    /// backend.
     ///
-    /// A server configured *for* leases sets `false`: it must never
-    /// silently run unleased, so `Unsupported` then fails the run as
-    /// [`Unavailable`](crate::KeeperErrorKind::Unavailable) (retryable, like
-    /// any backend fault), is reported by [`LeaseKeeper::backend_fault`],
-    /// and later runs keep asking the backend.
+    /// Set `true` only for a process that leases when its deployment can
+    /// and otherwise proves by other means that it alone drives its
+    /// sessions (a store that accepts unfenced writes only from a single
+    /// process, say).
     pub fn allow_unleased(mut self, allow: bool) -> Self {
         self.allow_unleased = allow;
         self
@@ -150,11 +162,22 @@ impl KeeperBuilder {
     /// Checks the configuration and builds the keeper. Needs no runtime.
     ///
     /// Errors with [`KeeperErrorKind::Invalid`](crate::KeeperErrorKind::Invalid)
-    /// for a zero TTL, a renew fraction outside `(0, 1)`, a jitter
-    /// outside `[0, 0.5]` or a zero renew batch limit.
+    /// for a zero TTL, a TTL longer than the backend says it grants
+    /// ([`SessionLease::granted_ttl`]: the keeper would act on a lease the
+    /// backend already gave to someone else), a renew fraction outside
+    /// `(0, 1)`, a jitter outside `[0, 0.5]` or a zero renew batch limit.
     pub fn build(self) -> Result<LeaseKeeper, KeeperError> {
         if self.ttl.is_zero() {
             return Err(KeeperError::invalid("the TTL must be positive"));
+        }
+        if let Some(granted) = self.backend.granted_ttl()
+            && granted < self.ttl
+        {
+            return Err(KeeperError::invalid(format!(
+                "the lease backend grants leases of {granted:?}, shorter than the keeper's TTL \
+                 of {:?}: give the keeper a TTL of at most {granted:?}, or the backend a longer one",
+                self.ttl
+            )));
         }
         if !(self.renew_fraction > 0.0 && self.renew_fraction < 1.0) {
             return Err(KeeperError::invalid(format!(
@@ -179,6 +202,7 @@ impl KeeperBuilder {
         Ok(LeaseKeeper {
             core: Arc::new(KeeperCore {
                 backend: self.backend,
+                writer: incarnation_writer(&self.owner),
                 owner: self.owner,
                 ttl: self.ttl,
                 interval,
@@ -211,4 +235,20 @@ impl KeeperBuilder {
             }),
         })
     }
+}
+
+/// `owner#<random>`: the owner id extended by an id of this keeper, unique
+/// across keepers and process incarnations.
+fn incarnation_writer(owner: &OwnerId) -> OwnerId {
+    let nonce = RandomState::new().hash_one((std::process::id(), std::time::SystemTime::now()));
+    // An owner id near the length limit keeps its nonce by giving up its
+    // tail: the writer must differ between incarnations, not read nicely.
+    let suffix = format!("#{nonce:016x}");
+    let mut writer = owner.as_str().to_owned();
+    while writer.len() + suffix.len() > lease_port::MAX_ID_LEN {
+        writer.pop();
+    }
+    writer.push_str(&suffix);
+    // Never fails: the owner was a valid id, and the suffix is ASCII.
+    OwnerId::new(writer).unwrap_or_else(|_| owner.clone())
 }

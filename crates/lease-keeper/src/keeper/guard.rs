@@ -3,23 +3,24 @@
 
 use std::sync::Arc;
 
-use lease_port::{FencingToken, Lease, SessionId};
+use lease_port::{FencingToken, Lease, SessionId, WriteFence};
 use tokio::runtime::Handle;
 use tokio::sync::watch;
-use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use super::lock;
 use super::release::{DetachOnDrop, ReleaseFuture, release_holding};
 use super::run::{LossReason, Run};
 use super::state::{HeldSessionLock, KeeperCore};
-use super::writes::{WriteGate, WritePermit};
+use super::writes::{LossSignal, WriteGate, WritePermit, WriteTask};
 use crate::KeeperError;
 
 /// One run of a session: holds the in-process lock and (unless the keeper
 /// runs unleased) the lease, renewed in the background.
 ///
-/// Watch [`lost`](Self::lost) and stop the run when it fires; tag every
-/// store write with [`token`](Self::token). End the run with
+/// Watch [`lost`](Self::lost) and stop the run when it fires; pass
+/// [`fence`](Self::fence) with every store write, made through
+/// [`spawn_write`](Self::spawn_write) (or holding a
+/// [`WritePermit`] until it has ended). End the run with
 /// [`finish`](Self::finish), or drop the guard: either way the lease is
 /// released on a detached task that dropping the caller's future cannot
 /// cancel, and the next run of the session in this process starts only
@@ -54,10 +55,55 @@ impl LeaseGuard {
         self.lease_rx.borrow().clone()
     }
 
-    /// The fencing token to attach to every write; `None` when unleased
-    /// (the store must then be told the write is unfenced).
+    /// The lease's fencing token; `None` when unleased. A store write
+    /// takes [`fence`](Self::fence), which also names the writer.
     pub fn token(&self) -> Option<FencingToken> {
         self.lease_rx.borrow().as_ref().map(Lease::token)
+    }
+
+    /// What every store write of this run carries: the lease's token and
+    /// this keeper's [`writer`](crate::LeaseKeeper::writer), or
+    /// [`WriteFence::Unfenced`] when the run is unleased.
+    ///
+    /// `session-store`'s `append` takes it as it is.
+    pub fn fence(&self) -> WriteFence {
+        match self.lease_rx.borrow().as_ref() {
+            Some(lease) => WriteFence::new(lease.token(), self.core.writer.clone()),
+            None => WriteFence::Unfenced,
+        }
+    }
+
+    /// Runs one store write on a task of its own, holding a
+    /// [`WritePermit`] until it has ended, and gives back its outcome.
+    ///
+    /// `write` is handed this run's [`fence`](Self::fence). Dropping the
+    /// returned [`WriteTask`] (a client disconnecting, a `select!` taking
+    /// another branch) does not stop the write: it runs to its end, and the
+    /// run's release, and the next run of the session in this process, wait
+    /// for it. That is the point: a write dropped half-way may still land,
+    /// and must not land inside the next owner's run. Errors with
+    /// [`RunEnded`](crate::KeeperErrorKind::RunEnded), starting nothing,
+    /// once the run lost its lease or began its release.
+    ///
+    /// The keeper's [`shutdown`](crate::LeaseKeeper::shutdown) waits for
+    /// these tasks within its bound.
+    pub fn spawn_write<F, Fut, T>(&self, write: F) -> Result<WriteTask<T>, KeeperError>
+    where
+        F: FnOnce(WriteFence) -> Fut,
+        Fut: Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let permit = self.begin_write()?;
+        let write = write(self.fence());
+        let task = self.core.tracker.spawn_on(
+            async move {
+                let out = write.await;
+                drop(permit);
+                out
+            },
+            &self.handle,
+        );
+        Ok(WriteTask::new(task))
     }
 
     /// True when the run holds a lease; false when the backend answered
@@ -73,14 +119,14 @@ impl LeaseGuard {
 
     /// A future that completes when ownership is lost (or shutdown ended
     /// the run). Never completes for an unleased run unless shutdown ends it.
-    pub fn lost(&self) -> WaitForCancellationFutureOwned {
+    pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
         self.run.lost.clone().cancelled_owned()
     }
 
-    /// A cancellation token that fires on loss, to hand to the run's tasks.
-    /// Cancelling it yourself affects nothing but its own children.
-    pub fn loss_token(&self) -> CancellationToken {
-        self.run.lost.child_token()
+    /// The loss signal, to hand to the run's tasks: cheap to clone, and
+    /// it outlives the guard.
+    pub fn loss_signal(&self) -> LossSignal {
+        LossSignal::new(self.run.lost.clone())
     }
 
     /// True once the loss signal has fired.

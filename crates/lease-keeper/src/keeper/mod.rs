@@ -26,7 +26,7 @@ use lease_port::{
     FencingToken, Lease, LeaseError, LeaseErrorKind, OwnerId, SessionId, SessionLease,
 };
 use tokio::runtime::Handle;
-use tokio::sync::watch;
+use tokio::sync::{OwnedMutexGuard, watch};
 use tokio::time::{Instant, timeout};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info_span, warn};
@@ -40,9 +40,9 @@ pub use guard::LeaseGuard;
 pub use release::ShutdownReport;
 pub use run::LossReason;
 use run::{Run, RunState};
-use state::{HeldSessionLock, KeeperCore};
+use state::{HeldSessionLock, KeeperCore, SessionSlot};
 use writes::WriteTracker;
-pub use writes::{WriteGate, WritePermit};
+pub use writes::{LossSignal, WriteGate, WritePermit, WriteTask};
 
 /// What one acquire call gave.
 enum Granted {
@@ -97,7 +97,7 @@ impl LeaseKeeper {
             write_wait: DEFAULT_WRITE_WAIT,
             renew_batch_limit: DEFAULT_RENEW_BATCH_LIMIT,
             metrics: Arc::new(NoMetrics),
-            allow_unleased: true,
+            allow_unleased: false,
         }
     }
 
@@ -113,6 +113,16 @@ impl LeaseKeeper {
     /// The owner identity this keeper acquires with.
     pub fn owner(&self) -> &OwnerId {
         &self.core.owner
+    }
+
+    /// The writer this keeper's fences name ([`LeaseGuard::fence`]): the
+    /// owner followed by `#` and an id of this keeper. Owner ids are often
+    /// stable across restarts (a pod name), and a backend hands a live
+    /// lease back to its owner under the same token; a store refuses an
+    /// equal token from another writer, so a restarted process can never
+    /// write beside its previous incarnation under one token.
+    pub fn writer(&self) -> &OwnerId {
+        &self.core.writer
     }
 
     /// The TTL the keeper reckons with.
@@ -209,30 +219,16 @@ impl LeaseKeeper {
         if core.shutdown.is_cancelled() {
             return Err(KeeperError::ShuttingDown);
         }
-        let mutex = core.session_mutex(session);
-        let started = Instant::now();
-        let session_lock = tokio::select! {
-            biased;
-            () = core.shutdown.cancelled() => Err(KeeperError::ShuttingDown),
-            r = timeout(wait, mutex.lock_owned()) => r.map_err(|_| KeeperError::Busy {
-                session: session.clone(),
-                waited: started.elapsed(),
-            }),
-        };
-        let session_lock = match session_lock {
-            Ok(p) => p,
+        let slot = core.session_slot(session);
+        let session_lock = match self.lock_session(&slot, session, wait).await {
+            Ok(guard) => HeldSessionLock::new(guard, slot, Arc::clone(core), session.clone()),
             Err(e) => {
-                core.forget_session_mutex(session);
+                core.forget_session_slot(session, slot);
                 return Err(e);
             }
         };
         // From here on the held lock travels with the run; every early return
         // drops it and cleans the lock map through `HeldSessionLock`'s drop.
-        let session_lock = HeldSessionLock {
-            guard: Some(session_lock),
-            core: Arc::clone(core),
-            session: session.clone(),
-        };
 
         if core.unsupported.load(Ordering::Acquire) {
             return self.open_run(session, None, None, session_lock);
@@ -248,6 +244,44 @@ impl LeaseKeeper {
         };
         let (lease, sent) = self.fresh(session, lease, sent).await?;
         self.open_run(session, Some(lease), Some(sent), session_lock)
+    }
+
+    /// Takes the session's in-process lock. A run of the session that is
+    /// live here is waited for at most `wait` (by default not at all: a
+    /// competitor in this process is refused like one elsewhere); one whose
+    /// release has begun is waited for until its lock is free, at most the
+    /// time its writes and its release may take — otherwise a request
+    /// arriving just after the previous run answered would be refused for
+    /// a session nobody is running.
+    async fn lock_session(
+        &self,
+        slot: &Arc<SessionSlot>,
+        session: &SessionId,
+        wait: Duration,
+    ) -> Result<OwnedMutexGuard<()>, KeeperError> {
+        let core = &self.core;
+        let started = Instant::now();
+        let ending_wait = wait.max(core.write_wait + core.release_timeout);
+        loop {
+            let ending_began = slot.ending_began();
+            tokio::pin!(ending_began);
+            ending_began.as_mut().enable();
+            let ending = slot.is_ending();
+            let deadline = started + if ending { ending_wait } else { wait };
+            tokio::select! {
+                biased;
+                () = core.shutdown.cancelled() => return Err(KeeperError::ShuttingDown),
+                guard = Arc::clone(&slot.mutex).lock_owned() => return Ok(guard),
+                () = &mut ending_began, if !ending => {}
+                () = tokio::time::sleep_until(deadline) => {
+                    return Err(KeeperError::Busy {
+                        session: session.clone(),
+                        waited: started.elapsed(),
+                        retry_after: core.ttl,
+                    });
+                }
+            }
+        }
     }
 
     /// One acquire call, bounded by the acquire timeout (never more than
@@ -277,6 +311,7 @@ impl LeaseKeeper {
                     LeaseErrorKind::Held => Err(KeeperError::LeasedElsewhere {
                         session: session.clone(),
                         holder: e.holder().cloned(),
+                        retry_after: e.held_for().unwrap_or(core.ttl),
                         source: e,
                     }),
                     LeaseErrorKind::Unsupported if core.allow_unleased => {

@@ -168,6 +168,7 @@ pub(super) async fn release_holding(
     run: Arc<Run>,
     session_lock: HeldSessionLock,
 ) -> Result<(), KeeperError> {
+    session_lock.mark_ending();
     let result = release_run(&core, &run).await;
     if run.writes.is_drained() {
         drop(session_lock);

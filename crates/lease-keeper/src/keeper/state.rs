@@ -22,8 +22,28 @@ use super::renew::renew_driver;
 use super::run::Run;
 use crate::KeeperMetrics;
 
-/// The in-process lock of one session.
-pub(super) type SessionMutex = tokio::sync::Mutex<()>;
+/// The in-process lock of one session, and whether the run holding it has
+/// begun to end: a competitor is refused at once while the holder runs, but
+/// waits for one that is only releasing — its lock is about to be free.
+#[derive(Default)]
+pub(super) struct SessionSlot {
+    pub(super) mutex: Arc<tokio::sync::Mutex<()>>,
+    ending: AtomicBool,
+    ending_began: Notify,
+}
+
+impl SessionSlot {
+    pub(super) fn is_ending(&self) -> bool {
+        self.ending.load(Ordering::Acquire)
+    }
+
+    /// A future that completes once the holder begins to end. Enable it
+    /// before reading [`is_ending`](Self::is_ending), so a holder that ends
+    /// in between still wakes it.
+    pub(super) fn ending_began(&self) -> tokio::sync::futures::Notified<'_> {
+        self.ending_began.notified()
+    }
+}
 
 /// The runs still open, which shutdown must end, and whether it has begun.
 #[derive(Default)]
@@ -45,6 +65,9 @@ pub(super) struct KeeperCore {
     pub(super) shutdown_timeout: Duration,
     pub(super) lock_wait: Duration,
     pub(super) write_wait: Duration,
+    /// The writer this keeper's fences name: the owner plus an id of this
+    /// keeper, unique to it.
+    pub(super) writer: OwnerId,
     pub(super) metrics: Arc<dyn KeeperMetrics>,
     pub(super) unsupported: AtomicBool,
     pub(super) allow_unleased: bool,
@@ -52,7 +75,7 @@ pub(super) struct KeeperCore {
     /// a timeout, or `Unsupported` refused): what readiness reports.
     /// Cleared by the next successful call.
     pub(super) backend_fault: Mutex<Option<String>>,
-    pub(super) locks: Mutex<HashMap<SessionId, Arc<SessionMutex>>>,
+    pub(super) locks: Mutex<HashMap<SessionId, Arc<SessionSlot>>>,
     pub(super) registry: Mutex<Registry>,
     pub(super) shutdown: CancellationToken,
     pub(super) tracker: TaskTracker,
@@ -158,18 +181,20 @@ impl KeeperCore {
         (self.interval / 4).max(Duration::from_millis(1))
     }
 
-    pub(super) fn session_mutex(&self, session: &SessionId) -> Arc<SessionMutex> {
+    pub(super) fn session_slot(&self, session: &SessionId) -> Arc<SessionSlot> {
         lock(&self.locks)
             .entry(session.clone())
             .or_default()
             .clone()
     }
 
-    /// Drops the session's lock entry when nobody holds or waits for it.
-    /// Every clone of the entry is made under the map lock, so a count of
-    /// one (the map's own) seen under it cannot grow behind our back.
-    pub(super) fn forget_session_mutex(&self, session: &SessionId) {
+    /// Gives back a holder's or waiter's `slot`, and drops the session's
+    /// entry when nobody else holds or waits for it. Every clone of the
+    /// entry is made under the map lock, so a count of one (the map's own)
+    /// seen under it cannot grow behind our back.
+    pub(super) fn forget_session_slot(&self, session: &SessionId, slot: Arc<SessionSlot>) {
         let mut locks = lock(&self.locks);
+        drop(slot);
         if locks
             .get(session)
             .is_some_and(|m| Arc::strong_count(m) == 1)
@@ -201,13 +226,42 @@ impl KeeperCore {
 /// run's release has finished.
 pub(super) struct HeldSessionLock {
     pub(super) guard: Option<OwnedMutexGuard<()>>,
+    pub(super) slot: Option<Arc<SessionSlot>>,
     pub(super) core: Arc<KeeperCore>,
     pub(super) session: SessionId,
+}
+
+impl HeldSessionLock {
+    /// Taken by a new run: it runs, and competitors are refused.
+    pub(super) fn new(
+        guard: OwnedMutexGuard<()>,
+        slot: Arc<SessionSlot>,
+        core: Arc<KeeperCore>,
+        session: SessionId,
+    ) -> Self {
+        slot.ending.store(false, Ordering::Release);
+        Self {
+            guard: Some(guard),
+            slot: Some(slot),
+            core,
+            session,
+        }
+    }
+
+    /// The run's release has begun: competitors wait for the lock now.
+    pub(super) fn mark_ending(&self) {
+        if let Some(slot) = &self.slot {
+            slot.ending.store(true, Ordering::Release);
+            slot.ending_began.notify_waiters();
+        }
+    }
 }
 
 impl Drop for HeldSessionLock {
     fn drop(&mut self) {
         drop(self.guard.take());
-        self.core.forget_session_mutex(&self.session);
+        if let Some(slot) = self.slot.take() {
+            self.core.forget_session_slot(&self.session, slot);
+        }
     }
 }

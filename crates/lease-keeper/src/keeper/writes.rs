@@ -146,3 +146,77 @@ impl Drop for WritePermit {
         self.run.writes.end();
     }
 }
+
+/// The outcome of a write started by
+/// [`LeaseGuard::spawn_write`](crate::LeaseGuard::spawn_write).
+///
+/// Await it for the write's output. Dropping it does not stop the write.
+/// A write that panicked carries its panic over to whoever awaits this.
+#[must_use = "dropping it does not stop the write, but loses its outcome"]
+pub struct WriteTask<T> {
+    task: tokio::task::JoinHandle<T>,
+}
+
+impl<T> WriteTask<T> {
+    pub(super) fn new(task: tokio::task::JoinHandle<T>) -> Self {
+        Self { task }
+    }
+}
+
+impl<T> std::fmt::Debug for WriteTask<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteTask")
+            .field("finished", &self.task.is_finished())
+            .finish()
+    }
+}
+
+impl<T> Future for WriteTask<T> {
+    type Output = T;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<T> {
+        std::pin::Pin::new(&mut self.task).poll(cx).map(|joined| {
+            joined.unwrap_or_else(|e| match e.try_into_panic() {
+                Ok(panic) => std::panic::resume_unwind(panic),
+                // Nothing aborts a write task: only a runtime shutting down
+                // under it can cancel one, and then no outcome exists.
+                Err(_) => panic!("the write's task was cancelled by its runtime shutting down"),
+            })
+        })
+    }
+}
+
+/// Fires when a run loses ownership (or shutdown ends it): what the run's
+/// tasks watch. Cheap to clone; made by
+/// [`LeaseGuard::loss_signal`](crate::LeaseGuard::loss_signal).
+#[derive(Clone)]
+pub struct LossSignal {
+    lost: tokio_util::sync::CancellationToken,
+}
+
+impl LossSignal {
+    pub(super) fn new(lost: tokio_util::sync::CancellationToken) -> Self {
+        Self { lost }
+    }
+
+    /// True once the run has lost ownership.
+    pub fn is_lost(&self) -> bool {
+        self.lost.is_cancelled()
+    }
+
+    /// Completes once the run has lost ownership.
+    pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        self.lost.clone().cancelled_owned()
+    }
+}
+
+impl std::fmt::Debug for LossSignal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LossSignal")
+            .field("lost", &self.is_lost())
+            .finish()
+    }
+}

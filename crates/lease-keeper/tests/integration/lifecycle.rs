@@ -289,10 +289,10 @@ async fn held_on_renew_cancels_the_run_and_never_releases_the_stale_lease() {
     let ours = guard.lease().unwrap();
 
     // The run: works until the loss signal fires.
-    let lost = guard.loss_token();
+    let lost = guard.loss_signal();
     let run = tokio::spawn(async move {
         tokio::select! {
-            () = lost.cancelled() => "cancelled",
+            () = lost.lost() => "cancelled",
             () = pending::<()>() => "finished",
         }
     });
@@ -413,7 +413,11 @@ async fn shutdown_releases_everything_and_refuses_new_runs() {
     }
     let k2 = k.clone();
     let first = ids[0].clone();
-    let waiter = tokio::spawn(async move { k2.acquire(&first).await.map(|_| ()) });
+    let waiter = tokio::spawn(async move {
+        k2.acquire_within(&first, Duration::from_secs(60))
+            .await
+            .map(|_| ())
+    });
     sleep(Duration::from_millis(5)).await;
 
     let report = k.shutdown().await;
@@ -485,7 +489,10 @@ impl SessionLease for NoLeases {
 #[tokio::test(start_paused = true)]
 async fn unsupported_is_consulted_once_then_runs_go_unleased() {
     let backend = Arc::new(NoLeases::default());
-    let k = LeaseKeeper::new(backend.clone(), owner("a"), TTL).unwrap();
+    let k = LeaseKeeper::builder(backend.clone(), owner("a"), TTL)
+        .allow_unleased(true)
+        .build()
+        .unwrap();
     for i in 0..3 {
         let g = k.acquire(&sid(&format!("s{i}"))).await.unwrap();
         assert!(!g.is_leased());
@@ -549,29 +556,43 @@ async fn a_failing_backend_is_reported_until_a_call_succeeds() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_second_run_of_a_session_waits_for_the_first_and_its_release() {
+async fn a_second_run_of_a_live_session_is_refused_at_once_but_waits_for_a_release() {
     let w = world();
     w.probe.faults.lock().unwrap().release_delay = Some(Duration::from_secs(1));
     let k = keeper(&w, 0.0);
     let first = k.acquire(&sid("s")).await.unwrap();
     let t1 = first.token().unwrap();
 
+    // Live here: refused at once, as a run elsewhere is.
+    let asked = tokio::time::Instant::now();
+    let err = k.acquire(&sid("s")).await.unwrap_err();
+    assert_eq!(err.kind(), KeeperErrorKind::Busy);
+    assert_eq!(asked.elapsed(), Duration::ZERO, "a live run was waited for");
+    assert!(err.is_retryable());
+    assert_eq!(err.retry_after(), Some(TTL));
+
+    // A wait asked for is a bound, not a promise.
     let err = k
         .acquire_within(&sid("s"), Duration::from_secs(2))
         .await
         .unwrap_err();
     assert_eq!(err.kind(), KeeperErrorKind::Busy);
-    assert!(err.is_retryable());
 
     // A cancelled waiter leaves nothing behind.
-    let cancelled = timeout(Duration::from_millis(10), k.acquire(&sid("s"))).await;
+    let cancelled = timeout(
+        Duration::from_millis(10),
+        k.acquire_within(&sid("s"), Duration::from_secs(60)),
+    )
+    .await;
     assert!(cancelled.is_err());
 
+    // Once the first run's release has begun, a plain acquire waits for it
+    // (1 s here) instead of being refused for a session nobody runs.
     let k2 = k.clone();
+    drop(first); // released on a detached task, taking 1 s
     let second = tokio::spawn(async move { k2.acquire(&sid("s")).await });
     sleep(Duration::from_millis(10)).await;
     assert!(!second.is_finished());
-    drop(first); // released on a detached task, taking 1 s
     let second = second.await.unwrap().unwrap();
     // The second run started only after the first lease was released.
     let calls = w.probe.calls();
@@ -807,18 +828,18 @@ async fn the_release_waits_for_the_writes_in_flight() {
 
     sleep(DEFAULT_WRITE_WAIT / 2).await;
     assert_eq!(w.probe.count(is_release), 0, "released under a write");
-    let busy = k
-        .acquire_within(&sid("s"), Duration::ZERO)
-        .await
-        .unwrap_err();
-    assert_eq!(busy.kind(), KeeperErrorKind::Busy);
+    // The next run waits for the ending one, and for its write.
+    let k2 = k.clone();
+    let next = tokio::spawn(async move { k2.acquire(&sid("s")).await });
+    sleep(Duration::from_millis(10)).await;
+    assert!(!next.is_finished(), "the next run started under a write");
     let refused = gate.begin().unwrap_err();
     assert_eq!(refused.kind(), KeeperErrorKind::RunEnded);
 
     drop(write);
     finish.await.unwrap().unwrap();
     assert_eq!(w.probe.count(is_release_done), 1);
-    k.acquire_within(&sid("s"), Duration::ZERO).await.unwrap();
+    next.await.unwrap().unwrap();
 }
 
 #[tokio::test(start_paused = true)]
@@ -881,6 +902,7 @@ async fn an_unleased_run_holds_the_session_until_its_writes_end() {
     let w = world();
     w.probe.faults.lock().unwrap().acquire = Some(LeaseErrorKind::Unsupported);
     let k = LeaseKeeper::builder(Arc::new(w.probe.clone()), owner("a"), TTL)
+        .allow_unleased(true)
         .write_wait(Duration::from_secs(1))
         .build()
         .unwrap();

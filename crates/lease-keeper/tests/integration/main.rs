@@ -6,4 +6,5 @@
 //! threads of one process.
 
 mod batch_renewal;
+mod fenced_writes;
 mod lifecycle;
