@@ -11,7 +11,7 @@ use lease_port::{FencingToken, Lease, LeaseErrorKind, SessionLease};
 use tokio::sync::Barrier;
 
 use crate::LeaseFactory;
-use crate::support::{check_grant, must, must_be_held, owner, past_expiry, session};
+use crate::support::{check_grant, must, must_be_held, must_renew, owner, past_expiry, session};
 use crate::timing::advance;
 
 /// Rule 1: a free lease is granted, and the grant describes the request.
@@ -53,7 +53,7 @@ pub async fn renew_extends<F: LeaseFactory>(f: &F) {
     let (s, a, b) = (session("renew"), owner("a"), owner("b"));
     let lease = must("acquire", c.acquire(&s, &a).await);
     advance(f, f.ttl() / 2).await;
-    let renewed = must("renew the live lease", c.renew(&lease).await);
+    let renewed = must_renew(f, "renew the live lease", &lease, c.renew(&lease).await);
     check_grant(f, "renew the live lease", &renewed, &s, &a);
     assert_eq!(renewed.token(), lease.token(), "renew changed the token");
     assert!(
@@ -67,7 +67,12 @@ pub async fn renew_extends<F: LeaseFactory>(f: &F) {
         other.acquire(&s, &b).await,
         Some(&a),
     );
-    let again = must("renew an older value of the grant", c.renew(&lease).await);
+    let again = must_renew(
+        f,
+        "renew an older value of the grant",
+        &lease,
+        c.renew(&lease).await,
+    );
     assert_eq!(again.token(), lease.token());
 }
 
@@ -127,7 +132,7 @@ pub async fn release_idempotent<F: LeaseFactory>(f: &F) {
         ca.acquire(&s, &a).await,
         Some(&b),
     );
-    must("b still renews", cb.renew(&lb).await);
+    must_renew(f, "b still renews", &lb, cb.renew(&lb).await);
 }
 
 /// Rules 1–2: a lease is live until its expiry and free after it; the
@@ -161,7 +166,7 @@ pub async fn takeover<F: LeaseFactory>(f: &F) {
         ca.acquire(&s, &a).await,
         Some(&b),
     );
-    let lb2 = must("b renews", cb.renew(&lb).await);
+    let lb2 = must_renew(f, "b renews", &lb, cb.renew(&lb).await);
     assert_eq!(lb2.token(), lb.token());
 }
 
@@ -237,7 +242,7 @@ pub async fn renew_after_loss<F: LeaseFactory>(f: &F) {
     let lb = must("b takes over", cb.acquire(&s, &b).await);
     must_be_held("renew after takeover", ca.renew(&la).await, Some(&b));
     // The stale holder renewing must not have disturbed the new one.
-    must("b renews", cb.renew(&lb).await);
+    must_renew(f, "b renews", &lb, cb.renew(&lb).await);
     must_be_held("a still out", ca.acquire(&s, &a).await, Some(&b));
 }
 
@@ -255,7 +260,12 @@ pub async fn stale_release_after_takeover<F: LeaseFactory>(f: &F) {
         cc.acquire(&s, &c).await,
         Some(&b),
     );
-    let lb2 = must("b renews after the stale release", cb.renew(&lb).await);
+    let lb2 = must_renew(
+        f,
+        "b renews after the stale release",
+        &lb,
+        cb.renew(&lb).await,
+    );
     assert_eq!(lb2.token(), lb.token());
 }
 
@@ -461,7 +471,12 @@ pub async fn invalid_input<F: LeaseFactory>(f: &F) {
         must("release under a forged token", c.release(&forged).await);
     }
     must_be_held("b after the forgeries", c.acquire(&s, &b).await, Some(&a));
-    let renewed = must("a renews after the forgeries", c.renew(&held).await);
+    let renewed = must_renew(
+        f,
+        "a renews after the forgeries",
+        &held,
+        c.renew(&held).await,
+    );
     assert_eq!(renewed.token(), held.token());
     assert!(
         renewed.expiry() < far,
@@ -560,7 +575,12 @@ pub async fn renew_many<F: LeaseFactory>(f: &F) {
         cb.acquire(&sessions[0], &b).await,
         Some(&a),
     );
-    must("b renews the session it took", cb.renew(&taken).await);
+    must_renew(
+        f,
+        "b renews the session it took",
+        &taken,
+        cb.renew(&taken).await,
+    );
 }
 
 /// `current` (optional: `Unsupported` passes) reports the live holder
@@ -599,7 +619,7 @@ pub async fn current_reports_the_live_holder<F: LeaseFactory>(f: &F) {
     );
 
     advance(f, f.ttl() / 2).await;
-    let renewed = must("a renews", ca.renew(&la).await);
+    let renewed = must_renew(f, "a renews", &la, ca.renew(&la).await);
     let after = check_current(f, "after the renewal", cb.current(&s).await, &renewed);
     assert!(
         after.expiry() > seen.expiry(),

@@ -29,7 +29,42 @@ pub(crate) fn owner(name: &str) -> OwnerId {
 pub(crate) fn must<T>(step: &str, r: Result<T, LeaseError>) -> T {
     match r {
         Ok(v) => v,
-        Err(e) => panic!("{step}: expected success, got {e:?}"),
+        Err(e) => panic!("{step}: expected success, got {e}"),
+    }
+}
+
+/// Unwraps a renewal the contract says must succeed; on failure, says
+/// whether the lease had expired on the factory's clock, which is what
+/// tells a backend bug from a case running late.
+#[track_caller]
+pub(crate) fn must_renew<F: LeaseFactory>(
+    f: &F,
+    step: &str,
+    lease: &Lease,
+    r: Result<Lease, LeaseError>,
+) -> Lease {
+    match r {
+        Ok(v) => v,
+        Err(e) => panic!(
+            "{step}: expected success, got {e}; {}",
+            lease_state(lease, f.now(), f.ttl())
+        ),
+    }
+}
+
+/// The state a case's lease was in at `now`, in words.
+pub(crate) fn lease_state(lease: &Lease, now: SystemTime, ttl: Duration) -> String {
+    let who = format!(
+        "the lease (token {}, owner {}) renewed had",
+        lease.token(),
+        lease.owner()
+    );
+    match lease.expiry().duration_since(now) {
+        Ok(left) => format!("{who} {left:?} of its {ttl:?} TTL left on the factory's clock"),
+        Err(past) => format!(
+            "{who} expired {:?} before, on the factory's clock (TTL {ttl:?})",
+            past.duration()
+        ),
     }
 }
 
@@ -50,7 +85,8 @@ pub(crate) fn must_be_held<T: std::fmt::Debug>(
                 );
             }
         }
-        other => panic!("{step}: expected a Held error, got {other:?}"),
+        Ok(v) => panic!("{step}: expected a Held error, but it succeeded ({v:?})"),
+        Err(e) => panic!("{step}: expected a Held error, got {e}"),
     }
 }
 
