@@ -29,7 +29,6 @@ pub(crate) const ALLOWED: &[(&str, &str, usize)] = &[
     ("testing/lease-history/src/timeline.rs", "render_svg", 256),
     ("crates/session-store/src/jsonl/generation.rs", "claim", 139),
     ("crates/redis-store/src/store.rs", "fenced", 169),
-    ("crates/mecated/src/backend.rs", "open", 171),
     ("crates/mecated/src/cli.rs", "leases", 136),
     ("testing/fault-runs/src/e2e/mod.rs", "run", 293),
     ("testing/fault-runs/src/injectors.rs", "inject", 149),

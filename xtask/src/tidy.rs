@@ -12,6 +12,12 @@ use crate::backends::BACKENDS;
 /// Crates allowed to depend on backends: the shipped servers choose one.
 const SERVERS: &[&str] = &["mecated", "mecatl-leased"];
 
+/// Libraries allowed to depend on backends besides the servers:
+/// `lease-backends` is the wiring the servers share (their flags turned
+/// into backends), each backend behind a cargo feature, so it drags in only
+/// what a server enables.
+const WIRING: &[&str] = &["lease-backends"];
+
 /// The crate that defines the trait (its blanket impls are not a backend).
 const PORT: &str = "lease-port";
 
@@ -221,23 +227,27 @@ fn opening_fences<'a>(docs: &'a [&'a str]) -> impl Iterator<Item = &'a str> + 'a
     })
 }
 
-/// Only the servers pick backends: a backend or library that depends on
-/// another backend would drag it into every consumer.
+/// Only the servers (and the wiring they share) pick backends: a backend
+/// or library that depends on another backend would drag it into every
+/// consumer.
 fn check_backend_isolation(ws: &Workspace) -> Vec<String> {
     let backends: Vec<String> = ws.backends().iter().map(|b| b.name.clone()).collect();
     let mut problems = Vec::new();
     for p in &ws.packages {
-        // The servers choose a backend; test support (never published)
-        // drives them all.
-        if SERVERS.contains(&p.name.as_str()) || !p.publish {
+        // The servers choose a backend, and their shared wiring opens it;
+        // test support (never published) drives them all.
+        let name = p.name.as_str();
+        if SERVERS.contains(&name) || WIRING.contains(&name) || !p.publish {
             continue;
         }
         for dep in &p.runtime_deps {
             if backends.contains(dep) {
                 problems.push(format!(
-                    "{} depends on backend {dep} (only {} may; use a dev-dependency for tests)",
+                    "{} depends on backend {dep} (only {} and {} may; use a dev-dependency \
+                     for tests)",
                     p.name,
-                    SERVERS.join(", ")
+                    SERVERS.join(", "),
+                    WIRING.join(", ")
                 ));
             }
         }

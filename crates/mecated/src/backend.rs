@@ -8,18 +8,26 @@
 //!    so a build can leave out what it does not deploy;
 //! 2. its flags → variant in [`LeaseChoice::from_args`], where contradictory
 //!    flags are refused;
-//! 3. its opening in this module's `open`, the function the server calls.
+//! 3. its opening in this module's `open`, the function the server calls
+//!    (through the `open` of its `lease-backends` configuration).
+//!
+//! The settings of a network backend and its opening from them are
+//! `lease-backends`' (shared with `mecatl-leased`, so both read one flag,
+//! one password file, one TLS file alike); what is `mecated`'s own stays
+//! here: which flag selects what, and what the store and the keeper demand
+//! of the backend once open.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use flocklease::{FlockLease, OwnerLock};
+use lease_backends::{DirLeases, OpenError, OpenErrorKind};
 use lease_port::{
-    AuthorityId, Lease, LeaseError, LeaseErrorKind, OwnerId, SessionId, SessionLease,
+    AuthorityId, Lease, LeaseError, LeaseErrorKind, OwnerId, SessionId, SessionLease, SystemClock,
 };
 use nix::fcntl::{Flock, FlockArg};
 use session_store::{
@@ -120,155 +128,31 @@ pub enum LeaseChoice {
 
 /// How to reach a remote lease service, for [`LeaseChoice::Service`].
 #[cfg(feature = "grpc")]
-#[derive(Clone, PartialEq, Eq)]
-pub struct LeaseService {
-    /// `HOST:PORT`, or an `http://` / `https://` URI.
-    pub address: String,
-    /// File holding the bearer token, if the service requires one.
-    pub token_file: Option<PathBuf>,
-    /// PEM CA of the service's certificate: TLS when set.
-    pub ca: Option<PathBuf>,
-    /// PEM client certificate and key, for mutual TLS.
-    pub identity: Option<(PathBuf, PathBuf)>,
-    /// The name the service's certificate is checked against.
-    pub tls_domain: Option<String>,
-    /// Send the token in plain text to a non-loopback address.
-    pub plaintext_token: bool,
-}
-
-#[cfg(feature = "grpc")]
-impl std::fmt::Debug for LeaseService {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LeaseService")
-            .field("address", &self.address)
-            .field("token_file", &self.token_file)
-            .field("tls", &self.ca.is_some())
-            .field("mutual_tls", &self.identity.is_some())
-            .finish()
-    }
-}
-
-#[cfg(feature = "grpc")]
-impl LeaseService {
-    fn from_args(args: &ServeArgs) -> Option<Self> {
-        Some(LeaseService {
-            address: args.session_lease_url.clone()?,
-            token_file: args.session_lease_token_file.clone(),
-            ca: args.session_lease_ca.clone(),
-            identity: args
-                .session_lease_cert
-                .clone()
-                .zip(args.session_lease_key.clone()),
-            tls_domain: args.session_lease_tls_domain.clone(),
-            plaintext_token: args.session_lease_plaintext_token,
-        })
-    }
-
-    /// The client. Its calls give up well within the renewal margin (a
-    /// sixth of the TTL, at most two seconds), so a stuck call never eats
-    /// the time the keeper has left to renew.
-    fn client(&self, ttl: Duration) -> Result<grpcdriver::GrpcLease, String> {
-        let read = |path: &PathBuf, what: &str| {
-            std::fs::read(path)
-                .map_err(|e| format!("cannot read the {what} {}: {e}", path.display()))
-        };
-        let mut b = grpcdriver::GrpcLease::builder(self.address.clone())
-            .call_timeout((ttl / 6).min(grpcdriver::DEFAULT_CALL_TIMEOUT))
-            // Every grant must cover the TTL the keeper counts on, or two
-            // owners could overlap; a shorter one is refused at once.
-            .min_grant(ttl)
-            .allow_plaintext_token(self.plaintext_token);
-        if let Some(path) = &self.token_file {
-            let token = String::from_utf8(read(path, "lease service token file")?)
-                .map_err(|_| format!("{} is not UTF-8", path.display()))?;
-            b = b.bearer_token(token.trim());
-        }
-        if let Some(ca) = &self.ca {
-            let mut tls = grpcdriver::ClientTls::new(read(ca, "lease service CA")?);
-            if let Some((cert, key)) = &self.identity {
-                tls = tls.identity(read(cert, "client certificate")?, read(key, "client key")?);
-            }
-            if let Some(domain) = &self.tls_domain {
-                tls = tls.domain(domain.clone());
-            }
-            b = b.tls(tls);
-        }
-        b.build().map_err(|e| e.to_string())
-    }
-}
+pub use lease_backends::LeaseService;
 
 /// How to reach etcd, for [`LeaseChoice::Etcd`].
 #[cfg(feature = "etcd")]
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EtcdLeases {
-    /// Client endpoints of the cluster.
-    pub endpoints: Vec<String>,
-    /// Key prefix shared by the servers.
-    pub prefix: String,
-    /// PEM CA of the members' certificates: TLS when set.
-    pub ca: Option<PathBuf>,
-    /// PEM client certificate and key, for mutual TLS.
-    pub identity: Option<(PathBuf, PathBuf)>,
-    /// A user and the file holding its password, for a cluster with
-    /// authentication enabled.
-    pub user: Option<(String, PathBuf)>,
-}
-
-#[cfg(feature = "etcd")]
-impl EtcdLeases {
-    fn open(&self, ttl: Duration) -> Result<etcdlease::EtcdLease, LeaseError> {
-        let read = |path: &PathBuf, what: &str| {
-            std::fs::read(path).map_err(|e| {
-                LeaseError::invalid(format!("cannot read the {what} {}: {e}", path.display()))
-            })
-        };
-        let mut b = etcdlease::EtcdLease::builder(self.endpoints.iter().map(String::as_str))
-            .prefix(self.prefix.clone())
-            .ttl(ttl)
-            // A request meeting a lapsed hold is answered 409 at once, not
-            // kept waiting; its retries see the session free.
-            .lapsed_hold_wait(Duration::ZERO);
-        if let Some(ca) = &self.ca {
-            let mut tls = etcdlease::TlsOptions::default().ca_certificate_pem(read(ca, "etcd CA")?);
-            if let Some((cert, key)) = &self.identity {
-                tls = tls.client_identity_pem(
-                    read(cert, "etcd client certificate")?,
-                    read(key, "etcd client key")?,
-                );
-            }
-            b = b.tls(tls);
-        }
-        if let Some((user, password_file)) = &self.user {
-            b = b.credentials(etcdlease::Credentials::from_password_file(
-                user.clone(),
-                password_file,
-            )?);
-        }
-        b.build()
-    }
-}
+pub use lease_backends::EtcdLeases;
 
 /// Which namespace, for [`LeaseChoice::K8s`].
 #[cfg(feature = "k8s")]
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct K8sLeases {
-    /// The namespace the Lease objects live in.
-    pub namespace: String,
-    /// A kubeconfig; `None` infers the configuration.
-    pub kubeconfig: Option<PathBuf>,
-}
+pub use lease_backends::K8sLeases;
 
-#[cfg(feature = "k8s")]
-impl K8sLeases {
-    async fn open(&self, ttl: Duration) -> Result<k8slease::K8sLease, LeaseError> {
-        let client = match &self.kubeconfig {
-            Some(path) => k8slease::client_from_kubeconfig(path).await?,
-            None => k8slease::client_infer().await?,
-        };
-        k8slease::K8sLease::builder(client, self.namespace.clone())
-            .ttl(ttl)
-            .build()
-    }
+/// The lease service `--session-lease-url` and its companions name, when a
+/// URL is given.
+#[cfg(feature = "grpc")]
+fn service_from_args(args: &ServeArgs) -> Option<LeaseService> {
+    Some(LeaseService {
+        address: args.session_lease_url.clone()?,
+        token_file: args.session_lease_token_file.clone(),
+        ca: args.session_lease_ca.clone(),
+        identity: args
+            .session_lease_cert
+            .clone()
+            .zip(args.session_lease_key.clone()),
+        tls_domain: args.session_lease_tls_domain.clone(),
+        plaintext_token: args.session_lease_plaintext_token,
+    })
 }
 
 /// A lease backend handed to the server in-process, for
@@ -295,7 +179,7 @@ impl LeaseChoice {
     /// other.
     pub fn from_args(args: &ServeArgs) -> Result<Self, String> {
         #[cfg(feature = "grpc")]
-        if let Some(service) = LeaseService::from_args(args) {
+        if let Some(service) = service_from_args(args) {
             // clap refuses the other lease flags beside the URL.
             return Ok(LeaseChoice::Service(service));
         }
@@ -305,28 +189,15 @@ impl LeaseChoice {
         }
         if !args.session_lease_etcd.is_empty() {
             #[cfg(feature = "etcd")]
-            return Ok(LeaseChoice::Etcd(EtcdLeases {
-                endpoints: args.session_lease_etcd.clone(),
-                prefix: args.session_lease_etcd_prefix.clone(),
-                ca: args.session_lease_etcd_ca.clone(),
-                identity: args
-                    .session_lease_etcd_cert
-                    .clone()
-                    .zip(args.session_lease_etcd_key.clone()),
-                user: args
-                    .session_lease_etcd_user
-                    .clone()
-                    .zip(args.session_lease_etcd_password_file.clone()),
-            }));
+            return Ok(LeaseChoice::Etcd(
+                args.etcd.leases(args.session_lease_etcd.clone()),
+            ));
             #[cfg(not(feature = "etcd"))]
             return Err("--session-lease-etcd needs mecated built with the `etcd` feature".into());
         }
         if let Some(namespace) = &args.session_lease_k8s_namespace {
             #[cfg(feature = "k8s")]
-            return Ok(LeaseChoice::K8s(K8sLeases {
-                namespace: namespace.clone(),
-                kubeconfig: args.session_lease_k8s_kubeconfig.clone(),
-            }));
+            return Ok(LeaseChoice::K8s(args.k8s.leases(namespace.clone())));
             #[cfg(not(feature = "k8s"))]
             return Err(format!(
                 "--session-lease-k8s-namespace {namespace} needs mecated built with the `k8s` feature"
@@ -437,94 +308,72 @@ pub(crate) async fn open(
     }
 
     // A store that leases its own sessions wins over any lease flag.
-    if let Some(own) = store.session_lease() {
-        bind_authority(&*store, &*own, "the store's own leases").await?;
-        return Ok(Opened {
-            store,
-            leases: own,
-            lease_dir: None,
-            exclusivity: Exclusivity::Leased,
-            process_locks,
-            generations,
-        });
+    let own = store.session_lease();
+    let (configured_by, lease_dir) = match (&own, lease) {
+        (Some(_), _) => ("the store's own leases", None),
+        (None, LeaseChoice::Dir(dir)) => (lease.flag(), Some(dir.clone())),
+        (None, _) => (lease.flag(), None),
+    };
+    let (leases, exclusivity) = match own {
+        Some(own) => (own, Exclusivity::Leased),
+        None => {
+            let locks = &mut process_locks;
+            open_leases(
+                lease,
+                ttl,
+                owner,
+                allow_volatile_lease_dir,
+                lock_path,
+                locks,
+            )
+            .await?
+        }
+    };
+    // Every leased server, whatever its backend: the store must be fenced
+    // by that backend's authority alone.
+    if exclusivity == Exclusivity::Leased {
+        bind_authority(&*store, &*leases, configured_by).await?;
     }
-    let (leases, exclusivity): (Arc<dyn SessionLease>, _) = match lease {
+    Ok(Opened {
+        store,
+        leases,
+        lease_dir,
+        exclusivity,
+        process_locks,
+        generations,
+    })
+}
+
+/// The lease backend `lease` selects, and how exclusive the server's hold
+/// on the store is with it; the locks it takes for the server's life go to
+/// `process_locks`. `lock_path` is the store's single-process lock, for a
+/// store that has one.
+async fn open_leases(
+    lease: &LeaseChoice,
+    ttl: Duration,
+    owner: &OwnerId,
+    allow_volatile_lease_dir: bool,
+    lock_path: Option<PathBuf>,
+    process_locks: &mut Vec<ProcessLock>,
+) -> Result<(Arc<dyn SessionLease>, Exclusivity), StartError> {
+    let leased = |leases: Arc<dyn SessionLease>| Ok((leases, Exclusivity::Leased));
+    match lease {
         LeaseChoice::Dir(dir) => {
-            let leases = FlockLease::open(dir, ttl).map_err(|source| StartError::Lease {
-                backend: format!("file leases in {}", dir.display()),
-                source,
-            })?;
-            if leases.is_volatile() {
-                if !allow_volatile_lease_dir {
-                    return Err(StartError::VolatileLeaseDir { dir: dir.clone() });
-                }
-                warn!(
-                    dir = %dir.display(),
-                    "the session lease directory is on tmpfs or ramfs: a reboot \
-                     empties it, and this store then refuses to start with it \
-                     (its authority is gone); allowed by --allow-volatile-lease-dir"
-                );
-            }
+            let leases = open_dir(dir, ttl, allow_volatile_lease_dir)?;
             process_locks.push(ProcessLock::Owner(owner_lock(&leases, owner)?));
-            bind_authority(&*store, &leases, lease.flag()).await?;
-            (Arc::new(leases), Exclusivity::Leased)
+            leased(Arc::new(leases))
         }
         #[cfg(feature = "grpc")]
-        LeaseChoice::Service(service) => {
-            let leases = service.client(ttl).map_err(|message| StartError::Lease {
-                backend: format!("the lease service at {}", service.address),
-                source: LeaseError::invalid(message),
-            })?;
-            // The keeper counts on every grant living `ttl`: a service that
-            // grants less would let a takeover overlap a holder that still
-            // acts. Refuse to start rather than find out on the first run.
-            let info = leases
-                .service_info()
-                .await
-                .map_err(|source| StartError::Lease {
-                    backend: format!("the lease service at {}", service.address),
-                    source,
-                })?;
-            if let Some(granted) = info.ttl.filter(|granted| *granted < ttl) {
-                return Err(StartError::Lease {
-                    backend: format!("the lease service at {}", service.address),
-                    source: LeaseError::invalid(format!(
-                        "it grants leases of {granted:?}, shorter than --session-lease-ttl \
-                         {ttl:?}: lower --session-lease-ttl to at most {granted:?}"
-                    )),
-                });
-            }
-            bind_authority(&*store, &leases, lease.flag()).await?;
-            (Arc::new(leases), Exclusivity::Leased)
-        }
+        LeaseChoice::Service(service) => leased(Arc::new(open_service(service, ttl).await?)),
         #[cfg(feature = "etcd")]
-        LeaseChoice::Etcd(etcd) => {
-            let leases = etcd.open(ttl).map_err(|source| StartError::Lease {
-                backend: format!("etcd at {}", etcd.endpoints.join(",")),
-                source,
-            })?;
-            bind_authority(&*store, &leases, lease.flag()).await?;
-            (Arc::new(leases), Exclusivity::Leased)
-        }
+        LeaseChoice::Etcd(etcd) => leased(Arc::new(etcd.open(ttl).map_err(not_opened)?)),
         #[cfg(feature = "k8s")]
-        LeaseChoice::K8s(k8s) => {
-            let leases = k8s.open(ttl).await.map_err(|source| StartError::Lease {
-                backend: format!("Kubernetes leases in namespace {}", k8s.namespace),
-                source,
-            })?;
-            bind_authority(&*store, &leases, lease.flag()).await?;
-            (Arc::new(leases), Exclusivity::Leased)
-        }
-        LeaseChoice::Store => {
-            return Err(StartError::Lease {
-                backend: "the store's own leases".into(),
-                source: LeaseError::invalid("this store does not lease sessions itself"),
-            });
-        }
-        LeaseChoice::Backend(LeaseBackend(leases)) => {
-            bind_authority(&*store, &**leases, lease.flag()).await?;
-            (Arc::clone(leases), Exclusivity::Leased)
-        }
+        LeaseChoice::K8s(k8s) => leased(Arc::new(k8s.open(ttl).await.map_err(not_opened)?)),
+        LeaseChoice::Store => Err(StartError::Lease {
+            backend: "the store's own leases".into(),
+            source: LeaseError::invalid("this store does not lease sessions itself"),
+        }),
+        LeaseChoice::Backend(LeaseBackend(leases)) => leased(Arc::clone(leases)),
         LeaseChoice::Unleased => {
             let Some(lock_path) = lock_path else {
                 return Err(StartError::Lease {
@@ -545,21 +394,68 @@ pub(crate) async fn open(
                 Exclusivity::Unproven
             };
             process_locks.extend(lock.map(ProcessLock::Store));
-            (Arc::new(Unleased), proof)
+            Ok((Arc::new(Unleased), proof))
         }
+    }
+}
+
+/// A backend that could not be opened, as the server reports it.
+fn not_opened(e: OpenError) -> StartError {
+    StartError::Lease {
+        backend: e.backend().to_owned(),
+        source: e.into(),
+    }
+}
+
+/// File leases in `dir`, on the system clock; on tmpfs or ramfs only when
+/// allowed, and then with a warning.
+fn open_dir(dir: &Path, ttl: Duration, allow_volatile: bool) -> Result<FlockLease, StartError> {
+    let config = DirLeases {
+        dir: dir.to_path_buf(),
+        allow_volatile,
     };
-    let lease_dir = match lease {
-        LeaseChoice::Dir(dir) => Some(dir.clone()),
-        _ => None,
+    let leases = config
+        .open(ttl, Arc::new(SystemClock))
+        .map_err(|e| match e.kind() {
+            OpenErrorKind::VolatileDir => StartError::VolatileLeaseDir {
+                dir: dir.to_path_buf(),
+            },
+            _ => not_opened(e),
+        })?;
+    if leases.is_volatile() {
+        warn!(
+            dir = %dir.display(),
+            "the session lease directory is on tmpfs or ramfs: a reboot \
+             empties it, and this store then refuses to start with it \
+             (its authority is gone); allowed by --allow-volatile-lease-dir"
+        );
+    }
+    Ok(leases)
+}
+
+/// The lease service's client, once the service has said it grants leases
+/// at least `ttl` long.
+#[cfg(feature = "grpc")]
+async fn open_service(
+    service: &LeaseService,
+    ttl: Duration,
+) -> Result<grpcdriver::GrpcLease, StartError> {
+    let leases = service.open(ttl).map_err(not_opened)?;
+    // The keeper counts on every grant living `ttl`: a service that grants
+    // less would let a takeover overlap a holder that still acts. Refuse to
+    // start rather than find out on the first run.
+    let refused = |source| StartError::Lease {
+        backend: service.describe(),
+        source,
     };
-    Ok(Opened {
-        store,
-        leases,
-        lease_dir,
-        exclusivity,
-        process_locks,
-        generations,
-    })
+    let info = leases.service_info().await.map_err(refused)?;
+    if let Some(granted) = info.ttl.filter(|granted| *granted < ttl) {
+        return Err(refused(LeaseError::invalid(format!(
+            "it grants leases of {granted:?}, shorter than --session-lease-ttl \
+             {ttl:?}: lower --session-lease-ttl to at most {granted:?}"
+        ))));
+    }
+    Ok(leases)
 }
 
 /// Opens the store; its directory when it has one, and the directory

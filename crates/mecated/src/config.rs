@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use lease_backends::{EtcdArgs, EtcdEnv, K8sArgs, K8sEnv};
 
 use crate::backend::{LeaseChoice, StoreChoice};
 use crate::transcript::DEFAULT_TRANSCRIPT_CACHE_BYTES;
@@ -137,6 +138,9 @@ pub enum FsyncChoice {
 
 /// Flags of the server.
 #[derive(Debug, Args)]
+// A kubeconfig is only read for Kubernetes leases: given without them, it
+// is a mistake to report, not a setting to ignore.
+#[command(mut_arg("session_lease_k8s_kubeconfig", |a| a.requires("session_lease_k8s_namespace")))]
 pub struct ServeArgs {
     /// Address to serve HTTP on.
     #[arg(long, env = "MECATED_LISTEN", default_value = "127.0.0.1:8080")]
@@ -196,50 +200,11 @@ pub struct ServeArgs {
     )]
     pub session_lease_etcd: Vec<String>,
 
-    /// Key prefix of the etcd leases; servers that share sessions share it.
-    #[arg(
-        long,
-        env = "MECATED_SESSION_LEASE_ETCD_PREFIX",
-        default_value = "/mecatl/leases/"
-    )]
-    pub session_lease_etcd_prefix: String,
-
-    /// PEM CA of the etcd members' certificates (TLS to etcd).
-    #[arg(long, env = "MECATED_SESSION_LEASE_ETCD_CA")]
-    pub session_lease_etcd_ca: Option<PathBuf>,
-
-    /// PEM client certificate for etcd (mutual TLS; needs the key and CA).
-    #[arg(
-        long,
-        env = "MECATED_SESSION_LEASE_ETCD_CERT",
-        requires_all = ["session_lease_etcd_key", "session_lease_etcd_ca"]
-    )]
-    pub session_lease_etcd_cert: Option<PathBuf>,
-
-    /// PEM private key of --session-lease-etcd-cert.
-    #[arg(
-        long,
-        env = "MECATED_SESSION_LEASE_ETCD_KEY",
-        requires = "session_lease_etcd_cert"
-    )]
-    pub session_lease_etcd_key: Option<PathBuf>,
-
-    /// etcd user, for a cluster with authentication enabled (needs
-    /// --session-lease-etcd-password-file; read-write on the prefix).
-    #[arg(
-        long,
-        env = "MECATED_SESSION_LEASE_ETCD_USER",
-        requires = "session_lease_etcd_password_file"
-    )]
-    pub session_lease_etcd_user: Option<String>,
-
-    /// File holding the password of --session-lease-etcd-user (one line).
-    #[arg(
-        long,
-        env = "MECATED_SESSION_LEASE_ETCD_PASSWORD_FILE",
-        requires = "session_lease_etcd_user"
-    )]
-    pub session_lease_etcd_password_file: Option<PathBuf>,
+    /// The etcd settings (`--session-lease-etcd-prefix`, `-ca`, `-cert`,
+    /// `-key`, `-user`, `-password-file`), the vocabulary `mecatl-leased`
+    /// shares (its `--etcd-ca` spellings are aliases here too).
+    #[command(flatten)]
+    pub etcd: EtcdArgs<Env>,
 
     /// Leases as `coordination.k8s.io/v1` Lease objects in this Kubernetes
     /// namespace: the replicas of one deployment. The service account needs
@@ -251,14 +216,10 @@ pub struct ServeArgs {
     )]
     pub session_lease_k8s_namespace: Option<String>,
 
-    /// Kubeconfig to reach the cluster with. Default: the pod's service
-    /// account inside a cluster, else $KUBECONFIG or ~/.kube/config.
-    #[arg(
-        long,
-        env = "MECATED_SESSION_LEASE_K8S_KUBECONFIG",
-        requires = "session_lease_k8s_namespace"
-    )]
-    pub session_lease_k8s_kubeconfig: Option<PathBuf>,
+    /// The Kubernetes settings (`--session-lease-k8s-kubeconfig`, alias
+    /// `--kubeconfig`).
+    #[command(flatten)]
+    pub k8s: K8sArgs<Env>,
 
     /// File holding the bearer token for the lease service (read once at
     /// start; surrounding whitespace ignored).
@@ -366,6 +327,24 @@ pub struct ServeArgs {
     /// How long shutdown waits for runs to finish and leases to be released.
     #[arg(long, env = "MECATED_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,
+}
+
+/// The environment variables of the shared lease settings: `MECATED_`
+/// and the flag's name, as for every other flag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Env;
+
+impl EtcdEnv for Env {
+    const PREFIX: &'static str = "MECATED_SESSION_LEASE_ETCD_PREFIX";
+    const CA: &'static str = "MECATED_SESSION_LEASE_ETCD_CA";
+    const CERT: &'static str = "MECATED_SESSION_LEASE_ETCD_CERT";
+    const KEY: &'static str = "MECATED_SESSION_LEASE_ETCD_KEY";
+    const USER: &'static str = "MECATED_SESSION_LEASE_ETCD_USER";
+    const PASSWORD_FILE: &'static str = "MECATED_SESSION_LEASE_ETCD_PASSWORD_FILE";
+}
+
+impl K8sEnv for Env {
+    const KUBECONFIG: &'static str = "MECATED_SESSION_LEASE_K8S_KUBECONFIG";
 }
 
 /// Parses `250ms`, `15s`, `2m`, `1h`, or a bare number of seconds.
@@ -479,6 +458,70 @@ mod tests {
             parse(&["--no-session-lease"]).unwrap(),
             LeaseChoice::Unleased
         );
+    }
+
+    /// The etcd and Kubernetes settings are spelled as `mecatl-leased`
+    /// spells them too; both spellings make one configuration.
+    #[cfg(all(feature = "etcd", feature = "k8s"))]
+    #[test]
+    fn the_shared_spellings_select_the_same_backend() {
+        let etcd = |settings: &[&str]| {
+            parse(&[&["--session-lease-etcd", "http://e:2379"][..], settings].concat()).unwrap()
+        };
+        let canonical = etcd(&[
+            "--session-lease-etcd-prefix=/p/",
+            "--session-lease-etcd-ca=ca.pem",
+            "--session-lease-etcd-user=app",
+            "--session-lease-etcd-password-file=pw",
+        ]);
+        let leased = etcd(&[
+            "--etcd-prefix=/p/",
+            "--etcd-ca=ca.pem",
+            "--etcd-user=app",
+            "--etcd-password-file=pw",
+        ]);
+        assert_eq!(canonical, leased);
+        assert!(
+            matches!(&canonical, LeaseChoice::Etcd(e) if e.prefix == "/p/"
+                && e.user == Some(("app".into(), "pw".into()))),
+            "{canonical:?}"
+        );
+        let k8s = |kubeconfig: &str| {
+            parse(&["--session-lease-k8s-namespace", "ns", kubeconfig, "kc"]).unwrap()
+        };
+        assert_eq!(k8s("--session-lease-k8s-kubeconfig"), k8s("--kubeconfig"));
+        assert!(
+            parse(&["--session-lease-k8s-kubeconfig", "kc"]).is_err(),
+            "a kubeconfig without Kubernetes leases"
+        );
+    }
+
+    /// The variables the shared settings read are still `MECATED_`'s.
+    #[test]
+    fn the_shared_settings_keep_their_environment_variables() {
+        use clap::CommandFactory;
+        let cmd = Cli::command();
+        for (id, var) in [
+            (
+                "session_lease_etcd_prefix",
+                "MECATED_SESSION_LEASE_ETCD_PREFIX",
+            ),
+            ("session_lease_etcd_ca", "MECATED_SESSION_LEASE_ETCD_CA"),
+            ("session_lease_etcd_cert", "MECATED_SESSION_LEASE_ETCD_CERT"),
+            ("session_lease_etcd_key", "MECATED_SESSION_LEASE_ETCD_KEY"),
+            ("session_lease_etcd_user", "MECATED_SESSION_LEASE_ETCD_USER"),
+            (
+                "session_lease_etcd_password_file",
+                "MECATED_SESSION_LEASE_ETCD_PASSWORD_FILE",
+            ),
+            (
+                "session_lease_k8s_kubeconfig",
+                "MECATED_SESSION_LEASE_K8S_KUBECONFIG",
+            ),
+        ] {
+            let arg = cmd.get_arguments().find(|a| a.get_id() == id).unwrap();
+            assert_eq!(arg.get_env().and_then(|v| v.to_str()), Some(var), "{id}");
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use lease_backends::{EtcdArgs, EtcdEnv, K8sArgs, K8sEnv, RedisArgs, RedisEnv};
 
 /// A lease service: session leases over gRPC (`mecatl.lease.v1`) for
 /// processes on many hosts.
@@ -44,45 +45,22 @@ pub(crate) struct Cli {
     #[arg(long, env = "MECATL_LEASED_TTL", default_value = "10s", value_parser = parse_duration)]
     pub(crate) ttl: Duration,
 
-    /// etcd backend: the key prefix of the leases (replicas and servers
-    /// that share sessions share it).
-    #[arg(
-        long,
-        env = "MECATL_LEASED_ETCD_PREFIX",
-        default_value = "/mecatl/leases/"
-    )]
-    pub(crate) etcd_prefix: String,
+    /// The etcd backend's settings (`--session-lease-etcd-prefix`, `-ca`,
+    /// `-cert`, `-key`, `-user`, `-password-file`, the vocabulary `mecated`
+    /// shares; `--etcd-prefix` and the other spellings this daemon shipped
+    /// with are aliases).
+    #[command(flatten)]
+    pub(crate) etcd: EtcdArgs<Env>,
 
-    /// etcd backend: PEM CA of the members' certificates (TLS to etcd).
-    #[arg(long, env = "MECATL_LEASED_ETCD_CA")]
-    pub(crate) etcd_ca: Option<PathBuf>,
+    /// The Redis backend's settings (`--session-lease-redis-prefix`, alias
+    /// `--redis-prefix`).
+    #[command(flatten)]
+    pub(crate) redis: RedisArgs<Env>,
 
-    /// etcd backend: PEM client certificate (mutual TLS; needs --etcd-key).
-    #[arg(long, env = "MECATL_LEASED_ETCD_CERT", requires_all = ["etcd_key", "etcd_ca"])]
-    pub(crate) etcd_cert: Option<PathBuf>,
-
-    /// etcd backend: PEM private key of --etcd-cert.
-    #[arg(long, env = "MECATL_LEASED_ETCD_KEY", requires = "etcd_cert")]
-    pub(crate) etcd_key: Option<PathBuf>,
-
-    /// etcd backend: user, for a cluster with authentication enabled
-    /// (needs --etcd-password-file; read-write on the prefix).
-    #[arg(long, env = "MECATL_LEASED_ETCD_USER", requires = "etcd_password_file")]
-    pub(crate) etcd_user: Option<String>,
-
-    /// etcd backend: file holding the password of --etcd-user (one line).
-    #[arg(long, env = "MECATL_LEASED_ETCD_PASSWORD_FILE", requires = "etcd_user")]
-    pub(crate) etcd_password_file: Option<PathBuf>,
-
-    /// Redis backend: the key prefix of the leases.
-    #[arg(long, env = "MECATL_LEASED_REDIS_PREFIX", default_value = "mecatl:")]
-    pub(crate) redis_prefix: String,
-
-    /// Kubernetes backend: the kubeconfig to use. Default: the pod's
-    /// service account inside a cluster, else $KUBECONFIG or
-    /// ~/.kube/config.
-    #[arg(long, env = "MECATL_LEASED_KUBECONFIG")]
-    pub(crate) kubeconfig: Option<PathBuf>,
+    /// The Kubernetes backend's settings (`--session-lease-k8s-kubeconfig`,
+    /// alias `--kubeconfig`).
+    #[command(flatten)]
+    pub(crate) k8s: K8sArgs<Env>,
 
     /// Accept a lease directory on a file system that does not survive a
     /// reboot (tmpfs): tokens would restart after one.
@@ -153,6 +131,29 @@ pub(crate) struct Cli {
     pub(crate) log_format: LogFormat,
 }
 
+/// The environment variables of the shared backend settings: the names
+/// this daemon has always read (`MECATL_LEASED_ETCD_CA`, not the canonical
+/// flag's `…_SESSION_LEASE_ETCD_CA`), so deployments keep working.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Env;
+
+impl EtcdEnv for Env {
+    const PREFIX: &'static str = "MECATL_LEASED_ETCD_PREFIX";
+    const CA: &'static str = "MECATL_LEASED_ETCD_CA";
+    const CERT: &'static str = "MECATL_LEASED_ETCD_CERT";
+    const KEY: &'static str = "MECATL_LEASED_ETCD_KEY";
+    const USER: &'static str = "MECATL_LEASED_ETCD_USER";
+    const PASSWORD_FILE: &'static str = "MECATL_LEASED_ETCD_PASSWORD_FILE";
+}
+
+impl K8sEnv for Env {
+    const KUBECONFIG: &'static str = "MECATL_LEASED_KUBECONFIG";
+}
+
+impl RedisEnv for Env {
+    const PREFIX: &'static str = "MECATL_LEASED_REDIS_PREFIX";
+}
+
 /// Where the service keeps its leases.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum BackendSpec {
@@ -216,6 +217,78 @@ mod tests {
         for bad in ["", "dir:", "memory:x", "etcd", "etcd:", "k8s:", "file:/x"] {
             assert!(parse_backend(bad).is_err(), "{bad:?}");
         }
+    }
+
+    /// Scripts and units written with the spellings this daemon shipped
+    /// with configure exactly what the shared, canonical spellings do.
+    #[test]
+    fn the_old_spellings_parse_to_the_same_configuration_as_the_new() {
+        let parse = |args: &[&str]| {
+            Cli::try_parse_from([&["mecatl-leased", "--backend", "memory"], args].concat()).unwrap()
+        };
+        let old = parse(&[
+            "--etcd-prefix=/p/",
+            "--etcd-ca=ca.pem",
+            "--etcd-cert=c.pem",
+            "--etcd-key=k.pem",
+            "--etcd-user=app",
+            "--etcd-password-file=pw",
+            "--redis-prefix=r:",
+            "--kubeconfig=kc",
+        ]);
+        let new = parse(&[
+            "--session-lease-etcd-prefix=/p/",
+            "--session-lease-etcd-ca=ca.pem",
+            "--session-lease-etcd-cert=c.pem",
+            "--session-lease-etcd-key=k.pem",
+            "--session-lease-etcd-user=app",
+            "--session-lease-etcd-password-file=pw",
+            "--session-lease-redis-prefix=r:",
+            "--session-lease-k8s-kubeconfig=kc",
+        ]);
+        let endpoints = vec!["http://e:2379".to_owned()];
+        assert_eq!(
+            old.etcd.leases(endpoints.clone()),
+            new.etcd.leases(endpoints.clone())
+        );
+        assert_eq!(
+            old.etcd.leases(endpoints.clone()),
+            lease_backends::EtcdLeases {
+                endpoints,
+                prefix: "/p/".into(),
+                ca: Some("ca.pem".into()),
+                identity: Some(("c.pem".into(), "k.pem".into())),
+                user: Some(("app".into(), "pw".into())),
+            }
+        );
+        assert_eq!(old.redis, new.redis);
+        assert_eq!(old.redis.prefix, "r:");
+        assert_eq!(old.k8s, new.k8s);
+        assert_eq!(old.k8s.kubeconfig, Some("kc".into()));
+    }
+
+    /// Every variable the daemon documented still sets its setting.
+    #[test]
+    fn the_shared_settings_keep_their_environment_variables() {
+        use clap::CommandFactory;
+        let cmd = Cli::command();
+        for (id, var) in [
+            ("session_lease_etcd_prefix", "MECATL_LEASED_ETCD_PREFIX"),
+            ("session_lease_etcd_ca", "MECATL_LEASED_ETCD_CA"),
+            ("session_lease_etcd_cert", "MECATL_LEASED_ETCD_CERT"),
+            ("session_lease_etcd_key", "MECATL_LEASED_ETCD_KEY"),
+            ("session_lease_etcd_user", "MECATL_LEASED_ETCD_USER"),
+            (
+                "session_lease_etcd_password_file",
+                "MECATL_LEASED_ETCD_PASSWORD_FILE",
+            ),
+            ("session_lease_redis_prefix", "MECATL_LEASED_REDIS_PREFIX"),
+            ("session_lease_k8s_kubeconfig", "MECATL_LEASED_KUBECONFIG"),
+        ] {
+            let arg = cmd.get_arguments().find(|a| a.get_id() == id).unwrap();
+            assert_eq!(arg.get_env().and_then(|v| v.to_str()), Some(var), "{id}");
+        }
+        cmd.debug_assert();
     }
 
     #[test]

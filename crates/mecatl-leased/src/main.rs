@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use grpcdriver::{LeaseServer, ServerStats};
+use lease_backends::read_tls_file;
 use lease_port::{Clock, MonotonicWallClock, SessionLease};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
@@ -53,79 +54,38 @@ type SharedClock = Arc<dyn Clock>;
 /// own monotonic clock, still acts.
 async fn open_backend(cli: &Cli) -> Result<(Arc<dyn SessionLease>, SharedClock), String> {
     let clock: Arc<dyn Clock> = Arc::new(MonotonicWallClock::new());
+    let ttl = cli.ttl;
     let backend: Arc<dyn SessionLease> = match &cli.backend {
         BackendSpec::Memory => {
             warn!("memory backend: leases and tokens are lost when this process exits");
+            Arc::new(lease_backends::open_memory(ttl, Arc::clone(&clock)))
+        }
+        BackendSpec::Dir(path) => {
+            let dir = lease_backends::DirLeases {
+                dir: path.clone(),
+                allow_volatile: cli.allow_volatile_lease_dir,
+            };
             Arc::new(
-                memlease::MemLease::builder()
-                    .ttl(cli.ttl)
-                    .clock(Arc::clone(&clock))
-                    .build(),
+                dir.open(ttl, Arc::clone(&clock))
+                    .map_err(|e| e.to_string())?,
             )
         }
-        BackendSpec::Dir(path) => Arc::new(
-            flocklease::FlockLease::builder(path)
-                .ttl(cli.ttl)
-                .clock(Arc::clone(&clock))
-                .refuse_volatile(!cli.allow_volatile_lease_dir)
-                .open()
-                .map_err(|e| format!("lease directory {}: {e}", path.display()))?,
-        ),
         // etcd and Kubernetes judge expiry themselves, on their own clocks;
         // the service reports what they granted from when it asked.
         BackendSpec::Etcd(endpoints) => {
-            let mut b = etcdlease::EtcdLease::builder(endpoints.iter().map(String::as_str))
-                .prefix(cli.etcd_prefix.clone())
-                .ttl(cli.ttl)
-                // Callers are answered held at once, not kept waiting
-                // past their call deadlines; their retries see it free.
-                .lapsed_hold_wait(std::time::Duration::ZERO);
-            if let Some(ca) = &cli.etcd_ca {
-                let mut tls =
-                    etcdlease::TlsOptions::default().ca_certificate_pem(read(ca, "etcd CA")?);
-                if let (Some(cert), Some(key)) = (&cli.etcd_cert, &cli.etcd_key) {
-                    tls = tls.client_identity_pem(
-                        read(cert, "etcd client certificate")?,
-                        read(key, "etcd client key")?,
-                    );
-                }
-                b = b.tls(tls);
-            }
-            if let (Some(user), Some(file)) = (&cli.etcd_user, &cli.etcd_password_file) {
-                b = b.credentials(
-                    etcdlease::Credentials::from_password_file(user.clone(), file)
-                        .map_err(|e| e.to_string())?,
-                );
-            }
-            Arc::new(b.build().map_err(|e| format!("etcd: {e}"))?)
+            let etcd = cli.etcd.leases(endpoints.clone());
+            Arc::new(etcd.open(ttl).map_err(|e| e.to_string())?)
         }
-        BackendSpec::Redis(url) => Arc::new(
-            redis_session_store::RedisLease::builder(url.clone())
-                .prefix(cli.redis_prefix.clone())
-                .ttl(cli.ttl)
-                .connect()
-                .await
-                .map_err(|e| format!("Redis: {e}"))?,
-        ),
+        BackendSpec::Redis(url) => {
+            let redis = cli.redis.leases(url.clone());
+            Arc::new(redis.open(ttl).await.map_err(|e| e.to_string())?)
+        }
         BackendSpec::K8s(namespace) => {
-            let client = match &cli.kubeconfig {
-                Some(path) => k8slease::client_from_kubeconfig(path).await,
-                None => k8slease::client_infer().await,
-            }
-            .map_err(|e| format!("Kubernetes: {e}"))?;
-            Arc::new(
-                k8slease::K8sLease::builder(client, namespace.clone())
-                    .ttl(cli.ttl)
-                    .build()
-                    .map_err(|e| format!("Kubernetes leases in {namespace}: {e}"))?,
-            )
+            let k8s = cli.k8s.leases(namespace.clone());
+            Arc::new(k8s.open(ttl).await.map_err(|e| e.to_string())?)
         }
     };
     Ok((backend, clock))
-}
-
-fn read(path: &std::path::Path, what: &str) -> Result<Vec<u8>, String> {
-    std::fs::read(path).map_err(|e| format!("cannot read the {what} {}: {e}", path.display()))
 }
 
 fn configure(
@@ -143,10 +103,8 @@ fn configure(
     let token = match (&cli.bearer_token, &cli.bearer_token_file) {
         (Some(t), _) => Some(t.trim().to_owned()),
         (None, Some(path)) => Some(
-            String::from_utf8(read(path, "bearer token file")?)
-                .map_err(|_| format!("{} is not UTF-8", path.display()))?
-                .trim()
-                .to_owned(),
+            lease_backends::read_token_file(path, "bearer token file")
+                .map_err(|e| e.to_string())?,
         ),
         (None, None) => None,
     };
@@ -157,10 +115,13 @@ fn configure(
         server = server.bearer_token(token);
     }
     if let (Some(cert), Some(key)) = (&cli.tls_cert, &cli.tls_key) {
-        let mut tls =
-            grpcdriver::ServerTls::new(read(cert, "TLS certificate")?, read(key, "TLS key")?);
+        let mut tls = grpcdriver::ServerTls::new(
+            read_tls_file(cert, "TLS certificate").map_err(|e| e.to_string())?,
+            read_tls_file(key, "TLS key").map_err(|e| e.to_string())?,
+        );
         if let Some(ca) = &cli.tls_client_ca {
-            tls = tls.require_client_certs(read(ca, "client CA")?);
+            tls = tls
+                .require_client_certs(read_tls_file(ca, "client CA").map_err(|e| e.to_string())?);
         }
         server = server.tls(tls);
     }

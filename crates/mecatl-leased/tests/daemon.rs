@@ -211,6 +211,55 @@ async fn replicas_over_one_etcd_share_holds_tokens_and_authority() {
     assert!(lb.token() > la.token(), "{la:?} then {lb:?}");
 }
 
+/// A cluster with authentication enabled, reached with the spellings the
+/// daemon shipped with (`--etcd-prefix`, `--etcd-user`,
+/// `--etcd-password-file`, now aliases of `--session-lease-etcd-…`) and a
+/// password file ending in two newlines: one password, the one `mecated`
+/// reads from the same file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_with_authentication_is_reached_with_the_old_spellings() {
+    const PREFIX: &str = "/daemon-tests/leases/";
+    let etcd = test_services::EtcdServer::start().expect("etcd is installed");
+    let endpoint = etcd.endpoint();
+    let admin =
+        etcdlease::wire::EtcdClient::new(&[endpoint.as_str()], Duration::from_secs(5)).unwrap();
+    admin.user_add("root", "root-password").await.unwrap();
+    admin.role_add("root").await.unwrap();
+    admin.user_grant_role("root", "root").await.unwrap();
+    admin.user_add("leased", "right").await.unwrap();
+    admin.role_add("leases").await.unwrap();
+    admin
+        .role_grant_prefix("leases", PREFIX.as_bytes())
+        .await
+        .unwrap();
+    admin.user_grant_role("leased", "leases").await.unwrap();
+    admin.auth_enable().await.unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let password = dir.path().join("password");
+    std::fs::write(&password, "right\n\n").unwrap();
+    let backend = format!("etcd:{endpoint}");
+    let daemon = Daemon::start(&[
+        "--backend",
+        &backend,
+        "--ttl",
+        "5s",
+        "--etcd-prefix",
+        PREFIX,
+        "--etcd-user",
+        "leased",
+        "--etcd-password-file",
+        password.to_str().unwrap(),
+    ])
+    .await;
+    let c = daemon.client();
+    let (s, a, b) = ids();
+    let la = c.acquire(&s, &a).await.unwrap();
+    let held = c.acquire(&s, &b).await.unwrap_err();
+    assert_eq!(held.kind(), LeaseErrorKind::Held, "{held}");
+    c.release(&la).await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemon_over_kubernetes_leases_serves_them() {
     let emulator = k8s_emulator::Emulator::start(k8s_emulator::EmulatorConfig::default())

@@ -240,3 +240,40 @@ async fn an_etcd_speaking_mutual_tls_is_reached_with_the_ca_certificate_and_key_
         "{started}"
     );
 }
+
+/// A password file ending in two newlines (a password `echo`ed into a file
+/// an editor then saved) holds one password: the server authenticates with
+/// it, as `mecatl-leased` does with the same file — both read it through
+/// `lease-backends`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_file_ending_in_two_newlines_authenticates() {
+    let etcd = Etcd::start();
+    let admin = etcdlease::wire::EtcdClient::new(&[etcd.endpoint.as_str()], Duration::from_secs(5))
+        .unwrap();
+    admin.user_add("root", "root-password").await.unwrap();
+    admin.role_add("root").await.unwrap();
+    admin.user_grant_role("root", "root").await.unwrap();
+    admin.user_add("mecated", "right").await.unwrap();
+    admin.role_add("sessions").await.unwrap();
+    admin
+        .role_grant_prefix("sessions", PREFIX.as_bytes())
+        .await
+        .unwrap();
+    admin.user_grant_role("mecated", "sessions").await.unwrap();
+    admin.auth_enable().await.unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let password = dir.path().join("password");
+    std::fs::write(&password, "right\n\n").unwrap();
+    let mut flags = etcd.flags().to_vec();
+    flags.extend([
+        "--session-lease-etcd-user",
+        "mecated",
+        "--session-lease-etcd-password-file",
+        password.to_str().unwrap(),
+    ]);
+    let server = Mecated::start(&dir.path().join("store"), "a", &flags);
+    create(&server, "authed").await;
+    let (status, body) = run(&server, "authed", serde_json::json!({"text": "hi"})).await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{body}");
+}
