@@ -154,7 +154,8 @@ impl RedisEnv for Env {
     const PREFIX: &'static str = "MECATL_LEASED_REDIS_PREFIX";
 }
 
-/// Where the service keeps its leases.
+/// Where the service keeps its leases. Its `Display` is what logs show: a
+/// Redis URL may carry a password, so only its kind is shown.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum BackendSpec {
     Memory,
@@ -162,6 +163,18 @@ pub(crate) enum BackendSpec {
     Etcd(Vec<String>),
     K8s(String),
     Redis(String),
+}
+
+impl std::fmt::Display for BackendSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BackendSpec::Memory => write!(f, "memory"),
+            BackendSpec::Dir(path) => write!(f, "dir:{}", path.display()),
+            BackendSpec::Etcd(endpoints) => write!(f, "etcd:{}", endpoints.join(",")),
+            BackendSpec::K8s(namespace) => write!(f, "k8s:{namespace}"),
+            BackendSpec::Redis(_) => write!(f, "redis"),
+        }
+    }
 }
 
 /// How log lines are written.

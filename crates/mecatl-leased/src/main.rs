@@ -160,7 +160,7 @@ async fn run(cli: Cli) -> Result<(), String> {
 
     // Machine-readable: tests and scripts started with port 0 read it.
     println!("mecatl-leased listening on {addr}");
-    info!(%addr, %authority, backend = ?cli.backend, ttl = ?cli.ttl, "lease service started");
+    info!(%addr, %authority, backend = %cli.backend, ttl = ?cli.ttl, "lease service started");
 
     let mut stopped = stop_rx.clone();
     let mut serving = tokio::spawn(server.serve(listener, async move {

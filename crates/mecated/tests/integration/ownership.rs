@@ -256,6 +256,7 @@ fn world(leases: Leases, held: &'static str, agent: Arc<dyn Agent>) -> World {
         // Short, so a run whose write is held ends (and says so) soon; the
         // session stays busy until the write ends however long that is.
         .write_wait(Duration::from_millis(100))
+        .allow_unleased(exclusivity.may_run_unleased())
         .metrics(metrics.clone())
         .build()
         .unwrap();
