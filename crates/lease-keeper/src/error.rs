@@ -52,13 +52,15 @@ pub enum KeeperErrorKind {
 /// [`LeaseGuard`](crate::LeaseGuard) operations.
 ///
 /// Match on [`kind()`](Self::kind); the backend's error, when there is one,
-/// is the [`source()`](std::error::Error::source), and its text is part of
-/// this error's own.
+/// is the [`source()`](std::error::Error::source), for matching and
+/// downcasting. Its text is already part of this error's own, since most
+/// callers print an error alone: print this error, not the chain of its
+/// sources, or the cause appears twice.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum KeeperError {
     /// Acquire answered `Held`: another owner holds the session. Nothing was started.
-    #[error("session {session} is leased elsewhere{}: {source}", holder.as_ref().map(|h| format!(" (by {h})")).unwrap_or_default())]
+    #[error("session {session} is leased elsewhere: {source}")]
     LeasedElsewhere {
         /// The session asked for.
         session: SessionId,

@@ -182,6 +182,7 @@ impl LeaseGuard {
             // if the caller's future is dropped first, the rest of the
             // release continues on a spawned task.
             Some(session_lock) => {
+                session_lock.mark_ending();
                 DetachOnDrop {
                     fut: Some(Box::pin(self.core.tracker.track_future(
                         Box::pin(release_holding(
@@ -200,6 +201,9 @@ impl LeaseGuard {
 
     fn spawn_release(&mut self) {
         if let Some(session_lock) = self.session_lock.take() {
+            // Before the task runs: a request arriving in between must find
+            // the run ending, not live.
+            session_lock.mark_ending();
             self.core.tracker.spawn_on(
                 release_holding(Arc::clone(&self.core), Arc::clone(&self.run), session_lock),
                 &self.handle,

@@ -40,7 +40,7 @@ pub use guard::LeaseGuard;
 pub use release::ShutdownReport;
 pub use run::LossReason;
 use run::{Run, RunState};
-use state::{HeldSessionLock, KeeperCore, SessionSlot};
+use state::{HeldSessionLock, KeeperCore, SessionSlot, SlotClaim};
 use writes::WriteTracker;
 pub use writes::{LossSignal, WriteGate, WritePermit, WriteTask};
 
@@ -219,14 +219,9 @@ impl LeaseKeeper {
         if core.shutdown.is_cancelled() {
             return Err(KeeperError::ShuttingDown);
         }
-        let slot = core.session_slot(session);
-        let session_lock = match self.lock_session(&slot, session, wait).await {
-            Ok(guard) => HeldSessionLock::new(guard, slot, Arc::clone(core), session.clone()),
-            Err(e) => {
-                core.forget_session_slot(session, slot);
-                return Err(e);
-            }
-        };
+        let claim = SlotClaim::new(core, session);
+        let guard = self.lock_session(claim.slot(), session, wait).await?;
+        let session_lock = claim.into_held(guard);
         // From here on the held lock travels with the run; every early return
         // drops it and cleans the lock map through `HeldSessionLock`'s drop.
 
@@ -250,9 +245,9 @@ impl LeaseKeeper {
     /// live here is waited for at most `wait` (by default not at all: a
     /// competitor in this process is refused like one elsewhere); one whose
     /// release has begun is waited for until its lock is free, at most the
-    /// time its writes and its release may take — otherwise a request
-    /// arriving just after the previous run answered would be refused for
-    /// a session nobody is running.
+    /// time its writes and its release may take from when it began —
+    /// otherwise a request arriving just after the previous run answered
+    /// would be refused for a session nobody is running.
     async fn lock_session(
         &self,
         slot: &Arc<SessionSlot>,
@@ -261,19 +256,31 @@ impl LeaseKeeper {
     ) -> Result<OwnedMutexGuard<()>, KeeperError> {
         let core = &self.core;
         let started = Instant::now();
-        let ending_wait = wait.max(core.write_wait + core.release_timeout);
+        let ending_wait = core.write_wait.saturating_add(core.release_timeout);
         loop {
-            let ending_began = slot.ending_began();
-            tokio::pin!(ending_began);
-            ending_began.as_mut().enable();
-            let ending = slot.is_ending();
-            let deadline = started + if ending { ending_wait } else { wait };
+            let changed = slot.changed();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            // `None`: no bound representable, wait as long as it takes.
+            let live_deadline = started.checked_add(wait);
+            let deadline = match slot.ending_since() {
+                Some(since) => since
+                    .checked_add(ending_wait)
+                    .and_then(|end| live_deadline.map(|live| live.max(end))),
+                None => live_deadline,
+            };
+            let refused = async {
+                match deadline {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 biased;
                 () = core.shutdown.cancelled() => return Err(KeeperError::ShuttingDown),
                 guard = Arc::clone(&slot.mutex).lock_owned() => return Ok(guard),
-                () = &mut ending_began, if !ending => {}
-                () = tokio::time::sleep_until(deadline) => {
+                () = &mut changed => {}
+                () = refused => {
                     return Err(KeeperError::Busy {
                         session: session.clone(),
                         waited: started.elapsed(),

@@ -22,26 +22,81 @@ use super::renew::renew_driver;
 use super::run::Run;
 use crate::KeeperMetrics;
 
-/// The in-process lock of one session, and whether the run holding it has
-/// begun to end: a competitor is refused at once while the holder runs, but
-/// waits for one that is only releasing — its lock is about to be free.
+/// The in-process lock of one session, and since when the run holding it
+/// has been ending: a competitor is refused at once while the holder runs,
+/// but waits for one that is only releasing — its lock is about to be free.
 #[derive(Default)]
 pub(super) struct SessionSlot {
     pub(super) mutex: Arc<tokio::sync::Mutex<()>>,
-    ending: AtomicBool,
-    ending_began: Notify,
+    ending_since: Mutex<Option<Instant>>,
+    /// Fired whenever the holder begins to end or the lock changes hands,
+    /// so every waiter recomputes how long it may wait.
+    changed: Notify,
 }
 
 impl SessionSlot {
-    pub(super) fn is_ending(&self) -> bool {
-        self.ending.load(Ordering::Acquire)
+    /// When the holder's release began; `None` while it runs (or nobody
+    /// holds the lock).
+    pub(super) fn ending_since(&self) -> Option<Instant> {
+        *lock(&self.ending_since)
     }
 
-    /// A future that completes once the holder begins to end. Enable it
-    /// before reading [`is_ending`](Self::is_ending), so a holder that ends
-    /// in between still wakes it.
-    pub(super) fn ending_began(&self) -> tokio::sync::futures::Notified<'_> {
-        self.ending_began.notified()
+    /// A future that completes at the slot's next change. Enable it before
+    /// reading [`ending_since`](Self::ending_since), so a change in between
+    /// still wakes it.
+    pub(super) fn changed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.changed.notified()
+    }
+
+    fn set_ending(&self, since: Option<Instant>) {
+        *lock(&self.ending_since) = since;
+        self.changed.notify_waiters();
+    }
+}
+
+/// A caller's hold on a session's slot while it waits for the lock: gives
+/// the slot back (and cleans the lock map) however the wait ends, even when
+/// the caller's future is dropped.
+pub(super) struct SlotClaim {
+    core: Arc<KeeperCore>,
+    session: SessionId,
+    slot: Option<Arc<SessionSlot>>,
+}
+
+impl SlotClaim {
+    pub(super) fn new(core: &Arc<KeeperCore>, session: &SessionId) -> Self {
+        Self {
+            slot: Some(core.session_slot(session)),
+            core: Arc::clone(core),
+            session: session.clone(),
+        }
+    }
+
+    pub(super) fn slot(&self) -> &Arc<SessionSlot> {
+        // Present until `into_held` consumes the claim.
+        self.slot.as_ref().unwrap_or_else(|| unreachable!())
+    }
+
+    /// The lock was taken: a new run holds it, and competitors are refused.
+    pub(super) fn into_held(mut self, guard: OwnedMutexGuard<()>) -> HeldSessionLock {
+        let slot = self.slot.take();
+        if let Some(slot) = &slot {
+            slot.set_ending(None);
+        }
+        HeldSessionLock {
+            guard: Some(guard),
+            slot,
+            core: Arc::clone(&self.core),
+            session: self.session.clone(),
+        }
+    }
+}
+
+impl Drop for SlotClaim {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            self.core.forget_session_slot(&self.session, slot);
+        }
     }
 }
 
@@ -232,27 +287,14 @@ pub(super) struct HeldSessionLock {
 }
 
 impl HeldSessionLock {
-    /// Taken by a new run: it runs, and competitors are refused.
-    pub(super) fn new(
-        guard: OwnedMutexGuard<()>,
-        slot: Arc<SessionSlot>,
-        core: Arc<KeeperCore>,
-        session: SessionId,
-    ) -> Self {
-        slot.ending.store(false, Ordering::Release);
-        Self {
-            guard: Some(guard),
-            slot: Some(slot),
-            core,
-            session,
-        }
-    }
-
     /// The run's release has begun: competitors wait for the lock now.
+    /// Called as soon as the release is decided, before it runs, so no
+    /// request in between is refused for a run that is over.
     pub(super) fn mark_ending(&self) {
-        if let Some(slot) = &self.slot {
-            slot.ending.store(true, Ordering::Release);
-            slot.ending_began.notify_waiters();
+        if let Some(slot) = &self.slot
+            && slot.ending_since().is_none()
+        {
+            slot.set_ending(Some(Instant::now()));
         }
     }
 }

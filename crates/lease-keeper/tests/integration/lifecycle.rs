@@ -874,10 +874,15 @@ async fn writes_outliving_the_write_wait_keep_the_lease_to_lapse_and_the_session
     // The write ends: the next run starts, under a greater token although
     // the backend (whose clock did not move) still holds the old lease.
     drop(write);
-    let next = timeout(Duration::from_secs(1), k.acquire(&sid("s")))
-        .await
-        .expect("the session is free once the write ended")
-        .unwrap();
+    // The lock is given up on a task once the write ended: past the bound
+    // on waiting for a release, the next run asks to wait for it.
+    let next = timeout(
+        Duration::from_secs(1),
+        k.acquire_within(&sid("s"), Duration::from_secs(1)),
+    )
+    .await
+    .expect("the session is free once the write ended")
+    .unwrap();
     assert!(next.token().unwrap() > used);
     next.finish().await.unwrap();
 }
@@ -917,8 +922,11 @@ async fn an_unleased_run_holds_the_session_until_its_writes_end() {
         .unwrap_err();
     assert_eq!(busy.kind(), KeeperErrorKind::Busy);
     drop(write);
-    timeout(Duration::from_secs(1), k.acquire(&sid("s")))
-        .await
-        .expect("free once the write ended")
-        .unwrap();
+    timeout(
+        Duration::from_secs(1),
+        k.acquire_within(&sid("s"), Duration::from_secs(1)),
+    )
+    .await
+    .expect("free once the write ended")
+    .unwrap();
 }

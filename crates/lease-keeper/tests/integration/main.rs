@@ -7,4 +7,5 @@
 
 mod batch_renewal;
 mod fenced_writes;
+mod in_process_lock;
 mod lifecycle;
