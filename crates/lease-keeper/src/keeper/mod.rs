@@ -80,7 +80,11 @@ impl std::fmt::Debug for LeaseKeeper {
 
 impl LeaseKeeper {
     /// Starts configuring a keeper acquiring leases from `backend` as
-    /// `owner`. `ttl` must be the TTL the backend grants (or less): the
+    /// `owner`. Build one keeper per owner id and backend in a process: the
+    /// in-process lock is per keeper, and a backend hands a live lease back
+    /// to its owner, so two keepers under one owner id would both run a
+    /// session (their writes are still fenced apart, as their writers
+    /// differ, but each would believe it owns the session). `ttl` must be the TTL the backend grants (or less): the
     /// keeper never assumes a lease lives longer than `ttl` after the call
     /// that granted or renewed it was sent.
     pub fn builder(backend: Arc<dyn SessionLease>, owner: OwnerId, ttl: Duration) -> KeeperBuilder {
