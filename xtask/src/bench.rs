@@ -59,8 +59,13 @@ fn human(ns: f64) -> String {
     }
 }
 
-/// The README section `cargo xtask bench` owns: everything between these
-/// markers is rewritten by a full run, so the figures have one source.
+/// The page holding the performance table, from the workspace root (the
+/// README points to it).
+const TABLE_FILE: &str = "docs/performance.md";
+
+/// The section of [`TABLE_FILE`] `cargo xtask bench` owns: everything
+/// between these markers is rewritten by a full run, so the figures have
+/// one source.
 const TABLE_BEGIN: &str = "<!-- bench-table:begin (written by cargo xtask bench; do not edit) -->";
 const TABLE_END: &str = "<!-- bench-table:end -->";
 
@@ -93,10 +98,10 @@ pub(crate) fn bench(args: &[String]) -> Result {
             today()?,
             std::thread::available_parallelism().map_or(0, |n| n.get()),
         );
-        write_readme_table(&format!("{header}\n\n{table}"))?;
-        println!("README.md: performance table rewritten");
+        write_table(&format!("{header}\n\n{table}"))?;
+        println!("{TABLE_FILE}: performance table rewritten");
     } else {
-        println!("(a filtered run leaves README.md as it is)");
+        println!("(a filtered run leaves {TABLE_FILE} as it is)");
     }
     Ok(())
 }
@@ -157,14 +162,36 @@ fn today() -> Result<String> {
     Ok(String::from_utf8_lossy(&o.stdout).trim().to_owned())
 }
 
-fn write_readme_table(section: &str) -> Result {
-    let path = workspace_root().join("README.md");
+fn write_table(section: &str) -> Result {
+    let path = workspace_root().join(TABLE_FILE);
     let text = fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let (Some(begin), Some(end)) = (text.find(TABLE_BEGIN), text.find(TABLE_END)) else {
         return Err(format!(
-            "README.md has no bench-table markers ({TABLE_BEGIN} … {TABLE_END})"
+            "{TABLE_FILE} has no bench-table markers ({TABLE_BEGIN} … {TABLE_END})"
         ));
     };
     let new = format!("{}{TABLE_BEGIN}\n{section}{}", &text[..begin], &text[end..]);
     fs::write(&path, new).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A full `cargo xtask bench` run must find where its table goes: the
+    /// page exists and holds each marker once, begin before end.
+    #[test]
+    fn the_table_page_has_its_markers() {
+        let path = workspace_root().join(TABLE_FILE);
+        let text = fs::read_to_string(&path).expect("the performance page exists");
+        let once = |marker| text.matches(marker).count() == 1;
+        assert!(
+            once(TABLE_BEGIN) && once(TABLE_END),
+            "{TABLE_FILE}: one of each marker"
+        );
+        assert!(
+            text.find(TABLE_BEGIN) < text.find(TABLE_END),
+            "{TABLE_FILE}: begin first"
+        );
+    }
 }

@@ -1,5 +1,5 @@
-//! `mecatl-leased`: the lease service daemon. See `--help`, and the README
-//! for calling it from other languages.
+//! `mecatl-leased`: the lease service daemon. See `--help`, and the
+//! workspace's `docs/server.md` for calling it from other languages.
 
 mod cli;
 
