@@ -387,6 +387,37 @@ impl ErrorCode {
     }
 }
 
+impl From<lease_http::ErrorCode> for ErrorCode {
+    /// The code this API answers for one of `lease-http`'s, through which
+    /// keeper and store errors are mapped: the same code wherever this API
+    /// has it. The document lists the codes, so the two `lease-http` has
+    /// beyond them are answered as this API always has.
+    fn from(code: lease_http::ErrorCode) -> Self {
+        use lease_http::ErrorCode as Shared;
+        match code {
+            Shared::SessionLeasedElsewhere => Self::SessionLeasedElsewhere,
+            Shared::SessionBusy => Self::SessionBusy,
+            Shared::LeaseUnavailable => Self::LeaseUnavailable,
+            Shared::ShuttingDown => Self::ShuttingDown,
+            Shared::Invalid => Self::Invalid,
+            Shared::StateRewound => Self::StateRewound,
+            Shared::NotFound => Self::NotFound,
+            Shared::SessionExists => Self::SessionExists,
+            Shared::UnfencedWriteRefused => Self::UnfencedWriteRefused,
+            Shared::StoreBusy => Self::StoreBusy,
+            Shared::StoreUnavailable => Self::StoreUnavailable,
+            // A fenced write here means another process took the session
+            // between this run's acquire and its write: that is what
+            // `session_leased_elsewhere` says in this API.
+            Shared::WriteFenced => Self::SessionLeasedElsewhere,
+            // A write refused for a lost lease ends its run `lease_lost`
+            // (the run's end says so); as an answer it is the server's.
+            // So is anything `lease-http` may name later.
+            _ => Self::Internal,
+        }
+    }
+}
+
 /// The body of every error answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

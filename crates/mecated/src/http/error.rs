@@ -5,7 +5,7 @@ use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use lease_keeper::{KeeperError, KeeperErrorKind};
-use session_store::{StoreError, StoreErrorKind};
+use session_store::StoreError;
 
 use crate::engine::EngineError;
 use crate::error::error_chain;
@@ -118,51 +118,34 @@ impl From<EngineError> for ApiError {
     }
 }
 
+/// Keeper and store errors are answered through `lease-http`, the mapping
+/// every server of the workspace shares; only the code is this API's own
+/// ([`ErrorCode`]'s `From`), and the status follows from it.
+impl From<lease_http::HttpError> for ApiError {
+    fn from(e: lease_http::HttpError) -> Self {
+        Self {
+            holder: e.holder().map(str::to_owned),
+            retry_after: e.retry_after(),
+            ..Self::new(e.code().into(), e.message())
+        }
+    }
+}
+
 impl From<KeeperError> for ApiError {
     fn from(e: KeeperError) -> Self {
-        // These say all there is to say; the backend's error only repeats it.
-        let message = match e.kind() {
-            KeeperErrorKind::LeasedElsewhere | KeeperErrorKind::Busy => e.to_string(),
-            _ => error_chain(&e),
-        };
-        match e.kind() {
-            KeeperErrorKind::LeasedElsewhere => Self {
-                holder: e.holder().map(|h| h.to_string()),
-                ..Self::new(ErrorCode::SessionLeasedElsewhere, message)
-            },
-            KeeperErrorKind::Busy => Self::new(ErrorCode::SessionBusy, message),
-            KeeperErrorKind::Unavailable => Self::new(ErrorCode::LeaseUnavailable, message),
-            KeeperErrorKind::ShuttingDown => Self::new(ErrorCode::ShuttingDown, message),
-            KeeperErrorKind::Rewound => Self::new(ErrorCode::StateRewound, message),
-            // Ids are validated before they reach the keeper: an `Invalid`
-            // from it is a backend or configuration fault, not the client's.
-            _ => Self::new(ErrorCode::Internal, message),
+        // Ids are validated before they reach the keeper: an `Invalid` from
+        // it is a backend or configuration fault, not the client's (it is
+        // 400 in `lease-http`, for servers that pass ids on unchecked).
+        if e.kind() == KeeperErrorKind::Invalid {
+            return Self::new(ErrorCode::Internal, error_chain(&e));
         }
+        lease_http::HttpError::from(e).into()
     }
 }
 
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
-        let message = error_chain(&e);
-        let code = match e.kind() {
-            StoreErrorKind::NotFound => ErrorCode::NotFound,
-            StoreErrorKind::AlreadyExists => ErrorCode::SessionExists,
-            StoreErrorKind::Invalid => ErrorCode::Invalid,
-            // A fenced write at the API surface means another process took
-            // the session between our acquire and our write.
-            StoreErrorKind::Fenced => ErrorCode::SessionLeasedElsewhere,
-            // Another process holds the session's file longer than the
-            // store waits (for example one paused mid-write): retry later.
-            StoreErrorKind::Busy => ErrorCode::StoreBusy,
-            // The session has fenced writes, and this process runs unleased.
-            StoreErrorKind::Unfenced => ErrorCode::UnfencedWriteRefused,
-            // Nothing was done: the store told so. An `Io` failure of a
-            // write may have been done, so it is never called retryable.
-            StoreErrorKind::Unavailable => ErrorCode::StoreUnavailable,
-            StoreErrorKind::Rewound => ErrorCode::StateRewound,
-            _ => ErrorCode::Internal,
-        };
-        Self::new(code, message)
+        lease_http::HttpError::from(e).into()
     }
 }
 
@@ -240,6 +223,143 @@ mod tests {
             "{}",
             e.message
         );
+    }
+
+    /// The codes keeper and store errors had before they went through
+    /// `lease-http`, kind by kind: a client of this API sees no change.
+    #[test]
+    fn keeper_and_store_errors_keep_their_codes() {
+        use std::io::Error;
+        use std::time::Duration;
+
+        use lease_port::{FencingToken, LeaseError, OwnerId, SessionId};
+
+        let s = || SessionId::new("s").unwrap();
+        let o = |n: &str| OwnerId::new(n).unwrap();
+        let keeper = [
+            (
+                KeeperError::LeasedElsewhere {
+                    session: s(),
+                    holder: Some(o("b")),
+                    retry_after: Duration::from_secs(2),
+                    source: LeaseError::held(Some(o("b"))),
+                },
+                ErrorCode::SessionLeasedElsewhere,
+            ),
+            (
+                KeeperError::Busy {
+                    session: s(),
+                    waited: Duration::ZERO,
+                    retry_after: Duration::from_secs(2),
+                },
+                ErrorCode::SessionBusy,
+            ),
+            (
+                KeeperError::Unavailable {
+                    session: s(),
+                    source: LeaseError::transient("down"),
+                },
+                ErrorCode::LeaseUnavailable,
+            ),
+            (KeeperError::ShuttingDown, ErrorCode::ShuttingDown),
+            (
+                KeeperError::Invalid {
+                    message: "nonsense".into(),
+                    source: Some(LeaseError::invalid("nonsense")),
+                },
+                ErrorCode::Internal,
+            ),
+            (
+                KeeperError::Rewound {
+                    session: s(),
+                    source: LeaseError::rewound("older"),
+                },
+                ErrorCode::StateRewound,
+            ),
+            (KeeperError::RunEnded { session: s() }, ErrorCode::Internal),
+            (
+                KeeperError::WritesInFlight {
+                    session: s(),
+                    waited: Duration::ZERO,
+                },
+                ErrorCode::Internal,
+            ),
+        ];
+        for (e, code) in keeper {
+            let holder = e.holder().map(|h| h.to_string());
+            let api = ApiError::from(e);
+            assert_eq!((api.code, api.status), (code, status_of(code)), "{api:?}");
+            assert_eq!(api.holder, holder);
+        }
+        let io = || Error::other("x");
+        let store = [
+            (StoreError::NotFound { session: s() }, ErrorCode::NotFound),
+            (
+                StoreError::AlreadyExists { session: s() },
+                ErrorCode::SessionExists,
+            ),
+            (
+                StoreError::Fenced {
+                    session: s(),
+                    presented: FencingToken::new(1),
+                    presented_by: o("a"),
+                    high_water: FencingToken::new(2),
+                    high_water_owner: Some(o("b")),
+                },
+                ErrorCode::SessionLeasedElsewhere,
+            ),
+            (
+                StoreError::Unfenced {
+                    session: s(),
+                    high_water: Some(FencingToken::new(2)),
+                },
+                ErrorCode::UnfencedWriteRefused,
+            ),
+            (
+                StoreError::Invalid {
+                    message: "x".into(),
+                },
+                ErrorCode::Invalid,
+            ),
+            (
+                StoreError::Busy {
+                    path: "p".into(),
+                    timeout: Duration::ZERO,
+                },
+                ErrorCode::StoreBusy,
+            ),
+            (
+                StoreError::Unavailable {
+                    op: "o",
+                    path: "p".into(),
+                    source: io(),
+                },
+                ErrorCode::StoreUnavailable,
+            ),
+            (StoreError::rewound("p", "x"), ErrorCode::StateRewound),
+            (
+                StoreError::Io {
+                    op: "o",
+                    path: "p".into(),
+                    source: io(),
+                },
+                ErrorCode::Internal,
+            ),
+            (
+                StoreError::Corrupt {
+                    path: "p".into(),
+                    line: None,
+                    message: "x".into(),
+                    source: None,
+                },
+                ErrorCode::Internal,
+            ),
+            (StoreError::Unsupported { what: "x" }, ErrorCode::Internal),
+        ];
+        for (e, code) in store {
+            let api = ApiError::from(e);
+            assert_eq!((api.code, api.status), (code, status_of(code)), "{api:?}");
+        }
     }
 
     #[test]
