@@ -75,10 +75,9 @@ impl<S: Send + Sync> FromRequestParts<S> for SessionPath {
 /// [`LeaseGuard::finish`] or drops the guard, after every write the run
 /// started has ended. Prefer `finish` at the end of the handler: the
 /// answer then follows the release, so the client's next request finds the
-/// session free. A dropped guard releases on a task spawned for it, and a
-/// request for the session reaching this process before that task starts
-/// may be answered `session_busy` (one arriving after it has started waits
-/// for it). Do not answer with `finish`'s error: the writes are made by
+/// session free. A dropped guard releases on a task spawned for it; a
+/// request for the session reaching this process meanwhile waits for that
+/// release rather than being refused. Do not answer with `finish`'s error: the writes are made by
 /// then, and an answer saying otherwise would have the client send them
 /// again; log it.
 ///
