@@ -53,7 +53,8 @@ pub struct CancelRequest {
     pub serial: u64,
 }
 
-/// The most sessions one [`SessionStore::list_page`] call may ask for.
+/// The most sessions one [`SessionStore::list_page`](crate::SessionStore::list_page)
+/// call may ask for.
 pub const MAX_LIST_LIMIT: usize = 10_000;
 
 /// `Invalid` unless `limit` is within `1..=`[`MAX_LIST_LIMIT`].
