@@ -60,6 +60,12 @@
 //! token does not exceed it gets a new one, and its old value no longer
 //! renews.
 //!
+//! Liveness is judged on the clock's monotonic time
+//! ([`Clock::instant`](lease_port::Clock::instant)): a step of the wall
+//! clock (NTP, a suspended laptop's correction) cannot free a session early
+//! or hold it late. A lease's [`expiry`](Lease::expiry) is still wall-clock
+//! time, for whoever reads it.
+//!
 //! Renewing an expired lease succeeds when its record is still the caller's
 //! (nobody acquired since): the check and the update happen under one shard
 //! lock, which is the proof the contract asks for.
@@ -71,7 +77,7 @@ use std::fmt;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 use hashbrown::HashTable;
@@ -93,7 +99,17 @@ struct Holder {
     session: SessionId,
     owner: OwnerId,
     token: FencingToken,
+    /// What the lease says: the wall-clock time it ends, for other readers.
     expiry: SystemTime,
+    /// What decides: when it ends on the table's monotonic clock, so a step
+    /// of the wall clock cannot free a session early or hold it late.
+    until: Instant,
+}
+
+impl Holder {
+    fn live(&self, now: Instant) -> bool {
+        now < self.until
+    }
 }
 
 /// One lock's worth of the table. Entries are found by a hash computed once
@@ -217,12 +233,12 @@ impl MemLease {
     /// Drops expired entries from every shard and returns how many went.
     /// Tokens stay monotonic: counters are per shard, not per entry.
     pub fn purge_expired(&self) -> usize {
-        let now = self.table.clock.now();
+        let now = self.table.clock.instant();
         let mut removed = 0;
         for shard in self.table.shards.iter() {
             let mut shard = lock(&shard.0);
             let before = shard.held.len();
-            shard.held.retain(|h| now < h.expiry);
+            shard.held.retain(|h| h.live(now));
             removed += before - shard.held.len();
         }
         removed
@@ -230,11 +246,11 @@ impl MemLease {
 
     /// How many sessions are held live right now.
     pub fn live_count(&self) -> usize {
-        let now = self.table.clock.now();
+        let now = self.table.clock.instant();
         self.table
             .shards
             .iter()
-            .map(|s| lock(&s.0).held.iter().filter(|h| now < h.expiry).count())
+            .map(|s| lock(&s.0).held.iter().filter(|h| h.live(now)).count())
             .sum()
     }
 
@@ -248,9 +264,14 @@ impl MemLease {
         (hash, lock(&t.shards[idx].0))
     }
 
-    fn expiry_from(&self, now: SystemTime) -> Result<SystemTime, LeaseError> {
-        now.checked_add(self.table.ttl)
-            .ok_or_else(|| LeaseError::invalid("TTL overflows the clock"))
+    /// The wall-clock expiry and the monotonic deadline of a grant made now,
+    /// with the monotonic now they were counted from.
+    fn grant_from_now(&self) -> Result<(SystemTime, Instant, Instant), LeaseError> {
+        let overflow = || LeaseError::invalid("TTL overflows the clock");
+        let (wall, mono) = (self.table.clock.now(), self.table.clock.instant());
+        let expiry = wall.checked_add(self.table.ttl).ok_or_else(overflow)?;
+        let until = mono.checked_add(self.table.ttl).ok_or_else(overflow)?;
+        Ok((expiry, until, mono))
     }
 
     /// Grants `session` to `owner` with a token above `floor` (0: no
@@ -263,8 +284,7 @@ impl MemLease {
         owner: &OwnerId,
         floor: FencingToken,
     ) -> Result<Lease, LeaseError> {
-        let now = self.table.clock.now();
-        let expiry = self.expiry_from(now)?;
+        let (expiry, until, now) = self.grant_from_now()?;
         let (hash, mut guard) = self.shard(session);
         let shard = &mut *guard;
         let hasher = &self.table.hasher;
@@ -276,13 +296,14 @@ impl MemLease {
         let token = match entry {
             Entry::Occupied(mut e) => {
                 let h = e.get_mut();
-                if now < h.expiry && h.owner != *owner {
-                    let left = h.expiry.duration_since(now).unwrap_or_default();
+                if h.live(now) && h.owner != *owner {
+                    let left = h.until.duration_since(now);
                     return Err(LeaseError::held(Some(h.owner.clone())).with_held_for(left));
                 }
-                if now < h.expiry && h.token > floor {
+                if h.live(now) && h.token > floor {
                     // The live holder re-acquiring keeps its epoch.
                     h.expiry = expiry;
+                    h.until = until;
                     h.token
                 } else {
                     // A takeover, or the live holder whose token a store
@@ -296,6 +317,7 @@ impl MemLease {
                     h.owner = owner.clone();
                     h.token = token;
                     h.expiry = expiry;
+                    h.until = until;
                     token
                 }
             }
@@ -306,6 +328,7 @@ impl MemLease {
                     owner: owner.clone(),
                     token,
                     expiry,
+                    until,
                 });
                 token
             }
@@ -314,25 +337,26 @@ impl MemLease {
     }
 
     fn renew_now(&self, lease: &Lease) -> Result<Lease, LeaseError> {
-        let now = self.table.clock.now();
-        let expiry = self.expiry_from(now)?;
+        let (expiry, until, now) = self.grant_from_now()?;
         let (hash, mut shard) = self.shard(lease.session_id());
         match shard.find(hash, lease.session_id()) {
             // Expired but unchanged since: the shard lock proves no one raced us.
             Some(h) if h.owner == *lease.owner() && h.token == lease.token() => {
                 h.expiry = expiry;
+                h.until = until;
                 Ok(lease.with_expiry(expiry))
             }
-            Some(h) if now < h.expiry => Err(LeaseError::held(Some(h.owner.clone()))),
+            Some(h) if h.live(now) => Err(LeaseError::held(Some(h.owner.clone()))),
             _ => Err(LeaseError::held(None)),
         }
     }
 
     fn current_now(&self, session: &SessionId) -> Option<Lease> {
-        let now = self.table.clock.now();
+        let now = self.table.clock.instant();
         let (hash, mut shard) = self.shard(session);
         let h = shard.find(hash, session)?;
-        (now < h.expiry).then(|| Lease::new(session.clone(), h.owner.clone(), h.token, h.expiry))
+        h.live(now)
+            .then(|| Lease::new(session.clone(), h.owner.clone(), h.token, h.expiry))
     }
 
     fn release_now(&self, lease: &Lease) {
@@ -639,6 +663,20 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.kind(), LeaseErrorKind::Invalid);
         assert!(leases.renew(&held).await.is_ok(), "the grant is untouched");
+    }
+
+    #[tokio::test]
+    async fn a_wall_clock_step_neither_frees_a_session_nor_holds_it_late() {
+        let (leases, clock) = setup();
+        let (s, a, b) = ids();
+        let held = leases.acquire(&s, &a).await.unwrap();
+        clock.set_wall(clock.now() + leases.ttl() * 10);
+        let err = leases.acquire(&s, &b).await.unwrap_err();
+        assert_eq!(err.kind(), LeaseErrorKind::Held);
+        clock.set_wall(clock.now() - leases.ttl() * 100);
+        clock.advance(leases.ttl());
+        let taken = leases.acquire(&s, &b).await.unwrap();
+        assert!(taken.token() > held.token());
     }
 
     #[tokio::test]
