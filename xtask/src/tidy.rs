@@ -28,6 +28,9 @@ struct Package {
     publish: bool,
     description: bool,
     readme: Option<PathBuf>,
+    repository: Option<String>,
+    documentation: Option<String>,
+    keywords: Vec<String>,
     /// Names of normal and build dependencies (not dev-dependencies).
     runtime_deps: Vec<String>,
 }
@@ -64,6 +67,14 @@ impl Workspace {
                     publish: !p["publish"].as_array().is_some_and(|a| a.is_empty()),
                     description: p["description"].as_str().is_some_and(|d| !d.is_empty()),
                     readme: p["readme"].as_str().map(|r| dir.join(r)),
+                    repository: p["repository"].as_str().map(str::to_owned),
+                    documentation: p["documentation"].as_str().map(str::to_owned),
+                    keywords: p["keywords"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|k| k.as_str().map(str::to_owned))
+                        .collect(),
                     runtime_deps: p["dependencies"]
                         .as_array()
                         .expect("dependencies")
@@ -216,6 +227,72 @@ fn check_publishable_docs(ws: &Workspace) -> Vec<String> {
     problems
 }
 
+/// What crates.io allows a keyword to be: ASCII, at most 20 characters,
+/// an alphanumeric first, then alphanumerics, `_`, `-` or `+`.
+fn valid_keyword(k: &str) -> bool {
+    k.len() <= 20
+        && k.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && k.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '+'))
+}
+
+/// Publishable crates name the repository and their documentation, and
+/// carry keywords of their own (crates.io's limits kept): a set copied
+/// from another crate, or the workspace's, says nothing about this one.
+fn check_publishable_metadata(ws: &Workspace) -> Vec<String> {
+    let mut problems = Vec::new();
+    let published: Vec<&Package> = ws.packages.iter().filter(|p| p.publish).collect();
+    for (i, p) in published.iter().enumerate() {
+        if p.repository.as_deref().is_none_or(str::is_empty) {
+            problems.push(format!(
+                "{}: no repository in Cargo.toml (`repository.workspace = true`)",
+                p.name
+            ));
+        }
+        let own_docs = format!("https://docs.rs/{}", p.name);
+        match p.documentation.as_deref() {
+            None | Some("") => problems.push(format!(
+                "{}: no documentation in Cargo.toml (`documentation = \"{own_docs}\"`)",
+                p.name
+            )),
+            Some(d) if d.starts_with("https://docs.rs/") && d != own_docs => {
+                problems.push(format!(
+                    "{}: documentation is {d}, another crate's; use {own_docs}",
+                    p.name
+                ))
+            }
+            Some(_) => {}
+        }
+        if p.keywords.is_empty() || p.keywords.len() > 5 {
+            problems.push(format!(
+                "{}: {} keywords; crates.io takes 1 to 5",
+                p.name,
+                p.keywords.len()
+            ));
+        }
+        for k in p.keywords.iter().filter(|k| !valid_keyword(k)) {
+            problems.push(format!(
+                "{}: keyword {k:?} is not one crates.io accepts (at most 20 ASCII \
+                 alphanumerics, `_`, `-` or `+`, starting with an alphanumeric)",
+                p.name
+            ));
+        }
+        let mut own: Vec<&String> = p.keywords.iter().collect();
+        own.sort();
+        for q in &published[i + 1..] {
+            let mut theirs: Vec<&String> = q.keywords.iter().collect();
+            theirs.sort();
+            if !own.is_empty() && own == theirs {
+                problems.push(format!(
+                    "{} and {} have the same keywords {own:?}: give each its own",
+                    p.name, q.name
+                ));
+            }
+        }
+    }
+    problems
+}
+
 /// The info strings of the code blocks opened in doc lines (closing fences
 /// skipped).
 fn opening_fences<'a>(docs: &'a [&'a str]) -> impl Iterator<Item = &'a str> + 'a {
@@ -280,6 +357,14 @@ fn every_publishable_crate_has_readme_and_docs() {
     assert_clean(
         "publishable docs",
         check_publishable_docs(&Workspace::load()),
+    );
+}
+
+#[test]
+fn every_publishable_crate_has_repository_docs_and_its_own_keywords() {
+    assert_clean(
+        "publishable metadata",
+        check_publishable_metadata(&Workspace::load()),
     );
 }
 
@@ -382,6 +467,50 @@ mod rules_can_fail {
                 .any(|p| p.starts_with("lease-port: crate docs have no runnable example")),
             "{problems:?}"
         );
+    }
+
+    #[test]
+    fn missing_links_and_shared_or_bad_keywords_are_reported() {
+        let mut ws = Workspace::load();
+        let before = check_publishable_metadata(&ws);
+        let i = package(&mut ws, "memlease");
+        ws.packages[i].repository = None;
+        let i = package(&mut ws, "lease-port");
+        ws.packages[i].documentation = None;
+        let i = package(&mut ws, "session-store");
+        ws.packages[i].documentation = Some("https://docs.rs/lease-port".into());
+        let i = package(&mut ws, "memlease");
+        let keywords = ws.packages[i].keywords.clone();
+        let i = package(&mut ws, "flocklease");
+        ws.packages[i].keywords = keywords.into_iter().rev().collect();
+        let i = package(&mut ws, "lease-keeper");
+        ws.packages[i].keywords = ["a-keyword-over-twenty-chars", "-dash", "ok", "x", "y", "z"]
+            .map(String::from)
+            .to_vec();
+        let problems: Vec<String> = check_publishable_metadata(&ws)
+            .into_iter()
+            .filter(|p| !before.contains(p))
+            .collect();
+        assert!(
+            problems.iter().any(|p| p.contains("flocklease")
+                && p.contains("memlease")
+                && p.contains("have the same keywords")),
+            "{problems:?}"
+        );
+        for expected in [
+            "memlease: no repository",
+            "lease-port: no documentation",
+            "session-store: documentation is https://docs.rs/lease-port, another crate's",
+            "lease-keeper: 6 keywords",
+            "lease-keeper: keyword \"a-keyword-over-twenty-chars\"",
+            "lease-keeper: keyword \"-dash\"",
+        ] {
+            assert!(
+                problems.iter().any(|p| p.starts_with(expected)),
+                "{expected:?} not in {problems:?}"
+            );
+        }
+        assert_eq!(problems.len(), 7, "{problems:?}");
     }
 
     #[test]
