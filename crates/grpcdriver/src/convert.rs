@@ -9,6 +9,7 @@ use crate::pb;
 
 /// The wire form of `lease` as the server sends it: remaining time judged
 /// on the server's clock at `now`, and the authority that granted it.
+#[cfg(feature = "server")]
 pub(crate) fn lease_to_wire(lease: &Lease, now: SystemTime, authority: &str) -> pb::Lease {
     let remaining = lease.expiry().duration_since(now).unwrap_or(Duration::ZERO);
     pb::Lease {
@@ -20,6 +21,7 @@ pub(crate) fn lease_to_wire(lease: &Lease, now: SystemTime, authority: &str) -> 
     }
 }
 
+#[cfg(feature = "server")]
 pub(crate) fn duration_to_wire(d: Duration) -> prost_types::Duration {
     prost_types::Duration {
         seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
@@ -48,6 +50,7 @@ pub(crate) fn lease_ref(lease: &Lease) -> pb::LeaseRef {
 
 /// A grant named on the wire, as the server receives it. The expiry is a
 /// placeholder: backends identify a grant by session, owner and token.
+#[cfg(feature = "server")]
 pub(crate) fn lease_from_ref(
     r: Option<&pb::LeaseRef>,
     now: SystemTime,
@@ -100,7 +103,8 @@ pub(crate) fn lease_from_wire(
     ))
 }
 
-#[cfg(test)]
+// Both ends meet here, so the server's too.
+#[cfg(all(test, feature = "server"))]
 mod tests {
     use super::*;
 

@@ -15,9 +15,17 @@
 //! to it directly. On one host, a lease directory (`flocklease`) is
 //! simpler and has no service to run.
 //!
+//! # Features
+//!
+//! - `tls` (default): TLS and mutual TLS on both ends, rustls with ring.
+//! - `server` (off): [`LeaseServer`], which serves a backend as the lease
+//!   service. A process that only asks for leases leaves it off and pulls
+//!   in no HTTP router, health or reflection service.
+//!
 //! # Example
 //!
-//! A server over an in-memory backend on loopback, and a client of it:
+//! A server (feature `server`) over an in-memory backend on loopback, and
+//! a client of it:
 //!
 //! ```
 //! use std::sync::Arc;
@@ -119,11 +127,18 @@
 //! certificates) unless told otherwise, bounds request size, batch size,
 //! calls per connection and call time, and answers oversized or malformed
 //! requests with `INVALID_ARGUMENT`. The `mecatl-leased` daemon is this
-//! server with flags.
+//! server with flags. It is built with the `server` feature only.
+//!
+// Without the server its docs are on docs.rs, built with every feature.
+#![cfg_attr(
+    not(feature = "server"),
+    doc = "[`LeaseServer`]: https://docs.rs/grpcdriver/latest/grpcdriver/struct.LeaseServer.html"
+)]
 
 mod client;
 mod convert;
 pub mod pb;
+#[cfg(feature = "server")]
 mod server;
 mod status;
 
@@ -133,8 +148,9 @@ pub use client::{
     DEFAULT_ATTEMPTS, DEFAULT_CALL_TIMEOUT, DEFAULT_CLIENT_BATCH, DEFAULT_CONNECT_TIMEOUT,
     GrpcLease, GrpcLeaseBuilder, ServiceInfo,
 };
-#[cfg(feature = "tls")]
+#[cfg(all(feature = "server", feature = "tls"))]
 pub use server::ServerTls;
+#[cfg(feature = "server")]
 pub use server::{
     DEFAULT_CALL_TIMEOUT as DEFAULT_SERVER_CALL_TIMEOUT, DEFAULT_CONCURRENCY_PER_CONNECTION,
     DEFAULT_MAX_BATCH, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_STREAMS_PER_CONNECTION,

@@ -3,11 +3,16 @@
 //! [`Reason`]), and a status becomes a [`LeaseError`] again — keyed on the
 //! reason, never on the message text.
 
+#[cfg(feature = "server")]
 use std::collections::HashMap;
 
-use lease_port::{LeaseError, LeaseErrorKind, OwnerId};
+#[cfg(feature = "server")]
+use lease_port::LeaseErrorKind;
+use lease_port::{LeaseError, OwnerId};
 use tonic::{Code, Status};
-use tonic_types::{ErrorDetails, StatusExt};
+#[cfg(feature = "server")]
+use tonic_types::ErrorDetails;
+use tonic_types::StatusExt;
 
 use crate::pb::{Failure, Reason};
 
@@ -20,6 +25,7 @@ const HOLDER_KEY: &str = "holder";
 /// Which call failed: the same backend answer maps to a different status
 /// depending on it (held on acquire is a conflict; held on renew means the
 /// caller's token is stale).
+#[cfg(feature = "server")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Call {
     Acquire,
@@ -29,6 +35,7 @@ pub(crate) enum Call {
 }
 
 /// The reason a backend error is sent under.
+#[cfg(feature = "server")]
 pub(crate) fn reason_of(call: Call, e: &LeaseError) -> Reason {
     match e.kind() {
         LeaseErrorKind::Held if call == Call::Acquire => Reason::HeldElsewhere,
@@ -42,6 +49,7 @@ pub(crate) fn reason_of(call: Call, e: &LeaseError) -> Reason {
     }
 }
 
+#[cfg(feature = "server")]
 fn code_of(reason: Reason) -> Code {
     match reason {
         // FAILED_PRECONDITION is gRPC's "do not retry until the system's
@@ -57,11 +65,13 @@ fn code_of(reason: Reason) -> Code {
 }
 
 /// A status for a failed call, carrying the reason and the holder.
+#[cfg(feature = "server")]
 pub(crate) fn to_status(call: Call, e: &LeaseError) -> Status {
     reason_status(reason_of(call, e), e.message(), e.holder())
 }
 
 /// A status for `reason`, as the server sends it.
+#[cfg(feature = "server")]
 pub(crate) fn reason_status(reason: Reason, message: &str, holder: Option<&OwnerId>) -> Status {
     let mut metadata = HashMap::new();
     if let Some(h) = holder {
@@ -75,6 +85,7 @@ pub(crate) fn reason_status(reason: Reason, message: &str, holder: Option<&Owner
 }
 
 /// One lease's failure inside a batch answer.
+#[cfg(feature = "server")]
 pub(crate) fn to_failure(e: &LeaseError) -> Failure {
     Failure {
         reason: reason_of(Call::Renew, e).into(),
@@ -181,7 +192,8 @@ pub(crate) fn from_failure(f: &Failure) -> LeaseError {
     }
 }
 
-#[cfg(test)]
+// Round trips: both ends, so the server's too.
+#[cfg(all(test, feature = "server"))]
 mod tests {
     use super::*;
 
