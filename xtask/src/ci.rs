@@ -41,16 +41,29 @@ pub(crate) fn ci() -> Result {
             "warnings",
         ]),
     )?;
+    // Default features are what a dependent builds; all features are what
+    // docs.rs shows. A link to an item behind a feature breaks only one.
+    for features in [None, Some("--all-features")] {
+        run(
+            &format!("rustdoc ({})", features.unwrap_or("default features")),
+            cargo()
+                .args(["doc", "--workspace", "--no-deps", "--locked"])
+                .args(features)
+                .env("RUSTDOCFLAGS", "-D warnings"),
+        )?;
+    }
+    // The workspace always builds grpcdriver with its server (the daemon
+    // wants it); build it as a client-only user does, lints and docs.
     run(
-        "rustdoc",
+        "grpcdriver without its server: clippy",
         cargo()
-            .args([
-                "doc",
-                "--workspace",
-                "--no-deps",
-                "--all-features",
-                "--locked",
-            ])
+            .args(["clippy", "--package", "grpcdriver", "--locked", "--"])
+            .args(["-D", "warnings"]),
+    )?;
+    run(
+        "grpcdriver without its server: rustdoc",
+        cargo()
+            .args(["doc", "--package", "grpcdriver", "--no-deps", "--locked"])
             .env("RUSTDOCFLAGS", "-D warnings"),
     )?;
     run(
@@ -67,21 +80,8 @@ pub(crate) fn ci() -> Result {
         ]),
     )?;
     deny_on_fresh_cargo_home(&deny)?;
-    // Test support (`publish = false`) depends on other test support by
-    // path alone, which a package may not: only what ships is packaged.
-    let mut package = cargo();
-    package.args([
-        "package",
-        "--workspace",
-        "--no-verify",
-        "--allow-dirty",
-        "--locked",
-        "--quiet",
-    ]);
-    for name in unpublished()? {
-        package.args(["--exclude", &name]);
-    }
-    run("package every publishable crate", &mut package)?;
+    // Only what ships, in publish order, each built from its package.
+    crate::publish::dry_run()?;
     // Each test in a process of its own, several at once: most of them
     // wait on real time. `.config/nextest.toml` says how many, and which
     // must never overlap.
@@ -112,29 +112,6 @@ pub(crate) fn ci() -> Result {
     crate::faults::faults(&["--profile".into(), "short".into()])?;
     println!("\nci: all checks passed");
     Ok(())
-}
-
-/// The workspace members marked `publish = false`.
-fn unpublished() -> Result<Vec<String>> {
-    let out = cargo()
-        .args(["metadata", "--format-version", "1", "--no-deps", "--locked"])
-        .output()
-        .map_err(|e| format!("cargo metadata: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "cargo metadata failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    let meta: serde_json::Value =
-        serde_json::from_slice(&out.stdout).map_err(|e| format!("cargo metadata: {e}"))?;
-    Ok(meta["packages"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|p| p["publish"].as_array().is_some_and(|a| a.is_empty()))
-        .filter_map(|p| p["name"].as_str().map(str::to_owned))
-        .collect())
 }
 
 fn has_cargo_subcommand(name: &str) -> bool {

@@ -15,6 +15,8 @@
 //!                                     every backend under injected faults, histories checked
 //! cargo xtask fuzz [--seconds N] [TARGET…]
 //!                                     the coverage-guided fuzz targets in fuzz/, N seconds each
+//! cargo xtask publish --dry-run       the publish order; every publishable crate packaged
+//!                                     and built against the packages before it
 //! ```
 
 mod backends;
@@ -25,6 +27,7 @@ mod faults;
 mod fn_length;
 mod fuzz;
 mod proto;
+mod publish;
 mod services;
 #[cfg(test)]
 mod tidy;
@@ -40,7 +43,7 @@ const USAGE: &str = "usage: cargo xtask <ci | conformance [--backend NAME] \
                      services [--backend NAME] | bench [--quick] [FILTER] | \
                      proto [--check | --bless] | faults [--backend NAME] [--ops N] \
                      [--seed S] [--profile short|long] [--out DIR] | \
-                     fuzz [--seconds N] [TARGET…]>";
+                     fuzz [--seconds N] [TARGET…] | publish --dry-run>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = env::args().skip(1).collect();
@@ -52,6 +55,7 @@ fn main() -> ExitCode {
         Some("proto") => proto::proto(&args[1..]),
         Some("faults") => faults::faults(&args[1..]),
         Some("fuzz") => fuzz::fuzz(&args[1..]),
+        Some("publish") => publish::publish(&args[1..]),
         _ => {
             eprintln!("{USAGE}");
             return ExitCode::from(2);
