@@ -43,7 +43,7 @@ pub enum StoreErrorKind {
     /// the offered backend's tokens mean nothing to it.
     AuthorityMismatch,
     /// The store does not offer the operation (a trait method it left to
-    /// its default, such as [`request_cancel`](crate::SessionStore::request_cancel)).
+    /// its default).
     Unsupported,
     /// The store answered from older state than this client already saw (a
     /// snapshot restore, a failover to a lagging replica, a directory put

@@ -320,6 +320,13 @@
 //! assert!(err.to_string().contains("older than its witness"), "{err}");
 //! # Ok(()) }
 //! ```
+//!
+//! # Features
+//!
+//! - `cancel-requests`: `SessionStore::request_cancel` and
+//!   `cancel_request`, by which any process asks the process running a
+//!   session's run to stop it (a server offering a cancel endpoint across
+//!   replicas). Off by default: a store's other users never need them.
 
 mod error;
 pub mod jsonl;
@@ -328,16 +335,17 @@ mod port;
 
 pub use error::{StoreError, StoreErrorKind};
 pub use jsonl::{
-    AUTHORITY_FILE_NAME, CANCEL_DIR_NAME, DEFAULT_LEASE_DIR_NAME, DEFAULT_LOCK_TIMEOUT,
-    DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_OPEN, DEFAULT_MAX_PAGE_BYTES, FILE_SUFFIX, FsyncPolicy,
-    GENERATION_FILE_NAME, GRAVEYARD_FILE_NAME, GenerationCheck, JsonlOptions, JsonlStore,
-    ReclaimReport, StoreGeneration, WITNESS_DIR_NAME, adopt_store_dir,
+    AUTHORITY_FILE_NAME, DEFAULT_LEASE_DIR_NAME, DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_EVENT_BYTES,
+    DEFAULT_MAX_OPEN, DEFAULT_MAX_PAGE_BYTES, FILE_SUFFIX, FsyncPolicy, GENERATION_FILE_NAME,
+    GRAVEYARD_FILE_NAME, GenerationCheck, JsonlOptions, JsonlStore, ReclaimReport, StoreGeneration,
+    WITNESS_DIR_NAME, adopt_store_dir,
 };
 /// The fence types are the lease contract's; re-exported so a store's
 /// callers need no second import.
 pub use lease_port::{Fence, WriteFence};
 pub use model::{
-    AppendReceipt, CancelRequest, ListCursor, MAX_LIST_LIMIT, Page, SessionPage, StoredEvent,
-    check_list_limit,
+    AppendReceipt, ListCursor, MAX_LIST_LIMIT, Page, SessionPage, StoredEvent, check_list_limit,
 };
 pub use port::{APPEND_POLL_INTERVAL, SessionStore, poll_for_append};
+#[cfg(feature = "cancel-requests")]
+pub use {jsonl::CANCEL_DIR_NAME, model::CancelRequest};

@@ -44,6 +44,7 @@ pub struct Page {
 }
 
 /// The latest cancel request of a session.
+#[cfg(feature = "cancel-requests")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CancelRequest {
     /// The highest run token a cancel was requested for.

@@ -8,8 +8,7 @@ use lease_port::{AuthorityId, FencingToken, SessionId, SessionLease};
 use serde_json::Value;
 
 use crate::{
-    AppendReceipt, CancelRequest, ListCursor, Page, SessionPage, StoreError, WriteFence,
-    check_list_limit,
+    AppendReceipt, ListCursor, Page, SessionPage, StoreError, WriteFence, check_list_limit,
 };
 
 /// Storage of session events, every write fenced by the writer's lease
@@ -145,6 +144,7 @@ pub trait SessionStore: Send + Sync {
     /// never stopped by it, and the count tells a run apart from an earlier
     /// run of the same token (a holder that re-acquired its own live
     /// lease). `Unsupported` by default.
+    #[cfg(feature = "cancel-requests")]
     async fn request_cancel(
         &self,
         session: &SessionId,
@@ -163,10 +163,11 @@ pub trait SessionStore: Send + Sync {
     /// baseline) and stops once it reads a request with `run >= t` and a
     /// `serial` above the baseline's: requests recorded before the run
     /// began never stop it. `Unsupported` by default.
+    #[cfg(feature = "cancel-requests")]
     async fn cancel_request(
         &self,
         session: &SessionId,
-    ) -> Result<Option<CancelRequest>, StoreError> {
+    ) -> Result<Option<crate::CancelRequest>, StoreError> {
         let _ = session;
         Err(StoreError::Unsupported {
             what: "cancel requests",

@@ -16,6 +16,7 @@
 
 mod authority;
 mod cache;
+#[cfg(feature = "cancel-requests")]
 mod cancel;
 #[cfg(test)]
 mod crash_sim;
@@ -46,12 +47,15 @@ use lease_port::{AuthorityId, FencingToken, SessionId};
 use nix::fcntl::OFlag;
 use serde_json::Value;
 
+#[cfg(feature = "cancel-requests")]
+use crate::CancelRequest;
 use crate::{
-    AppendReceipt, CancelRequest, ListCursor, Page, SessionPage, SessionStore, StoreError,
-    WriteFence, check_list_limit,
+    AppendReceipt, ListCursor, Page, SessionPage, SessionStore, StoreError, WriteFence,
+    check_list_limit,
 };
 pub use authority::AUTHORITY_FILE_NAME;
 use cache::OpenSession;
+#[cfg(feature = "cancel-requests")]
 pub use cancel::CANCEL_DIR_NAME;
 use format::millis;
 pub use generation::{
@@ -340,6 +344,7 @@ impl SessionStore for JsonlStore {
             .await
     }
 
+    #[cfg(feature = "cancel-requests")]
     async fn request_cancel(
         &self,
         session: &SessionId,
@@ -352,6 +357,7 @@ impl SessionStore for JsonlStore {
             .await
     }
 
+    #[cfg(feature = "cancel-requests")]
     async fn cancel_request(
         &self,
         session: &SessionId,

@@ -7,6 +7,7 @@
 //! (`cancel_races`). They share no process-wide state, so they run as
 //! threads of one process.
 
+#[cfg(feature = "cancel-requests")]
 mod cancel_races;
 mod follow;
 mod generation;
