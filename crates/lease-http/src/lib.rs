@@ -150,6 +150,24 @@
 //! and what a client disconnecting does. [`SessionPath`] is the validation
 //! alone, for routes that only read.
 //!
+//! A late write of a holder that lost its session is answered 409
+//! `lease_lost` when the keeper saw the loss first, and 409 `write_fenced`
+//! when the store refused it: which one depends on timing, so a client
+//! treats them alike (the write was not made; another process owns the
+//! session now).
+//!
+//! **A backend whose tokens can start below what the store has seen** (a
+//! `memlease` table with a named authority after a restart) needs its
+//! first grant raised above the store's mark, or the store fences its first
+//! writes. `Leased` acquires plainly; for such a backend, lease in the
+//! handler instead: take the id with [`SessionPath`], read
+//! `store.high_water(&id)` and acquire with
+//! `keeper.acquire_above_within(&id, Duration::ZERO, mark)` when there is a
+//! mark. Every other backend of this workspace keeps its tokens across
+//! restarts and needs none of this.
+//!
+//! Built on axum 0.8 (its `/{session}` path syntax).
+//!
 //! [`LeaseGuard`]: lease_keeper::LeaseGuard
 //! [`LeaseGuard::spawn_write`]: lease_keeper::LeaseGuard::spawn_write
 

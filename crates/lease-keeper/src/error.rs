@@ -18,8 +18,8 @@ pub(crate) const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// | `ShuttingDown` | 503: retry on another process | none |
 /// | `Invalid` | 400 / configuration error | none |
 /// | `Rewound` | 500, not retryable: the authority must be fixed | none |
-/// | `RunEnded` | none: the write is not made and the run stops | none |
-/// | `WritesInFlight` | none: logged when a run ends | none |
+/// | `RunEnded` | 409 `lease_lost`: the write was not made, the run must stop | none |
+/// | `WritesInFlight` | 500 when passed on; normally logged when a run ends | none |
 ///
 /// `lease-http` answers exactly this table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -69,16 +69,13 @@ impl From<Fence> for WriteFence {
     }
 }
 
+/// The fence of a lease's owner, for code that holds a lease from a
+/// backend directly. A run of the lease keeper writes with its guard's
+/// `fence()` instead, which names the keeper's writer (the owner plus an
+/// id of its incarnation): a run mixing the two would fence itself out, as
+/// the store binds its mark to the first writer of a token.
 impl From<&Lease> for WriteFence {
     fn from(lease: &Lease) -> Self {
         WriteFence::Fenced(lease.into())
-    }
-}
-
-/// `Some(lease)` → [`WriteFence::Fenced`], `None` → [`WriteFence::Unfenced`]:
-/// what a lease guard's `lease()` maps to.
-impl From<Option<&Lease>> for WriteFence {
-    fn from(lease: Option<&Lease>) -> Self {
-        lease.map_or(WriteFence::Unfenced, WriteFence::from)
     }
 }

@@ -125,7 +125,7 @@
 //!
 //! # Features
 //!
-//! - `test-util`: [`ManualClock`].
+//! - `test-util`: `ManualClock`.
 //! - `serde`: `Serialize`/`Deserialize` for the value types; ids are validated
 //!   when deserialised.
 

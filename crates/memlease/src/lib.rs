@@ -189,7 +189,13 @@ impl MemLeaseBuilder {
     /// or the store fences the first writes.
     ///
     /// Never give one authority to two tables that live at once: both
-    /// would issue the same tokens to different owners.
+    /// would issue the same tokens to different owners, and since a table
+    /// coordinates nothing between processes, two processes over one store
+    /// would then both run its sessions (only the store's fence would keep
+    /// their writes apart). Name one only where the deployment ensures one
+    /// process per store at a time; otherwise keep the default, under which
+    /// a second process over the store fails at `bind_authority` — the
+    /// safer failure.
     pub fn authority(mut self, authority: AuthorityId) -> Self {
         self.authority = Some(authority);
         self
