@@ -14,7 +14,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lease_keeper::{KeeperError, KeeperErrorKind, LeaseGuard, LeaseKeeper, WriteGate};
+use lease_keeper::{KeeperError, KeeperErrorKind, LeaseGuard, LeaseKeeper, LossReason, WriteGate};
 use lease_port::{FencingToken, SessionId};
 use serde_json::{Value, json};
 use session_store::{
@@ -732,7 +732,7 @@ impl Engine {
             // once the lease is gone nothing more may run.
             biased;
             () = guard.lost() => RunStatus::LeaseLost(
-                guard.loss().map(|r| format!("{r:?}")).unwrap_or_else(|| "lease lost".into()),
+                loss_message(&sink.session, guard.loss().as_ref()),
             ),
             () = cancel.cancelled() => RunStatus::Cancelled,
             result = self.inner.agent.run(turn, sink) => match result {
@@ -810,6 +810,36 @@ impl Engine {
         let report = self.inner.keeper.shutdown().await;
         runs_done && report.complete
     }
+}
+
+/// Why a run stopped on losing its lease, for the person reading its end
+/// (`error` of a `lease_lost` run): what happened to the session and what
+/// to do about the input.
+fn loss_message(session: &SessionId, loss: Option<&LossReason>) -> String {
+    let why = match loss {
+        Some(LossReason::Held {
+            holder: Some(holder),
+        }) => format!("{holder} took session {session} over"),
+        Some(LossReason::Held { holder: None }) => format!(
+            "another process took session {session} over, or the lease backend no longer \
+             knew this run's lease"
+        ),
+        Some(LossReason::Expired) => format!(
+            "its lease on session {session} expired: renewals failed or went unanswered \
+             until then, so another process may have taken the session"
+        ),
+        Some(LossReason::Rejected { kind }) => {
+            format!("the lease backend refused to renew its lease on session {session} ({kind})")
+        }
+        Some(LossReason::Shutdown) => {
+            format!("the server shut down and gave up its lease on session {session}")
+        }
+        _ => format!("it lost its lease on session {session}"),
+    };
+    format!(
+        "the run stopped because {why}; nothing it wrote after that was recorded. Read the \
+         session's events to see how far it got before running the input again"
+    )
 }
 
 /// Everything a run task owns.
@@ -986,6 +1016,57 @@ impl<T: Send + 'static> Drop for Detached<T> {
             // If the runtime is going down the task is dropped at once, and
             // with it the permit: nothing runs after it anyway.
             self.handle.spawn(fut);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lease_port::{LeaseErrorKind, OwnerId};
+
+    use super::*;
+
+    /// Each way of losing a lease is told as a sentence naming the session
+    /// (and the new holder when known), never as the reason's Rust form.
+    #[test]
+    fn a_lost_lease_is_told_for_people() {
+        let s = SessionId::new("chat-7").unwrap();
+        let cases = [
+            (
+                Some(LossReason::Held {
+                    holder: Some(OwnerId::new("host-b").unwrap()),
+                }),
+                "because host-b took session chat-7 over",
+            ),
+            (
+                Some(LossReason::Held { holder: None }),
+                "another process took session chat-7 over",
+            ),
+            (
+                Some(LossReason::Expired),
+                "its lease on session chat-7 expired",
+            ),
+            (
+                Some(LossReason::Rejected {
+                    kind: LeaseErrorKind::Invalid,
+                }),
+                "refused to renew its lease on session chat-7 (invalid lease input)",
+            ),
+            (
+                Some(LossReason::Shutdown),
+                "the server shut down and gave up its lease on session chat-7",
+            ),
+            (None, "it lost its lease on session chat-7"),
+        ];
+        for (loss, says) in cases {
+            let message = loss_message(&s, loss.as_ref());
+            assert!(message.contains(says), "{loss:?}: {message}");
+            assert!(message.starts_with("the run stopped because "), "{message}");
+            for debug in [
+                "Held", "Expired", "Rejected", "Shutdown", "{", "Some(", "None",
+            ] {
+                assert!(!message.contains(debug), "{loss:?}: {message}");
+            }
         }
     }
 }

@@ -151,4 +151,31 @@ mod tests {
         let create = &doc["paths"]["/v1/sessions"]["post"]["requestBody"];
         assert_eq!(create["required"], false, "the create body is optional");
     }
+
+    /// The query parameters' schemas state the bounds the handlers
+    /// enforce, so the two cannot drift apart unnoticed.
+    #[test]
+    fn query_parameters_state_the_bounds_the_server_enforces() {
+        let doc = serde_json::to_value(super::document()).unwrap();
+        let param = |path: &str, method: &str, name: &str| {
+            doc["paths"][path][method]["parameters"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["name"] == name)
+                .unwrap_or_else(|| panic!("{method} {path}: no {name}"))
+                .clone()
+        };
+        let wait = param("/v1/sessions/{id}/runs", "post", "wait");
+        assert_eq!(wait["required"], false, "a run needs no wait");
+        assert_eq!(wait["schema"]["pattern"], crate::wire::WAIT_PATTERN);
+        let events = "/v1/sessions/{id}/events";
+        for name in ["after", "Last-Event-ID"] {
+            let p = param(events, "get", name);
+            assert_eq!(p["schema"]["format"], "int64", "{name}");
+            assert_eq!(p["schema"]["maximum"], crate::wire::MAX_SEQ, "{name}");
+        }
+        let list = param("/v1/sessions", "get", "continue");
+        assert_eq!(list["schema"]["minLength"], 1, "an empty continue");
+    }
 }

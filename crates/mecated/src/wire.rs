@@ -35,6 +35,15 @@ pub const MAX_PAGE: usize = 1000;
 /// Events per page when the client does not say.
 pub const DEFAULT_PAGE: usize = 100;
 
+/// The largest sequence number a request may name (`after`,
+/// `Last-Event-ID`): the largest `int64`, which is what the document says
+/// a sequence number is. No log grows that long.
+pub const MAX_SEQ: u64 = i64::MAX as u64;
+
+/// ECMA-262 (and Rust `regex`) pattern of a run's `wait`: a whole or
+/// decimal number, then `ms`, `s`, `m` or `h` (seconds without a unit).
+pub const WAIT_PATTERN: &str = "^[0-9]+(\\.[0-9]+)?(ms|s|m|h)?$";
+
 /// A session id as it travels: text, validated into a
 /// [`SessionId`](lease_port::SessionId) when it arrives so that a bad one
 /// gets the id's own explanation.
@@ -79,7 +88,9 @@ pub struct CreateSession {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RunRequest {
-    /// Any JSON value, handed to the agent.
+    /// Any JSON value, `null` included, handed to the agent as it is (the
+    /// echo agent replies with it). Leaving `input` out is refused with
+    /// 400 `invalid`: send `"input": null` to run the agent on nothing.
     #[schema(value_type = Value)]
     pub input: Value,
 }
@@ -90,8 +101,10 @@ pub struct RunRequest {
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct PageQuery {
-    /// Return events with `seq` greater than this.
-    #[param(minimum = 0)]
+    /// Return events with `seq` greater than this (0 when absent: from
+    /// the first); a sequence number, at most 2^63 - 1. One past the log's
+    /// end answers an empty page.
+    #[param(minimum = 0, maximum = 9_223_372_036_854_775_807_usize)]
     pub after: Option<u64>,
     /// At most this many events (100 when absent); a page also stops at
     /// the store's byte budget, but always holds at least one event.
@@ -115,9 +128,12 @@ pub struct SessionListQuery {
     #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
     /// The `continue` of the previous page: this page starts after it.
-    /// Opaque; it does not expire.
+    /// Opaque; it does not expire. Left out, the listing starts at the
+    /// first session. Never empty: the last page's `continue` is null, and
+    /// an empty one is refused with 400 `invalid_continue`, like any token
+    /// this server did not issue.
     #[serde(rename = "continue")]
-    #[param(rename = "continue")]
+    #[param(rename = "continue", min_length = 1)]
     pub continue_token: Option<String>,
 }
 
@@ -451,10 +467,12 @@ pub struct ErrorDetail {
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct RunQuery {
-    /// Wait up to this long (`250ms`, `5s`, `1m`; at most 60 s) for another
-    /// process to release the session, and start the run the moment it
-    /// does, instead of answering 409 `session_leased_elsewhere` at once.
-    #[param(value_type = String, example = "5s")]
+    /// Wait up to this long for another process to release the session,
+    /// and start the run the moment it does, instead of answering 409
+    /// `session_leased_elsewhere` at once: a number, then `ms`, `s`, `m` or
+    /// `h` (`250ms`, `5s`, `1.5m`; a bare number is seconds). A longer wait
+    /// than 60 s is cut to 60 s; `0` and leaving `wait` out answer at once.
+    #[param(value_type = Option<String>, pattern = "^[0-9]+(\\.[0-9]+)?(ms|s|m|h)?$", example = "5s")]
     pub wait: Option<String>,
 }
 

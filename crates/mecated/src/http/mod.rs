@@ -27,8 +27,8 @@ use crate::engine::{
 };
 use crate::wire::{
     CancelResult, CreateSession, CreatedSession, DEFAULT_PAGE, DEFAULT_SESSION_PAGE, ErrorBody,
-    ErrorCode, Event, EventPage, FollowEnd, LeaseStatus, MAX_PAGE, MAX_SESSION_PAGE, PageQuery,
-    RunEnd, RunQuery, RunRequest, RunResult, SessionIdText, SessionInfo, SessionList,
+    ErrorCode, Event, EventPage, FollowEnd, LeaseStatus, MAX_PAGE, MAX_SEQ, MAX_SESSION_PAGE,
+    PageQuery, RunEnd, RunQuery, RunRequest, RunResult, SessionIdText, SessionInfo, SessionList,
     SessionListQuery, SessionRef,
 };
 
@@ -162,7 +162,7 @@ pub(crate) async fn create_session(
     responses(
         (status = 200, description = "A page of sessions", body = SessionList),
         (status = 400, description = "`invalid` (a bad or unknown query parameter, or `limit` outside 1..=1000) or \
-                                      `invalid_continue` (a `continue` this server did not issue)", body = ErrorBody),
+                                      `invalid_continue` (a `continue` this server did not issue, an empty one included)", body = ErrorBody),
         (status = 500, description = "`internal`: a storage fault", body = ErrorBody),
         (status = 503, description = "`store_busy` (the store is locked by another process) or `store_unavailable` (the store \
                                       could not be reached or refused before acting: nothing was done); retry (`Retry-After`)", body = ErrorBody),
@@ -179,12 +179,7 @@ pub(crate) async fn list_sessions(
             "limit must be 1..={MAX_SESSION_PAGE}"
         )));
     }
-    let after = q
-        .continue_token
-        .as_deref()
-        .map(ListCursor::decode)
-        .transpose()
-        .map_err(|e| ApiError::new(ErrorCode::InvalidContinue, e.to_string()))?;
+    let after = q.continue_token.as_deref().map(list_cursor).transpose()?;
     let page = engine.list_sessions_page(after.as_ref(), limit).await?;
     let sessions = page
         .sessions
@@ -197,6 +192,33 @@ pub(crate) async fn list_sessions(
         continue_token: page.next.as_ref().map(ListCursor::encode),
         sessions,
     }))
+}
+
+/// A listing's `continue`, or why it is not one this server issued.
+fn list_cursor(token: &str) -> Result<ListCursor, ApiError> {
+    let refused = |why: String| {
+        ApiError::new(
+            ErrorCode::InvalidContinue,
+            format!(
+                "{why}: pass the `continue` of the previous page as it came, or leave continue \
+                 out to list from the first session"
+            ),
+        )
+    };
+    if token.is_empty() {
+        return Err(refused(
+            "continue is empty, and no page ever has an empty one (the last page's is null)".into(),
+        ));
+    }
+    ListCursor::decode(token).map_err(|e| {
+        let detail = match &e {
+            session_store::StoreError::Invalid { message } => message.clone(),
+            other => other.to_string(),
+        };
+        refused(format!(
+            "continue is not a token this server issued ({detail})"
+        ))
+    })
 }
 
 #[utoipa::path(
@@ -272,13 +294,14 @@ pub(crate) async fn delete_session(
                    own run and `run_gone` at the other's start. Idle streams carry keep-alive comments.",
     params(
         ("id" = SessionIdText, Path, description = "The session's id, percent-encoded"),
-        ("Last-Event-ID" = Option<u64>, Header, description = "Follow: resume after this `seq` (wins over `after`)"),
+        ("Last-Event-ID" = Option<u64>, Header, maximum = 9_223_372_036_854_775_807_usize,
+            description = "Follow: resume after this `seq` (wins over `after`); a sequence number, at most 2^63 - 1"),
         PageQuery
     ),
     responses(
         (status = 200, description = "A page of events, or the followed events",
             content((EventPage = "application/json"), (String = "text/event-stream"))),
-        (status = 400, description = "`invalid`: an id breaking the id rules, a bad or unknown query parameter, `limit` outside 1..=1000, a `Last-Event-ID` that is not a sequence number, or a follow from past the log's end", body = ErrorBody),
+        (status = 400, description = "`invalid`: an id breaking the id rules, a bad or unknown query parameter, `limit` outside 1..=1000, an `after` or `Last-Event-ID` that is not a sequence number (0 to 2^63 - 1), or a follow from past the log's end", body = ErrorBody),
         (status = 404, description = "`not_found`: no such session", body = ErrorBody),
         (status = 500, description = "`internal`: a storage fault", body = ErrorBody),
         (status = 503, description = "`store_busy` (another process holds the session's file) or `store_unavailable` (the store \
@@ -296,13 +319,25 @@ pub(crate) async fn read_events(
     if !(1..=MAX_PAGE).contains(&limit) {
         return Err(ApiError::invalid(format!("limit must be 1..={MAX_PAGE}")));
     }
+    if let Some(after) = q.after.filter(|&a| a > MAX_SEQ) {
+        return Err(ApiError::invalid(format!(
+            "after={after} is beyond the largest sequence number, {MAX_SEQ}: pass the \
+             `next_after` of the previous page, or leave after out to read from the first event"
+        )));
+    }
     if wants_stream(&headers) {
         let last_seen = match headers.get("last-event-id") {
             Some(v) => Some(
                 v.to_str()
                     .ok()
                     .and_then(|v| v.trim().parse::<u64>().ok())
-                    .ok_or_else(|| ApiError::invalid("Last-Event-ID must be a sequence number"))?,
+                    .filter(|&seq| seq <= MAX_SEQ)
+                    .ok_or_else(|| {
+                        ApiError::invalid(format!(
+                            "Last-Event-ID must be the `seq` of an event, a whole number from 0 to \
+                             {MAX_SEQ}, as the stream's `id:` lines give it"
+                        ))
+                    })?,
             ),
             None => None,
         };
@@ -395,7 +430,8 @@ pub(crate) async fn get_lease(State(engine): State<Engine>, Id(id): Id) -> Json<
         (status = 200, description = "The finished run, or its event stream",
             content((RunResult = "application/json"), (String = "text/event-stream"))),
         (status = 400, description = "`invalid`: malformed body, an unknown field, a missing `input`, a content type \
-                                      other than JSON, or an id breaking the id rules", body = ErrorBody),
+                                      other than JSON, a `wait` that is not a duration, an unknown query parameter, or an \
+                                      id breaking the id rules", body = ErrorBody),
         (status = 404, description = "`not_found`: no such session", body = ErrorBody),
         (status = 409, description = "`session_leased_elsewhere` (another process owns the session, and still did at the \
                                       end of `wait`; `holder` when known; `Retry-After`: seconds until the holder's \
@@ -419,9 +455,7 @@ pub(crate) async fn start_run(
 ) -> Result<Response, ApiError> {
     let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
     let wait = match q.wait.as_deref() {
-        Some(text) => crate::config::parse_duration(text)
-            .map_err(|e| ApiError::invalid(format!("wait: {e}")))?
-            .min(MAX_RUN_WAIT),
+        Some(text) => parse_wait(text).map_err(ApiError::invalid)?,
         None => std::time::Duration::ZERO,
     };
     let wants_stream = wants_stream(&headers);
@@ -472,6 +506,52 @@ pub(crate) async fn start_run(
         from = last + 1;
     }
     Ok(Json(RunResult::new(RunEnd::from(&end), collected)).into_response())
+}
+
+/// A run's `wait`, as [`RunQuery::wait`] documents it (the pattern
+/// [`WAIT_PATTERN`](crate::wire::WAIT_PATTERN)): digits, an optional
+/// fraction, an optional unit; cut to [`MAX_RUN_WAIT`], however long.
+fn parse_wait(text: &str) -> Result<std::time::Duration, String> {
+    let refused = |why: String| {
+        format!(
+            "{why}: give a number, then ms, s, m or h (such as 250ms, 5s or 1.5m; a bare number \
+             is seconds), or leave wait out to be answered at once"
+        )
+    };
+    if text.is_empty() {
+        return Err(refused("wait is empty".into()));
+    }
+    let split = text
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let well_formed = match number.split_once('.') {
+        Some((whole, fraction)) => digits(whole) && digits(fraction),
+        None => digits(number),
+    };
+    // Well-formed digits always parse, to infinity when there are enough.
+    let value = match number.parse::<f64>() {
+        Ok(value) if well_formed => value,
+        _ => return Err(refused(format!("wait={text} is not a duration"))),
+    };
+    let seconds_per_unit = match unit {
+        "ms" => 0.001,
+        "" | "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        _ => {
+            return Err(refused(format!(
+                "wait={text} ends in {unit}, which is not a unit"
+            )));
+        }
+    };
+    let seconds = value * seconds_per_unit;
+    Ok(if seconds >= MAX_RUN_WAIT.as_secs_f64() {
+        MAX_RUN_WAIT
+    } else {
+        std::time::Duration::from_secs_f64(seconds)
+    })
 }
 
 /// The run ended, but its events could not be read back: never
@@ -630,4 +710,57 @@ pub(crate) async fn openapi() -> Response {
         crate::openapi::json(),
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::wire::WAIT_PATTERN;
+
+    /// The parser takes exactly what the document's pattern permits, and
+    /// refuses the rest with a message naming `wait`.
+    #[test]
+    fn wait_parses_what_its_pattern_permits_and_nothing_else() {
+        let pattern = jsonschema::draft202012::new(&json!({"pattern": WAIT_PATTERN})).unwrap();
+        let texts = [
+            "", "0", "5", "5s", "250ms", "1.5m", "2h", "0.25", "007s", "5x", "s", "ms", ".5", "1.",
+            "1..5", "1.2.3s", "-1s", "+1s", " 5s", "5s ", "5 s", "5S", "5sec", "1e3", "٣s", "5ms5",
+        ];
+        for text in texts {
+            let permitted = pattern.is_valid(&json!(text));
+            match parse_wait(text) {
+                Ok(_) => assert!(permitted, "{text:?} parsed, but the pattern refuses it"),
+                Err(message) => {
+                    assert!(!permitted, "{text:?} refused, but the pattern permits it");
+                    assert!(message.starts_with("wait"), "{message}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn wait_is_cut_to_the_longest_however_long() {
+        assert_eq!(parse_wait("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_wait("5"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_wait("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_wait("0.5m"), Ok(Duration::from_secs(30)));
+        for long in ["61s", "2h", "99999999999999999999999h", &"9".repeat(400)] {
+            assert_eq!(parse_wait(long), Ok(MAX_RUN_WAIT), "{long}");
+        }
+    }
+
+    #[test]
+    fn an_empty_or_foreign_continue_is_invalid_continue() {
+        for token in ["", "bogus"] {
+            let e = list_cursor(token).unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidContinue);
+            assert!(e.message.starts_with("continue is "), "{}", e.message);
+        }
+        let issued = ListCursor::after(SessionId::new("a").unwrap()).encode();
+        assert!(list_cursor(&issued).is_ok());
+    }
 }

@@ -1215,3 +1215,270 @@ async fn a_cancel_recorded_before_a_run_began_never_stops_it() {
     assert_eq!(serde_json::to_value(result.status).unwrap(), "cancelled");
     gate.open.cancel();
 }
+
+// ---------------------------------------------------------------------
+// The edges of what requests may say: a value the document permits is
+// accepted, one it forbids is refused with 400 and a message that names
+// what to change. Each test asks the document first, then the server.
+
+/// Where a parameter travels.
+#[derive(Clone, Copy)]
+enum In {
+    Query,
+    Header,
+}
+
+impl Contract {
+    /// The parameter `name` of `method template`, as the document has it.
+    fn parameter(&self, method: &str, template: &str, place: In, name: &str) -> Value {
+        let place = match place {
+            In::Query => "query",
+            In::Header => "header",
+        };
+        self.doc["paths"][template][method]["parameters"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{method} {template} has no parameters"))
+            .iter()
+            .find(|p| p["in"] == place && p["name"] == name)
+            .unwrap_or_else(|| panic!("{method} {template} documents no {place} {name}"))
+            .clone()
+    }
+
+    /// Whether the document lets the parameter `name` carry `raw`.
+    fn permits(&self, method: &str, template: &str, place: In, name: &str, raw: &str) -> bool {
+        let schema = self.parameter(method, template, place, name)["schema"].clone();
+        let instance = parameter_instance(&schema, raw);
+        self.validate(&schema, &instance).is_ok() && within_format(&schema, &instance)
+    }
+
+    /// Whether the document lets `method template` go without `name`.
+    fn permits_absent(&self, method: &str, template: &str, place: In, name: &str) -> bool {
+        self.parameter(method, template, place, name)["required"] != true
+    }
+
+    /// Whether the document lets `body` be the JSON request body of
+    /// `method template`.
+    fn permits_body(&self, method: &str, template: &str, body: &Value) -> bool {
+        let schema = self.doc["paths"][template][method]["requestBody"]["content"]
+            ["application/json"]["schema"]
+            .clone();
+        assert!(
+            !schema.is_null(),
+            "{method} {template} documents no JSON body"
+        );
+        self.validate(&schema, body).is_ok()
+    }
+}
+
+/// A parameter's text as the JSON instance its schema is checked against:
+/// for an integer parameter, the integer its digits spell (one beyond
+/// 64 bits too), else the text itself, which an integer schema refuses.
+fn parameter_instance(schema: &Value, raw: &str) -> Value {
+    let digits = raw.strip_prefix('-').unwrap_or(raw);
+    let integer = schema["type"] == "integer"
+        && !digits.is_empty()
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && !(digits.len() > 1 && digits.starts_with('0'));
+    if integer {
+        serde_json::from_str(raw).unwrap()
+    } else {
+        Value::String(raw.to_owned())
+    }
+}
+
+/// OpenAPI's integer formats are ranges (`int64`: a signed 64-bit
+/// integer), which JSON Schema validators take as an annotation only.
+fn within_format(schema: &Value, instance: &Value) -> bool {
+    match (schema["format"].as_str(), instance) {
+        (Some("int64"), Value::Number(n)) => n.as_i64().is_some(),
+        (Some("int32"), Value::Number(n)) => n.as_i64().is_some_and(|n| i32::try_from(n).is_ok()),
+        _ => true,
+    }
+}
+
+/// `reply` is what the document promises for the edge `what`: `success`
+/// when `permitted`, else 400 with a message that names `name` and reads
+/// as a sentence, not as Rust.
+fn assert_answered_as_documented(
+    reply: &Reply,
+    permitted: bool,
+    success: u16,
+    name: &str,
+    what: &str,
+) {
+    let body = String::from_utf8_lossy(&reply.body);
+    if permitted {
+        assert_eq!(
+            reply.status, success,
+            "the document permits {what}, the server refused it: {body}"
+        );
+        return;
+    }
+    assert_eq!(
+        reply.status, 400,
+        "the document forbids {what}, the server answered: {body}"
+    );
+    let message = reply.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        message.contains(name),
+        "the refusal of {what} does not name {name}: {message}"
+    );
+    for debug in ["Some(", "None", "{ ", "\\\""] {
+        assert!(
+            !message.contains(debug),
+            "the refusal of {what} reads as Rust ({debug}): {message}"
+        );
+    }
+}
+
+/// `continue=` with nothing after it. The server never issues an empty
+/// token (the last page's `continue` is null), so an empty one is a client
+/// that turned that null into text: refused, as the document says, rather
+/// than read as "from the start", which would loop such a client forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_continue_is_answered_as_the_document_says() {
+    let seen = Seen::default();
+    let world = World::new(&seen);
+    let (api, _) = world.serve(Setup::default());
+    api.create("a").await;
+    let contract = Contract::generated();
+    let (get, list) = ("get", "/v1/sessions");
+    assert!(contract.permits_absent(get, list, In::Query, "continue"));
+    assert_eq!(api.get("/v1/sessions").await.status, 200);
+
+    let permitted = contract.permits(get, list, In::Query, "continue", "");
+    let r = api.get("/v1/sessions?continue=").await;
+    assert_answered_as_documented(&r, permitted, 200, "continue", "an empty continue");
+    assert_eq!(r.error_code(), "invalid_continue", "the code is unchanged");
+}
+
+/// `wait` on a run: optional (a run without it answers at once), and a
+/// duration in the documented form, which an empty value is not; a wait
+/// beyond the 60 s the server waits at most is cut to it, however long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_wait_is_answered_as_the_document_says() {
+    let seen = Seen::default();
+    let world = World::new(&seen);
+    let (api, _) = world.serve(Setup::default());
+    api.create("s").await;
+    let contract = Contract::generated();
+    let (post, runs) = ("post", "/v1/sessions/{id}/runs");
+    let input = json!({"input": "hi"});
+
+    let r = api.post("/v1/sessions/s/runs", input.clone()).await;
+    assert_eq!(
+        (
+            contract.permits_absent(post, runs, In::Query, "wait"),
+            r.status
+        ),
+        (true, 200),
+        "a run without wait: the document and the server disagree"
+    );
+
+    let edges = [
+        "",
+        "0",
+        "5",
+        "250ms",
+        "5s",
+        "1.5m",
+        "2h",
+        // Far beyond any duration: cut to 60 s like any long wait.
+        "99999999999999999999999h",
+        "5x",
+        "s",
+        "-1s",
+        "1.",
+        " 5s",
+    ];
+    for raw in edges {
+        let permitted = contract.permits(post, runs, In::Query, "wait", raw);
+        let uri = format!("/v1/sessions/s/runs?wait={}", raw.replace(' ', "%20"));
+        let r = api.post(&uri, input.clone()).await;
+        assert_answered_as_documented(&r, permitted, 200, "wait", &format!("wait={raw:?}"));
+    }
+    assert!(
+        !contract.permits(post, runs, In::Query, "wait", ""),
+        "an empty wait"
+    );
+}
+
+/// `after` (and `Last-Event-ID`, its twin on a follow) is a sequence
+/// number, an `int64`: 2^63 - 1 is the last one, and anything beyond it
+/// is refused, as the document says, not read as "past the end".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_beyond_int64_is_answered_as_the_document_says() {
+    let seen = Seen::default();
+    let world = World::new(&seen);
+    let (api, _) = world.serve(Setup::default());
+    api.create("s").await;
+    assert_eq!(api.run("s").await.status, 200);
+    let contract = Contract::generated();
+    let (get, events) = ("get", "/v1/sessions/{id}/events");
+
+    let edges = [
+        "0",
+        "9223372036854775807",
+        "9223372036854775808",
+        "18446744073709551615",
+        "18446744073709551616",
+    ];
+    for raw in edges {
+        let permitted = contract.permits(get, events, In::Query, "after", raw);
+        let r = api.get(&format!("/v1/sessions/s/events?after={raw}")).await;
+        assert_answered_as_documented(&r, permitted, 200, "after", &format!("after={raw}"));
+        if permitted && raw != "0" {
+            assert_eq!(r.json()["events"], json!([]), "after={raw}");
+        }
+    }
+    assert!(!contract.permits(get, events, In::Query, "after", "9223372036854775808"));
+
+    // A follow from beyond the last sequence number.
+    for raw in ["9223372036854775808", "18446744073709551615"] {
+        assert!(!contract.permits(get, events, In::Header, "Last-Event-ID", raw));
+        let r = api
+            .send(
+                Request::get("/v1/sessions/s/events")
+                    .header(header::ACCEPT, "text/event-stream")
+                    .header("last-event-id", raw)
+                    .body(Body::empty())
+                    .unwrap(),
+            )
+            .await;
+        let what = format!("Last-Event-ID: {raw}");
+        assert_answered_as_documented(&r, false, 200, "Last-Event-ID", &what);
+    }
+}
+
+/// `input` may be any JSON value, `null` included, and is handed to the
+/// agent as it is; leaving it out is what the document refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_null_input_is_answered_as_the_document_says() {
+    let seen = Seen::default();
+    let world = World::new(&seen);
+    let (api, _) = world.serve(Setup::default());
+    api.create("s").await;
+    let contract = Contract::generated();
+    let (post, runs) = ("post", "/v1/sessions/{id}/runs");
+
+    let null = json!({"input": null});
+    let permitted = contract.permits_body(post, runs, &null);
+    let r = api.post("/v1/sessions/s/runs", null).await;
+    assert_answered_as_documented(&r, permitted, 200, "input", "input: null");
+    assert!(permitted, "the document refuses a null input");
+    let result: RunResult = serde_json::from_slice(&r.body).unwrap();
+    let echoed = result.events.last().expect("the echo").payload.clone();
+    assert_eq!(
+        (&echoed["type"], &echoed["content"]),
+        (&json!("message"), &Value::Null),
+        "the agent got another input than null: {echoed}"
+    );
+
+    let missing = json!({});
+    let permitted = contract.permits_body(post, runs, &missing);
+    let r = api.post("/v1/sessions/s/runs", missing).await;
+    assert_answered_as_documented(&r, permitted, 200, "input", "no input");
+}
