@@ -367,7 +367,10 @@ impl LeaseKeeper {
         core.backend_answered(None);
         if lease.session_id() != session || lease.owner() != &core.owner {
             return Err(KeeperError::invalid(format!(
-                "the backend granted {lease:?} when asked for session {session} as {}",
+                "the lease backend granted session {} to {} when asked for session {session} \
+                 for {}: it breaks the lease contract",
+                lease.session_id(),
+                lease.owner(),
                 core.owner
             )));
         }

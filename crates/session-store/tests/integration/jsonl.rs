@@ -246,7 +246,7 @@ async fn unfenced_writes_only_when_allowed_and_never_after_a_fenced_one() {
     ));
 
     let lax = JsonlStore::open(dir.path(), opts().allow_unfenced(true)).unwrap();
-    lax.append(&s, None::<&lease_port::Lease>.into(), &[json!(1)])
+    lax.append(&s, WriteFence::Unfenced, &[json!(1)])
         .await
         .unwrap();
     lax.append(&s, tok(3), &[json!(2)]).await.unwrap();
