@@ -61,7 +61,7 @@
 //! renews.
 //!
 //! Liveness is judged on the clock's monotonic time
-//! ([`Clock::instant`](lease_port::Clock::instant)): a step of the wall
+//! ([`Clock::instant`]): a step of the wall
 //! clock (NTP, a suspended laptop's correction) cannot free a session early
 //! or hold it late. A lease's [`expiry`](Lease::expiry) is still wall-clock
 //! time, for whoever reads it.
