@@ -49,7 +49,13 @@ pub(crate) const BACKENDS: &[Backend] = &[
 pub(crate) const OTHER_SERVICE_USERS: &[(&str, &[Service])] = &[
     (
         "test-services",
-        &[Service::Redis, Service::Etcd, Service::Iproute2],
+        &[
+            Service::Redis,
+            Service::Etcd,
+            Service::Iproute2,
+            Service::Postgres,
+            Service::PgBouncer,
+        ],
     ),
     ("mecatl-leased", &[Service::Etcd]),
     (

@@ -23,6 +23,15 @@ pub(crate) enum Service {
     /// `ip`, from Debian's `iproute2` package: the network namespaces,
     /// veth links and bridge of partition tests (`test_services::netns`).
     Iproute2,
+    /// PostgreSQL's `initdb` and `postgres`, from Debian's `postgresql`
+    /// package (`/usr/lib/postgresql/VERSION/bin`, off `PATH`). Tests make
+    /// clusters of their own (`test_services::PostgresServer`); the
+    /// package's own cluster is never started.
+    Postgres,
+    /// `pgbouncer`, from Debian's `pgbouncer` package (in `/usr/sbin`):
+    /// transaction pooling in front of a test's PostgreSQL
+    /// (`test_services::PgBouncer`).
+    PgBouncer,
 }
 
 /// Where a service's binary comes from. A service built from the workspace
@@ -35,6 +44,41 @@ pub(crate) enum Provision {
         binary: &'static str,
         package: &'static str,
     },
+    /// A binary Debian keeps off `PATH`, one copy per major version:
+    /// `ROOT/VERSION/bin/BINARY`, the highest version counting.
+    DebianVersioned {
+        root: &'static str,
+        binary: &'static str,
+        package: &'static str,
+    },
+}
+
+impl Provision {
+    /// The Debian package that ships it.
+    pub(crate) fn package(self) -> &'static str {
+        match self {
+            Provision::Debian { package, .. } | Provision::DebianVersioned { package, .. } => {
+                package
+            }
+        }
+    }
+
+    /// What is looked for, as a message names it.
+    pub(crate) fn binary(self) -> &'static str {
+        match self {
+            Provision::Debian { binary, .. } | Provision::DebianVersioned { binary, .. } => binary,
+        }
+    }
+
+    /// Where it is installed, if it is.
+    pub(crate) fn locate(self) -> Option<PathBuf> {
+        match self {
+            Provision::Debian { binary, .. } => on_path(binary).or_else(|| in_sbin(binary)),
+            Provision::DebianVersioned { root, binary, .. } => {
+                newest_versioned(Path::new(root), binary)
+            }
+        }
+    }
 }
 
 impl Service {
@@ -44,6 +88,8 @@ impl Service {
             Service::Etcd => "etcd",
             Service::Chromium => "chromium",
             Service::Iproute2 => "iproute2",
+            Service::Postgres => "postgres",
+            Service::PgBouncer => "pgbouncer",
         }
     }
 
@@ -65,6 +111,15 @@ impl Service {
                 binary: "ip",
                 package: "iproute2",
             },
+            Service::Postgres => Provision::DebianVersioned {
+                root: "/usr/lib/postgresql",
+                binary: "postgres",
+                package: "postgresql",
+            },
+            Service::PgBouncer => Provision::Debian {
+                binary: "pgbouncer",
+                package: "pgbouncer",
+            },
         }
     }
 }
@@ -75,6 +130,35 @@ pub(crate) fn on_path(name: &str) -> Option<PathBuf> {
     env::split_paths(&path)
         .map(|dir| dir.join(name))
         .find(|candidate| is_executable(candidate))
+}
+
+/// Where root's `PATH` has daemons that a user's may lack.
+const SBIN: &[&str] = &["/usr/sbin", "/sbin"];
+
+fn in_sbin(name: &str) -> Option<PathBuf> {
+    SBIN.iter()
+        .map(|dir| Path::new(dir).join(name))
+        .find(|candidate| is_executable(candidate))
+}
+
+/// `root/VERSION/bin/binary` for the highest VERSION (`15`, `16`; `9.6`
+/// before PostgreSQL 10) that has it.
+pub(crate) fn newest_versioned(root: &Path, binary: &str) -> Option<PathBuf> {
+    let mut found: Vec<(Vec<u32>, PathBuf)> = fs::read_dir(root)
+        .ok()?
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().into_string().ok()?;
+            let version = name
+                .split('.')
+                .map(|part| part.parse().ok())
+                .collect::<Option<Vec<u32>>>()?;
+            let candidate = entry.path().join("bin").join(binary);
+            is_executable(&candidate).then_some((version, candidate))
+        })
+        .collect();
+    found.sort();
+    found.pop().map(|(_, path)| path)
 }
 
 fn is_executable(path: &Path) -> bool {
@@ -93,26 +177,26 @@ fn is_root() -> bool {
 /// installs missing Debian packages when running as root, and otherwise
 /// fails with the exact command to run.
 pub(crate) fn ensure(wanted: &[Service]) -> Result {
-    let mut missing: Vec<(&'static str, &'static str)> = Vec::new();
+    let mut missing: Vec<Provision> = Vec::new();
     for s in wanted {
-        match s.provision() {
-            Provision::Debian { binary, package } => match on_path(binary) {
-                Some(found) => println!("service {}: {}", s.name(), found.display()),
-                None => missing.push((binary, package)),
-            },
+        let provision = s.provision();
+        match provision.locate() {
+            Some(found) => println!("service {}: {}", s.name(), found.display()),
+            None if !missing.contains(&provision) => missing.push(provision),
+            None => {}
         }
     }
     if missing.is_empty() {
         return Ok(());
     }
-    let packages: Vec<&str> = missing.iter().map(|(_, p)| *p).collect();
+    let packages: Vec<&str> = missing.iter().map(|p| p.package()).collect();
     if !is_root() {
         return Err(format!(
             "tests need {} which {} not installed; run as root: \
              apt-get update && apt-get install -y {}",
             missing
                 .iter()
-                .map(|(b, _)| *b)
+                .map(|p| p.binary())
                 .collect::<Vec<_>>()
                 .join(", "),
             if missing.len() == 1 { "is" } else { "are" },
@@ -120,12 +204,14 @@ pub(crate) fn ensure(wanted: &[Service]) -> Result {
         ));
     }
     apt_install(&packages)?;
-    for (binary, package) in &missing {
-        match on_path(binary) {
+    for provision in &missing {
+        let package = provision.package();
+        match provision.locate() {
             Some(found) => println!("installed {package}: {}", found.display()),
             None => {
                 return Err(format!(
-                    "installed Debian package {package}, but {binary} is still not on PATH"
+                    "installed Debian package {package}, but {} is still not found",
+                    provision.binary()
                 ));
             }
         }
@@ -174,4 +260,54 @@ fn apt_install(packages: &[&str]) -> Result {
             packages.join(", ")
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn executable(path: &Path) {
+        use std::os::unix::fs::PermissionsExt;
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, "").unwrap();
+        fs::set_permissions(path, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    #[test]
+    fn the_highest_version_with_the_binary_counts() {
+        let root = tempfile::tempdir().unwrap();
+        for version in ["9.6", "13", "15"] {
+            executable(&root.path().join(version).join("bin/postgres"));
+        }
+        // Only a client of a newer version, and a directory that is no
+        // version.
+        executable(&root.path().join("16/bin/psql"));
+        executable(&root.path().join("extra/bin/postgres"));
+        assert_eq!(
+            newest_versioned(root.path(), "postgres"),
+            Some(root.path().join("15/bin/postgres"))
+        );
+        assert_eq!(newest_versioned(root.path(), "initdb"), None);
+        assert_eq!(
+            newest_versioned(&root.path().join("none"), "postgres"),
+            None
+        );
+    }
+
+    #[test]
+    fn every_service_names_a_package_and_a_binary() {
+        for s in [
+            Service::Redis,
+            Service::Etcd,
+            Service::Chromium,
+            Service::Iproute2,
+            Service::Postgres,
+            Service::PgBouncer,
+        ] {
+            let p = s.provision();
+            assert!(!p.package().is_empty() && !p.binary().is_empty(), "{s:?}");
+        }
+        assert_eq!(Service::Postgres.provision().package(), "postgresql");
+        assert_eq!(Service::PgBouncer.provision().package(), "pgbouncer");
+    }
 }

@@ -1,7 +1,10 @@
 //! Real services for tests, started and stopped by the tests themselves.
 //!
 //! Backends are tested against the real thing (DESIGN.md §6): a Redis
-//! server, an etcd member, a three-member etcd cluster ([`EtcdCluster`]). Each [`RedisServer`] or [`EtcdServer`] is a
+//! server, an etcd member, a three-member etcd cluster ([`EtcdCluster`]), a
+//! PostgreSQL server ([`PostgresServer`]) and a PgBouncer in transaction
+//! mode in front of one ([`PgBouncer`]). Each [`RedisServer`], [`EtcdServer`]
+//! or [`PostgresServer`] is a
 //! private instance on a free loopback port with its data in a temporary
 //! directory, so tests run in parallel without sharing state, and it is
 //! stopped when dropped — also when the test panics, and (through the
@@ -12,6 +15,9 @@
 //! restarts it with exactly that data, as a server restarted from a stale
 //! RDB file or a restored backup would; [`RedisServer::info`] reads what
 //! it reports of itself (memory, evictions).
+//!
+//! PostgreSQL and PgBouncer refuse to run as root: when the tests do (as
+//! CI does), their processes run as `nobody`, in directories made its own.
 //!
 //! Between a client and any of them (or any TCP server) a [`FaultProxy`]
 //! injects network faults at run time: latency, dropped connections, a
@@ -43,14 +49,20 @@ mod error;
 mod etcd;
 mod etcd_cluster;
 pub mod netns;
+mod pgbouncer;
+mod pgwire;
 pub mod pki;
+mod postgres;
 mod process;
 mod proxy;
 mod redis;
+mod unprivileged;
 
 pub use error::ServiceError;
 pub use etcd::{EtcdServer, EtcdTls};
 pub use etcd_cluster::{CLUSTER_SIZE, EtcdCluster};
+pub use pgbouncer::PgBouncer;
+pub use postgres::{POSTGRES_PASSWORD, POSTGRES_USER, PostgresServer};
 pub use process::ServerProcess;
 pub use process::find_binary;
 pub use proxy::{FaultProxy, ProxyCounters, ProxyMode};

@@ -201,12 +201,18 @@ impl ServerProcess {
 
     /// SIGTERM, then SIGKILL if the server has not exited within `grace`.
     pub(crate) fn stop(&mut self, grace: Duration) {
+        self.stop_with(Signal::SIGTERM, grace);
+    }
+
+    /// `signal` (the server's own request to shut down), then SIGKILL if
+    /// the server has not exited within `grace`.
+    pub(crate) fn stop_with(&mut self, signal: Signal, grace: Duration) {
         let Some(mut child) = self.child.take() else {
             return;
         };
-        // A paused server cannot act on SIGTERM.
+        // A paused server cannot act on the signal.
         let _ = self.signal_child(&child, Signal::SIGCONT);
-        let _ = self.signal_child(&child, Signal::SIGTERM);
+        let _ = self.signal_child(&child, signal);
         let deadline = Instant::now() + grace;
         while Instant::now() < deadline {
             if let Ok(Some(_)) = child.try_wait() {
