@@ -43,6 +43,11 @@ pub(crate) const BACKENDS: &[Backend] = &[
         name: "redis-session-store",
         services: &[Service::Redis],
     },
+    // Directly and through PgBouncer in transaction pooling mode.
+    Backend {
+        name: "pglease",
+        services: &[Service::Postgres, Service::PgBouncer],
+    },
 ];
 
 /// Crates other than backends whose tests start services of their own.

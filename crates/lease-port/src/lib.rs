@@ -18,6 +18,7 @@
 //! | `k8slease` | processes in one Kubernetes cluster | pods leasing through the API server, no etcd of your own |
 //! | `grpcdriver` | processes reaching one lease service | many hosts speaking one small gRPC contract to any backend |
 //! | `redis-session-store` | processes sharing one Redis | a Redis you already run, store and leases in one |
+//! | `pglease` | processes reaching one PostgreSQL primary | the database your sessions already live in; works behind PgBouncer |
 //!
 //! For anything else the hosts share, implement the trait over it, and
 //! check that backend with `leaseconformance`.

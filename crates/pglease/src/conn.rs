@@ -1,0 +1,116 @@
+//! A few connections, each running one statement at a time.
+//!
+//! One statement at a time per connection, and every statement sent as one
+//! unnamed Parse/Bind/Execute/Sync exchange (`query_typed`), is what keeps
+//! the backend correct behind a transaction pooler (PgBouncer in
+//! `pool_mode = transaction`): the pooler may hand each exchange to a
+//! different server connection, so nothing may rest on one — no named
+//! prepared statement, no session setting, no session-level advisory lock.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use lease_port::LeaseError;
+use tokio::sync::{Mutex, MutexGuard};
+use tokio_postgres::{Client, Config, NoTls};
+use tracing::warn;
+
+use crate::error::from_pg;
+
+pub(crate) struct Connections {
+    config: Config,
+    slots: Vec<Mutex<Option<Client>>>,
+    next: AtomicUsize,
+    connect_timeout: Duration,
+}
+
+impl Connections {
+    pub(crate) fn new(config: Config, size: usize, connect_timeout: Duration) -> Self {
+        Self {
+            config,
+            slots: (0..size.max(1)).map(|_| Mutex::new(None)).collect(),
+            next: AtomicUsize::new(0),
+            connect_timeout,
+        }
+    }
+
+    /// A live connection: a free one if there is, else the next in turn
+    /// once it is free. A connection found closed is opened again.
+    pub(crate) async fn get(&self) -> Result<Conn<'_>, LeaseError> {
+        let mut slot = match self.slots.iter().find_map(|s| s.try_lock().ok()) {
+            Some(slot) => slot,
+            None => {
+                let i = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+                self.slots[i].lock().await
+            }
+        };
+        if slot.as_ref().is_none_or(Client::is_closed) {
+            *slot = Some(self.connect().await?);
+        }
+        Ok(Conn { slot })
+    }
+
+    async fn connect(&self) -> Result<Client, LeaseError> {
+        let connecting = self.config.connect(NoTls);
+        let (client, connection) = tokio::time::timeout(self.connect_timeout, connecting)
+            .await
+            .map_err(|_| {
+                LeaseError::transient(format!(
+                    "PostgreSQL did not accept a connection within {:?}",
+                    self.connect_timeout
+                ))
+            })?
+            .map_err(from_pg)?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                warn!(error = %e, "a PostgreSQL connection ended");
+            }
+        });
+        Ok(client)
+    }
+}
+
+/// One connection, held for one statement.
+pub(crate) struct Conn<'a> {
+    slot: MutexGuard<'a, Option<Client>>,
+}
+
+impl Conn<'_> {
+    /// Runs one statement; a connection it found broken is dropped, to be
+    /// opened again by the next call (this statement's outcome is unknown).
+    pub(crate) async fn query(
+        &mut self,
+        sql: &str,
+        params: &[(
+            &(dyn tokio_postgres::types::ToSql + Sync),
+            tokio_postgres::types::Type,
+        )],
+    ) -> Result<Vec<tokio_postgres::Row>, LeaseError> {
+        let Some(client) = self.slot.as_ref() else {
+            return Err(LeaseError::transient(
+                "internal: a connection slot was left empty",
+            ));
+        };
+        let out = client.query_typed(sql, params).await;
+        if let Err(e) = &out
+            && (e.is_closed() || client.is_closed())
+        {
+            *self.slot = None;
+        }
+        out.map_err(from_pg)
+    }
+
+    /// Runs statements in the simple protocol, as one batch.
+    pub(crate) async fn batch(&mut self, sql: &str) -> Result<(), LeaseError> {
+        let Some(client) = self.slot.as_ref() else {
+            return Err(LeaseError::transient(
+                "internal: a connection slot was left empty",
+            ));
+        };
+        let out = client.batch_execute(sql).await;
+        if out.is_err() && client.is_closed() {
+            *self.slot = None;
+        }
+        out.map_err(from_pg)
+    }
+}

@@ -1,0 +1,125 @@
+//! What this client saw, kept to notice a database that went back: a
+//! restore from a backup, or a failover to an asynchronous standby that had
+//! not received the last commits. Either can hand out again a token
+//! already used, which no fence downstream could then tell apart.
+//!
+//! Two floors: the highest write-ahead log position any statement ran at
+//! (a later statement running below it ran on a database that lost WAL
+//! this client depended on), and per session the highest token this client
+//! was granted (a row showing less, or gone, lost its history).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use lease_port::{FencingToken, LeaseError, SessionId};
+
+/// Sessions remembered per client; past it, the oldest-inserted half is
+/// forgotten (its sessions then rely on the log position alone).
+const MAX_SESSIONS: usize = 100_000;
+
+#[derive(Debug, Default)]
+pub(crate) struct Floors {
+    lsn: AtomicU64,
+    granted: Mutex<HashMap<SessionId, (u64, FencingToken)>>,
+    inserted: AtomicU64,
+}
+
+/// `X/Y` (hexadecimal halves) as one number.
+fn parse_lsn(text: &str) -> Result<u64, LeaseError> {
+    let bad = || LeaseError::invalid(format!("PostgreSQL answered a log position {text:?}"));
+    let (hi, lo) = text.split_once('/').ok_or_else(bad)?;
+    let hi = u64::from_str_radix(hi, 16).map_err(|_| bad())?;
+    let lo = u64::from_str_radix(lo, 16).map_err(|_| bad())?;
+    if hi > u64::from(u32::MAX) || lo > u64::from(u32::MAX) {
+        return Err(bad());
+    }
+    Ok(hi << 32 | lo)
+}
+
+impl Floors {
+    /// Refuses a statement that ran below the log position seen before.
+    pub(crate) fn note_lsn(&self, text: &str) -> Result<(), LeaseError> {
+        let lsn = parse_lsn(text)?;
+        let seen = self.lsn.fetch_max(lsn, Ordering::AcqRel);
+        if lsn < seen {
+            return Err(LeaseError::rewound(format!(
+                "PostgreSQL's write-ahead log is at {text}, behind a position this client already \
+                 saw: the database was restored or failed over to a standby that had not received \
+                 every commit. Tokens it grants may repeat; stop every client, then move the token \
+                 rows above what the stores saw before serving again"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Remembers that this client was granted `token` for `session`.
+    pub(crate) fn note_grant(&self, session: &SessionId, token: FencingToken) {
+        let mut granted = self.granted.lock().unwrap_or_else(|p| p.into_inner());
+        if granted.len() >= MAX_SESSIONS && !granted.contains_key(session) {
+            let cut = self.inserted.load(Ordering::Relaxed) - (MAX_SESSIONS as u64) / 2;
+            granted.retain(|_, (at, _)| *at >= cut);
+        }
+        let at = self.inserted.fetch_add(1, Ordering::Relaxed);
+        let entry = granted.entry(session.clone()).or_insert((at, token));
+        entry.1 = entry.1.max(token);
+    }
+
+    /// Refuses a row (by its token, `None` when it is gone) that shows
+    /// less than this client was granted for `session`.
+    pub(crate) fn check_row(
+        &self,
+        session: &SessionId,
+        row_token: Option<i64>,
+    ) -> Result<(), LeaseError> {
+        let granted = self.granted.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(&(_, ours)) = granted.get(session) else {
+            return Ok(());
+        };
+        let shown = row_token.and_then(|t| u64::try_from(t).ok());
+        if shown.is_none_or(|t| t < ours.get()) {
+            return Err(LeaseError::rewound(format!(
+                "PostgreSQL's lease row for session {session} shows {}, below token {ours} this \
+                 client was granted: the table went back (a restore, a lagging standby promoted, \
+                 rows deleted by hand). Stop every client, then move the row's token above what \
+                 the stores saw before serving again",
+                shown.map_or_else(|| "no row".to_owned(), |t| format!("token {t}"))
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_positions_read_as_numbers_and_going_back_is_refused() {
+        let f = Floors::default();
+        assert_eq!(parse_lsn("0/16B3748").unwrap(), 0x16B3748);
+        assert_eq!(parse_lsn("1/0").unwrap(), 1 << 32);
+        for bad in ["", "16B3748", "x/1", "1/2/3", "100000000/0"] {
+            assert!(parse_lsn(bad).is_err(), "{bad}");
+        }
+        f.note_lsn("1/10").unwrap();
+        f.note_lsn("1/10").unwrap();
+        f.note_lsn("1/11").unwrap();
+        let e = f.note_lsn("1/F").unwrap_err();
+        assert_eq!(e.kind(), lease_port::LeaseErrorKind::Rewound);
+        f.note_lsn("2/0").unwrap();
+    }
+
+    #[test]
+    fn a_row_below_a_granted_token_or_gone_is_refused() {
+        let f = Floors::default();
+        let s = SessionId::new("s").unwrap();
+        f.check_row(&s, None).unwrap(); // never granted here: nothing known
+        f.note_grant(&s, FencingToken::new(5));
+        f.note_grant(&s, FencingToken::new(3)); // floors never go down
+        f.check_row(&s, Some(5)).unwrap();
+        f.check_row(&s, Some(9)).unwrap();
+        assert!(f.check_row(&s, Some(4)).is_err());
+        assert!(f.check_row(&s, None).is_err());
+    }
+}
