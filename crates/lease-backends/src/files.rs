@@ -63,6 +63,34 @@ pub fn read_etcd_credentials(
     etcdlease::Credentials::from_password_file(user, path)
 }
 
+/// A password file: the password alone, on one line. Its line ending (one
+/// or several `\n`, `\r\n`) is not part of it; an empty file, more than
+/// one line, or text that is not UTF-8 is refused — the rule
+/// `etcdlease::Credentials::from_password_file` keeps for etcd.
+pub fn read_password_file(path: &Path, what: &str) -> Result<String, FileError> {
+    let text = String::from_utf8(read(path, what)?).map_err(|e| {
+        FileError::new(FileErrorKind::NotText, what, path, "is not UTF-8".into()).with_source(e)
+    })?;
+    let password = text.trim_end_matches(['\r', '\n']);
+    if password.is_empty() {
+        return Err(FileError::new(
+            FileErrorKind::Empty,
+            what,
+            path,
+            "holds no password".into(),
+        ));
+    }
+    if password.contains(['\r', '\n']) {
+        return Err(FileError::new(
+            FileErrorKind::Refused,
+            what,
+            path,
+            "holds more than one line: a password file holds the password alone".into(),
+        ));
+    }
+    Ok(password.to_owned())
+}
+
 fn read(path: &Path, what: &str) -> Result<Vec<u8>, FileError> {
     std::fs::read(path).map_err(|e| {
         FileError::new(
@@ -78,6 +106,34 @@ fn read(path: &Path, what: &str) -> Result<Vec<u8>, FileError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_password_is_its_one_line_without_the_line_ending() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str, body: &[u8]| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, body).unwrap();
+            p
+        };
+        for body in [&b"right"[..], b"right\n", b"right\n\n", b"right\r\n"] {
+            let p = file("ok", body);
+            assert_eq!(read_password_file(&p, "password").unwrap(), "right");
+        }
+        let kind = |body: &[u8]| {
+            read_password_file(&file("bad", body), "password")
+                .unwrap_err()
+                .kind()
+        };
+        assert_eq!(kind(b""), FileErrorKind::Empty);
+        assert_eq!(kind(b"\n"), FileErrorKind::Empty);
+        assert_eq!(kind(b"one\ntwo\n"), FileErrorKind::Refused);
+        assert_eq!(kind(&[0xff, 0xfe]), FileErrorKind::NotText);
+        // Spaces are the password's own.
+        assert_eq!(
+            read_password_file(&file("sp", b" pw \n"), "p").unwrap(),
+            " pw "
+        );
+    }
 
     fn file(content: &[u8]) -> (tempfile::TempDir, std::path::PathBuf) {
         let dir = tempfile::tempdir().unwrap();

@@ -19,7 +19,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::{EtcdLeases, K8sLeases, RedisLeases};
+use crate::{EtcdLeases, K8sLeases, PostgresLeases, RedisLeases};
 
 /// The key prefix of etcd leases when none is given.
 pub const DEFAULT_ETCD_PREFIX: &str = "/mecatl/leases/";
@@ -47,6 +47,18 @@ pub trait EtcdEnv {
 pub trait K8sEnv {
     /// For `--session-lease-k8s-kubeconfig`.
     const KUBECONFIG: &'static str;
+}
+
+/// The prefix of PostgreSQL lease tables when none is given.
+pub const DEFAULT_POSTGRES_TABLE_PREFIX: &str = "mecatl";
+
+/// The environment variables a server reads its PostgreSQL lease settings
+/// from.
+pub trait PostgresEnv {
+    /// For `--session-lease-postgres-password-file`.
+    const PASSWORD_FILE: &'static str;
+    /// For `--session-lease-postgres-table-prefix`.
+    const TABLE_PREFIX: &'static str;
 }
 
 /// The environment variables a server reads its Redis lease settings from.
@@ -208,6 +220,48 @@ impl<E: RedisEnv> RedisArgs<E> {
     }
 }
 
+/// The settings of PostgreSQL leases once a server has chosen them:
+/// everything but the URL, which each server's selector carries.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct PostgresArgs<E: PostgresEnv> {
+    /// PostgreSQL: file holding the password, in place of any the URL
+    /// carries (one line; its line ending is not part of it).
+    #[arg(
+        id = "session_lease_postgres_password_file",
+        long = "session-lease-postgres-password-file",
+        visible_alias = "postgres-password-file",
+        value_name = "FILE",
+        env = E::PASSWORD_FILE
+    )]
+    pub password_file: Option<PathBuf>,
+
+    /// PostgreSQL: prefix of the lease tables' names (every server and
+    /// replica that shares sessions shares it).
+    #[arg(
+        id = "session_lease_postgres_table_prefix",
+        long = "session-lease-postgres-table-prefix",
+        visible_alias = "postgres-table-prefix",
+        value_name = "PREFIX",
+        env = E::TABLE_PREFIX,
+        default_value = DEFAULT_POSTGRES_TABLE_PREFIX
+    )]
+    pub table_prefix: String,
+
+    #[arg(skip)]
+    env: PhantomData<E>,
+}
+
+impl<E: PostgresEnv> PostgresArgs<E> {
+    /// The database at `url`, with these settings.
+    pub fn leases(&self, url: String) -> PostgresLeases {
+        PostgresLeases {
+            url,
+            password_file: self.password_file.clone(),
+            table_prefix: self.table_prefix.clone(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use clap::{CommandFactory, Parser};
@@ -234,6 +288,11 @@ mod tests {
         const PREFIX: &'static str = "T_REDIS_PREFIX";
     }
 
+    impl PostgresEnv for TestEnv {
+        const PASSWORD_FILE: &'static str = "T_PG_PASSWORD_FILE";
+        const TABLE_PREFIX: &'static str = "T_PG_TABLE_PREFIX";
+    }
+
     #[derive(Debug, Parser)]
     struct Cli {
         #[command(flatten)]
@@ -242,6 +301,8 @@ mod tests {
         k8s: K8sArgs<TestEnv>,
         #[command(flatten)]
         redis: RedisArgs<TestEnv>,
+        #[command(flatten)]
+        postgres: PostgresArgs<TestEnv>,
     }
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
@@ -266,6 +327,8 @@ mod tests {
             "--etcd-password-file=pw",
             "--kubeconfig=kc",
             "--redis-prefix=r:",
+            "--postgres-password-file=pgpw",
+            "--postgres-table-prefix=chat",
         ])
         .unwrap();
         let new = parse(&[
@@ -277,11 +340,22 @@ mod tests {
             "--session-lease-etcd-password-file=pw",
             "--session-lease-k8s-kubeconfig=kc",
             "--session-lease-redis-prefix=r:",
+            "--session-lease-postgres-password-file=pgpw",
+            "--session-lease-postgres-table-prefix=chat",
         ])
         .unwrap();
         assert_eq!(old.etcd, new.etcd);
         assert_eq!(old.k8s, new.k8s);
         assert_eq!(old.redis, new.redis);
+        assert_eq!(old.postgres, new.postgres);
+        assert_eq!(
+            new.postgres.leases("postgres://db/x".into()),
+            PostgresLeases {
+                url: "postgres://db/x".into(),
+                password_file: Some("pgpw".into()),
+                table_prefix: "chat".into(),
+            }
+        );
         let endpoints = vec!["http://e:2379".to_owned()];
         assert_eq!(
             new.etcd.leases(endpoints.clone()),

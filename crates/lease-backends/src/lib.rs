@@ -15,7 +15,7 @@
 //!   (`etcdlease`, `flocklease`, …) and use its builder, which has every
 //!   knob this crate leaves at the servers' choice.
 //!
-//! Features `etcd`, `k8s`, `redis` and `grpc` (all default) bring in the
+//! Features `etcd`, `k8s`, `redis`, `postgres` and `grpc` (all default) bring in the
 //! client crate of each network backend and its `open`; memory and file
 //! leases are always here. The flag structs and configurations exist
 //! without their feature, so a server built without one can still parse its
@@ -89,6 +89,7 @@ mod files;
 mod flags;
 mod k8s;
 mod local;
+mod postgres;
 mod redis;
 mod service;
 
@@ -96,12 +97,13 @@ pub use error::{FileError, FileErrorKind, OpenError, OpenErrorKind};
 pub use etcd::EtcdLeases;
 #[cfg(feature = "etcd")]
 pub use files::read_etcd_credentials;
-pub use files::{read_tls_file, read_token_file};
+pub use files::{read_password_file, read_tls_file, read_token_file};
 pub use flags::{
-    DEFAULT_ETCD_PREFIX, DEFAULT_REDIS_PREFIX, EtcdArgs, EtcdEnv, K8sArgs, K8sEnv, RedisArgs,
-    RedisEnv,
+    DEFAULT_ETCD_PREFIX, DEFAULT_POSTGRES_TABLE_PREFIX, DEFAULT_REDIS_PREFIX, EtcdArgs, EtcdEnv,
+    K8sArgs, K8sEnv, PostgresArgs, PostgresEnv, RedisArgs, RedisEnv,
 };
 pub use k8s::K8sLeases;
 pub use local::{DirLeases, open_memory};
+pub use postgres::PostgresLeases;
 pub use redis::RedisLeases;
 pub use service::LeaseService;

@@ -116,6 +116,9 @@ pub enum LeaseChoice {
     /// etcd v3: processes on several hosts that reach one etcd cluster.
     #[cfg(feature = "etcd")]
     Etcd(EtcdLeases),
+    /// Tables in one PostgreSQL database.
+    #[cfg(feature = "postgres")]
+    Postgres(PostgresLeases),
     /// Kubernetes Lease objects in one namespace.
     #[cfg(feature = "k8s")]
     K8s(K8sLeases),
@@ -133,6 +136,9 @@ pub use lease_backends::LeaseService;
 /// How to reach etcd, for [`LeaseChoice::Etcd`].
 #[cfg(feature = "etcd")]
 pub use lease_backends::EtcdLeases;
+/// Which PostgreSQL tables, for [`LeaseChoice::Postgres`].
+#[cfg(feature = "postgres")]
+pub use lease_backends::PostgresLeases;
 
 /// Which namespace, for [`LeaseChoice::K8s`].
 #[cfg(feature = "k8s")]
@@ -195,6 +201,18 @@ impl LeaseChoice {
             #[cfg(not(feature = "etcd"))]
             return Err("--session-lease-etcd needs mecated built with the `etcd` feature".into());
         }
+        if let Some(url) = &args.session_lease_postgres {
+            #[cfg(feature = "postgres")]
+            return Ok(LeaseChoice::Postgres(args.postgres.leases(url.clone())));
+            #[cfg(not(feature = "postgres"))]
+            {
+                let _ = url;
+                return Err(
+                    "--session-lease-postgres needs mecated built with the `postgres` feature"
+                        .into(),
+                );
+            }
+        }
         if let Some(namespace) = &args.session_lease_k8s_namespace {
             #[cfg(feature = "k8s")]
             return Ok(LeaseChoice::K8s(args.k8s.leases(namespace.clone())));
@@ -228,6 +246,8 @@ impl LeaseChoice {
             LeaseChoice::Etcd(_) => "--session-lease-etcd",
             #[cfg(feature = "k8s")]
             LeaseChoice::K8s(_) => "--session-lease-k8s-namespace",
+            #[cfg(feature = "postgres")]
+            LeaseChoice::Postgres(_) => "--session-lease-postgres",
             LeaseChoice::Backend(_) => "the in-process lease backend",
         }
     }
@@ -369,6 +389,8 @@ async fn open_leases(
         LeaseChoice::Etcd(etcd) => leased(Arc::new(etcd.open(ttl).map_err(not_opened)?)),
         #[cfg(feature = "k8s")]
         LeaseChoice::K8s(k8s) => leased(Arc::new(k8s.open(ttl).await.map_err(not_opened)?)),
+        #[cfg(feature = "postgres")]
+        LeaseChoice::Postgres(pg) => leased(Arc::new(pg.open(ttl).await.map_err(not_opened)?)),
         LeaseChoice::Store => Err(StartError::Lease {
             backend: "the store's own leases".into(),
             source: LeaseError::invalid("this store does not lease sessions itself"),

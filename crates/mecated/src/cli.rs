@@ -288,11 +288,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         // owner id apart (a lease directory's owner lock can): both would
         // hold a session at once under one token. Each incarnation gets
         // its own.
-        Some(o)
-            if args.session_lease_url.is_some()
-                || !args.session_lease_etcd.is_empty()
-                || args.session_lease_k8s_namespace.is_some() =>
-        {
+        Some(o) if !matches!(lease, LeaseChoice::Dir(_) | LeaseChoice::Unleased) => {
             OwnerId::new(format!("{o}#{}", crate::server::incarnation_suffix()))
                 .map_err(|e| format!("--owner: {e}"))?
         }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use lease_backends::{EtcdArgs, EtcdEnv, K8sArgs, K8sEnv};
+use lease_backends::{EtcdArgs, EtcdEnv, K8sArgs, K8sEnv, PostgresArgs, PostgresEnv};
 
 use crate::backend::{LeaseChoice, StoreChoice};
 use crate::transcript::DEFAULT_TRANSCRIPT_CACHE_BYTES;
@@ -221,6 +221,23 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub k8s: K8sArgs<Env>,
 
+    /// Leases in tables of this PostgreSQL database
+    /// (`postgres://USER@HOST:PORT/DB`, directly or through PgBouncer in
+    /// transaction mode): processes on any hosts that reach it. Expiry is
+    /// judged on the database's clock; tokens are as durable as its commits.
+    #[arg(
+        long,
+        env = "MECATED_SESSION_LEASE_POSTGRES",
+        value_name = "URL",
+        conflicts_with_all = ["session_lease_dir", "no_session_lease", "session_lease_url", "session_lease_etcd", "session_lease_k8s_namespace"]
+    )]
+    pub session_lease_postgres: Option<String>,
+
+    /// The PostgreSQL settings (`--session-lease-postgres-password-file`,
+    /// `-table-prefix`), the vocabulary `mecatl-leased` shares.
+    #[command(flatten)]
+    pub postgres: PostgresArgs<Env>,
+
     /// File holding the bearer token for the lease service (read once at
     /// start; surrounding whitespace ignored).
     #[arg(
@@ -333,6 +350,11 @@ pub struct ServeArgs {
 /// and the flag's name, as for every other flag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Env;
+
+impl PostgresEnv for Env {
+    const PASSWORD_FILE: &'static str = "MECATED_SESSION_LEASE_POSTGRES_PASSWORD_FILE";
+    const TABLE_PREFIX: &'static str = "MECATED_SESSION_LEASE_POSTGRES_TABLE_PREFIX";
+}
 
 impl EtcdEnv for Env {
     const PREFIX: &'static str = "MECATED_SESSION_LEASE_ETCD_PREFIX";
@@ -502,6 +524,14 @@ mod tests {
         use clap::CommandFactory;
         let cmd = Cli::command();
         for (id, var) in [
+            (
+                "session_lease_postgres_password_file",
+                "MECATED_SESSION_LEASE_POSTGRES_PASSWORD_FILE",
+            ),
+            (
+                "session_lease_postgres_table_prefix",
+                "MECATED_SESSION_LEASE_POSTGRES_TABLE_PREFIX",
+            ),
             (
                 "session_lease_etcd_prefix",
                 "MECATED_SESSION_LEASE_ETCD_PREFIX",

@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use lease_backends::{EtcdArgs, EtcdEnv, K8sArgs, K8sEnv, RedisArgs, RedisEnv};
+use lease_backends::{
+    EtcdArgs, EtcdEnv, K8sArgs, K8sEnv, PostgresArgs, PostgresEnv, RedisArgs, RedisEnv,
+};
 
 /// A lease service: session leases over gRPC (`mecatl.lease.v1`) for
 /// processes on many hosts.
@@ -38,6 +40,10 @@ pub(crate) struct Cli {
     /// service account needs get, create and update on leases).
     /// `redis:URL`: one Redis (`redis://[user:password@]host:port/db`,
     /// `rediss://` for TLS); tokens are as durable as its persistence.
+    /// `postgres:URL`: tables in one PostgreSQL database
+    /// (`postgres://user@host:port/db`, directly or through PgBouncer in
+    /// transaction mode); expiry on the database's clock, so replicas of
+    /// this service over one database hold no state of their own.
     #[arg(long, env = "MECATL_LEASED_BACKEND", value_parser = parse_backend)]
     pub(crate) backend: BackendSpec,
 
@@ -56,6 +62,12 @@ pub(crate) struct Cli {
     /// `--redis-prefix`).
     #[command(flatten)]
     pub(crate) redis: RedisArgs<Env>,
+
+    /// The PostgreSQL backend's settings
+    /// (`--session-lease-postgres-password-file`, `-table-prefix`; aliases
+    /// `--postgres-password-file`, `--postgres-table-prefix`).
+    #[command(flatten)]
+    pub(crate) postgres: PostgresArgs<Env>,
 
     /// The Kubernetes backend's settings (`--session-lease-k8s-kubeconfig`,
     /// alias `--kubeconfig`).
@@ -154,6 +166,11 @@ impl RedisEnv for Env {
     const PREFIX: &'static str = "MECATL_LEASED_REDIS_PREFIX";
 }
 
+impl PostgresEnv for Env {
+    const PASSWORD_FILE: &'static str = "MECATL_LEASED_POSTGRES_PASSWORD_FILE";
+    const TABLE_PREFIX: &'static str = "MECATL_LEASED_POSTGRES_TABLE_PREFIX";
+}
+
 /// Where the service keeps its leases. Its `Display` is what logs show: a
 /// Redis URL may carry a password, so only its kind is shown.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -163,6 +180,7 @@ pub(crate) enum BackendSpec {
     Etcd(Vec<String>),
     K8s(String),
     Redis(String),
+    Postgres(String),
 }
 
 impl std::fmt::Display for BackendSpec {
@@ -173,6 +191,7 @@ impl std::fmt::Display for BackendSpec {
             BackendSpec::Etcd(endpoints) => write!(f, "etcd:{}", endpoints.join(",")),
             BackendSpec::K8s(namespace) => write!(f, "k8s:{namespace}"),
             BackendSpec::Redis(_) => write!(f, "redis"),
+            BackendSpec::Postgres(_) => write!(f, "postgres"),
         }
     }
 }
@@ -195,8 +214,10 @@ fn parse_backend(text: &str) -> Result<BackendSpec, String> {
         )),
         Some(("k8s", ns)) if !ns.is_empty() => Ok(BackendSpec::K8s(ns.to_owned())),
         Some(("redis", url)) if !url.is_empty() => Ok(BackendSpec::Redis(url.to_owned())),
+        Some(("postgres", url)) if !url.is_empty() => Ok(BackendSpec::Postgres(url.to_owned())),
         _ => Err(format!(
-            "{text:?}: expected `memory`, `dir:PATH`, `etcd:ENDPOINTS`, `k8s:NAMESPACE` or `redis:URL`"
+            "{text:?}: expected `memory`, `dir:PATH`, `etcd:ENDPOINTS`, `k8s:NAMESPACE`, \
+             `redis:URL` or `postgres:URL`"
         )),
     }
 }
@@ -227,7 +248,25 @@ mod tests {
             parse_backend("k8s:chat"),
             Ok(BackendSpec::K8s("chat".into()))
         );
-        for bad in ["", "dir:", "memory:x", "etcd", "etcd:", "k8s:", "file:/x"] {
+        assert_eq!(
+            parse_backend("postgres:postgres://app@db:5432/chat"),
+            Ok(BackendSpec::Postgres("postgres://app@db:5432/chat".into()))
+        );
+        assert_eq!(
+            BackendSpec::Postgres("postgres://app:secret@db/chat".into()).to_string(),
+            "postgres",
+            "a URL may carry a password: logs show the kind only"
+        );
+        for bad in [
+            "",
+            "dir:",
+            "memory:x",
+            "etcd",
+            "etcd:",
+            "k8s:",
+            "file:/x",
+            "postgres:",
+        ] {
             assert!(parse_backend(bad).is_err(), "{bad:?}");
         }
     }
@@ -296,6 +335,14 @@ mod tests {
                 "MECATL_LEASED_ETCD_PASSWORD_FILE",
             ),
             ("session_lease_redis_prefix", "MECATL_LEASED_REDIS_PREFIX"),
+            (
+                "session_lease_postgres_password_file",
+                "MECATL_LEASED_POSTGRES_PASSWORD_FILE",
+            ),
+            (
+                "session_lease_postgres_table_prefix",
+                "MECATL_LEASED_POSTGRES_TABLE_PREFIX",
+            ),
             ("session_lease_k8s_kubeconfig", "MECATL_LEASED_KUBECONFIG"),
         ] {
             let arg = cmd.get_arguments().find(|a| a.get_id() == id).unwrap();

@@ -80,6 +80,11 @@ async fn open_backend(cli: &Cli) -> Result<(Arc<dyn SessionLease>, SharedClock),
             let redis = cli.redis.leases(url.clone());
             Arc::new(redis.open(ttl).await.map_err(|e| e.to_string())?)
         }
+        // PostgreSQL judges expiry on its own clock too.
+        BackendSpec::Postgres(url) => {
+            let postgres = cli.postgres.leases(url.clone());
+            Arc::new(postgres.open(ttl).await.map_err(|e| e.to_string())?)
+        }
         BackendSpec::K8s(namespace) => {
             let k8s = cli.k8s.leases(namespace.clone());
             Arc::new(k8s.open(ttl).await.map_err(|e| e.to_string())?)

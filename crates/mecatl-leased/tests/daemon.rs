@@ -306,3 +306,44 @@ async fn a_daemon_over_redis_keeps_tokens_rising_across_its_restart() {
     let lb = c.acquire(&s, &b).await.unwrap();
     assert!(lb.token() > la.token(), "{la:?} then {lb:?}");
 }
+
+/// Stateless replicas over one PostgreSQL, reached through PgBouncer in
+/// transaction mode with the password read from a file (the URL carries
+/// none): they share holds, tokens and the authority, and one dying
+/// changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_over_one_postgres_share_holds_tokens_and_authority() {
+    let server = test_services::PostgresServer::start().expect("postgresql is installed");
+    let bouncer = test_services::PgBouncer::start(&server).expect("pgbouncer is installed");
+    let dir = tempfile::tempdir().unwrap();
+    let password = dir.path().join("pg-password");
+    std::fs::write(&password, format!("{}\n", server.password())).unwrap();
+    let url = format!("postgres://{}@{}/postgres", server.user(), bouncer.addr());
+    let backend = format!("postgres:{url}");
+    let password = password.to_str().unwrap();
+    let args = [
+        "--backend",
+        &backend,
+        "--ttl",
+        "5s",
+        "--session-lease-postgres-password-file",
+        password,
+    ];
+    let one = Daemon::start(&args).await;
+    let two = Daemon::start(&args).await;
+    let (c1, c2) = (one.client(), two.client());
+    assert_eq!(c1.authority().await.unwrap(), c2.authority().await.unwrap());
+    let (s, a, b) = ids();
+    let la = c1.acquire(&s, &a).await.unwrap();
+    let held = c2.acquire(&s, &b).await.unwrap_err();
+    assert_eq!(held.kind(), LeaseErrorKind::Held, "{held}");
+    one.signal(Signal::SIGKILL);
+    one.wait().await;
+    let renewed = c2
+        .renew(&la)
+        .await
+        .expect("the lease lives in the database, not in the replica");
+    c2.release(&renewed).await.unwrap();
+    let lb = c2.acquire(&s, &b).await.unwrap();
+    assert!(lb.token() > la.token(), "{la:?} then {lb:?}");
+}

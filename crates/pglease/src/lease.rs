@@ -50,13 +50,26 @@ impl std::fmt::Debug for PgLease {
 }
 
 /// Configures a [`PgLease`]; made by [`PgLease::builder`].
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct PgLeaseBuilder {
     url: String,
+    password: Option<String>,
     ttl: Duration,
     request_timeout: Duration,
     connections: usize,
     prefix: String,
+}
+
+/// The URL and password are left out: either may carry a secret.
+impl std::fmt::Debug for PgLeaseBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgLeaseBuilder")
+            .field("ttl", &self.ttl)
+            .field("request_timeout", &self.request_timeout)
+            .field("connections", &self.connections)
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
 }
 
 impl PgLeaseBuilder {
@@ -81,6 +94,14 @@ impl PgLeaseBuilder {
         self
     }
 
+    /// The password to log in with, in place of any the URL carries: read
+    /// from a file by the caller, so it appears in no URL, process list or
+    /// log.
+    pub fn password(mut self, password: impl Into<String>) -> Self {
+        self.password = Some(password.into());
+        self
+    }
+
     /// Prefix of the tables' names (`<prefix>_leases`, `<prefix>_authority`,
     /// `<prefix>_schema`): clients sharing sessions share it. Default
     /// [`DEFAULT_TABLE_PREFIX`].
@@ -93,8 +114,11 @@ impl PgLeaseBuilder {
     /// `Invalid` for a bad URL, TTL or prefix, or tables of a newer schema;
     /// `Transient` when the database cannot be reached in time.
     pub async fn connect(self) -> Result<PgLease, LeaseError> {
-        let config = tokio_postgres::Config::from_str(&self.url)
+        let mut config = tokio_postgres::Config::from_str(&self.url)
             .map_err(|e| LeaseError::invalid("the PostgreSQL URL cannot be read").with_source(e))?;
+        if let Some(password) = &self.password {
+            config.password(password);
+        }
         let ttl_ms = i64::try_from(self.ttl.as_millis())
             .ok()
             .filter(|ms| *ms > 0)
@@ -172,6 +196,7 @@ impl PgLease {
     pub fn builder(url: impl Into<String>) -> PgLeaseBuilder {
         PgLeaseBuilder {
             url: url.into(),
+            password: None,
             ttl: DEFAULT_TTL,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             connections: DEFAULT_CONNECTIONS,

@@ -31,6 +31,7 @@ mod leases_cli;
 mod mecak8s;
 mod operator_page;
 mod ownership;
+mod postgres_leases;
 mod processes;
 mod replica_edge_cases;
 mod replicas;
