@@ -76,8 +76,15 @@ pub(crate) struct Conn<'a> {
 }
 
 impl Conn<'_> {
-    /// Runs one statement; a connection it found broken is dropped, to be
-    /// opened again by the next call (this statement's outcome is unknown).
+    /// Runs one statement, answered by `deadline`. A connection found
+    /// broken is dropped, to be opened again by the next call.
+    ///
+    /// Past the deadline the statement may still be running — waiting on a
+    /// row lock, say — and could commit later, long after its caller gave
+    /// up (a release landing after the same owner re-acquired would free
+    /// the new grant). So it is cancelled, and its connection is never
+    /// used again: nothing queues behind it. A cancel can still lose the
+    /// race with a commit; the outcome stays unknown, as the error says.
     pub(crate) async fn query(
         &mut self,
         sql: &str,
@@ -85,19 +92,36 @@ impl Conn<'_> {
             &(dyn tokio_postgres::types::ToSql + Sync),
             tokio_postgres::types::Type,
         )],
+        deadline: tokio::time::Instant,
     ) -> Result<Vec<tokio_postgres::Row>, LeaseError> {
         let Some(client) = self.slot.as_ref() else {
             return Err(LeaseError::transient(
                 "internal: a connection slot was left empty",
             ));
         };
-        let out = client.query_typed(sql, params).await;
-        if let Err(e) = &out
-            && (e.is_closed() || client.is_closed())
-        {
-            *self.slot = None;
+        match tokio::time::timeout_at(deadline, client.query_typed(sql, params)).await {
+            Ok(out) => {
+                if let Err(e) = &out
+                    && (e.is_closed() || client.is_closed())
+                {
+                    *self.slot = None;
+                }
+                out.map_err(from_pg)
+            }
+            Err(_) => {
+                let cancel = client.cancel_token();
+                tokio::spawn(async move {
+                    if let Err(e) = cancel.cancel_query(NoTls).await {
+                        warn!(error = %e, "a statement past its deadline could not be cancelled");
+                    }
+                });
+                *self.slot = None;
+                Err(LeaseError::transient(
+                    "PostgreSQL did not answer in time: the statement was cancelled, and may or \
+                     may not have taken effect",
+                ))
+            }
         }
-        out.map_err(from_pg)
     }
 
     /// Runs statements in the simple protocol, as one batch.

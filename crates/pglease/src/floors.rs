@@ -22,7 +22,19 @@ const MAX_SESSIONS: usize = 100_000;
 pub(crate) struct Floors {
     lsn: AtomicU64,
     granted: Mutex<HashMap<SessionId, (u64, FencingToken)>>,
-    inserted: AtomicU64,
+    /// Bumped at every grant: how recently each session was granted.
+    clock: AtomicU64,
+}
+
+/// What this client had seen when it sent a statement. An answer is held
+/// only against what was known before it was asked: statements on several
+/// connections finish in any order, and one sent earlier may rightly run
+/// at a lower log position, or read a row older, than one answered before
+/// it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Mark {
+    lsn: u64,
+    token: Option<FencingToken>,
 }
 
 /// `X/Y` (hexadecimal halves) as one number.
@@ -38,11 +50,23 @@ fn parse_lsn(text: &str) -> Result<u64, LeaseError> {
 }
 
 impl Floors {
-    /// Refuses a statement that ran below the log position seen before.
-    pub(crate) fn note_lsn(&self, text: &str) -> Result<(), LeaseError> {
+    /// What is known now, before sending a statement about `session`.
+    pub(crate) fn mark(&self, session: Option<&SessionId>) -> Mark {
+        let token = session.and_then(|s| {
+            let granted = self.granted.lock().unwrap_or_else(|p| p.into_inner());
+            granted.get(s).map(|&(_, t)| t)
+        });
+        Mark {
+            lsn: self.lsn.load(Ordering::Acquire),
+            token,
+        }
+    }
+
+    /// Refuses a statement that ran below the log position seen before it
+    /// was sent; raises the floor otherwise.
+    pub(crate) fn note_lsn(&self, text: &str, mark: &Mark) -> Result<(), LeaseError> {
         let lsn = parse_lsn(text)?;
-        let seen = self.lsn.fetch_max(lsn, Ordering::AcqRel);
-        if lsn < seen {
+        if lsn < mark.lsn {
             return Err(LeaseError::rewound(format!(
                 "PostgreSQL's write-ahead log is at {text}, behind a position this client already \
                  saw: the database was restored or failed over to a standby that had not received \
@@ -50,30 +74,35 @@ impl Floors {
                  rows above what the stores saw before serving again"
             )));
         }
+        self.lsn.fetch_max(lsn, Ordering::AcqRel);
         Ok(())
     }
 
     /// Remembers that this client was granted `token` for `session`.
     pub(crate) fn note_grant(&self, session: &SessionId, token: FencingToken) {
+        let now = self.clock.fetch_add(1, Ordering::Relaxed);
         let mut granted = self.granted.lock().unwrap_or_else(|p| p.into_inner());
         if granted.len() >= MAX_SESSIONS && !granted.contains_key(session) {
-            let cut = self.inserted.load(Ordering::Relaxed) - (MAX_SESSIONS as u64) / 2;
+            // Forget the half granted longest ago, by the entries present.
+            let mut ages: Vec<u64> = granted.values().map(|&(at, _)| at).collect();
+            let (_, cut, _) = ages.select_nth_unstable(granted.len() / 2);
+            let cut = *cut;
             granted.retain(|_, (at, _)| *at >= cut);
         }
-        let at = self.inserted.fetch_add(1, Ordering::Relaxed);
-        let entry = granted.entry(session.clone()).or_insert((at, token));
-        entry.1 = entry.1.max(token);
+        let entry = granted.entry(session.clone()).or_insert((now, token));
+        *entry = (now, entry.1.max(token));
     }
 
     /// Refuses a row (by its token, `None` when it is gone) that shows
-    /// less than this client was granted for `session`.
+    /// less than this client had been granted for its session when the
+    /// statement was sent.
     pub(crate) fn check_row(
         &self,
         session: &SessionId,
         row_token: Option<i64>,
+        mark: &Mark,
     ) -> Result<(), LeaseError> {
-        let granted = self.granted.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(&(_, ours)) = granted.get(session) else {
+        let Some(ours) = mark.token else {
             return Ok(());
         };
         let shown = row_token.and_then(|t| u64::try_from(t).ok());
@@ -102,24 +131,52 @@ mod tests {
         for bad in ["", "16B3748", "x/1", "1/2/3", "100000000/0"] {
             assert!(parse_lsn(bad).is_err(), "{bad}");
         }
-        f.note_lsn("1/10").unwrap();
-        f.note_lsn("1/10").unwrap();
-        f.note_lsn("1/11").unwrap();
-        let e = f.note_lsn("1/F").unwrap_err();
+        f.note_lsn("1/10", &f.mark(None)).unwrap();
+        f.note_lsn("1/10", &f.mark(None)).unwrap();
+        // Sent before 1/11 was seen: it may have run lower.
+        let early = f.mark(None);
+        f.note_lsn("1/11", &f.mark(None)).unwrap();
+        f.note_lsn("1/10", &early).unwrap();
+        let e = f.note_lsn("1/F", &f.mark(None)).unwrap_err();
         assert_eq!(e.kind(), lease_port::LeaseErrorKind::Rewound);
-        f.note_lsn("2/0").unwrap();
+        f.note_lsn("2/0", &f.mark(None)).unwrap();
     }
 
     #[test]
     fn a_row_below_a_granted_token_or_gone_is_refused() {
         let f = Floors::default();
         let s = SessionId::new("s").unwrap();
-        f.check_row(&s, None).unwrap(); // never granted here: nothing known
+        let before = f.mark(Some(&s));
+        f.check_row(&s, None, &before).unwrap(); // never granted here: nothing known
         f.note_grant(&s, FencingToken::new(5));
         f.note_grant(&s, FencingToken::new(3)); // floors never go down
-        f.check_row(&s, Some(5)).unwrap();
-        f.check_row(&s, Some(9)).unwrap();
-        assert!(f.check_row(&s, Some(4)).is_err());
-        assert!(f.check_row(&s, None).is_err());
+        let m = f.mark(Some(&s));
+        f.check_row(&s, Some(5), &m).unwrap();
+        f.check_row(&s, Some(9), &m).unwrap();
+        assert!(f.check_row(&s, Some(4), &m).is_err());
+        assert!(f.check_row(&s, None, &m).is_err());
+        // A statement sent before the grant is not held to it.
+        f.check_row(&s, Some(1), &before).unwrap();
+    }
+
+    #[test]
+    fn a_full_map_forgets_the_sessions_granted_longest_ago() {
+        let f = Floors::default();
+        let id = |i: usize| SessionId::new(format!("s{i}")).unwrap();
+        for i in 0..MAX_SESSIONS {
+            f.note_grant(&id(i), FencingToken::new(1));
+        }
+        // The first half is granted again: now the most recent.
+        for i in 0..MAX_SESSIONS / 2 {
+            f.note_grant(&id(i), FencingToken::new(2));
+        }
+        f.note_grant(&id(MAX_SESSIONS), FencingToken::new(1));
+        let granted = f.granted.lock().unwrap();
+        assert!(granted.len() >= MAX_SESSIONS / 2, "{}", granted.len());
+        assert!(granted.contains_key(&id(0)), "a recent grant was forgotten");
+        assert!(
+            !granted.contains_key(&id(MAX_SESSIONS - 1)),
+            "an old grant was kept"
+        );
     }
 }

@@ -10,7 +10,7 @@ use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
 
 use crate::conn::Connections;
-use crate::floors::Floors;
+use crate::floors::{Floors, Mark};
 use crate::schema::{self, Tables};
 use crate::sql::Statements;
 
@@ -20,6 +20,8 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(15);
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default number of connections per client.
 pub const DEFAULT_CONNECTIONS: usize = 4;
+/// The longest TTL: a century, in milliseconds.
+const MAX_TTL_MS: i64 = 100 * 366 * 24 * 3600 * 1000;
 /// Default prefix of the tables' names.
 pub const DEFAULT_TABLE_PREFIX: &str = "mecatl";
 
@@ -119,11 +121,17 @@ impl PgLeaseBuilder {
         if let Some(password) = &self.password {
             config.password(password);
         }
+        // Whole milliseconds, as the statements count, and well inside what
+        // PostgreSQL's timestamps hold.
         let ttl_ms = i64::try_from(self.ttl.as_millis())
             .ok()
-            .filter(|ms| *ms > 0)
+            .filter(|ms| *ms > 0 && *ms <= MAX_TTL_MS)
+            .filter(|_| self.ttl.subsec_nanos().is_multiple_of(1_000_000))
             .ok_or_else(|| {
-                LeaseError::invalid(format!("the TTL {:?} is out of range", self.ttl))
+                LeaseError::invalid(format!(
+                    "the TTL {:?} must be whole milliseconds, from 1 ms to 100 years",
+                    self.ttl
+                ))
             })?;
         let tables = Tables::new(&self.prefix)?;
         let conns = Connections::new(config, self.connections, self.request_timeout);
@@ -209,28 +217,65 @@ impl PgLease {
         self.inner.ttl
     }
 
-    /// One statement on a connection, bounded by the request timeout.
+    /// One statement on a connection, answered within the request timeout
+    /// (waiting for a free connection included) or cancelled.
     async fn query(
         &self,
         sql: &str,
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<Vec<Row>, LeaseError> {
         let bound = self.inner.request_timeout;
-        let run = async {
-            let mut conn = self.inner.conns.get().await?;
-            conn.query(sql, params).await
-        };
-        tokio::time::timeout(bound, run).await.map_err(|_| {
-            LeaseError::transient(format!("PostgreSQL did not answer within {bound:?}"))
-        })?
+        let deadline = tokio::time::Instant::now() + bound;
+        let mut conn = tokio::time::timeout_at(deadline, self.inner.conns.get())
+            .await
+            .map_err(|_| {
+                LeaseError::transient(format!(
+                    "no connection to PostgreSQL was free or could be opened within {bound:?}"
+                ))
+            })??;
+        conn.query(sql, params, deadline).await
     }
 
-    /// The last column of every statement: the log position it ran at.
-    fn check_lsn(&self, row: &Row, i: usize) -> Result<(), LeaseError> {
+    /// The last column of every statement: the log position it ran at,
+    /// held against what was seen before the statement was sent.
+    fn check_lsn(&self, row: &Row, i: usize, mark: &Mark) -> Result<(), LeaseError> {
         match text(row, i)? {
-            Some(lsn) => self.inner.floors.note_lsn(&lsn),
+            Some(lsn) => self.inner.floors.note_lsn(&lsn, mark),
             None => Err(LeaseError::invalid("PostgreSQL answered no log position")),
         }
+    }
+
+    /// The acquire statement, asked again once when it answers no row: two
+    /// first acquires racing, the one whose insert met the other's row and
+    /// whose update then found it held saw no row in its snapshot. Asked
+    /// again, it sees the holder.
+    async fn acquire_row(
+        &self,
+        session: &SessionId,
+        owner: &OwnerId,
+        floor: i64,
+    ) -> Result<(Row, SystemTime, Mark), LeaseError> {
+        for _ in 0..2 {
+            let mark = self.inner.floors.mark(Some(session));
+            let sent = SystemTime::now();
+            let rows = self
+                .query(
+                    &self.inner.sql.acquire,
+                    &[
+                        (&session.as_str(), Type::TEXT),
+                        (&owner.as_str(), Type::TEXT),
+                        (&self.inner.ttl_ms, Type::INT8),
+                        (&floor, Type::INT8),
+                    ],
+                )
+                .await?;
+            if let Some(row) = rows.into_iter().next() {
+                return Ok((row, sent, mark));
+            }
+        }
+        Err(LeaseError::transient(
+            "PostgreSQL answered an acquire with no row twice: other clients raced it both times",
+        ))
     }
 
     async fn acquire_from(
@@ -239,31 +284,18 @@ impl PgLease {
         owner: &OwnerId,
         floor: FencingToken,
     ) -> Result<Lease, LeaseError> {
-        let floor_param = token_param(floor)?;
-        let sent = SystemTime::now();
-        let rows = self
-            .query(
-                &self.inner.sql.acquire,
-                &[
-                    (&session.as_str(), Type::TEXT),
-                    (&owner.as_str(), Type::TEXT),
-                    (&self.inner.ttl_ms, Type::INT8),
-                    (&floor_param, Type::INT8),
-                ],
-            )
+        let (row, sent, mark) = self
+            .acquire_row(session, owner, token_param(floor)?)
             .await?;
-        let row = rows
-            .first()
-            .ok_or_else(|| LeaseError::invalid("PostgreSQL answered an acquire with no row"))?;
-        self.check_lsn(row, 4)?;
-        match (opt_i64(row, 0)?, opt_i64(row, 1)?) {
+        self.check_lsn(&row, 4, &mark)?;
+        match (opt_i64(&row, 0)?, opt_i64(&row, 1)?) {
             (Some(token), Some(ms)) => {
                 let token = token_of(token)?;
-                // A grant below what this client was granted before: the
-                // row lost its history.
+                // A grant below what this client had been granted: the row
+                // lost its history.
                 self.inner
                     .floors
-                    .check_row(session, Some(token.get() as i64))?;
+                    .check_row(session, Some(token.get() as i64), &mark)?;
                 self.inner.floors.note_grant(session, token);
                 Ok(Lease::new(
                     session.clone(),
@@ -273,14 +305,108 @@ impl PgLease {
                 ))
             }
             _ => {
-                let holder = text(row, 2)?.map(OwnerId::new).transpose()?;
-                let mut held = LeaseError::held(holder);
-                if let Some(ms) = opt_i64(row, 3)? {
-                    held = held.with_held_for(left(ms));
+                let holder = text(&row, 2)?.map(OwnerId::new).transpose()?;
+                let ms = opt_i64(&row, 3)?.filter(|ms| *ms > 0);
+                match (holder, ms) {
+                    (Some(holder), Some(ms)) => {
+                        Err(LeaseError::held(Some(holder)).with_held_for(left(ms)))
+                    }
+                    // The statement's snapshot showed no live holder: it
+                    // lost a race with a takeover it could not see. A fresh
+                    // read names the winner.
+                    _ => match self.current(session).await {
+                        Ok(Some(now)) if now.owner() != owner => {
+                            let left = now.expiry().duration_since(SystemTime::now());
+                            let held = LeaseError::held(Some(now.owner().clone()));
+                            Err(match left {
+                                Ok(left) => held.with_held_for(left),
+                                Err(_) => held,
+                            })
+                        }
+                        _ => Err(LeaseError::held(None)),
+                    },
                 }
-                Err(held)
             }
         }
+    }
+
+    /// Why a renewal found no row of its grant: another holder (`Held`),
+    /// the hold released or lapsed and taken (`Held`), or a row that shows
+    /// less than this client had been granted (`Rewound`).
+    fn lost(
+        &self,
+        session: &SessionId,
+        owner: Option<String>,
+        token: Option<i64>,
+        ms: Option<i64>,
+        mark: &Mark,
+    ) -> Result<Lease, LeaseError> {
+        self.inner.floors.check_row(session, token, mark)?;
+        let live = ms.is_some_and(|ms| ms > 0);
+        let holder = match owner {
+            Some(o) if live => Some(OwnerId::new(o)?),
+            _ => None,
+        };
+        Err(LeaseError::held(holder))
+    }
+
+    async fn renew_batch(
+        &self,
+        leases: &[Lease],
+    ) -> Result<Vec<Result<Lease, LeaseError>>, LeaseError> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sessions: Vec<&str> = leases.iter().map(|l| l.session_id().as_str()).collect();
+        let owners: Vec<&str> = leases.iter().map(|l| l.owner().as_str()).collect();
+        // A token no bigint holds was never issued here: it matches no row,
+        // and is answered `Held` like any stale value.
+        let tokens: Vec<i64> = leases
+            .iter()
+            .map(|l| issuable(l.token()).unwrap_or(0))
+            .collect();
+        let marks: Vec<Mark> = leases
+            .iter()
+            .map(|l| self.inner.floors.mark(Some(l.session_id())))
+            .collect();
+        let sent = SystemTime::now();
+        let rows = self
+            .query(
+                &self.inner.sql.renew_many,
+                &[
+                    (&sessions, Type::TEXT_ARRAY),
+                    (&owners, Type::TEXT_ARRAY),
+                    (&tokens, Type::INT8_ARRAY),
+                    (&self.inner.ttl_ms, Type::INT8),
+                ],
+            )
+            .await?;
+        if rows.len() != leases.len() {
+            return Err(LeaseError::invalid(format!(
+                "PostgreSQL answered {} rows for a batch of {} renewals",
+                rows.len(),
+                leases.len()
+            )));
+        }
+        // One row per lease, in the order asked (`WITH ORDINALITY`).
+        Ok(leases
+            .iter()
+            .zip(&rows)
+            .zip(&marks)
+            .map(|((lease, row), mark)| {
+                self.check_lsn(row, 5, mark)?;
+                match opt_i64(row, 1)? {
+                    Some(ms) => Ok(lease.with_expiry(sent + left(ms))),
+                    None => self.lost(
+                        lease.session_id(),
+                        text(row, 2)?,
+                        opt_i64(row, 3)?,
+                        opt_i64(row, 4)?,
+                        mark,
+                    ),
+                }
+            })
+            .collect())
     }
 }
 
@@ -307,6 +433,7 @@ impl SessionLease for PgLease {
         let Some(token) = issuable(lease.token()) else {
             return Err(LeaseError::held(None));
         };
+        let mark = self.inner.floors.mark(Some(session));
         let sent = SystemTime::now();
         let rows = self
             .query(
@@ -322,11 +449,17 @@ impl SessionLease for PgLease {
         let row = rows
             .first()
             .ok_or_else(|| LeaseError::invalid("PostgreSQL answered a renewal with no row"))?;
-        self.check_lsn(row, 4)?;
+        self.check_lsn(row, 4, &mark)?;
         if let Some(ms) = opt_i64(row, 0)? {
             return Ok(lease.with_expiry(sent + left(ms)));
         }
-        self.lost(session, text(row, 1)?, opt_i64(row, 2)?, opt_i64(row, 3)?)
+        self.lost(
+            session,
+            text(row, 1)?,
+            opt_i64(row, 2)?,
+            opt_i64(row, 3)?,
+            &mark,
+        )
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), LeaseError> {
@@ -334,6 +467,7 @@ impl SessionLease for PgLease {
         let Some(token) = issuable(lease.token()) else {
             return Ok(()); // never issued here: nothing of it to release
         };
+        let mark = self.inner.floors.mark(Some(session));
         let rows = self
             .query(
                 &self.inner.sql.release,
@@ -347,8 +481,10 @@ impl SessionLease for PgLease {
         let row = rows
             .first()
             .ok_or_else(|| LeaseError::invalid("PostgreSQL answered a release with no row"))?;
-        self.check_lsn(row, 1)?;
-        self.inner.floors.check_row(session, opt_i64(row, 0)?)
+        self.check_lsn(row, 1, &mark)?;
+        self.inner
+            .floors
+            .check_row(session, opt_i64(row, 0)?, &mark)
     }
 
     async fn authority(&self) -> Result<AuthorityId, LeaseError> {
@@ -356,6 +492,7 @@ impl SessionLease for PgLease {
     }
 
     async fn current(&self, session: &SessionId) -> Result<Option<Lease>, LeaseError> {
+        let mark = self.inner.floors.mark(None);
         let sent = SystemTime::now();
         let rows = self
             .query(&self.inner.sql.current, &[(&session.as_str(), Type::TEXT)])
@@ -363,7 +500,7 @@ impl SessionLease for PgLease {
         let Some(row) = rows.first() else {
             return Ok(None);
         };
-        self.check_lsn(row, 3)?;
+        self.check_lsn(row, 3, &mark)?;
         let owner = text(row, 0)?
             .map(OwnerId::new)
             .transpose()?
@@ -396,80 +533,5 @@ impl SessionLease for PgLease {
 
     fn granted_ttl(&self) -> Option<Duration> {
         Some(self.inner.ttl)
-    }
-}
-
-impl PgLease {
-    /// Why a renewal found no row of its grant: another holder (`Held`),
-    /// the hold released or lapsed and taken (`Held`), or a row that shows
-    /// less than this client was granted (`Rewound`).
-    fn lost(
-        &self,
-        session: &SessionId,
-        owner: Option<String>,
-        token: Option<i64>,
-        ms: Option<i64>,
-    ) -> Result<Lease, LeaseError> {
-        self.inner.floors.check_row(session, token)?;
-        let live = ms.is_some_and(|ms| ms > 0);
-        let holder = match owner {
-            Some(o) if live => Some(OwnerId::new(o)?),
-            _ => None,
-        };
-        Err(LeaseError::held(holder))
-    }
-
-    async fn renew_batch(
-        &self,
-        leases: &[Lease],
-    ) -> Result<Vec<Result<Lease, LeaseError>>, LeaseError> {
-        if leases.is_empty() {
-            return Ok(Vec::new());
-        }
-        let sessions: Vec<&str> = leases.iter().map(|l| l.session_id().as_str()).collect();
-        let owners: Vec<&str> = leases.iter().map(|l| l.owner().as_str()).collect();
-        // A token no bigint holds was never issued here: it matches no row,
-        // and is answered `Held` like any stale value.
-        let tokens: Vec<i64> = leases
-            .iter()
-            .map(|l| issuable(l.token()).unwrap_or(0))
-            .collect();
-        let sent = SystemTime::now();
-        let rows = self
-            .query(
-                &self.inner.sql.renew_many,
-                &[
-                    (&sessions, Type::TEXT_ARRAY),
-                    (&owners, Type::TEXT_ARRAY),
-                    (&tokens, Type::INT8_ARRAY),
-                    (&self.inner.ttl_ms, Type::INT8),
-                ],
-            )
-            .await?;
-        let mut by_session = std::collections::HashMap::with_capacity(rows.len());
-        for row in &rows {
-            self.check_lsn(row, 5)?;
-            let id: String = text(row, 0)?.unwrap_or_default();
-            by_session.insert(id, row);
-        }
-        Ok(leases
-            .iter()
-            .map(|lease| {
-                let Some(row) = by_session.get(lease.session_id().as_str()) else {
-                    return Err(LeaseError::invalid(
-                        "PostgreSQL answered a batch renewal without this lease",
-                    ));
-                };
-                match opt_i64(row, 1)? {
-                    Some(ms) => Ok(lease.with_expiry(sent + left(ms))),
-                    None => self.lost(
-                        lease.session_id(),
-                        text(row, 2)?,
-                        opt_i64(row, 3)?,
-                        opt_i64(row, 4)?,
-                    ),
-                }
-            })
-            .collect())
     }
 }

@@ -41,7 +41,10 @@
 //! - **Acquire** is one `INSERT … ON CONFLICT DO UPDATE … WHERE` statement:
 //!   granted when the row is free, expired, or already this owner's; the
 //!   conflict branch re-reads the row under its lock, so two racing
-//!   acquires never both win. A takeover takes the next token.
+//!   acquires never both win. A takeover takes a token above the row's,
+//!   the floor asked for, and the database clock in milliseconds: tokens
+//!   issued after a restore from an older copy still exceed those the copy
+//!   lost.
 //! - **Renew** and **release** are conditional `UPDATE`s naming owner and
 //!   token; renewing an expired grant succeeds only while its row is
 //!   unchanged (nobody took it).
@@ -53,6 +56,11 @@
 //!   connects (versioned in `<prefix>_schema`; a database at a newer
 //!   version is refused). The authority is `pg:<database>:<id>`, the id
 //!   made once with the tables.
+//!
+//! - A statement not answered within the request timeout is cancelled on
+//!   the server and its connection dropped: one stuck on a row lock could
+//!   otherwise commit long after its caller gave up (a release landing
+//!   after the same owner acquired again would free the new grant).
 //!
 //! # Behind a transaction pooler
 //!
@@ -71,7 +79,7 @@
 //! [`Rewound`](lease_port::LeaseErrorKind::Rewound):
 //!
 //! - a statement running at a write-ahead log position below one the client
-//!   already saw;
+//!   had seen when it sent it;
 //! - a session's row showing a lower token than the client was granted, or
 //!   gone.
 //!

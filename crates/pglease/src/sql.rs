@@ -16,10 +16,17 @@ pub(crate) struct Statements {
     pub(crate) current: String,
 }
 
-/// Milliseconds from the database's `now()` to `t`.
+/// Whole milliseconds from the database's `now()` to `t`, rounded down:
+/// a client never believes a grant lives longer than the database does.
 fn ms_left(t: &str) -> String {
-    format!("(extract(epoch FROM ({t} - now())) * 1000)::bigint")
+    format!("floor(extract(epoch FROM ({t} - now())) * 1000)::bigint")
 }
+
+/// The database clock in milliseconds since the epoch: a floor for every
+/// new token, so tokens issued after a restore from an older copy still
+/// exceed those the copy lost (as long as the database's clock does not go
+/// back by more than the time since they were issued).
+const CLOCK_MS: &str = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
 
 const LSN: &str = "pg_current_wal_lsn()::text";
 
@@ -38,13 +45,14 @@ impl Statements {
                  SELECT owner, token, expires_at FROM {leases} WHERE session_id = $1
              ), up AS (
                  INSERT INTO {leases} AS l (session_id, owner, token, expires_at)
-                 VALUES ($1, $2, $4 + 1, now() + $3 * interval '1 millisecond')
+                 VALUES ($1, $2, GREATEST($4 + 1, {CLOCK_MS}),
+                         now() + $3 * interval '1 millisecond')
                  ON CONFLICT (session_id) DO UPDATE SET
                      owner = EXCLUDED.owner,
                      token = CASE
                          WHEN l.owner = EXCLUDED.owner AND l.expires_at > now() AND l.token > $4
                          THEN l.token
-                         ELSE GREATEST(l.token, $4) + 1
+                         ELSE GREATEST(l.token + 1, $4 + 1, {CLOCK_MS})
                      END,
                      expires_at = EXCLUDED.expires_at
                  WHERE l.owner IS NULL OR l.expires_at <= now() OR l.owner = EXCLUDED.owner
@@ -52,7 +60,10 @@ impl Statements {
              )
              SELECT up.token, {up_left}, NULL::text, NULL::bigint, {LSN} FROM up
              UNION ALL
-             SELECT NULL::bigint, NULL::bigint, prev.owner, {prev_left}, {LSN}
+             SELECT NULL::bigint, NULL::bigint,
+                    CASE WHEN prev.expires_at > now() THEN prev.owner END,
+                    CASE WHEN prev.expires_at > now() THEN {prev_left} END,
+                    {LSN}
              FROM prev WHERE NOT EXISTS (SELECT 1 FROM up)",
             up_left = ms_left("up.expires_at"),
             prev_left = ms_left("prev.expires_at"),
@@ -76,22 +87,26 @@ impl Statements {
             r_left = ms_left("r.expires_at"),
         );
         // $1 sessions, $2 owners, $3 tokens, $4 TTL in ms: every renewal in
-        // one statement, each under renew's rule.
+        // one statement, each under renew's rule, answered in the order
+        // asked. A grant is matched on all of session, owner and token, so
+        // a stale value beside the current one in one batch renews nothing.
         let renew_many = format!(
             "WITH want AS (
                  SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])
-                     AS w(session_id, owner, token)
+                     WITH ORDINALITY AS w(session_id, owner, token, n)
              ), up AS (
                  UPDATE {leases} l SET expires_at = now() + $4 * interval '1 millisecond'
                  FROM want
                  WHERE l.session_id = want.session_id AND l.owner = want.owner
                      AND l.token = want.token
-                 RETURNING l.session_id, l.expires_at
+                 RETURNING l.session_id, l.owner, l.token, l.expires_at
              )
-             SELECT want.session_id, {up_left}, r.owner, r.token, {r_left}, {LSN}
+             SELECT want.n, {up_left}, r.owner, r.token, {r_left}, {LSN}
              FROM want
-             LEFT JOIN up ON up.session_id = want.session_id
-             LEFT JOIN {leases} r ON r.session_id = want.session_id",
+             LEFT JOIN up ON up.session_id = want.session_id AND up.owner = want.owner
+                 AND up.token = want.token
+             LEFT JOIN {leases} r ON r.session_id = want.session_id
+             ORDER BY want.n",
             up_left = ms_left("up.expires_at"),
             r_left = ms_left("r.expires_at"),
         );
