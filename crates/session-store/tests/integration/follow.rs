@@ -1,85 +1,14 @@
-//! Waiting for appends and cancel requests on the JSONL store, with the
-//! writer on another store instance (its own files and locks, as another
-//! process has).
+//! Cancel requests on the JSONL store, made through another store
+//! instance (its own files and locks, as another process has). Waiting
+//! for appends is the `storeconformance` suite's (`conformance`).
 
-use std::time::Duration;
-
-use lease_port::{FencingToken, OwnerId, SessionId};
-use serde_json::json;
+use lease_port::{FencingToken, SessionId};
 use session_store::{
-    CancelRequest, FsyncPolicy, JsonlOptions, JsonlStore, SessionStore, StoreErrorKind, WriteFence,
+    CancelRequest, FsyncPolicy, JsonlOptions, JsonlStore, SessionStore, StoreErrorKind,
 };
 
 fn open(dir: &std::path::Path) -> JsonlStore {
     JsonlStore::open(dir, JsonlOptions::default().fsync(FsyncPolicy::Never)).unwrap()
-}
-
-fn fence(token: u64) -> WriteFence {
-    WriteFence::new(FencingToken::new(token), OwnerId::new("writer").unwrap())
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiter_wakes_when_another_instance_appends() {
-    let dir = tempfile::tempdir().unwrap();
-    let (reader, writer) = (open(dir.path()), open(dir.path()));
-    let s = SessionId::new("watched").unwrap();
-    writer.create(&s).await.unwrap();
-    writer.append(&s, fence(1), &[json!(1)]).await.unwrap();
-
-    // Already there: answered at once.
-    assert!(
-        reader
-            .wait_for_append(&s, 0, Duration::from_secs(30))
-            .await
-            .unwrap()
-    );
-
-    // Not yet there: the waiter is parked until the other instance writes.
-    // The timeout is far beyond the test's patience, so only the watch can
-    // end the wait.
-    let waiting = tokio::spawn({
-        let (reader, s) = (reader.clone(), s.clone());
-        async move {
-            reader
-                .wait_for_append(&s, 1, Duration::from_secs(3600))
-                .await
-        }
-    });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(!waiting.is_finished(), "woke before anything was appended");
-    writer.append(&s, fence(1), &[json!(2)]).await.unwrap();
-    let woke = tokio::time::timeout(Duration::from_secs(30), waiting)
-        .await
-        .expect("the append never woke the waiter")
-        .unwrap()
-        .unwrap();
-    assert!(woke);
-}
-
-#[tokio::test]
-async fn a_wait_with_nothing_appended_times_out_false() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
-    let s = SessionId::new("quiet").unwrap();
-    store.create(&s).await.unwrap();
-    assert!(
-        !store
-            .wait_for_append(&s, 0, Duration::from_millis(50))
-            .await
-            .unwrap()
-    );
-}
-
-#[tokio::test]
-async fn waiting_on_a_missing_session_is_not_found() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
-    let s = SessionId::new("absent").unwrap();
-    let err = store
-        .wait_for_append(&s, 0, Duration::from_secs(1))
-        .await
-        .unwrap_err();
-    assert_eq!(err.kind(), StoreErrorKind::NotFound);
 }
 
 #[tokio::test]

@@ -1,6 +1,11 @@
-//! The JSONL store on a temporary directory: fencing, crash safety, bad
-//! input, several "processes" (store instances with their own caches and
-//! open file descriptions) on one directory.
+//! The JSONL store on a temporary directory, where it differs from any
+//! other store: file safety, crash safety (torn, truncated and damaged
+//! files, format 1), marks written before writers were recorded, locks
+//! held by other processes, the authority record on disk, reclaiming
+//! deleted sessions, and a model check of owners pausing and resuming
+//! through store instances of their own (each with its own caches and
+//! open file descriptions, as another process has). The rules every store
+//! keeps are the `storeconformance` suite's (`conformance`).
 
 use std::fs::{self, OpenOptions};
 use std::io::Write;
@@ -9,9 +14,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_port::{
-    AuthorityId, FencingToken, LeaseErrorKind, ManualClock, OwnerId, SessionId, SessionLease,
-};
+use lease_port::{AuthorityId, FencingToken, ManualClock, OwnerId, SessionId, SessionLease};
 use memlease::MemLease;
 use serde_json::{Value, json};
 use session_store::{
@@ -56,83 +59,14 @@ async fn all(store: &JsonlStore, s: &SessionId) -> Vec<(u64, Option<u64>, Value)
     }
 }
 
+/// The JSONL store brings no leases of its own: a server keeps
+/// `flocklease` files in the directory it names.
 #[tokio::test]
-async fn create_append_read_list_delete() {
+async fn the_store_offers_no_leases_and_names_its_lease_directory() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
-    let a = sid("a/../b");
-    let long = sid(&"é".repeat(100));
-    store.create(&a).await.unwrap();
-    store.create(&long).await.unwrap();
-    fs::create_dir(dir.path().join(DEFAULT_LEASE_DIR_NAME)).unwrap();
-    fs::write(
-        dir.path().join(DEFAULT_LEASE_DIR_NAME).join("x.jsonl"),
-        "junk",
-    )
-    .unwrap();
-    fs::write(dir.path().join("notes.txt"), "junk").unwrap();
-
-    let r = store
-        .append(&a, tok(1), &[json!(1), json!({"k": "v"}), json!("three")])
-        .await
-        .unwrap();
-    assert_eq!((r.first_seq, r.last_seq), (1, 3));
-    let r = store.append(&a, tok(1), &[json!(4)]).await.unwrap();
-    assert_eq!((r.first_seq, r.last_seq), (4, 4));
-    store.append(&long, tok(9), &[json!("x")]).await.unwrap();
-
-    let events = all(&store, &a).await;
-    assert_eq!(
-        events,
-        vec![
-            (1, Some(1), json!(1)),
-            (2, Some(1), json!({"k": "v"})),
-            (3, Some(1), json!("three")),
-            (4, Some(1), json!(4)),
-        ]
-    );
-    let page = store.read(&a, 3, 10).await.unwrap();
-    assert_eq!(page.events.len(), 2);
-    assert_eq!(page.next_seq, None);
-    assert!(!page.unfinished_write);
-    assert!(store.read(&a, 99, 10).await.unwrap().events.is_empty());
-
-    let mut expected = vec![a.clone(), long.clone()];
-    expected.sort();
-    assert_eq!(store.list().await.unwrap(), expected);
-
-    // Delete is fenced, keeps the mark, and re-creation never reuses seqs.
-    let err = store.delete(&a, tok(0)).await.unwrap_err();
-    assert_eq!(err.kind(), StoreErrorKind::Fenced);
-    store.delete(&a, tok(2)).await.unwrap();
-    assert_eq!(
-        store.read(&a, 1, 10).await.unwrap_err().kind(),
-        StoreErrorKind::NotFound
-    );
-    assert_eq!(store.list().await.unwrap(), vec![long.clone()]);
-    store.create(&a).await.unwrap();
-    assert!(all(&store, &a).await.is_empty());
-    let err = store
-        .append(&a, tok(1), &[json!("late")])
-        .await
-        .unwrap_err();
-    assert!(matches!(
-        err,
-        StoreError::Fenced { presented, high_water, .. }
-            if presented.get() == 1 && high_water.get() == 2
-    ));
-    let r = store.append(&a, tok(2), &[json!("new")]).await.unwrap();
-    assert_eq!(r.first_seq, 5);
-
-    // A restarted store rebuilds the same state from the files.
-    let again = open(dir.path());
-    assert_eq!(
-        again.high_water(&a).await.unwrap(),
-        Some(FencingToken::new(2))
-    );
-    assert_eq!(all(&again, &a).await, vec![(5, Some(2), json!("new"))]);
-    assert_eq!(again.list().await.unwrap(), expected);
-    assert!(again.session_lease().is_none());
+    assert!(store.session_lease().is_none());
+    assert_eq!(store.lease_dir(), dir.path().join(DEFAULT_LEASE_DIR_NAME));
 }
 
 #[tokio::test]
@@ -172,211 +106,6 @@ async fn files_are_private_and_links_are_not_followed() {
     assert_eq!(err.kind(), StoreErrorKind::Invalid);
     let err = JsonlStore::open(&target, opts()).unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Invalid);
-}
-
-#[tokio::test]
-async fn bad_input_is_a_typed_error_and_writes_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = JsonlStore::open(dir.path(), opts().max_event_bytes(64)).unwrap();
-    let s = sid("s");
-    store.create(&s).await.unwrap();
-    store.append(&s, tok(1), &[json!(1)]).await.unwrap();
-    let size = fs::metadata(store.path_of(&s)).unwrap().len();
-
-    let cases: Vec<(StoreErrorKind, Result<_, StoreError>)> = vec![
-        (StoreErrorKind::Invalid, store.append(&s, tok(1), &[]).await),
-        (
-            StoreErrorKind::Invalid,
-            store
-                .append(&s, tok(1), &[json!(2), json!("x".repeat(100))])
-                .await,
-        ),
-        (
-            StoreErrorKind::Fenced,
-            store.append(&s, tok(0), &[json!(2)]).await,
-        ),
-        (
-            StoreErrorKind::Unfenced,
-            store.append(&s, WriteFence::Unfenced, &[json!(2)]).await,
-        ),
-        (
-            StoreErrorKind::NotFound,
-            store.append(&sid("missing"), tok(1), &[json!(2)]).await,
-        ),
-    ];
-    for (kind, result) in cases {
-        assert_eq!(result.unwrap_err().kind(), kind);
-    }
-    assert_eq!(
-        store.read(&s, 1, 0).await.unwrap_err().kind(),
-        StoreErrorKind::Invalid
-    );
-    assert_eq!(
-        store.create(&s).await.unwrap_err().kind(),
-        StoreErrorKind::AlreadyExists
-    );
-    assert_eq!(
-        store
-            .delete(&sid("missing"), tok(1))
-            .await
-            .unwrap_err()
-            .kind(),
-        StoreErrorKind::NotFound
-    );
-    assert_eq!(fs::metadata(store.path_of(&s)).unwrap().len(), size);
-    assert_eq!(all(&store, &s).await.len(), 1);
-}
-
-#[tokio::test]
-async fn unfenced_writes_only_when_allowed_and_never_after_a_fenced_one() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = sid("s");
-    let strict = open(dir.path());
-    strict.create(&s).await.unwrap();
-    let err = strict
-        .append(&s, WriteFence::Unfenced, &[json!(1)])
-        .await
-        .unwrap_err();
-    assert!(matches!(
-        err,
-        StoreError::Unfenced {
-            high_water: None,
-            ..
-        }
-    ));
-
-    let lax = JsonlStore::open(dir.path(), opts().allow_unfenced(true)).unwrap();
-    lax.append(&s, WriteFence::Unfenced, &[json!(1)])
-        .await
-        .unwrap();
-    lax.append(&s, tok(3), &[json!(2)]).await.unwrap();
-    let err = lax
-        .append(&s, WriteFence::Unfenced, &[json!(3)])
-        .await
-        .unwrap_err();
-    assert!(matches!(err, StoreError::Unfenced { high_water: Some(h), .. } if h.get() == 3));
-    assert_eq!(
-        all(&lax, &s).await,
-        vec![(1, None, json!(1)), (2, Some(3), json!(2))]
-    );
-}
-
-/// The scenario with real leases: A pauses past its TTL, B takes
-/// over and writes, A resumes and tries to append.
-#[tokio::test]
-async fn a_resumed_owner_is_fenced_after_a_takeover() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new();
-    let ttl = Duration::from_secs(10);
-    let leases = MemLease::builder()
-        .ttl(ttl)
-        .clock(Arc::new(clock.clone()))
-        .build();
-    // Two processes: their own store instances on one directory.
-    let (store_a, store_b) = (open(dir.path()), open(dir.path()));
-    let s = sid("chat");
-    store_a.create(&s).await.unwrap();
-
-    let a = leases
-        .acquire(&s, &OwnerId::new("a").unwrap())
-        .await
-        .unwrap();
-    store_a
-        .append(&s, (&a).into(), &[json!({"by": "a", "n": 1})])
-        .await
-        .unwrap();
-
-    clock.advance(ttl + Duration::from_secs(1)); // A is paused
-    let b = leases
-        .acquire(&s, &OwnerId::new("b").unwrap())
-        .await
-        .unwrap();
-    assert!(b.token() > a.token());
-    store_b
-        .append(&s, (&b).into(), &[json!({"by": "b", "n": 1})])
-        .await
-        .unwrap();
-
-    // A resumes, unaware; its renewal would fail, but its write comes first.
-    let err = store_a
-        .append(&s, (&a).into(), &[json!({"by": "a", "n": 2})])
-        .await
-        .unwrap_err();
-    match err {
-        StoreError::Fenced {
-            presented,
-            high_water,
-            ..
-        } => assert_eq!((presented, high_water), (a.token(), b.token())),
-        other => panic!("expected Fenced, got {other:?}"),
-    }
-    assert_eq!(
-        store_a.delete(&s, (&a).into()).await.unwrap_err().kind(),
-        StoreErrorKind::Fenced
-    );
-    assert_eq!(
-        leases.renew(&a).await.unwrap_err().kind(),
-        LeaseErrorKind::Held
-    );
-    store_b
-        .append(&s, (&b).into(), &[json!({"by": "b", "n": 2})])
-        .await
-        .unwrap();
-
-    let events = all(&store_a, &s).await;
-    let first_b = events
-        .iter()
-        .position(|e| e.1 == Some(b.token().get()))
-        .unwrap();
-    assert!(
-        events[first_b..]
-            .iter()
-            .all(|e| e.1 == Some(b.token().get()) && e.2["by"] == "b"),
-        "{events:?}"
-    );
-    assert_eq!(events.len(), 3);
-}
-
-/// Two store instances racing on one file from two threads never both pass
-/// the mark check, and the file stays well-formed.
-#[test]
-fn racing_writers_in_two_stores_never_interleave_badly() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = sid("race");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
-    rt.block_on(open(dir.path()).create(&s)).unwrap();
-    let threads: Vec<_> = (0..2u64)
-        .map(|w| {
-            let dir = dir.path().to_owned();
-            let s = s.clone();
-            std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .build()
-                    .unwrap();
-                let store = open(&dir);
-                let mut accepted = Vec::new();
-                for i in 0..200u64 {
-                    // Writer 0 uses even tokens, writer 1 odd ones, rising.
-                    let t = i * 2 + w;
-                    if rt
-                        .block_on(store.append(&s, tok(t), &[json!({"w": w, "t": t})]))
-                        .is_ok()
-                    {
-                        accepted.push(t);
-                    }
-                }
-                accepted
-            })
-        })
-        .collect();
-    let accepted: usize = threads.into_iter().map(|t| t.join().unwrap().len()).sum();
-    let events = rt.block_on(all(&open(dir.path()), &s));
-    assert_eq!(events.len(), accepted);
-    let tokens: Vec<u64> = events.iter().map(|e| e.1.unwrap()).collect();
-    assert!(tokens.windows(2).all(|w| w[0] <= w[1]), "{tokens:?}");
-    assert!(events.iter().enumerate().all(|(i, e)| e.0 == i as u64 + 1));
 }
 
 #[tokio::test]
@@ -752,8 +481,17 @@ async fn list_skips_files_that_are_not_readable_sessions() {
 
     // A stray file, a header naming a session of another file name, a
     // header that is not one, a good header followed by a damaged line, and
-    // a damaged line added to a session the store already knows.
+    // a damaged line added to a session the store already knows; files
+    // that are no session files at all (in the lease directory, or not
+    // `*.jsonl`).
     fs::write(dir.path().join("stray.jsonl"), "not json\n").unwrap();
+    fs::create_dir(dir.path().join(DEFAULT_LEASE_DIR_NAME)).unwrap();
+    fs::write(
+        dir.path().join(DEFAULT_LEASE_DIR_NAME).join("x.jsonl"),
+        "junk",
+    )
+    .unwrap();
+    fs::write(dir.path().join("notes.txt"), "junk").unwrap();
     fs::write(
         store.path_of(&sid("elsewhere")),
         "{\"t\":\"h\",\"v\":1,\"id\":\"someone\",\"ts\":1}\n",
@@ -843,57 +581,6 @@ async fn pages_are_bounded_by_bytes_as_well_as_count() {
     assert_eq!((page.events.len(), page.next_seq), (7, None));
 }
 
-/// Two lease authorities (two lease directories, say) both hand out token 1
-/// for one session; two processes write through their own store instances
-/// on one directory. The second writer's equal token must be refused, or
-/// both runs complete and their events interleave.
-#[tokio::test]
-async fn an_equal_token_from_another_writer_is_fenced() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = sid("shared");
-    let (store_a, store_b) = (open(dir.path()), open(dir.path()));
-    store_a.create(&s).await.unwrap();
-    let lease_a = MemLease::new(Duration::from_secs(10))
-        .acquire(&s, &OwnerId::new("a").unwrap())
-        .await
-        .unwrap();
-    let lease_b = MemLease::new(Duration::from_secs(10))
-        .acquire(&s, &OwnerId::new("b").unwrap())
-        .await
-        .unwrap();
-    assert_eq!(lease_a.token(), lease_b.token());
-
-    store_a
-        .append(&s, (&lease_a).into(), &[json!({"by": "a"})])
-        .await
-        .unwrap();
-    let err = store_b
-        .append(&s, (&lease_b).into(), &[json!({"by": "b"})])
-        .await
-        .unwrap_err();
-    assert_eq!(err.kind(), StoreErrorKind::Fenced, "{err}");
-    assert_eq!(
-        store_b
-            .delete(&s, (&lease_b).into())
-            .await
-            .unwrap_err()
-            .kind(),
-        StoreErrorKind::Fenced
-    );
-    // The mark's own writer goes on; a restarted store knows the writer too.
-    store_a
-        .append(&s, (&lease_a).into(), &[json!({"by": "a"})])
-        .await
-        .unwrap();
-    let err = open(dir.path())
-        .append(&s, (&lease_b).into(), &[json!({"by": "b"})])
-        .await
-        .unwrap_err();
-    assert_eq!(err.kind(), StoreErrorKind::Fenced, "{err}");
-    let events = all(&store_a, &s).await;
-    assert!(events.iter().all(|e| e.2["by"] == "a"), "{events:?}");
-}
-
 /// A file written before lines named their writer: its mark has no
 /// recorded writer, so an equal token is refused from everyone, while a
 /// higher one is accepted and binds the mark to its writer.
@@ -943,44 +630,6 @@ async fn a_mark_whose_writer_was_not_recorded_refuses_an_equal_token() {
 
 fn authority(s: &str) -> AuthorityId {
     AuthorityId::new(s).unwrap()
-}
-
-/// The first binding records the authority once; later ones succeed only
-/// for the same id, from any store instance, and a store created before
-/// bindings existed (events, no record) binds on first use.
-#[tokio::test]
-async fn a_store_records_the_authority_that_fences_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
-    // Written before: a session with events, no record.
-    let s = sid("s");
-    store.create(&s).await.unwrap();
-    store.append(&s, tok(3), &[json!(1)]).await.unwrap();
-    assert_eq!(store.recorded_authority().await.unwrap(), None);
-
-    let (a, b) = (authority("flock:aaaa"), authority("flock:bbbb"));
-    store.bind_authority(&a).await.unwrap();
-    store.bind_authority(&a).await.unwrap();
-    let again = open(dir.path());
-    again.bind_authority(&a).await.unwrap();
-    assert_eq!(again.recorded_authority().await.unwrap(), Some(a.clone()));
-    for s in [&store, &again, &open(dir.path())] {
-        let err = s.bind_authority(&b).await.unwrap_err();
-        assert_eq!(err.kind(), StoreErrorKind::AuthorityMismatch);
-        assert!(
-            matches!(&err, StoreError::AuthorityMismatch { recorded, offered, .. }
-                if *recorded == a && *offered == b),
-            "{err:?}"
-        );
-        let text = err.to_string();
-        assert!(
-            text.contains("flock:aaaa") && text.contains("flock:bbbb"),
-            "{text}"
-        );
-    }
-    // Binding neither hides nor changes sessions.
-    assert_eq!(again.list().await.unwrap(), vec![s.clone()]);
-    assert_eq!(all(&again, &s).await, vec![(1, Some(3), json!(1))]);
 }
 
 /// Racing first bindings from several store instances (processes): one id

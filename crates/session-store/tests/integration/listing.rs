@@ -1,15 +1,13 @@
-//! Paged listing of the JSONL store: pages in id order, cursors that
-//! survive concurrent creation and deletion, deleted sessions left out,
-//! bad input refused.
-
-use std::collections::BTreeSet;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+//! Paged listing of the JSONL store, where it promises more than the
+//! trait: pages are full until the last, however many deleted sessions
+//! (whose files stay) lie between the live ones, and ids hashed into their
+//! file names are read from the files' headers. Pages in id order, cursors
+//! surviving concurrent creation and deletion and bad limits are the
+//! `storeconformance` suite's (`conformance`).
 
 use lease_port::{FencingToken, OwnerId, SessionId};
 use session_store::{
-    FsyncPolicy, JsonlOptions, JsonlStore, ListCursor, MAX_LIST_LIMIT, SessionStore,
-    StoreErrorKind, WriteFence,
+    FsyncPolicy, JsonlOptions, JsonlStore, ListCursor, MAX_LIST_LIMIT, SessionStore, WriteFence,
 };
 
 fn sid(s: &str) -> SessionId {
@@ -45,7 +43,7 @@ async fn walk(store: &dyn SessionStore, limit: usize) -> Vec<Vec<SessionId>> {
 }
 
 #[tokio::test]
-async fn pages_hold_every_live_session_once_in_id_order() {
+async fn pages_are_full_until_the_last_past_deleted_and_hashed_ids() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
     // Plain names, names needing escapes, and ids long enough to be hashed
@@ -73,9 +71,6 @@ async fn pages_hold_every_live_session_once_in_id_order() {
         }
         assert!(!pages.last().unwrap().is_empty() || ids.is_empty());
     }
-    assert_eq!(store.list().await.unwrap(), ids);
-    // Another store instance (another process) agrees without any state.
-    assert_eq!(walk(&open(dir.path()), 4).await.concat(), ids);
 }
 
 #[tokio::test]
@@ -96,82 +91,4 @@ async fn a_run_of_deleted_sessions_longer_than_a_page_is_skipped() {
     let rest = store.list_page(first.next.as_ref(), 2).await.unwrap();
     assert_eq!(rest.sessions, vec![sid("d-39")]);
     assert!(rest.next.is_none());
-}
-
-#[tokio::test]
-async fn sessions_present_throughout_are_listed_once_while_others_come_and_go() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(open(dir.path()));
-    // Stable sessions every third id; the churn takes the ids between, so
-    // creations and deletions land before, inside and after every page.
-    let stable: BTreeSet<SessionId> = (0..300)
-        .step_by(3)
-        .map(|i| sid(&format!("k-{i:03}")))
-        .collect();
-    for id in &stable {
-        store.create(id).await.unwrap();
-    }
-    let stop = Arc::new(AtomicBool::new(false));
-    let churn = {
-        // Another store instance on the directory: another process.
-        let other = open(dir.path());
-        let stop = Arc::clone(&stop);
-        tokio::spawn(async move {
-            let mut round = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                for i in (0u64..300).filter(|i| !i.is_multiple_of(3)) {
-                    let id = sid(&format!("k-{i:03}"));
-                    if (i + round).is_multiple_of(2) {
-                        let _ = other.create(&id).await;
-                    } else {
-                        // Every delete raises its own mark: fences only rise.
-                        let f = WriteFence::new(
-                            FencingToken::new(round + 1),
-                            OwnerId::new("churn").unwrap(),
-                        );
-                        let _ = other.delete(&id, f).await;
-                    }
-                }
-                round += 1;
-                tokio::task::yield_now().await;
-            }
-            round
-        })
-    };
-    for limit in [1, 4, 7, 50] {
-        for _ in 0..3 {
-            let flat = walk(&*store, limit).await.concat();
-            assert!(
-                flat.windows(2).all(|w| w[0] < w[1]),
-                "limit {limit}: out of order or repeated"
-            );
-            let seen: BTreeSet<SessionId> = flat.iter().cloned().collect();
-            let missing: Vec<_> = stable.difference(&seen).collect();
-            assert!(missing.is_empty(), "limit {limit}: {missing:?} missing");
-        }
-    }
-    stop.store(true, Ordering::Relaxed);
-    let rounds = churn.await.unwrap();
-    assert!(rounds > 0, "the churn ran while the listings did");
-}
-
-#[tokio::test]
-async fn limits_out_of_bounds_and_foreign_cursors_are_invalid() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
-    store.create(&sid("a")).await.unwrap();
-    for limit in [0, MAX_LIST_LIMIT + 1, usize::MAX] {
-        let e = store.list_page(None, limit).await.unwrap_err();
-        assert_eq!(e.kind(), StoreErrorKind::Invalid, "limit {limit}");
-    }
-    for text in ["", "a", "s1.zz", "s1.0a", "s9.61"] {
-        let e = ListCursor::decode(text).unwrap_err();
-        assert_eq!(e.kind(), StoreErrorKind::Invalid, "{text:?}");
-    }
-    // A cursor past every session: an empty last page.
-    let page = store
-        .list_page(Some(&ListCursor::after(sid("zzz"))), 10)
-        .await
-        .unwrap();
-    assert!(page.sessions.is_empty() && page.next.is_none());
 }

@@ -1,0 +1,154 @@
+//! Following a session: waiting for appends.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use session_store::StoreErrorKind;
+
+use crate::StoreFactory;
+use crate::support::{fence, must, must_fail, promptly, session};
+
+/// Longer than any case lasts: a waiter given it ends only by an append.
+const FOREVER: Duration = Duration::from_secs(3600);
+
+/// How long a case lets a parked waiter sit before it checks that the
+/// waiter is still parked.
+const PARKED: Duration = Duration::from_millis(200);
+
+/// A waiter wakes when another client appends: at once when the event is
+/// already there, and promptly (well before its timeout) when it lands
+/// while the waiter is parked, the new event then readable.
+pub async fn wait_wakes_on_append<F: StoreFactory>(f: &F) {
+    let (reader, writer) = (f.store().await, f.store().await);
+    let s = session("followed");
+    must("create", writer.create(&s).await);
+    must(
+        "append event 1",
+        writer.append(&s, fence(1, "w"), &[json!("one")]).await,
+    );
+    let state = "session holding event 1";
+    let step = format!("{state}: wait for an event after seq 0");
+    assert!(
+        must(
+            &step,
+            promptly(&step, reader.wait_for_append(&s, 0, FOREVER)).await
+        ),
+        "{step}: the wait reported no event"
+    );
+
+    let waiting = tokio::spawn({
+        let (reader, s) = (reader.clone(), s.clone());
+        async move { reader.wait_for_append(&s, 1, FOREVER).await }
+    });
+    tokio::time::sleep(PARKED).await;
+    if waiting.is_finished() {
+        let answer = waiting.await;
+        panic!(
+            "{state}: a wait for an event after seq 1 ended before anything was appended: {answer:?}"
+        );
+    }
+    must(
+        "append event 2 while a waiter is parked",
+        writer.append(&s, fence(1, "w"), &[json!("two")]).await,
+    );
+    let step =
+        format!("{state}: a waiter parked on seq 1 when event 2 was appended by another client");
+    let woke = promptly(&step, waiting)
+        .await
+        .expect("the waiting task panicked");
+    assert!(must(&step, woke), "{step}: the wait reported no event");
+    let page = must(&step, reader.read(&s, 2, 10).await);
+    assert_eq!(
+        page.events
+            .iter()
+            .map(|e| (e.seq, e.payload.clone()))
+            .collect::<Vec<_>>(),
+        [(2, json!("two"))],
+        "{step}: the woken waiter's client reads otherwise"
+    );
+    let step =
+        "session holding events 1 and 2: a wait with no time at all for an event after seq 1";
+    assert!(
+        must(
+            step,
+            promptly(step, reader.wait_for_append(&s, 1, Duration::ZERO)).await
+        ),
+        "{step}: answered that there is none"
+    );
+}
+
+/// A wait with nothing appended runs to its timeout — not less — and
+/// answers `false`; with no time at all it answers from what is stored.
+pub async fn wait_times_out<F: StoreFactory>(f: &F) {
+    let store = f.store().await;
+    let s = session("quiet");
+    must("create", store.create(&s).await);
+    must(
+        "append event 1",
+        store.append(&s, fence(1, "w"), &[json!(1)]).await,
+    );
+    let state = "session holding event 1, nothing appended after";
+    let timeout = Duration::from_millis(300);
+    let started = Instant::now();
+    let step = format!("{state}: wait {timeout:?} for an event after seq 1");
+    let woke = must(
+        &step,
+        promptly(&step, store.wait_for_append(&s, 1, timeout)).await,
+    );
+    let took = started.elapsed();
+    assert!(!woke, "{step}: reported an event");
+    assert!(
+        took >= timeout - Duration::from_millis(20),
+        "{step}: gave up after {took:?}, before its timeout"
+    );
+    let step = format!("{state}: a wait with no time at all for an event after seq 1");
+    assert!(
+        !must(
+            &step,
+            promptly(&step, store.wait_for_append(&s, 1, Duration::ZERO)).await
+        ),
+        "{step}: reported an event"
+    );
+    let step = format!("{state}: a wait with no time at all for an event after seq 0");
+    assert!(
+        must(
+            &step,
+            promptly(&step, store.wait_for_append(&s, 0, Duration::ZERO)).await
+        ),
+        "{step}: reported none"
+    );
+}
+
+/// Waiting on a session that does not exist is `NotFound`, and so is a
+/// wait whose session is deleted while it waits.
+pub async fn wait_on_missing_or_deleted_is_not_found<F: StoreFactory>(f: &F) {
+    let (reader, writer) = (f.store().await, f.store().await);
+    let missing = session("never-created");
+    let step = "wait on a session never created";
+    must_fail(
+        step,
+        promptly(step, reader.wait_for_append(&missing, 0, FOREVER)).await,
+        StoreErrorKind::NotFound,
+    );
+
+    let s = session("deleted-while-waited-on");
+    must("create", writer.create(&s).await);
+    must(
+        "append event 1",
+        writer.append(&s, fence(1, "w"), &[json!(1)]).await,
+    );
+    let waiting = tokio::spawn({
+        let (reader, s) = (reader.clone(), s.clone());
+        async move { reader.wait_for_append(&s, 1, FOREVER).await }
+    });
+    tokio::time::sleep(PARKED).await;
+    must(
+        "delete the session while a waiter is parked on it",
+        writer.delete(&s, fence(1, "w")).await,
+    );
+    let step = "a waiter parked on seq 1 when another client deleted the session";
+    let result = promptly(step, waiting)
+        .await
+        .expect("the waiting task panicked");
+    must_fail(step, result, StoreErrorKind::NotFound);
+}
