@@ -21,6 +21,9 @@ const WIRING: &[&str] = &["lease-backends"];
 /// The crate that defines the trait (its blanket impls are not a backend).
 const PORT: &str = "lease-port";
 
+/// The store contract's behaviour suite, which every store runs.
+const STORE_SUITE: &str = "storeconformance";
+
 #[derive(Debug, Clone)]
 struct Package {
     name: String,
@@ -33,6 +36,8 @@ struct Package {
     keywords: Vec<String>,
     /// Names of normal and build dependencies (not dev-dependencies).
     runtime_deps: Vec<String>,
+    /// Names of dev-dependencies.
+    dev_deps: Vec<String>,
 }
 
 #[derive(Debug)]
@@ -75,13 +80,8 @@ impl Workspace {
                         .flatten()
                         .filter_map(|k| k.as_str().map(str::to_owned))
                         .collect(),
-                    runtime_deps: p["dependencies"]
-                        .as_array()
-                        .expect("dependencies")
-                        .iter()
-                        .filter(|d| d["kind"].as_str() != Some("dev"))
-                        .map(|d| d["name"].as_str().expect("dep name").to_owned())
-                        .collect(),
+                    runtime_deps: deps_of(p, |kind| kind != Some("dev")),
+                    dev_deps: deps_of(p, |kind| kind == Some("dev")),
                     dir,
                 }
             })
@@ -99,10 +99,38 @@ impl Workspace {
             .filter(|p| {
                 rust_files(&p.dir.join("src"))
                     .iter()
-                    .any(|f| implements_session_lease(f))
+                    .any(|f| implements(f, "SessionLease"))
             })
             .collect()
     }
+
+    /// Crates whose library implements `SessionStore`. Test support (never
+    /// published) wraps stores to break them, tests/ holds test wrappers,
+    /// and the servers wrap the store they are given (to watch it): none
+    /// of them offers a store.
+    fn stores(&self) -> Vec<&Package> {
+        self.packages
+            .iter()
+            .filter(|p| p.publish && !SERVERS.contains(&p.name.as_str()))
+            .filter(|p| {
+                rust_files(&p.dir.join("src"))
+                    .iter()
+                    .any(|f| implements(f, "SessionStore"))
+            })
+            .collect()
+    }
+}
+
+/// The names of `package`'s dependencies whose kind (`None` for normal,
+/// `"dev"`, `"build"`) `keep` accepts.
+fn deps_of(package: &serde_json::Value, keep: impl Fn(Option<&str>) -> bool) -> Vec<String> {
+    package["dependencies"]
+        .as_array()
+        .expect("dependencies")
+        .iter()
+        .filter(|d| keep(d["kind"].as_str()))
+        .map(|d| d["name"].as_str().expect("dep name").to_owned())
+        .collect()
 }
 
 pub(crate) fn rust_files(dir: &Path) -> Vec<PathBuf> {
@@ -122,12 +150,14 @@ pub(crate) fn rust_files(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-fn implements_session_lease(file: &Path) -> bool {
+/// Whether `file` implements the trait named `name` (`impl Name for`,
+/// `impl path::Name for`, with or without generics).
+fn implements(file: &Path, name: &str) -> bool {
+    let (plain, qualified) = (format!(" {name} for "), format!("::{name} for "));
     fs::read_to_string(file).is_ok_and(|text| {
         text.lines().any(|l| {
             let l = l.trim_start();
-            l.starts_with("impl")
-                && (l.contains(" SessionLease for ") || l.contains("::SessionLease for "))
+            l.starts_with("impl") && (l.contains(&plain) || l.contains(&qualified))
         })
     })
 }
@@ -166,6 +196,33 @@ fn check_backend_table(ws: &Workspace, table: &[&str]) -> Vec<String> {
         if !found.iter().any(|b| b.name == *row) {
             problems.push(format!(
                 "xtask's backend table lists {row}, which is not a crate implementing SessionLease"
+            ));
+        }
+    }
+    problems
+}
+
+/// Every store crate runs the store contract's suite: `storeconformance`
+/// is among its dev-dependencies, and a test under `tests/` expands its
+/// `suite!`.
+fn check_stores_run_the_suite(ws: &Workspace) -> Vec<String> {
+    let mut problems = Vec::new();
+    for store in ws.stores() {
+        if !store.dev_deps.iter().any(|d| d == STORE_SUITE) {
+            problems.push(format!(
+                "{} implements SessionStore but has no dev-dependency on {STORE_SUITE}",
+                store.name
+            ));
+        }
+        let invocation = format!("{STORE_SUITE}::suite!");
+        let expands = rust_files(&store.dir.join("tests"))
+            .iter()
+            .any(|f| fs::read_to_string(f).is_ok_and(|t| t.contains(&invocation)));
+        if !expands {
+            problems.push(format!(
+                "{} implements SessionStore but no test under tests/ expands \
+                 storeconformance::suite!",
+                store.name
             ));
         }
     }
@@ -353,6 +410,17 @@ fn every_backend_is_in_the_table_and_runs_conformance() {
 }
 
 #[test]
+fn every_store_runs_the_conformance_suite() {
+    let ws = Workspace::load();
+    let stores: Vec<&str> = ws.stores().iter().map(|p| p.name.as_str()).collect();
+    assert!(
+        stores.contains(&"session-store") && stores.contains(&"redis-session-store"),
+        "store detection found {stores:?}"
+    );
+    assert_clean("store conformance", check_stores_run_the_suite(&ws));
+}
+
+#[test]
 fn every_publishable_crate_has_readme_and_docs() {
     assert_clean(
         "publishable docs",
@@ -437,6 +505,33 @@ mod rules_can_fail {
                 .iter()
                 .any(|p| p.starts_with("memlease has no tests/conformance")),
             "{problems:?}"
+        );
+    }
+
+    #[test]
+    fn a_store_not_running_the_suite_is_reported_and_wrappers_are_no_stores() {
+        let mut ws = Workspace::load();
+        let stores: Vec<String> = ws.stores().iter().map(|p| p.name.clone()).collect();
+        // Test support wraps stores to break them; a server wraps its store
+        // to watch it: neither is a store that must run the suite.
+        for wrapper in ["lease-history", "mecated"] {
+            assert!(!stores.iter().any(|s| s == wrapper), "{stores:?}");
+        }
+        let i = package(&mut ws, "redis-session-store");
+        ws.packages[i].dev_deps.retain(|d| d != STORE_SUITE);
+        // Point the crate at a copy of itself without tests/.
+        let copy = tempfile::tempdir().expect("tempdir");
+        copy_dir(&ws.packages[i].dir.join("src"), &copy.path().join("src"));
+        ws.packages[i].dir = copy.path().to_path_buf();
+        let problems = check_stores_run_the_suite(&ws);
+        assert_eq!(
+            problems,
+            [
+                "redis-session-store implements SessionStore but has no dev-dependency on \
+                 storeconformance",
+                "redis-session-store implements SessionStore but no test under tests/ expands \
+                 storeconformance::suite!",
+            ],
         );
     }
 
