@@ -33,41 +33,7 @@ const LSN: &str = "pg_current_wal_lsn()::text";
 impl Statements {
     pub(crate) fn new(t: &Tables) -> Self {
         let leases = &t.leases;
-        // $1 session, $2 owner, $3 TTL in ms, $4 floor. Free, expired or
-        // ours: granted. The live holder re-acquiring keeps its token unless
-        // it does not exceed the floor; any other grant takes the next
-        // token above both the row's and the floor. The conflict branch
-        // re-reads the row under its lock, so two racing acquires cannot
-        // both win. When nothing is granted, the row as it was says who
-        // holds it.
-        let acquire = format!(
-            "WITH prev AS (
-                 SELECT owner, token, expires_at FROM {leases} WHERE session_id = $1
-             ), up AS (
-                 INSERT INTO {leases} AS l (session_id, owner, token, expires_at)
-                 VALUES ($1, $2, GREATEST($4 + 1, {CLOCK_MS}),
-                         now() + $3 * interval '1 millisecond')
-                 ON CONFLICT (session_id) DO UPDATE SET
-                     owner = EXCLUDED.owner,
-                     token = CASE
-                         WHEN l.owner = EXCLUDED.owner AND l.expires_at > now() AND l.token > $4
-                         THEN l.token
-                         ELSE GREATEST(l.token + 1, $4 + 1, {CLOCK_MS})
-                     END,
-                     expires_at = EXCLUDED.expires_at
-                 WHERE l.owner IS NULL OR l.expires_at <= now() OR l.owner = EXCLUDED.owner
-                 RETURNING l.token, l.expires_at
-             )
-             SELECT up.token, {up_left}, NULL::text, NULL::bigint, {LSN} FROM up
-             UNION ALL
-             SELECT NULL::bigint, NULL::bigint,
-                    CASE WHEN prev.expires_at > now() THEN prev.owner END,
-                    CASE WHEN prev.expires_at > now() THEN {prev_left} END,
-                    {LSN}
-             FROM prev WHERE NOT EXISTS (SELECT 1 FROM up)",
-            up_left = ms_left("up.expires_at"),
-            prev_left = ms_left("prev.expires_at"),
-        );
+        let acquire = acquire(leases);
         // $1 session, $2 owner, $3 token, $4 TTL in ms. Renewed while the
         // row is still this grant, even past its expiry: nobody took it,
         // or the row would have changed. Otherwise the row says why.
@@ -135,4 +101,42 @@ impl Statements {
             current,
         }
     }
+}
+
+/// $1 session, $2 owner, $3 TTL in ms, $4 floor. Free, expired or
+/// ours: granted. The live holder re-acquiring keeps its token unless
+/// it does not exceed the floor; any other grant takes the next
+/// token above the row's, the floor and the database clock (in ms). The conflict branch
+/// re-reads the row under its lock, so two racing acquires cannot
+/// both win. When nothing is granted, the row as it was says who
+/// holds it.
+fn acquire(leases: &str) -> String {
+    format!(
+        "WITH prev AS (
+             SELECT owner, token, expires_at FROM {leases} WHERE session_id = $1
+         ), up AS (
+             INSERT INTO {leases} AS l (session_id, owner, token, expires_at)
+             VALUES ($1, $2, GREATEST($4 + 1, {CLOCK_MS}),
+                     now() + $3 * interval '1 millisecond')
+             ON CONFLICT (session_id) DO UPDATE SET
+                 owner = EXCLUDED.owner,
+                 token = CASE
+                     WHEN l.owner = EXCLUDED.owner AND l.expires_at > now() AND l.token > $4
+                     THEN l.token
+                     ELSE GREATEST(l.token + 1, $4 + 1, {CLOCK_MS})
+                 END,
+                 expires_at = EXCLUDED.expires_at
+             WHERE l.owner IS NULL OR l.expires_at <= now() OR l.owner = EXCLUDED.owner
+             RETURNING l.token, l.expires_at
+         )
+         SELECT up.token, {up_left}, NULL::text, NULL::bigint, {LSN} FROM up
+         UNION ALL
+         SELECT NULL::bigint, NULL::bigint,
+                CASE WHEN prev.expires_at > now() THEN prev.owner END,
+                CASE WHEN prev.expires_at > now() THEN {prev_left} END,
+                {LSN}
+         FROM prev WHERE NOT EXISTS (SELECT 1 FROM up)",
+        up_left = ms_left("up.expires_at"),
+        prev_left = ms_left("prev.expires_at"),
+    )
 }
