@@ -55,6 +55,7 @@ pub(crate) fn dry_run() -> Result {
             println!("  {:>2}. {name}  (after {})", i + 1, needs.join(", "));
         }
     }
+    forget_unpacked_packages()?;
     let mut package = cargo();
     package.args(["package", "--locked", "--allow-dirty", "--color", "never"]);
     for name in &order {
@@ -76,6 +77,32 @@ pub(crate) fn dry_run() -> Result {
 /// crates at once (multi-package publishing, stabilised in 1.90). Older
 /// ones package each alone and fail on the first workspace dependency.
 const MULTI_PACKAGE_CARGO: (u32, u32) = (1, 90);
+
+/// Cargo unpacks the temporary registry's `.crate` files under
+/// `$CARGO_HOME/registry/src/-<hash of its path>` and reuses an unpacked
+/// crate of the same name and version on the next run: a crate changed
+/// since the last dry run from this checkout would be verified against its
+/// old package. Local registries are the `-`-prefixed directories there;
+/// forgetting their unpacked sources costs only unpacking them again.
+fn forget_unpacked_packages() -> Result {
+    let home = std::env::var_os("CARGO_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cargo")))
+        .ok_or("neither CARGO_HOME nor HOME is set")?;
+    let src = home.join("registry").join("src");
+    let Ok(entries) = std::fs::read_dir(&src) else {
+        return Ok(()); // nothing unpacked yet
+    };
+    // And the registry itself, whose index cargo would otherwise extend.
+    let _ = std::fs::remove_dir_all(crate::workspace_root().join("target/package/tmp-registry"));
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().starts_with('-') {
+            std::fs::remove_dir_all(entry.path())
+                .map_err(|e| format!("cannot clear {}: {e}", entry.path().display()))?;
+        }
+    }
+    Ok(())
+}
 
 fn require_cargo(least: (u32, u32)) -> Result {
     let out = cargo()

@@ -245,37 +245,21 @@ impl PgLease {
         }
     }
 
-    /// The acquire statement, asked again once when it answers no row: two
-    /// first acquires racing, the one whose insert met the other's row and
-    /// whose update then found it held saw no row in its snapshot. Asked
-    /// again, it sees the holder.
-    async fn acquire_row(
+    /// The session's row as it is, read after a refusal: who holds it
+    /// (when live), its token, and how long its hold has left.
+    async fn read_row(
         &self,
         session: &SessionId,
-        owner: &OwnerId,
-        floor: i64,
-    ) -> Result<(Row, SystemTime, Mark), LeaseError> {
-        for _ in 0..2 {
-            let mark = self.inner.floors.mark(Some(session));
-            let sent = SystemTime::now();
-            let rows = self
-                .query(
-                    &self.inner.sql.acquire,
-                    &[
-                        (&session.as_str(), Type::TEXT),
-                        (&owner.as_str(), Type::TEXT),
-                        (&self.inner.ttl_ms, Type::INT8),
-                        (&floor, Type::INT8),
-                    ],
-                )
-                .await?;
-            if let Some(row) = rows.into_iter().next() {
-                return Ok((row, sent, mark));
-            }
-        }
-        Err(LeaseError::transient(
-            "PostgreSQL answered an acquire with no row twice: other clients raced it both times",
-        ))
+        mark: &Mark,
+    ) -> Result<(Option<String>, Option<i64>, Option<i64>), LeaseError> {
+        let rows = self
+            .query(&self.inner.sql.row, &[(&session.as_str(), Type::TEXT)])
+            .await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| LeaseError::invalid("PostgreSQL answered a row read with no row"))?;
+        self.check_lsn(row, 3, mark)?;
+        Ok((text(row, 0)?, opt_i64(row, 1)?, opt_i64(row, 2)?))
     }
 
     async fn acquire_from(
@@ -284,50 +268,50 @@ impl PgLease {
         owner: &OwnerId,
         floor: FencingToken,
     ) -> Result<Lease, LeaseError> {
-        let (row, sent, mark) = self
-            .acquire_row(session, owner, token_param(floor)?)
+        let floor = token_param(floor)?;
+        let mark = self.inner.floors.mark(Some(session));
+        let sent = SystemTime::now();
+        let rows = self
+            .query(
+                &self.inner.sql.acquire,
+                &[
+                    (&session.as_str(), Type::TEXT),
+                    (&owner.as_str(), Type::TEXT),
+                    (&self.inner.ttl_ms, Type::INT8),
+                    (&floor, Type::INT8),
+                ],
+            )
             .await?;
-        self.check_lsn(&row, 4, &mark)?;
-        match (opt_i64(&row, 0)?, opt_i64(&row, 1)?) {
-            (Some(token), Some(ms)) => {
-                let token = token_of(token)?;
-                // A grant below what this client had been granted: the row
-                // lost its history.
-                self.inner
-                    .floors
-                    .check_row(session, Some(token.get() as i64), &mark)?;
-                self.inner.floors.note_grant(session, token);
-                Ok(Lease::new(
-                    session.clone(),
-                    owner.clone(),
-                    token,
-                    sent + left(ms),
-                ))
-            }
-            _ => {
-                let holder = text(&row, 2)?.map(OwnerId::new).transpose()?;
-                let ms = opt_i64(&row, 3)?.filter(|ms| *ms > 0);
-                match (holder, ms) {
-                    (Some(holder), Some(ms)) => {
-                        Err(LeaseError::held(Some(holder)).with_held_for(left(ms)))
-                    }
-                    // The statement's snapshot showed no live holder: it
-                    // lost a race with a takeover it could not see. A fresh
-                    // read names the winner.
-                    _ => match self.current(session).await {
-                        Ok(Some(now)) if now.owner() != owner => {
-                            let left = now.expiry().duration_since(SystemTime::now());
-                            let held = LeaseError::held(Some(now.owner().clone()));
-                            Err(match left {
-                                Ok(left) => held.with_held_for(left),
-                                Err(_) => held,
-                            })
-                        }
-                        _ => Err(LeaseError::held(None)),
-                    },
+        let Some(row) = rows.first() else {
+            // Held: a fresh read names the holder (racing takeovers
+            // included) and says how long it holds.
+            let (holder, token, ms) = self.read_row(session, &mark).await?;
+            self.inner.floors.check_row(session, token, &mark)?;
+            let ms = ms.filter(|ms| *ms > 0);
+            return Err(match (holder, ms) {
+                (Some(h), Some(ms)) if h != owner.as_str() => {
+                    LeaseError::held(Some(OwnerId::new(h)?)).with_held_for(left(ms))
                 }
-            }
-        }
+                _ => LeaseError::held(None),
+            });
+        };
+        self.check_lsn(row, 2, &mark)?;
+        let token = token_of(
+            opt_i64(row, 0)?.ok_or_else(|| LeaseError::invalid("PostgreSQL granted no token"))?,
+        )?;
+        let ms = opt_i64(row, 1)?.unwrap_or(0);
+        // A grant below what this client had been granted: the row lost
+        // its history.
+        self.inner
+            .floors
+            .check_row(session, Some(token.get() as i64), &mark)?;
+        self.inner.floors.note_grant(session, token);
+        Ok(Lease::new(
+            session.clone(),
+            owner.clone(),
+            token,
+            sent + left(ms),
+        ))
     }
 
     /// Why a renewal found no row of its grant: another holder (`Held`),
@@ -388,25 +372,26 @@ impl PgLease {
                 leases.len()
             )));
         }
-        // One row per lease, in the order asked (`WITH ORDINALITY`).
-        Ok(leases
-            .iter()
-            .zip(&rows)
-            .zip(&marks)
-            .map(|((lease, row), mark)| {
-                self.check_lsn(row, 5, mark)?;
-                match opt_i64(row, 1)? {
-                    Some(ms) => Ok(lease.with_expiry(sent + left(ms))),
-                    None => self.lost(
-                        lease.session_id(),
-                        text(row, 2)?,
-                        opt_i64(row, 3)?,
-                        opt_i64(row, 4)?,
-                        mark,
-                    ),
+        // One row per lease, in the order asked (`WITH ORDINALITY`). Each
+        // renewed lease lives the TTL from when the batch was sent (the
+        // statement set `now() + TTL`, and `now()` is no earlier than the
+        // sending); a lease not renewed has its row read for the reason.
+        let mut out = Vec::with_capacity(leases.len());
+        for ((lease, row), mark) in leases.iter().zip(&rows).zip(&marks) {
+            self.check_lsn(row, 2, mark)?;
+            let renewed: bool = row.try_get(1).map_err(|e| {
+                LeaseError::invalid("PostgreSQL answered an unreadable row").with_source(e)
+            })?;
+            out.push(if renewed {
+                Ok(lease.with_expiry(sent + self.inner.ttl))
+            } else {
+                match self.read_row(lease.session_id(), mark).await {
+                    Ok((owner, token, ms)) => self.lost(lease.session_id(), owner, token, ms, mark),
+                    Err(e) => Err(e),
                 }
-            })
-            .collect())
+            });
+        }
+        Ok(out)
     }
 }
 
@@ -446,20 +431,13 @@ impl SessionLease for PgLease {
                 ],
             )
             .await?;
-        let row = rows
-            .first()
-            .ok_or_else(|| LeaseError::invalid("PostgreSQL answered a renewal with no row"))?;
-        self.check_lsn(row, 4, &mark)?;
-        if let Some(ms) = opt_i64(row, 0)? {
+        if let Some(row) = rows.first() {
+            self.check_lsn(row, 1, &mark)?;
+            let ms = opt_i64(row, 0)?.unwrap_or(0);
             return Ok(lease.with_expiry(sent + left(ms)));
         }
-        self.lost(
-            session,
-            text(row, 1)?,
-            opt_i64(row, 2)?,
-            opt_i64(row, 3)?,
-            &mark,
-        )
+        let (owner, token, ms) = self.read_row(session, &mark).await?;
+        self.lost(session, owner, token, ms, &mark)
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), LeaseError> {
@@ -478,13 +456,12 @@ impl SessionLease for PgLease {
                 ],
             )
             .await?;
-        let row = rows
-            .first()
-            .ok_or_else(|| LeaseError::invalid("PostgreSQL answered a release with no row"))?;
-        self.check_lsn(row, 1, &mark)?;
-        self.inner
-            .floors
-            .check_row(session, opt_i64(row, 0)?, &mark)
+        if let Some(row) = rows.first() {
+            return self.check_lsn(row, 1, &mark);
+        }
+        // Nothing of this grant was held; unless the table went back.
+        let (_, token, _) = self.read_row(session, &mark).await?;
+        self.inner.floors.check_row(session, token, &mark)
     }
 
     async fn authority(&self) -> Result<AuthorityId, LeaseError> {

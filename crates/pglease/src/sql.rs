@@ -1,5 +1,9 @@
-//! The statements, one per operation. Each is a single statement, so each
-//! is its own transaction on any connection a pooler picks; each judges
+//! The statements, one per operation, kept as lean as the bare statement
+//! each is built on (every statement is parsed and planned afresh, so its
+//! size is its cost): the common answer comes from the write itself, and
+//! only a refusal reads the row again, in a statement of its own, which
+//! also sees the newest holder. Each is a single statement, so each is its
+//! own transaction on any connection a pooler picks; each judges
 //! expiry with the database's `now()`, so no client's clock frees a
 //! session; and each answers the write-ahead log position it ran at, by
 //! which a client notices a database that went back (see `floors`).
@@ -14,6 +18,7 @@ pub(crate) struct Statements {
     pub(crate) renew_many: String,
     pub(crate) release: String,
     pub(crate) current: String,
+    pub(crate) row: String,
 }
 
 /// Whole milliseconds from the database's `now()` to `t`, rounded down:
@@ -33,110 +38,102 @@ const LSN: &str = "pg_current_wal_lsn()::text";
 impl Statements {
     pub(crate) fn new(t: &Tables) -> Self {
         let leases = &t.leases;
-        let acquire = acquire(leases);
-        // $1 session, $2 owner, $3 token, $4 TTL in ms. Renewed while the
-        // row is still this grant, even past its expiry: nobody took it,
-        // or the row would have changed. Otherwise the row says why.
-        let renew = format!(
-            "WITH up AS (
-                 UPDATE {leases} SET expires_at = now() + $4 * interval '1 millisecond'
-                 WHERE session_id = $1 AND owner = $2 AND token = $3
-                 RETURNING expires_at
-             )
-             SELECT {up_left}, NULL::text, NULL::bigint, NULL::bigint, {LSN} FROM up
-             UNION ALL
-             SELECT NULL::bigint, r.owner, r.token, {r_left}, {LSN}
-             FROM (SELECT 1) AS one
-             LEFT JOIN {leases} r ON r.session_id = $1
-             WHERE NOT EXISTS (SELECT 1 FROM up)",
-            up_left = ms_left("up.expires_at"),
-            r_left = ms_left("r.expires_at"),
-        );
-        // $1 sessions, $2 owners, $3 tokens, $4 TTL in ms: every renewal in
-        // one statement, each under renew's rule, answered in the order
-        // asked. A grant is matched on all of session, owner and token, so
-        // a stale value beside the current one in one batch renews nothing.
-        let renew_many = format!(
-            "WITH want AS (
-                 SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])
-                     WITH ORDINALITY AS w(session_id, owner, token, n)
-             ), up AS (
-                 UPDATE {leases} l SET expires_at = now() + $4 * interval '1 millisecond'
-                 FROM want
-                 WHERE l.session_id = want.session_id AND l.owner = want.owner
-                     AND l.token = want.token
-                 RETURNING l.session_id, l.owner, l.token, l.expires_at
-             )
-             SELECT want.n, {up_left}, r.owner, r.token, {r_left}, {LSN}
-             FROM want
-             LEFT JOIN up ON up.session_id = want.session_id AND up.owner = want.owner
-                 AND up.token = want.token
-             LEFT JOIN {leases} r ON r.session_id = want.session_id
-             ORDER BY want.n",
-            up_left = ms_left("up.expires_at"),
-            r_left = ms_left("r.expires_at"),
-        );
-        // $1 session, $2 owner, $3 token: only this grant's hold goes; the
-        // row and its token stay.
-        let release = format!(
-            "WITH up AS (
-                 UPDATE {leases} SET owner = NULL, expires_at = NULL
-                 WHERE session_id = $1 AND owner = $2 AND token = $3
-                 RETURNING token
-             )
-             SELECT r.token, {LSN}
-             FROM (SELECT 1) AS one LEFT JOIN {leases} r ON r.session_id = $1"
-        );
-        // $1 session: the live holder, if any.
-        let current = format!(
-            "SELECT owner, token, {left}, {LSN} FROM {leases}
-             WHERE session_id = $1 AND owner IS NOT NULL AND expires_at > now()",
-            left = ms_left("expires_at"),
-        );
         Self {
-            acquire,
-            renew,
-            renew_many,
-            release,
-            current,
+            acquire: acquire(leases),
+            renew: renew(leases),
+            renew_many: renew_many(leases),
+            release: release(leases),
+            current: current(leases),
+            row: row(leases),
         }
     }
 }
 
-/// $1 session, $2 owner, $3 TTL in ms, $4 floor. Free, expired or
-/// ours: granted. The live holder re-acquiring keeps its token unless
-/// it does not exceed the floor; any other grant takes the next
-/// token above the row's, the floor and the database clock (in ms). The conflict branch
-/// re-reads the row under its lock, so two racing acquires cannot
-/// both win. When nothing is granted, the row as it was says who
-/// holds it.
+/// $1 session, $2 owner, $3 TTL in ms, $4 floor. Free, expired or ours:
+/// granted; no row answered means held. The live holder re-acquiring keeps
+/// its token unless it does not exceed the floor; any other grant takes a
+/// token above the row's, the floor and the database clock (in ms). The
+/// conflict branch re-reads the row under its lock, so two racing acquires
+/// cannot both win.
 fn acquire(leases: &str) -> String {
     format!(
-        "WITH prev AS (
-             SELECT owner, token, expires_at FROM {leases} WHERE session_id = $1
+        "INSERT INTO {leases} AS l (session_id, owner, token, expires_at)
+         VALUES ($1, $2, GREATEST($4 + 1, {CLOCK_MS}), now() + $3 * interval '1 millisecond')
+         ON CONFLICT (session_id) DO UPDATE SET
+             owner = EXCLUDED.owner,
+             token = CASE
+                 WHEN l.owner = EXCLUDED.owner AND l.expires_at > now() AND l.token > $4
+                 THEN l.token
+                 ELSE GREATEST(l.token + 1, $4 + 1, {CLOCK_MS})
+             END,
+             expires_at = EXCLUDED.expires_at
+         WHERE l.owner IS NULL OR l.expires_at <= now() OR l.owner = EXCLUDED.owner
+         RETURNING l.token, {left}, {LSN}",
+        left = ms_left("l.expires_at"),
+    )
+}
+
+/// $1 session, $2 owner, $3 token, $4 TTL in ms. Renewed while the row is
+/// still this grant, even past its expiry: nobody took it, or the row
+/// would have changed. No row answered: not renewed (`row` says why).
+fn renew(leases: &str) -> String {
+    format!(
+        "UPDATE {leases} SET expires_at = now() + $4 * interval '1 millisecond'
+         WHERE session_id = $1 AND owner = $2 AND token = $3
+         RETURNING {left}, {LSN}",
+        left = ms_left("expires_at"),
+    )
+}
+
+/// $1 sessions, $2 owners, $3 tokens, $4 TTL in ms: every renewal in one
+/// statement, each under renew's rule, answered in the order asked (NULL
+/// for a lease not renewed; `row` says why). A grant is matched on all of
+/// session, owner and token, so a stale value beside the current one in
+/// one batch renews nothing.
+fn renew_many(leases: &str) -> String {
+    format!(
+        "WITH want AS (
+             SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])
+                 WITH ORDINALITY AS w(session_id, owner, token, n)
          ), up AS (
-             INSERT INTO {leases} AS l (session_id, owner, token, expires_at)
-             VALUES ($1, $2, GREATEST($4 + 1, {CLOCK_MS}),
-                     now() + $3 * interval '1 millisecond')
-             ON CONFLICT (session_id) DO UPDATE SET
-                 owner = EXCLUDED.owner,
-                 token = CASE
-                     WHEN l.owner = EXCLUDED.owner AND l.expires_at > now() AND l.token > $4
-                     THEN l.token
-                     ELSE GREATEST(l.token + 1, $4 + 1, {CLOCK_MS})
-                 END,
-                 expires_at = EXCLUDED.expires_at
-             WHERE l.owner IS NULL OR l.expires_at <= now() OR l.owner = EXCLUDED.owner
-             RETURNING l.token, l.expires_at
+             UPDATE {leases} l SET expires_at = now() + $4 * interval '1 millisecond'
+             FROM want
+             WHERE l.session_id = want.session_id AND l.owner = want.owner
+                 AND l.token = want.token
+             RETURNING want.n
          )
-         SELECT up.token, {up_left}, NULL::text, NULL::bigint, {LSN} FROM up
-         UNION ALL
-         SELECT NULL::bigint, NULL::bigint,
-                CASE WHEN prev.expires_at > now() THEN prev.owner END,
-                CASE WHEN prev.expires_at > now() THEN {prev_left} END,
-                {LSN}
-         FROM prev WHERE NOT EXISTS (SELECT 1 FROM up)",
-        up_left = ms_left("up.expires_at"),
-        prev_left = ms_left("prev.expires_at"),
+         SELECT want.n, up.n IS NOT NULL, {LSN}
+         FROM want LEFT JOIN up ON up.n = want.n
+         ORDER BY want.n"
+    )
+}
+
+/// $1 session, $2 owner, $3 token: only this grant's hold goes; the row and
+/// its token stay. No row answered: nothing of it was held (`row` says
+/// whether the table went back).
+fn release(leases: &str) -> String {
+    format!(
+        "UPDATE {leases} SET owner = NULL, expires_at = NULL
+         WHERE session_id = $1 AND owner = $2 AND token = $3
+         RETURNING token, {LSN}"
+    )
+}
+
+/// $1 session: the live holder, if any.
+fn current(leases: &str) -> String {
+    format!(
+        "SELECT owner, token, {left}, {LSN} FROM {leases}
+         WHERE session_id = $1 AND owner IS NOT NULL AND expires_at > now()",
+        left = ms_left("expires_at"),
+    )
+}
+
+/// $1 session: the row as it is (one answer row, NULLs when there is none),
+/// for a refusal's reason.
+fn row(leases: &str) -> String {
+    format!(
+        "SELECT r.owner, r.token, {left}, {LSN}
+         FROM (SELECT 1) AS one LEFT JOIN {leases} r ON r.session_id = $1",
+        left = ms_left("r.expires_at"),
     )
 }
