@@ -130,7 +130,7 @@ pub fn keeper_message(e: &KeeperError) -> String {
         ),
         KeeperError::Unavailable { session, source } => format!(
             "the lease backend failed for session {session} ({}); nothing was done, try again",
-            chain(source)
+            error_chain(source)
         ),
         KeeperError::ShuttingDown => {
             "the server is shutting down; send the request to another process".to_owned()
@@ -145,20 +145,20 @@ pub fn keeper_message(e: &KeeperError) -> String {
         ),
         // Invalid and Rewound say what is wrong and where; their sources
         // name the backend's part.
-        other => chain(other),
+        other => error_chain(other),
     }
 }
 
 /// The message of a store error: its text and its causes'. Each says what
 /// was being done, to which session or file, and why.
 pub fn store_message(e: &StoreError) -> String {
-    chain(e)
+    error_chain(e)
 }
 
 /// The error and its sources joined, each said once: a keeper's or
 /// store's text already repeats its source's, and a client should not read
 /// it twice.
-fn chain(e: &dyn std::error::Error) -> String {
+pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {
