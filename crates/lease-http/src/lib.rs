@@ -181,7 +181,7 @@ pub use code::ErrorCode;
 pub use error::{ErrorBody, ErrorDetail, HttpError};
 pub use extract::{Leased, SESSION_PARAM, SessionPath};
 pub use mapping::{
-    STORE_RETRY_AFTER, error_chain, keeper_code, keeper_message, keeper_retry_after, store_code, store_message,
-    store_retry_after, whole_seconds,
+    STORE_RETRY_AFTER, error_chain, keeper_code, keeper_message, keeper_retry_after, store_code,
+    store_message, store_retry_after, whole_seconds,
 };
 pub use state::Sessions;
