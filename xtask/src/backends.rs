@@ -63,6 +63,8 @@ pub(crate) const OTHER_SERVICE_USERS: &[(&str, &[Service])] = &[
         ],
     ),
     ("mecatl-leased", &[Service::Etcd]),
+    // A store, not a lease backend: directly and through PgBouncer.
+    ("pg-session-store", &[Service::Postgres, Service::PgBouncer]),
     (
         "mecated",
         &[

@@ -1,0 +1,248 @@
+//! A few connections, each running one statement at a time — pglease's
+//! approach, for the same reasons.
+//!
+//! Every statement is sent as one unnamed Parse/Bind/Execute/Sync exchange
+//! (`query_typed`), which is what keeps the store correct behind a
+//! transaction pooler (PgBouncer in `pool_mode = transaction`): the pooler
+//! may hand each exchange to another server connection, so nothing may rest
+//! on one — no named prepared statement, no session setting, no
+//! session-level advisory lock. (`LISTEN` is the exception, and lives on a
+//! connection of its own: see `listen`.)
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::sync::{Mutex, MutexGuard};
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, Config, NoTls, Row};
+use tracing::warn;
+
+/// Why a statement did not answer.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// No connection could be opened, or none was free, in time: the
+    /// statement was never sent.
+    NotSent(String, Option<tokio_postgres::Error>),
+    /// No answer by the deadline: the statement was cancelled, and may or
+    /// may not have taken effect.
+    TimedOut(Duration),
+    /// PostgreSQL answered with an error: the statement (its own
+    /// transaction) did nothing.
+    Refused(tokio_postgres::Error),
+    /// The connection broke with the statement sent: its outcome is
+    /// unknown.
+    Broken(tokio_postgres::Error),
+}
+
+impl Failure {
+    /// PostgreSQL's error code, when it answered with one.
+    pub(crate) fn code(&self) -> Option<&tokio_postgres::error::SqlState> {
+        match self {
+            Failure::Refused(e) => e.code(),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::NotSent(why, Some(e)) => write!(f, "{why}: {e}"),
+            Failure::NotSent(why, None) => f.write_str(why),
+            Failure::TimedOut(bound) => write!(
+                f,
+                "PostgreSQL did not answer within {bound:?}: the statement was cancelled, and \
+                 may or may not have taken effect"
+            ),
+            Failure::Refused(e) => match e.as_db_error() {
+                Some(db) => write!(
+                    f,
+                    "PostgreSQL refused the statement ({}): {}",
+                    db.code().code(),
+                    db.message()
+                ),
+                None => write!(f, "PostgreSQL refused the statement: {e}"),
+            },
+            Failure::Broken(e) => write!(f, "the connection to PostgreSQL broke: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for Failure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Failure::NotSent(_, Some(e)) | Failure::Refused(e) | Failure::Broken(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+pub(crate) struct Connections {
+    config: Config,
+    slots: Vec<Mutex<Option<Client>>>,
+    next: AtomicUsize,
+    request_timeout: Duration,
+}
+
+impl Connections {
+    pub(crate) fn new(config: Config, size: usize, request_timeout: Duration) -> Self {
+        Self {
+            config,
+            slots: (0..size.max(1)).map(|_| Mutex::new(None)).collect(),
+            next: AtomicUsize::new(0),
+            request_timeout,
+        }
+    }
+
+    /// One statement, answered within the request timeout (waiting for a
+    /// free connection included) or cancelled.
+    pub(crate) async fn query(
+        &self,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Vec<Row>, Failure> {
+        let bound = self.request_timeout;
+        let deadline = tokio::time::Instant::now() + bound;
+        let mut conn = tokio::time::timeout_at(deadline, self.get())
+            .await
+            .map_err(|_| {
+                Failure::NotSent(
+                    format!(
+                        "no connection to PostgreSQL was free or could be opened within {bound:?}"
+                    ),
+                    None,
+                )
+            })??;
+        conn.query(sql, params, deadline, bound).await
+    }
+
+    /// Statements in the simple protocol, as one batch (one implicit
+    /// transaction), within `bound`.
+    pub(crate) async fn batch(&self, sql: &str, bound: Duration) -> Result<(), Failure> {
+        let deadline = tokio::time::Instant::now() + bound;
+        let mut conn = tokio::time::timeout_at(deadline, self.get())
+            .await
+            .map_err(|_| Failure::NotSent(format!("no connection within {bound:?}"), None))??;
+        conn.batch(sql, deadline, bound).await
+    }
+
+    /// A live connection: a free one if there is, else the next in turn
+    /// once it is free. A connection found closed is opened again.
+    async fn get(&self) -> Result<Conn<'_>, Failure> {
+        let mut slot = match self.slots.iter().find_map(|s| s.try_lock().ok()) {
+            Some(slot) => slot,
+            None => {
+                let i = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+                self.slots[i].lock().await
+            }
+        };
+        if slot.as_ref().is_none_or(Client::is_closed) {
+            *slot = Some(connect(&self.config, self.request_timeout).await?);
+        }
+        Ok(Conn { slot })
+    }
+}
+
+/// A new connection whose messages are driven by a task of the current
+/// runtime (notifications on it are dropped: this is not the listener).
+pub(crate) async fn connect(config: &Config, bound: Duration) -> Result<Client, Failure> {
+    let (client, connection) = tokio::time::timeout(bound, config.connect(NoTls))
+        .await
+        .map_err(|_| {
+            Failure::NotSent(
+                format!("PostgreSQL did not accept a connection within {bound:?}"),
+                None,
+            )
+        })?
+        .map_err(|e| Failure::NotSent("PostgreSQL refused a connection".into(), Some(e)))?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            warn!(error = %e, "a PostgreSQL connection ended");
+        }
+    });
+    Ok(client)
+}
+
+/// One connection, held for one statement.
+struct Conn<'a> {
+    slot: MutexGuard<'a, Option<Client>>,
+}
+
+impl Conn<'_> {
+    /// Runs one statement, answered by `deadline`. A connection found
+    /// broken is dropped, to be opened again by the next call.
+    ///
+    /// Past the deadline the statement may still be running — waiting on a
+    /// session's row lock, say — and could commit later, long after its
+    /// caller gave up. So it is cancelled, and its connection is never used
+    /// again: nothing queues behind it. A cancel can still lose the race
+    /// with a commit; the outcome stays unknown, as the error says.
+    async fn query(
+        &mut self,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+        deadline: tokio::time::Instant,
+        bound: Duration,
+    ) -> Result<Vec<Row>, Failure> {
+        let Some(client) = self.slot.as_ref() else {
+            return Err(Failure::NotSent(
+                "internal: a connection slot was left empty".into(),
+                None,
+            ));
+        };
+        match tokio::time::timeout_at(deadline, client.query_typed(sql, params)).await {
+            Ok(Ok(rows)) => Ok(rows),
+            Ok(Err(e)) => Err(self.failed(e)),
+            Err(_) => {
+                self.cancel();
+                Err(Failure::TimedOut(bound))
+            }
+        }
+    }
+
+    async fn batch(
+        &mut self,
+        sql: &str,
+        deadline: tokio::time::Instant,
+        bound: Duration,
+    ) -> Result<(), Failure> {
+        let Some(client) = self.slot.as_ref() else {
+            return Err(Failure::NotSent(
+                "internal: a connection slot was left empty".into(),
+                None,
+            ));
+        };
+        match tokio::time::timeout_at(deadline, client.batch_execute(sql)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(self.failed(e)),
+            Err(_) => {
+                self.cancel();
+                Err(Failure::TimedOut(bound))
+            }
+        }
+    }
+
+    /// An error answer, or a broken connection (then dropped).
+    fn failed(&mut self, e: tokio_postgres::Error) -> Failure {
+        if e.as_db_error().is_some() {
+            return Failure::Refused(e);
+        }
+        if e.is_closed() || self.slot.as_ref().is_none_or(Client::is_closed) {
+            *self.slot = None;
+        }
+        Failure::Broken(e)
+    }
+
+    /// Cancels the statement under way on the server and drops the
+    /// connection.
+    fn cancel(&mut self) {
+        if let Some(client) = self.slot.take() {
+            let cancel = client.cancel_token();
+            tokio::spawn(async move {
+                if let Err(e) = cancel.cancel_query(NoTls).await {
+                    warn!(error = %e, "a statement past its deadline could not be cancelled");
+                }
+            });
+        }
+    }
+}

@@ -1,0 +1,15 @@
+//! The PostgreSQL store's integration tests, one binary, against real
+//! PostgreSQL servers (and PgBouncers) each test starts for itself: the
+//! store contract's suite, `storeconformance`, directly and through
+//! PgBouncer in transaction mode (`store_conformance`); and what is this
+//! store's own: the same-database lease check (`leases`), followers woken
+//! by `NOTIFY` and the pooler fallback (`follow`), one transaction per
+//! append, the index behind listing pages, the schema, bad configuration
+//! (`store`), and a database that went back (`rewind`).
+
+mod follow;
+mod leases;
+mod rewind;
+mod store;
+mod store_conformance;
+mod support;
