@@ -57,7 +57,9 @@ pub(crate) fn dry_run() -> Result {
     }
     forget_unpacked_packages()?;
     let mut package = cargo();
-    package.args(["package", "--locked", "--allow-dirty", "--color", "never"]);
+    package
+        .args(["package", "--locked", "--allow-dirty", "--color", "never"])
+        .env("CARGO_TARGET_DIR", verify_dir());
     for name in &order {
         package.args(["-p", name]);
     }
@@ -78,23 +80,33 @@ pub(crate) fn dry_run() -> Result {
 /// ones package each alone and fail on the first workspace dependency.
 const MULTI_PACKAGE_CARGO: (u32, u32) = (1, 90);
 
-/// Cargo unpacks the temporary registry's `.crate` files under
-/// `$CARGO_HOME/registry/src/-<hash of its path>` and reuses an unpacked
-/// crate of the same name and version on the next run: a crate changed
-/// since the last dry run from this checkout would be verified against its
-/// old package. Local registries are the `-`-prefixed directories there;
-/// forgetting their unpacked sources costs only unpacking them again.
+/// Where the packages are built: a target directory of their own, made
+/// anew each run. Cargo takes a registry crate of one name and version to
+/// be unchanged, so in a shared target directory it reuses the build of a
+/// package made by an earlier run — a crate changed since would be checked
+/// against its old self.
+fn verify_dir() -> std::path::PathBuf {
+    crate::workspace_root().join("target/publish-check")
+}
+
+/// Starts the packages afresh: their build directory (which holds the
+/// temporary registry too), and their sources as cargo unpacked them under
+/// `$CARGO_HOME/registry/src/-<hash of the registry's path>` (the
+/// `-`-prefixed directories there are local registries; forgetting their
+/// unpacked sources costs only unpacking them again).
 fn forget_unpacked_packages() -> Result {
+    let dir = verify_dir();
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)
+            .map_err(|e| format!("cannot clear {}: {e}", dir.display()))?;
+    }
     let home = std::env::var_os("CARGO_HOME")
         .map(std::path::PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cargo")))
         .ok_or("neither CARGO_HOME nor HOME is set")?;
-    let src = home.join("registry").join("src");
-    let Ok(entries) = std::fs::read_dir(&src) else {
+    let Ok(entries) = std::fs::read_dir(home.join("registry").join("src")) else {
         return Ok(()); // nothing unpacked yet
     };
-    // And the registry itself, whose index cargo would otherwise extend.
-    let _ = std::fs::remove_dir_all(crate::workspace_root().join("target/package/tmp-registry"));
     for entry in entries.flatten() {
         if entry.file_name().to_string_lossy().starts_with('-') {
             std::fs::remove_dir_all(entry.path())
