@@ -42,7 +42,7 @@ mod store_watch;
 
 pub use follow::{FOLLOW_QUIET_CHECK, FollowEnd, FollowItem, RUN_ENDED};
 pub use lease_wait::{MAX_RUN_WAIT, RUN_WAIT_RETRY};
-pub use remote_cancel::{CANCEL_POLL_INTERVAL, CancelOutcome};
+pub use remote_cancel::{CANCEL_SAFETY_READ, CancelOutcome};
 
 /// Events read per page when loading a transcript.
 const TRANSCRIPT_PAGE: usize = 1000;

@@ -50,13 +50,28 @@ struct Shared {
     client: redis::Client,
     channel: String,
     connect_timeout: Duration,
-    /// The waiters' signals by session; an entry goes with its last waiter.
-    waiters: Mutex<HashMap<SessionId, Weak<Notify>>>,
+    /// The waiters' signals by what they wait on; an entry goes with its
+    /// last waiter.
+    waiters: Mutex<HashMap<Topic, Weak<Notify>>>,
 }
 
-/// A waiter's registration: woken on each append to its session.
+/// What a waiter waits on: a session's appends, or its cancel requests.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Topic {
+    Appends(SessionId),
+    Cancels(SessionId),
+}
+
+/// What a cancel request's message starts with, before the session id.
+/// Session ids hold no control characters, so an append's message (the
+/// bare id) never does; a process that does not know cancel messages
+/// finds no session by that name and ignores them.
+pub(crate) const CANCEL_MESSAGE_MARK: char = '\u{1}';
+
+/// A waiter's registration: woken on each append to its session (or each
+/// cancel request, for [`Appends::register_cancels`]).
 pub(crate) struct Waiter {
-    session: SessionId,
+    topic: Topic,
     notify: Arc<Notify>,
     shared: Arc<Shared>,
 }
@@ -74,7 +89,7 @@ impl Drop for Waiter {
         let mut waiters = lock(&self.shared.waiters);
         // Others still wait on this session while they hold the signal.
         if Arc::strong_count(&self.notify) == 1 {
-            waiters.remove(&self.session);
+            waiters.remove(&self.topic);
         }
     }
 }
@@ -100,9 +115,18 @@ impl Appends {
         }
     }
 
-    /// Registers a waiter for `session`, starting the subscription first
-    /// if no waiter has yet.
+    /// Registers a waiter for appends to `session`, starting the
+    /// subscription first if no waiter has yet.
     pub(crate) fn register(&self, session: &SessionId) -> Waiter {
+        self.register_for(Topic::Appends(session.clone()))
+    }
+
+    /// Registers a waiter for cancel requests of `session`.
+    pub(crate) fn register_cancels(&self, session: &SessionId) -> Waiter {
+        self.register_for(Topic::Cancels(session.clone()))
+    }
+
+    fn register_for(&self, topic: Topic) -> Waiter {
         {
             let mut listener = lock(&self.listener);
             if matches!(*listener, Listener::NotStarted) {
@@ -113,16 +137,16 @@ impl Appends {
         // dropping waiter checks the count under it: an entry is never
         // removed while a waiter holds its signal.
         let mut waiters = lock(&self.shared.waiters);
-        let notify = match waiters.get(session).and_then(Weak::upgrade) {
+        let notify = match waiters.get(&topic).and_then(Weak::upgrade) {
             Some(n) => n,
             None => {
                 let n = Arc::new(Notify::new());
-                waiters.insert(session.clone(), Arc::downgrade(&n));
+                waiters.insert(topic.clone(), Arc::downgrade(&n));
                 n
             }
         };
         Waiter {
-            session: session.clone(),
+            topic,
             notify,
             shared: Arc::clone(&self.shared),
         }
@@ -162,11 +186,15 @@ impl Appends {
 }
 
 impl Shared {
-    fn wake(&self, session: &str) {
-        let Ok(id) = SessionId::new(session) else {
+    fn wake(&self, message: &str) {
+        let topic = match message.strip_prefix(CANCEL_MESSAGE_MARK) {
+            Some(session) => SessionId::new(session).map(Topic::Cancels),
+            None => SessionId::new(message).map(Topic::Appends),
+        };
+        let Ok(topic) = topic else {
             return;
         };
-        if let Some(n) = lock(&self.waiters).get(&id).and_then(Weak::upgrade) {
+        if let Some(n) = lock(&self.waiters).get(&topic).and_then(Weak::upgrade) {
             n.notify_waiters();
         }
     }

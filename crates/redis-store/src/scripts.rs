@@ -341,9 +341,11 @@ pub(crate) static HIGH_WATER: LazyLock<Script> =
     LazyLock::new(|| clocked_read("return redis.call('HGET', KEYS[1], 'mark')"));
 
 /// KEYS: 1 the session's cancel record (a hash of `run` and `serial`).
-/// ARGV: 1 the run's token. Raises `run` to it unless a later run is
-/// recorded, and counts the request. Compared as strings of digits by
-/// length first, so tokens above 2^53 compare exactly.
+/// ARGV: 1 the run's token, 2 the appends' channel, 3 the cancel message.
+/// Raises `run` to it unless a later run is recorded, counts the request,
+/// and publishes the message, best effort like an append's, so the
+/// holder's wait wakes. Compared as strings of digits by length first, so
+/// tokens above 2^53 compare exactly.
 pub(crate) static RECORD_CANCEL: LazyLock<Script> = LazyLock::new(|| {
     clocked(
         r#"
@@ -353,7 +355,9 @@ if run and (#run > #new or (#run == #new and run > new)) then
   return 0
 end
 redis.call('HSET', KEYS[1], 'run', new)
-return redis.call('HINCRBY', KEYS[1], 'serial', 1)
+local serial = redis.call('HINCRBY', KEYS[1], 'serial', 1)
+redis.pcall('PUBLISH', ARGV[2], ARGV[3])
+return serial
 "#,
     )
 });

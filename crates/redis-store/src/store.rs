@@ -16,7 +16,7 @@ use session_store::{
     StoreErrorKind, StoredEvent, WriteFence, check_list_limit,
 };
 
-use crate::appends::{Appends, FALLBACK_READ};
+use crate::appends::{Appends, CANCEL_MESSAGE_MARK, FALLBACK_READ};
 use crate::conn::{
     Conn, ConnectError, DEFAULT_POLICY_CHECK_INTERVAL, DEFAULT_REQUEST_TIMEOUT, Refusal,
     RequestError, Target, text,
@@ -938,7 +938,9 @@ impl SessionStore for RedisStore {
             .clocked(
                 conn.prepare(&scripts::RECORD_CANCEL)
                     .key(&key)
-                    .arg(run.get()),
+                    .arg(run.get())
+                    .arg(conn.keys().appends_channel())
+                    .arg(format!("{CANCEL_MESSAGE_MARK}{session}")),
             )
             .await
             .map_err(self.write_refused("recording a cancel request"))?;
@@ -975,6 +977,25 @@ impl SessionStore for RedisStore {
             },
             _ => Err(self.corrupt(&key, format!("cancel requests: unexpected reply {reply:?}"))),
         }
+    }
+
+    /// Woken by the request's message on the appends' channel (the one
+    /// subscription per store), and reading at least every second should
+    /// a message be lost.
+    async fn wait_for_cancel_request(
+        &self,
+        session: &SessionId,
+        after_serial: u64,
+        timeout: Duration,
+    ) -> Result<Option<CancelRequest>, StoreError> {
+        let waiter = self.inner.appends.register_cancels(session);
+        session_store::wait_notified(Some(waiter.notify()), timeout, FALLBACK_READ, || async {
+            Ok(self
+                .cancel_request(session)
+                .await?
+                .filter(|r| r.serial > after_serial))
+        })
+        .await
     }
 }
 

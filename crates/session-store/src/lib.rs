@@ -232,6 +232,12 @@
 //!   follows the page; time follows the directory (one scan per page).
 //!   [`ListCursor`] names the last id of a page, so a session that exists
 //!   throughout a walk is listed exactly once.
+//! - **Waiting** ([`SessionStore::wait_for_append`], and
+//!   `wait_for_cancel_request` with the `cancel-requests` feature) is woken
+//!   by one inotify instance per store watching the directory, not a file:
+//!   a waiter costs an entry in a map, and any process's write wakes the
+//!   waiters of this one. Where the kernel's inotify limits leave no
+//!   instance, waiters read on an interval.
 //! - **Pages** hold at most `limit` events and at most
 //!   [`JsonlOptions::max_page_bytes`] (default 4 MiB) of stored lines, but
 //!   always at least one event; [`Page::next_seq`] says where the rest
@@ -346,6 +352,10 @@ pub use lease_port::{Fence, WriteFence};
 pub use model::{
     AppendReceipt, ListCursor, MAX_LIST_LIMIT, Page, SessionPage, StoredEvent, check_list_limit,
 };
-pub use port::{APPEND_POLL_INTERVAL, SessionStore, poll_for_append};
+pub use port::{APPEND_POLL_INTERVAL, SessionStore, poll_for_append, wait_notified};
 #[cfg(feature = "cancel-requests")]
-pub use {jsonl::CANCEL_DIR_NAME, model::CancelRequest};
+pub use {
+    jsonl::CANCEL_DIR_NAME,
+    model::CancelRequest,
+    port::{CANCEL_POLL_INTERVAL, poll_for_cancel_request},
+};

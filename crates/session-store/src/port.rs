@@ -1,11 +1,13 @@
 //! The store trait: what every session store does, and the rules it keeps.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use lease_port::{AuthorityId, FencingToken, SessionId, SessionLease};
 use serde_json::Value;
+use tokio::sync::Notify;
 
 use crate::{
     AppendReceipt, ListCursor, Page, SessionPage, StoreError, WriteFence, check_list_limit,
@@ -173,6 +175,27 @@ pub trait SessionStore: Send + Sync {
             what: "cancel requests",
         })
     }
+
+    /// Waits until `session`'s cancel request counts more than
+    /// `after_serial` requests ([`cancel_request`](Self::cancel_request)),
+    /// for at most `timeout`: that request once it does (possibly at once),
+    /// `None` when the time ran out first. Requests recorded by any process
+    /// count.
+    ///
+    /// A run's holder waits on it with its baseline, so a request sent to
+    /// any replica stops the run as soon as the store can tell. The default
+    /// reads the request every [`CANCEL_POLL_INTERVAL`]; a store that can
+    /// be told of changes overrides it to answer as soon as one lands.
+    /// `Unsupported` when the store keeps no cancel requests.
+    #[cfg(feature = "cancel-requests")]
+    async fn wait_for_cancel_request(
+        &self,
+        session: &SessionId,
+        after_serial: u64,
+        timeout: Duration,
+    ) -> Result<Option<crate::CancelRequest>, StoreError> {
+        poll_for_cancel_request(self, session, after_serial, timeout).await
+    }
 }
 
 /// How often the default [`SessionStore::wait_for_append`] reads the
@@ -189,17 +212,90 @@ pub async fn poll_for_append<S: SessionStore + ?Sized>(
     after_seq: u64,
     timeout: Duration,
 ) -> Result<bool, StoreError> {
+    let found = wait_notified(None, timeout, APPEND_POLL_INTERVAL, || async {
+        Ok(has_event_after(store, session, after_seq)
+            .await?
+            .then_some(()))
+    })
+    .await?;
+    Ok(found.is_some())
+}
+
+/// Waits until `check` answers `Some`, for at most `timeout`: it checks at
+/// once, then each time `wake` is notified, and at least every `recheck`
+/// (so a lost notification delays an answer by at most that). `Ok(None)`
+/// when the time ran out first.
+///
+/// The loop a store that can be told of changes builds its waits on: give
+/// it the [`Notify`] that store's listener pulses for the session, and a
+/// `check` that reads the store. The notification is armed before each
+/// check, so a change landing between the check and the wait still wakes
+/// it; with `wake` `None` it polls every `recheck`.
+pub async fn wait_notified<T, F, Fut>(
+    wake: Option<&Notify>,
+    timeout: Duration,
+    recheck: Duration,
+    mut check: F,
+) -> Result<Option<T>, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<T>, StoreError>>,
+{
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        if has_event_after(store, session, after_seq).await? {
-            return Ok(true);
+        let mut notified = std::pin::pin!(wake.map(Notify::notified));
+        if let Some(notified) = notified.as_mut().as_pin_mut() {
+            notified.enable();
+        }
+        if let Some(found) = check().await? {
+            return Ok(Some(found));
         }
         let now = tokio::time::Instant::now();
         if now >= deadline {
-            return Ok(false);
+            return Ok(None);
         }
-        tokio::time::sleep_until(deadline.min(now + APPEND_POLL_INTERVAL)).await;
+        let next = deadline.min(now + recheck);
+        match notified.as_pin_mut() {
+            Some(notified) => {
+                let _woken_or_due = tokio::time::timeout_at(next, notified).await;
+            }
+            None => tokio::time::sleep_until(next).await,
+        }
     }
+}
+
+/// How often the default [`SessionStore::wait_for_cancel_request`] reads
+/// the session's cancel request.
+#[cfg(feature = "cancel-requests")]
+pub const CANCEL_POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+/// [`SessionStore::wait_for_cancel_request`] by reading the request every
+/// [`CANCEL_POLL_INTERVAL`]. For stores without a way to be told of
+/// requests.
+#[cfg(feature = "cancel-requests")]
+pub async fn poll_for_cancel_request<S: SessionStore + ?Sized>(
+    store: &S,
+    session: &SessionId,
+    after_serial: u64,
+    timeout: Duration,
+) -> Result<Option<crate::CancelRequest>, StoreError> {
+    wait_notified(None, timeout, CANCEL_POLL_INTERVAL, || {
+        cancel_request_after(store, session, after_serial)
+    })
+    .await
+}
+
+/// The session's cancel request if its serial is above `after_serial`.
+#[cfg(feature = "cancel-requests")]
+pub(crate) async fn cancel_request_after<S: SessionStore + ?Sized>(
+    store: &S,
+    session: &SessionId,
+    after_serial: u64,
+) -> Result<Option<crate::CancelRequest>, StoreError> {
+    Ok(store
+        .cancel_request(session)
+        .await?
+        .filter(|r| r.serial > after_serial))
 }
 
 /// Whether `session` holds an event with `seq > after_seq`.

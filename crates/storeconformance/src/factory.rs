@@ -36,4 +36,12 @@ pub trait StoreFactory: Send + Sync + 'static {
     fn max_event_bytes(&self) -> Option<usize> {
         None
     }
+
+    /// Whether the store keeps cancel requests
+    /// ([`request_cancel`](SessionStore::request_cancel)). `false` by
+    /// default: the suite then checks that all three calls answer
+    /// `Unsupported`, never half of them.
+    fn keeps_cancel_requests(&self) -> bool {
+        false
+    }
 }

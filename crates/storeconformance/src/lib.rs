@@ -108,7 +108,10 @@
 //! [`listing_pages`](cases::listing_pages),
 //! [`wait_wakes_on_append`](cases::wait_wakes_on_append),
 //! [`wait_times_out`](cases::wait_times_out),
-//! [`wait_on_missing_or_deleted_is_not_found`](cases::wait_on_missing_or_deleted_is_not_found).
+//! [`wait_on_missing_or_deleted_is_not_found`](cases::wait_on_missing_or_deleted_is_not_found),
+//! [`cancel_requests_wake_the_holder`](cases::cancel_requests_wake_the_holder)
+//! (a request recorded through one client wakes a holder waiting through
+//! another; the token only rises, the count only grows).
 //!
 //! Bad input: [`bad_input_is_invalid`](cases::bad_input_is_invalid) (an
 //! empty batch, an event over the limit, page and listing limits out of
@@ -168,6 +171,7 @@ macro_rules! __with_cases {
             wait_times_out
             wait_on_missing_or_deleted_is_not_found
             bad_input_is_invalid
+            cancel_requests_wake_the_holder
         }
     };
 }

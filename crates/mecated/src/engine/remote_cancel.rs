@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use lease_port::{FencingToken, SessionId};
-use session_store::{SessionStore, StoreErrorKind};
+use session_store::{CancelRequest, SessionStore, StoreErrorKind};
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::{info, warn};
 
@@ -13,10 +13,16 @@ use super::replicas::LiveRun;
 use super::{Engine, EngineError};
 use crate::error::error_chain;
 
-/// How often a run's holder looks for cancel requests: the bound on how
-/// late a cancel sent to another replica stops the run, and the cost (one
-/// small read of the store per interval per run).
-pub const CANCEL_POLL_INTERVAL: Duration = Duration::from_millis(200);
+/// The longest a run's holder waits on the store's notification of cancel
+/// requests before it reads them anyway: the bound on how late a cancel
+/// whose notification was lost stops the run. A store that is told of
+/// requests (the JSONL store's directory watch, the Redis store's
+/// subscription) wakes the holder at once; one that is not reads on its
+/// own interval ([`session_store::CANCEL_POLL_INTERVAL`]).
+pub const CANCEL_SAFETY_READ: Duration = Duration::from_secs(30);
+
+/// How long the watch waits before trying again after the store failed.
+const CANCEL_RETRY: Duration = Duration::from_millis(500);
 
 /// What a cancel found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -136,30 +142,42 @@ async fn watch(
     mut before: CancelBaseline,
     cancel: &CancellationToken,
 ) {
-    let mut interval = tokio::time::interval(CANCEL_POLL_INTERVAL);
-    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        interval.tick().await;
-        match store.cancel_request(session).await {
-            Ok(request) => {
-                let serial = request.map_or(0, |r| r.serial);
-                let CancelBaseline::Known(baseline) = before else {
-                    before = CancelBaseline::Known(serial);
-                    continue;
-                };
-                if let Some(request) = request
-                    && request.run >= token
-                    && request.serial > baseline
-                {
+        let read = match before {
+            CancelBaseline::Unknown => store
+                .cancel_request(session)
+                .await
+                .map(|request| Some(request.unwrap_or(NO_REQUEST))),
+            CancelBaseline::Known(baseline) => {
+                store
+                    .wait_for_cancel_request(session, baseline, CANCEL_SAFETY_READ)
+                    .await
+            }
+        };
+        match read {
+            Ok(None) => {}
+            Ok(Some(request)) => {
+                if before != CancelBaseline::Unknown && request.run >= token {
                     info!(%token, "cancel requested through the store");
                     cancel.cancel();
                     return;
                 }
+                // The first reading, or requests for an earlier run (they
+                // count once the recorded run is theirs): the next wait
+                // starts past them.
+                before = CancelBaseline::Known(request.serial);
             }
             Err(e) if e.kind() == StoreErrorKind::Unsupported => return,
             Err(e) => {
                 warn!(error = %error_chain(&e), "cannot read cancel requests; retrying");
+                tokio::time::sleep(CANCEL_RETRY).await;
             }
         }
     }
 }
+
+/// What "no request yet" reads as.
+const NO_REQUEST: CancelRequest = CancelRequest {
+    run: FencingToken::new(0),
+    serial: 0,
+};

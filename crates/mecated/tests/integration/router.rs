@@ -1202,9 +1202,11 @@ async fn a_cancel_recorded_before_a_run_began_never_stops_it() {
         .unwrap();
 
     let pending = hold_run(&api, "stale-cancel").await;
-    // The holder reads requests every CANCEL_POLL_INTERVAL: several
-    // readings pass, and the run is still live.
-    tokio::time::sleep(mecated::engine::CANCEL_POLL_INTERVAL * 4).await;
+    // The holder's watch reads the requests at once and wakes on each
+    // change: had it taken the earlier request for one aimed at this run,
+    // the run would have stopped by now. Several of the polling default's
+    // readings pass too.
+    tokio::time::sleep(session_store::CANCEL_POLL_INTERVAL * 4).await;
     assert!(!pending.is_finished(), "an earlier request stopped the run");
 
     other_process

@@ -43,6 +43,9 @@ impl StoreFactory for Redis {
     fn max_event_bytes(&self) -> Option<usize> {
         Some(MAX_EVENT_BYTES)
     }
+    fn keeps_cancel_requests(&self) -> bool {
+        true
+    }
 }
 
 storeconformance::suite!(async { Redis(RedisServer::start().expect("start redis-server")) });

@@ -23,6 +23,7 @@ mod crash_sim;
 mod format;
 mod generation;
 mod graveyard;
+mod hub;
 mod index;
 mod listing;
 mod locking;
@@ -108,6 +109,8 @@ struct StoreCore {
     /// served). Every call is then refused; only a new instance, after the
     /// operator adopted the directory, serves it again.
     went_back: Mutex<Option<String>>,
+    /// The directory's watch, which wakes this process's waiters.
+    hub: hub::Hub,
     /// Test hook: how many of the next data syncs fail.
     #[cfg(test)]
     fail_syncs: std::sync::atomic::AtomicU32,
@@ -176,6 +179,7 @@ impl JsonlStore {
             .map_err(|e| StoreError::io("opening store directory", &dir, e))?;
         let store = Self {
             core: Arc::new(StoreCore {
+                hub: hub::Hub::new(&dir),
                 dir,
                 dir_file,
                 opts,
@@ -341,6 +345,17 @@ impl SessionStore for JsonlStore {
         timeout: Duration,
     ) -> Result<bool, StoreError> {
         self.wait_for_append_to_file(session, after_seq, timeout)
+            .await
+    }
+
+    #[cfg(feature = "cancel-requests")]
+    async fn wait_for_cancel_request(
+        &self,
+        session: &SessionId,
+        after_serial: u64,
+        timeout: Duration,
+    ) -> Result<Option<CancelRequest>, StoreError> {
+        self.wait_for_cancel_file(session, after_serial, timeout)
             .await
     }
 

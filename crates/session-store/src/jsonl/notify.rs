@@ -1,100 +1,95 @@
-//! Waiting for appends to a session file: an inotify watch on the file,
-//! so a waiter wakes when any process writes it instead of polling. Past
-//! the kernel's per-user inotify limits a waiter polls instead.
+//! Waiting for appends and cancel requests: woken through the store's
+//! directory watch ([`hub`](super::hub)) when any process writes, reading
+//! on an interval where no watch can be had.
 
-use std::io;
-use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::time::Duration;
 
 use lease_port::SessionId;
-use nix::errno::Errno;
-use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
-use tokio::io::Interest;
-use tokio::io::unix::AsyncFd;
 
 use super::JsonlStore;
-use crate::StoreError;
-use crate::poll_for_append;
-use crate::port::has_event_after;
+use super::hub::{Subscription, Topic};
+use crate::port::{APPEND_POLL_INTERVAL, has_event_after, wait_notified};
+use crate::{StoreError, poll_for_append};
 
-/// An inotify instance that tokio can wait on.
-struct Watch(Inotify);
-
-impl AsRawFd for Watch {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0.as_fd().as_raw_fd()
-    }
-}
+/// How often a woken-by-watch waiter reads anyway: the watch wakes on
+/// every change, so this only bounds the harm of an event the kernel did
+/// not deliver (it never drops one silently; it reports an overflow,
+/// which wakes everyone).
+const SAFETY_READ: Duration = Duration::from_secs(5);
 
 impl JsonlStore {
-    /// [`SessionStore::wait_for_append`] for the JSONL store.
+    /// [`SessionStore::wait_for_append`](crate::SessionStore::wait_for_append)
+    /// for the JSONL store.
     pub(super) async fn wait_for_append_to_file(
         &self,
         session: &SessionId,
         after_seq: u64,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let path = self.path_of(session);
-        let watch = match Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC) {
-            Ok(watch) => watch,
-            // The kernel's limits on inotify instances and watches are per
-            // user and shared by every process of that user: past them a
-            // waiter reads the file at intervals rather than failing.
-            Err(Errno::EMFILE | Errno::ENFILE | Errno::ENOMEM) => {
-                return poll_for_append(self, session, after_seq, timeout).await;
-            }
-            Err(e) => return Err(StoreError::io("watching session file", &path, e.into())),
+        let topic = Topic::Appends(session_filename::stem(session));
+        let Some(watch) = self.core.hub.subscribe(topic) else {
+            return poll_for_append(self, session, after_seq, timeout).await;
         };
-        // Every way the file can change: written (appends, a torn tail
-        // cut), or unlinked (reclaimed) so the next read reports it.
-        let mask = AddWatchFlags::IN_MODIFY
-            | AddWatchFlags::IN_ATTRIB
-            | AddWatchFlags::IN_DELETE_SELF
-            | AddWatchFlags::IN_MOVE_SELF;
-        match watch.add_watch(&path, mask) {
-            Ok(_) => {}
-            Err(Errno::ENOENT) => {
-                return Err(StoreError::NotFound {
-                    session: session.clone(),
-                });
-            }
-            Err(Errno::ENOSPC | Errno::ENOMEM) => {
-                return poll_for_append(self, session, after_seq, timeout).await;
-            }
-            Err(e) => return Err(StoreError::io("watching session file", &path, e.into())),
+        let found = wait_watched(&watch, timeout, APPEND_POLL_INTERVAL, || async {
+            Ok(has_event_after(self, session, after_seq)
+                .await?
+                .then_some(()))
+        })
+        .await?;
+        Ok(found.is_some())
+    }
+
+    /// [`SessionStore::wait_for_cancel_request`](crate::SessionStore::wait_for_cancel_request)
+    /// for the JSONL store.
+    #[cfg(feature = "cancel-requests")]
+    pub(super) async fn wait_for_cancel_file(
+        &self,
+        session: &SessionId,
+        after_serial: u64,
+        timeout: Duration,
+    ) -> Result<Option<crate::CancelRequest>, StoreError> {
+        use crate::port::{CANCEL_POLL_INTERVAL, cancel_request_after};
+        let check = || cancel_request_after(self, session, after_serial);
+        let topic = Topic::Cancels(session_filename::stem(session));
+        match self.core.hub.subscribe(topic) {
+            Some(watch) => wait_watched(&watch, timeout, CANCEL_POLL_INTERVAL, check).await,
+            None => wait_notified(None, timeout, CANCEL_POLL_INTERVAL, check).await,
         }
-        // SAFETY: `Watch` owns the inotify descriptor and never gives it
-        // up: it stays open, and `as_raw_fd` keeps answering it, until the
-        // `AsyncFd` (and with it the `Watch`) is dropped.
-        #[allow(unsafe_code)]
-        let registered =
-            unsafe { AsyncFd::register_with_interest(Watch(watch), Interest::READABLE) };
-        let watch = registered
-            .map_err(|e| StoreError::io("watching session file", &path, e.into_parts().1))?;
-        // The watch exists before the first check, so an append landing
-        // between the check and the wait still wakes it.
-        loop {
-            if has_event_after(self, session, after_seq).await? {
-                return Ok(true);
+    }
+}
+
+/// [`wait_notified`] on `watch`, turning to reads every `poll` should the
+/// watch end while it waits (the directory removed or replaced).
+async fn wait_watched<T, F, Fut>(
+    watch: &Subscription,
+    timeout: Duration,
+    poll: Duration,
+    mut check: F,
+) -> Result<Option<T>, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<T>, StoreError>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    let watched = wait_notified(Some(watch.notify()), timeout, SAFETY_READ, || {
+        let live = watch.live();
+        let checked = check();
+        async move {
+            match checked.await? {
+                Some(found) => Ok(Some(Some(found))),
+                // Done with the watch: the rest of the wait polls.
+                None if !live => Ok(Some(None)),
+                None => Ok(None),
             }
-            let mut ready = match tokio::time::timeout_at(deadline, watch.readable()).await {
-                Err(_) => return Ok(false),
-                Ok(ready) => {
-                    ready.map_err(|e| StoreError::io("watching session file", &path, e))?
-                }
-            };
-            // Only the wake-up matters: drain what was reported.
-            match ready.get_inner().0.read_events() {
-                Ok(_) | Err(Errno::EAGAIN) => ready.clear_ready(),
-                Err(e) => {
-                    return Err(StoreError::io(
-                        "watching session file",
-                        &path,
-                        io::Error::from(e),
-                    ));
-                }
-            }
+        }
+    })
+    .await?;
+    match watched {
+        Some(Some(found)) => Ok(Some(found)),
+        None => Ok(None),
+        Some(None) => {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            wait_notified(None, left, poll, check).await
         }
     }
 }

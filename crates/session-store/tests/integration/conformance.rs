@@ -38,6 +38,9 @@ impl StoreFactory for Jsonl {
     fn max_event_bytes(&self) -> Option<usize> {
         Some(MAX_EVENT_BYTES)
     }
+    fn keeps_cancel_requests(&self) -> bool {
+        true
+    }
 }
 
 storeconformance::suite!(async { Jsonl(tempfile::tempdir().expect("a temporary directory")) });
@@ -53,6 +56,10 @@ mod synced {
     impl StoreFactory for Synced {
         async fn store(&self) -> Arc<dyn SessionStore> {
             Arc::new(JsonlStore::open(self.0.path(), JsonlOptions::default()).expect("open"))
+        }
+
+        fn keeps_cancel_requests(&self) -> bool {
+            true
         }
     }
 

@@ -7,7 +7,8 @@
 //! "processes" (store instances with their own caches and open file
 //! descriptions) on one directory (`jsonl`); the store directory's
 //! generation (`generation`); full listing pages (`listing`); cancel
-//! requests (`follow`) and concurrent ones (`cancel_races`). They share
+//! requests (`follow`) and concurrent ones (`cancel_races`); the directory
+//! watch that wakes waiters (`watch`). They share
 //! no process-wide state, so they run as threads of one process.
 
 #[cfg(feature = "cancel-requests")]
@@ -17,3 +18,4 @@ mod follow;
 mod generation;
 mod jsonl;
 mod listing;
+mod watch;

@@ -152,3 +152,103 @@ pub async fn wait_on_missing_or_deleted_is_not_found<F: StoreFactory>(f: &F) {
         .expect("the waiting task panicked");
     must_fail(step, result, StoreErrorKind::NotFound);
 }
+
+/// Cancel requests, for a store that keeps them: recorded through one
+/// client, read and waited for through another (the holder, in another
+/// process). A wait from a count returns at once when a later request is
+/// there, parks until one lands, and is woken by it; a request for an
+/// earlier run never lowers the token or counts. A store that keeps none
+/// answers `Unsupported` to all three calls.
+pub async fn cancel_requests_wake_the_holder<F: StoreFactory>(f: &F) {
+    let (holder, asker) = (f.store().await, f.store().await);
+    let s = session("cancelled");
+    must("create", asker.create(&s).await);
+    let token = lease_port::FencingToken::new;
+    if !f.keeps_cancel_requests() {
+        let step = "a store keeping no cancel requests";
+        must_fail(
+            step,
+            asker.request_cancel(&s, token(1)).await,
+            StoreErrorKind::Unsupported,
+        );
+        must_fail(
+            step,
+            holder.cancel_request(&s).await,
+            StoreErrorKind::Unsupported,
+        );
+        must_fail(
+            step,
+            holder.wait_for_cancel_request(&s, 0, Duration::ZERO).await,
+            StoreErrorKind::Unsupported,
+        );
+        return;
+    }
+    let state = "session without cancel requests";
+    assert_eq!(
+        must(state, holder.cancel_request(&s).await),
+        None,
+        "{state}: a request is recorded"
+    );
+    let parked = tokio::spawn({
+        let (holder, s) = (holder.clone(), s.clone());
+        async move { holder.wait_for_cancel_request(&s, 0, FOREVER).await }
+    });
+    tokio::time::sleep(PARKED).await;
+    if parked.is_finished() {
+        panic!(
+            "{state}: a wait for a request ended before any was made: {:?}",
+            parked.await
+        );
+    }
+    must(
+        "request a cancel of run 5",
+        asker.request_cancel(&s, token(5)).await,
+    );
+    let step =
+        format!("{state}: a holder parked from count 0 when another client asked to cancel run 5");
+    let request = must(
+        &step,
+        promptly(&step, parked)
+            .await
+            .expect("the waiting task panicked"),
+    );
+    let request = request.unwrap_or_else(|| panic!("{step}: woken with no request"));
+    assert_eq!(
+        (request.run, request.serial),
+        (token(5), 1),
+        "{step}: reads otherwise"
+    );
+
+    let state = "after one request for run 5";
+    let step = format!("{state}: a wait from count 1 with no time");
+    let none = must(
+        &step,
+        holder.wait_for_cancel_request(&s, 1, Duration::ZERO).await,
+    );
+    assert_eq!(none, None, "{step}: a later request was reported");
+    must(
+        "request a cancel of run 3",
+        asker.request_cancel(&s, token(3)).await,
+    );
+    let read = must(state, holder.cancel_request(&s).await).map(|r| (r.run, r.serial));
+    assert_eq!(
+        read,
+        Some((token(5), 1)),
+        "{state}: a request for run 3 changed the record"
+    );
+    must(
+        "request a cancel of run 9",
+        asker.request_cancel(&s, token(9)).await,
+    );
+    let step = "after requests for runs 5 and 9: a wait from count 1";
+    let request = must(
+        step,
+        promptly(step, holder.wait_for_cancel_request(&s, 1, FOREVER)).await,
+    )
+    .unwrap_or_else(|| panic!("{step}: no request"));
+    assert_eq!(
+        (request.run, request.serial),
+        (token(9), 2),
+        "{step}: reads otherwise"
+    );
+}

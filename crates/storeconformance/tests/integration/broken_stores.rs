@@ -10,9 +10,9 @@ use async_trait::async_trait;
 use lease_port::{AuthorityId, FencingToken, OwnerId, SessionId};
 use serde_json::{Value, json};
 use session_store::{
-    AppendReceipt, DEFAULT_MAX_EVENT_BYTES, Fence, FsyncPolicy, JsonlOptions, JsonlStore,
-    ListCursor, Page, SessionPage, SessionStore, StoreError, StoreErrorKind, WriteFence,
-    check_list_limit,
+    AppendReceipt, CancelRequest, DEFAULT_MAX_EVENT_BYTES, Fence, FsyncPolicy, JsonlOptions,
+    JsonlStore, ListCursor, Page, SessionPage, SessionStore, StoreError, StoreErrorKind,
+    WriteFence, check_list_limit,
 };
 use storeconformance::{StoreFactory, check_all};
 
@@ -66,6 +66,13 @@ enum Flaw {
     WaitNeverWakes,
     /// A wait answers "appended" at once.
     WaitAlwaysTrue,
+    /// A wait for a cancel request answers the recorded one, whatever
+    /// count it was asked to wait past.
+    CancelWaitIgnoresCount,
+    /// A wait for a cancel request only looks again at its timeout.
+    CancelWaitNeverWakes,
+    /// A request for an earlier run replaces the recorded one.
+    CancelLowersToken,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -83,6 +90,8 @@ struct Shared {
     ended_at: Mutex<HashMap<SessionId, u64>>,
     /// Where a listing cursor's next page starts, by the id it names.
     positions: Mutex<HashMap<SessionId, usize>>,
+    /// The cancel request a flawed store answers instead of the recorded.
+    lowered: Mutex<HashMap<SessionId, CancelRequest>>,
 }
 
 /// What a flawed client does instead of taking a refusal.
@@ -397,6 +406,64 @@ impl SessionStore for Broken {
             }
         }
     }
+
+    async fn request_cancel(&self, s: &SessionId, run: FencingToken) -> Result<(), StoreError> {
+        self.keeps_cancel_requests()?;
+        if self.flaw == Flaw::CancelLowersToken {
+            let serial = self.inner.cancel_request(s).await?.map_or(0, |r| r.serial);
+            lock(&self.shared.lowered).insert(
+                s.clone(),
+                CancelRequest {
+                    run,
+                    serial: serial + 1,
+                },
+            );
+        }
+        self.inner.request_cancel(s, run).await
+    }
+
+    async fn cancel_request(&self, s: &SessionId) -> Result<Option<CancelRequest>, StoreError> {
+        self.keeps_cancel_requests()?;
+        let recorded = self.inner.cancel_request(s).await?;
+        Ok(lock(&self.shared.lowered).get(s).copied().or(recorded))
+    }
+
+    async fn wait_for_cancel_request(
+        &self,
+        s: &SessionId,
+        after_serial: u64,
+        timeout: Duration,
+    ) -> Result<Option<CancelRequest>, StoreError> {
+        self.keeps_cancel_requests()?;
+        match self.flaw {
+            Flaw::CancelWaitIgnoresCount => self.cancel_request(s).await,
+            Flaw::CancelWaitNeverWakes => {
+                tokio::time::sleep(timeout).await;
+                Ok(self
+                    .cancel_request(s)
+                    .await?
+                    .filter(|r| r.serial > after_serial))
+            }
+            _ => {
+                self.inner
+                    .wait_for_cancel_request(s, after_serial, timeout)
+                    .await
+            }
+        }
+    }
+}
+
+impl Broken {
+    /// `Unsupported` for the store without optional parts, as a store
+    /// keeping no cancel requests answers.
+    fn keeps_cancel_requests(&self) -> Result<(), StoreError> {
+        if self.flaw == Flaw::NoOptionalParts {
+            return Err(StoreError::Unsupported {
+                what: "cancel requests",
+            });
+        }
+        Ok(())
+    }
 }
 
 struct Factory {
@@ -448,6 +515,10 @@ impl StoreFactory for Factory {
 
     fn max_event_bytes(&self) -> Option<usize> {
         (self.flaw != Flaw::NoOptionalParts).then_some(MAX_EVENT_BYTES)
+    }
+
+    fn keeps_cancel_requests(&self) -> bool {
+        self.flaw != Flaw::NoOptionalParts
     }
 }
 
@@ -520,4 +591,10 @@ caught_by! {
     racing_first_bindings_all_won: RacyBinding => "racing_first_bindings";
     a_wait_that_never_wakes: WaitNeverWakes => "wait_wakes_on_append", "no answer within";
     a_wait_that_always_wakes: WaitAlwaysTrue => "wait_times_out", "reported an event";
+    a_cancel_wait_past_no_count: CancelWaitIgnoresCount => "cancel_requests_wake_the_holder",
+        "ended before any was made";
+    a_cancel_wait_that_never_wakes: CancelWaitNeverWakes => "cancel_requests_wake_the_holder",
+        "no answer within";
+    a_cancel_request_lowering_the_token: CancelLowersToken
+        => "cancel_requests_wake_the_holder", "a request for run 3 changed the record";
 }
