@@ -141,4 +141,17 @@ impl SessionStore for WatchedStore {
     ) -> Result<Option<CancelRequest>, StoreError> {
         self.fault.observe(self.inner.cancel_request(session).await)
     }
+
+    async fn wait_for_cancel_request(
+        &self,
+        session: &SessionId,
+        after_serial: u64,
+        timeout: Duration,
+    ) -> Result<Option<CancelRequest>, StoreError> {
+        self.fault.observe(
+            self.inner
+                .wait_for_cancel_request(session, after_serial, timeout)
+                .await,
+        )
+    }
 }
