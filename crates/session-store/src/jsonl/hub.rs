@@ -27,7 +27,9 @@ use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, InotifyEvent, WatchDe
 use tokio::sync::Notify;
 use tracing::warn;
 
-use super::{CANCEL_DIR_NAME, FILE_SUFFIX, lock};
+#[cfg(feature = "cancel-requests")]
+use super::CANCEL_DIR_NAME;
+use super::{FILE_SUFFIX, lock};
 
 /// How long after a failed start (inotify limits reached) waiters poll
 /// before the next attempt.
@@ -38,6 +40,7 @@ const RETRY_START_AFTER: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(super) enum Topic {
     Appends(String),
+    #[cfg(feature = "cancel-requests")]
     Cancels(String),
 }
 
@@ -120,6 +123,7 @@ impl Hub {
         if running.shared.ended.load(Ordering::Acquire) {
             return None;
         }
+        #[cfg(feature = "cancel-requests")]
         if matches!(topic, Topic::Cancels(_)) {
             running.shared.watch_cancels(&running.inotify);
         }
@@ -214,6 +218,7 @@ fn dir_mask() -> AddWatchFlags {
         | AddWatchFlags::IN_ONLYDIR
 }
 
+#[cfg(feature = "cancel-requests")]
 fn cancel_mask() -> AddWatchFlags {
     // A request is written to a temporary file and renamed into place.
     AddWatchFlags::IN_MOVED_TO
@@ -234,6 +239,7 @@ fn start(dir: &Path) -> Result<Running, Errno> {
         stopping: AtomicBool::new(false),
         ended: AtomicBool::new(false),
     });
+    #[cfg(feature = "cancel-requests")]
     shared.watch_cancels(&inotify);
     let (thread_shared, thread_inotify) = (Arc::clone(&shared), Arc::clone(&inotify));
     std::thread::Builder::new()
@@ -248,6 +254,7 @@ fn start(dir: &Path) -> Result<Running, Errno> {
 }
 
 impl Shared {
+    #[cfg(feature = "cancel-requests")]
     /// Watches the cancel requests' directory if it exists and is not
     /// watched yet. Every cancel waiter is woken after the watch is added:
     /// a request renamed into place before it was would otherwise be seen
@@ -303,22 +310,25 @@ impl Shared {
             ) {
                 return false;
             }
-            match name {
-                Some(CANCEL_DIR_NAME) => self.watch_cancels(inotify),
-                Some(name) => {
-                    if let Some(stem) = name.strip_suffix(FILE_SUFFIX) {
-                        self.wake(&Topic::Appends(stem.to_owned()));
-                    }
-                }
-                None => {}
+            #[cfg(feature = "cancel-requests")]
+            if name == Some(CANCEL_DIR_NAME) {
+                self.watch_cancels(inotify);
+                return true;
             }
-        } else if Some(event.wd) == *lock(&self.cancel_watch) {
+            if let Some(stem) = name.and_then(|n| n.strip_suffix(FILE_SUFFIX)) {
+                self.wake(&Topic::Appends(stem.to_owned()));
+            }
+            return true;
+        }
+        #[cfg(feature = "cancel-requests")]
+        if Some(event.wd) == *lock(&self.cancel_watch) {
             if event.mask.contains(AddWatchFlags::IN_IGNORED) {
                 *lock(&self.cancel_watch) = None;
             } else if let Some(stem) = name {
                 self.wake(&Topic::Cancels(stem.to_owned()));
             }
         }
+        let _ = inotify;
         true
     }
 }
