@@ -39,6 +39,7 @@ mod lease_wait;
 mod remote_cancel;
 mod replicas;
 mod store_watch;
+mod tails;
 
 pub use follow::{FOLLOW_QUIET_CHECK, FollowEnd, FollowItem, RUN_ENDED};
 pub use lease_wait::{MAX_RUN_WAIT, RUN_WAIT_RETRY};
@@ -99,6 +100,8 @@ struct EngineInner {
     /// Runs of this process by token, and the lease view for runs
     /// elsewhere.
     replicas: replicas::Replicas,
+    /// One reader per followed session, fanned out to its followers.
+    tails: tails::Tails,
 }
 
 /// How the process proved, or failed to prove, that it alone serves its
@@ -243,6 +246,7 @@ impl Engine {
                 leased: exclusivity == Exclusivity::Leased,
                 single_process: exclusivity == Exclusivity::ProvenSingleProcess,
                 replicas: replicas::Replicas::default(),
+                tails: tails::Tails::default(),
             }),
         }
     }

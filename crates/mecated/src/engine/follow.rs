@@ -10,15 +10,16 @@ use lease_keeper::LeaseGuard;
 use lease_port::{FencingToken, SessionId};
 use serde_json::json;
 use session_store::StoredEvent;
-use tokio::sync::mpsc;
+use tokio::sync::{broadcast, mpsc};
 use tracing::warn;
 
 use super::replicas::LiveRun;
+use super::tails::TailItem;
 use super::{Engine, EngineError, RunStatus, tracked_append};
 use crate::error::error_chain;
 
 /// Events read per page while following.
-const FOLLOW_PAGE: usize = 200;
+pub(super) const FOLLOW_PAGE: usize = 200;
 
 /// How long a follow waits for an append before asking the lease backend
 /// whether the run is still there (a run that died without its end event
@@ -216,32 +217,39 @@ impl Engine {
             None => Followed { live, started_at },
         };
         let mut pos = after_seq;
+        // Caught up from the store alone first: a tail started here reads
+        // on from where this follower is, not from where it began.
+        match self.send_stored(session, &mut pos, followed, tx).await {
+            Ok(Some(end)) => return Some(end),
+            Ok(None) => {}
+            Err(e) => return Some(e),
+        }
+        if live == LiveRun::None {
+            // A resumed run that recorded no end stopped without one.
+            return Some(if resumed.is_some() {
+                FollowEnd::RunGone
+            } else {
+                FollowEnd::NoLiveRun
+            });
+        }
+        let mut tail = self.subscribe_tail(session, pos);
         loop {
+            // Subscribed before this read: an event the tail sent before
+            // this follower joined is in what the read finds.
             match self.send_stored(session, &mut pos, followed, tx).await {
                 Ok(Some(end)) => return Some(end),
                 Ok(None) => {}
                 Err(e) => return Some(e),
             }
-            if live == LiveRun::None {
-                // A resumed run that recorded no end stopped without one.
-                return Some(if resumed.is_some() {
-                    FollowEnd::RunGone
-                } else {
-                    FollowEnd::NoLiveRun
-                });
-            }
-            let appended = self
-                .inner
-                .store
-                .wait_for_append(session, pos, FOLLOW_QUIET_CHECK)
-                .await;
-            match appended {
-                Ok(true) => continue,
-                Ok(false) => {}
-                Err(e) => return Some(FollowEnd::Failed(error_chain(&e))),
-            }
-            // Quiet: is the run still live?
-            let now = self.live_run(session).await;
+            let now = match self.take_tail(&mut tail, &mut pos, followed, tx).await {
+                FromTail::End(end) => return Some(end),
+                FromTail::Gap => continue,
+                FromTail::Closed => {
+                    tail = self.subscribe_tail(session, pos);
+                    continue;
+                }
+                FromTail::Quiet(now) => now,
+            };
             if now == live && live != LiveRun::Unknown {
                 continue;
             }
@@ -255,6 +263,37 @@ impl Engine {
                     Err(e) => e,
                 },
             );
+        }
+    }
+
+    /// Sends the tail's events in order until the follow ends, the tail
+    /// goes quiet, or the follower must read the store (a gap, or it fell
+    /// behind the tail's buffer).
+    async fn take_tail(
+        &self,
+        tail: &mut broadcast::Receiver<TailItem>,
+        pos: &mut u64,
+        followed: Followed,
+        tx: &mpsc::Sender<FollowItem>,
+    ) -> FromTail {
+        loop {
+            let event = match tail.recv().await {
+                Ok(TailItem::Event(event)) => event,
+                Ok(TailItem::Quiet(now)) => return FromTail::Quiet(now),
+                Ok(TailItem::Failed(error)) => return FromTail::End(FollowEnd::Failed(error)),
+                Err(broadcast::error::RecvError::Lagged(_)) => return FromTail::Gap,
+                Err(broadcast::error::RecvError::Closed) => return FromTail::Closed,
+            };
+            if event.seq <= *pos {
+                continue;
+            }
+            if event.seq > pos.saturating_add(1) {
+                return FromTail::Gap;
+            }
+            match deliver(&event, pos, followed, tx).await {
+                Ok(None) => {}
+                Ok(Some(end)) | Err(end) => return FromTail::End(end),
+            }
         }
     }
 
@@ -299,17 +338,8 @@ impl Engine {
                 .await
                 .map_err(|e| FollowEnd::Failed(error_chain(&e)))?;
             for event in page.events {
-                let end = ends(&event, followed);
-                if end == Some(FollowEnd::RunGone) {
-                    // A later run's start is not part of the followed run.
-                    return Ok(end);
-                }
-                *pos = event.seq;
-                if tx.send(FollowItem::Event(event)).await.is_err() {
-                    return Err(FollowEnd::Failed("the client left".into()));
-                }
-                if end.is_some() {
-                    return Ok(end);
+                if let Some(end) = deliver(&event, pos, followed, tx).await? {
+                    return Ok(Some(end));
                 }
             }
             if page.next_seq.is_none() {
@@ -317,4 +347,34 @@ impl Engine {
             }
         }
     }
+}
+
+/// What [`Engine::take_tail`] stopped at.
+enum FromTail {
+    End(FollowEnd),
+    Quiet(LiveRun),
+    /// Events are missing before the next one: read them from the store.
+    Gap,
+    /// The tail ended without a word (its task gone): subscribe again.
+    Closed,
+}
+
+/// Sends `event`, the one after `pos`, unless it starts a later run;
+/// advances `pos`. The end it makes of the followed run, if any.
+async fn deliver(
+    event: &StoredEvent,
+    pos: &mut u64,
+    followed: Followed,
+    tx: &mpsc::Sender<FollowItem>,
+) -> Result<Option<FollowEnd>, FollowEnd> {
+    let end = ends(event, followed);
+    if end == Some(FollowEnd::RunGone) {
+        // A later run's start is not part of the followed run.
+        return Ok(end);
+    }
+    *pos = event.seq;
+    if tx.send(FollowItem::Event(event.clone())).await.is_err() {
+        return Err(FollowEnd::Failed("the client left".into()));
+    }
+    Ok(end)
 }

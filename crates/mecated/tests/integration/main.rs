@@ -8,7 +8,8 @@
 //! runs it (`mecak8s`); `mecated leases` (`leases_cli`); the operator page
 //! in headless Chromium (`operator_page`). Others run the server
 //! in-process: every route against the OpenAPI document (`router`); who
-//! owns a run (`ownership`); incarnations under one owner id
+//! owns a run (`ownership`); many followers of one session (`fanout`);
+//! incarnations under one owner id
 //! (`incarnations`); the transcript an agent sees (`transcripts`);
 //! listing pages (`session_listing`); a rewound store (`state_rewound`); a
 //! misconfigured lease service (`service_safety`). And the deployment
@@ -24,6 +25,7 @@ mod support;
 
 mod deploy_manifests;
 mod etcd_leases;
+mod fanout;
 mod incarnations;
 mod k8s_leases;
 mod lease_service;
