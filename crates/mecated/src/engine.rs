@@ -42,7 +42,7 @@ mod store_watch;
 mod tails;
 
 pub use follow::{FOLLOW_QUIET_CHECK, FollowEnd, FollowItem, RUN_ENDED};
-pub use lease_wait::{MAX_RUN_WAIT, RUN_WAIT_RETRY};
+pub use lease_wait::{MAX_RUN_WAIT, RUN_WAIT_RETRY, RUN_WAIT_SAFETY};
 pub use remote_cancel::{CANCEL_SAFETY_READ, CancelOutcome};
 
 /// Events read per page when loading a transcript.

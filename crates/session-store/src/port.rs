@@ -83,6 +83,29 @@ pub trait SessionStore: Send + Sync {
     /// when no fenced write ever was.
     async fn high_water(&self, session: &SessionId) -> Result<Option<FencingToken>, StoreError>;
 
+    /// The number of the last event written to `session`, 0 when none
+    /// was: the next append's numbers are above it, so a
+    /// [`wait_for_append`](Self::wait_for_append) after it wakes on what
+    /// comes next. (A session created again empty answers its previous
+    /// incarnation's last number, since numbers carry on.) `NotFound` when
+    /// the session does not exist.
+    ///
+    /// The default reads the session to its end, page by page; a store
+    /// that keeps the number overrides it.
+    async fn last_seq(&self, session: &SessionId) -> Result<u64, StoreError> {
+        let (mut last, mut from) = (0, 1);
+        loop {
+            let page = self.read(session, from, LAST_SEQ_PAGE).await?;
+            if let Some(event) = page.events.last() {
+                last = event.seq;
+            }
+            match page.next_seq {
+                Some(next) => from = next,
+                None => return Ok(last),
+            }
+        }
+    }
+
     /// Records that tokens of `authority` fence this store, or checks that
     /// they do.
     ///
@@ -197,6 +220,9 @@ pub trait SessionStore: Send + Sync {
         poll_for_cancel_request(self, session, after_serial, timeout).await
     }
 }
+
+/// Events the default [`SessionStore::last_seq`] reads per page.
+const LAST_SEQ_PAGE: usize = 1000;
 
 /// How often the default [`SessionStore::wait_for_append`] reads the
 /// session: a bound on the delay it adds, and on its cost (one small read

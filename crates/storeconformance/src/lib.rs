@@ -111,7 +111,8 @@
 //! [`wait_on_missing_or_deleted_is_not_found`](cases::wait_on_missing_or_deleted_is_not_found),
 //! [`cancel_requests_wake_the_holder`](cases::cancel_requests_wake_the_holder)
 //! (a request recorded through one client wakes a holder waiting through
-//! another; the token only rises, the count only grows).
+//! another; the token only rises, the count only grows),
+//! [`last_seq_follows_appends`](cases::last_seq_follows_appends).
 //!
 //! Bad input: [`bad_input_is_invalid`](cases::bad_input_is_invalid) (an
 //! empty batch, an event over the limit, page and listing limits out of
@@ -172,6 +173,7 @@ macro_rules! __with_cases {
             wait_on_missing_or_deleted_is_not_found
             bad_input_is_invalid
             cancel_requests_wake_the_holder
+            last_seq_follows_appends
         }
     };
 }

@@ -8,22 +8,42 @@ use lease_port::SessionId;
 use serde_json::Value;
 use tokio::time::Instant;
 
+use session_store::StoredEvent;
+
+use super::follow::{FOLLOW_PAGE, RUN_ENDED};
+use super::replicas::LiveRun;
+use super::tails::TailItem;
 use super::{Engine, EngineError, StartedRun};
 use crate::lease_view::HolderState;
 
 /// The longest a client may ask a run to wait for its session.
 pub const MAX_RUN_WAIT: Duration = Duration::from_secs(60);
 
-/// How often a waiting run tries the lease again. A holder's release is
-/// not announced by every backend, so a waiting run tries again this
-/// often (one acquire attempt each); it starts within this long of the
-/// release.
+/// How often a waiting run tries the lease while the run it waited for
+/// releases it: a run records its end before it gives its lease back.
 pub const RUN_WAIT_RETRY: Duration = Duration::from_millis(50);
+
+/// How long after a run's end a waiting run keeps trying every
+/// [`RUN_WAIT_RETRY`], unless another run has started meanwhile.
+const RELEASE_GRACE: Duration = Duration::from_secs(2);
+
+/// The longest a waiting run goes without trying the lease. A run's end
+/// wakes it at once, and a holder that died recording none is tried again
+/// when the refusal said its lease expires; this bounds the wait where
+/// neither comes (a backend that names no expiry, a lost notification).
+pub const RUN_WAIT_SAFETY: Duration = Duration::from_secs(5);
 
 impl Engine {
     /// [`start_run`](Engine::start_run), but while another run (in another
-    /// process or this one) holds the session, tries again until it is released or `wait` (at most
-    /// [`MAX_RUN_WAIT`]) has passed; then answers like `start_run`.
+    /// process or this one) holds the session, waits until it is released
+    /// or `wait` (at most [`MAX_RUN_WAIT`]) has passed; then answers like
+    /// `start_run`.
+    ///
+    /// The wait follows the session's log, as a follower does (one reader
+    /// per session in the process, whatever the number of waiters): a run
+    /// records its end before it releases, and that end wakes the waiters.
+    /// So a waiter costs an attempt per run that ends, not an attempt per
+    /// interval.
     pub async fn start_run_waiting(
         &self,
         session: SessionId,
@@ -31,19 +51,82 @@ impl Engine {
         wait: Duration,
     ) -> Result<StartedRun, EngineError> {
         let deadline = Instant::now() + wait.min(MAX_RUN_WAIT);
+        // Where the end of the run waited for lies, while its release is
+        // awaited.
+        let mut releasing: Option<(Instant, u64)> = None;
         loop {
-            match self.start_run(session.clone(), input.clone()).await {
+            let pos = self.inner.store.last_seq(&session).await?;
+            let refusal = match self.start_run(session.clone(), input.clone()).await {
+                // Busy: the run holding the session is this process's
+                // own, which a load balancer makes as likely as any.
                 Err(EngineError::Lease(e))
-                    // Busy: the run holding the session is this process's
-                    // own, which a load balancer makes as likely as any.
                     if matches!(
                         e.kind(),
                         KeeperErrorKind::LeasedElsewhere | KeeperErrorKind::Busy
-                    ) && Instant::now() + RUN_WAIT_RETRY < deadline =>
+                    ) =>
                 {
-                    tokio::time::sleep(RUN_WAIT_RETRY).await;
+                    e
                 }
                 other => return other,
+            };
+            let now = Instant::now();
+            if now + RUN_WAIT_RETRY >= deadline {
+                return Err(EngineError::Lease(refusal));
+            }
+            // Nothing logged since the end: its run is still releasing.
+            if releasing.is_some_and(|(until, end)| now < until && pos <= end) {
+                tokio::time::sleep(RUN_WAIT_RETRY).await;
+                continue;
+            }
+            let expiry = refusal.retry_after().unwrap_or(RUN_WAIT_SAFETY);
+            let until = deadline.min(now + expiry.min(RUN_WAIT_SAFETY));
+            releasing = self
+                .wait_for_run_end(&session, pos, until)
+                .await
+                .map(|end| (Instant::now() + RELEASE_GRACE, end));
+        }
+    }
+
+    /// Waits until a run of `session` records its end after `pos`, or
+    /// until `until`: the end's number, or `None` when the time ran out.
+    /// A tail that cannot say (the store failed, the waiter fell behind)
+    /// answers `pos`, so the caller tries at once.
+    async fn wait_for_run_end(&self, session: &SessionId, pos: u64, until: Instant) -> Option<u64> {
+        let mut tail = self.subscribe_tail(session, pos);
+        // An end the tail read before this waiter joined it.
+        if let Ok(Some(end)) = self.run_end_after(session, pos).await {
+            return Some(end);
+        }
+        loop {
+            match tokio::time::timeout_at(until, tail.recv()).await {
+                Err(_elapsed) => return None,
+                Ok(Ok(TailItem::Event(event))) => {
+                    if is_run_end(&event) {
+                        return Some(event.seq);
+                    }
+                }
+                Ok(Ok(TailItem::Quiet(LiveRun::None))) => return Some(pos),
+                Ok(Ok(TailItem::Quiet(_))) => {}
+                Ok(Ok(TailItem::Failed(_)) | Err(_)) => return Some(pos),
+            }
+        }
+    }
+
+    /// The number of the first run end logged after `pos`.
+    async fn run_end_after(
+        &self,
+        session: &SessionId,
+        pos: u64,
+    ) -> Result<Option<u64>, EngineError> {
+        let mut from = pos.saturating_add(1);
+        loop {
+            let page = self.inner.store.read(session, from, FOLLOW_PAGE).await?;
+            if let Some(end) = page.events.iter().find(|e| is_run_end(e)) {
+                return Ok(Some(end.seq));
+            }
+            match page.next_seq {
+                Some(next) => from = next,
+                None => return Ok(None),
             }
         }
     }
@@ -64,4 +147,8 @@ impl Engine {
         // only be refused again.
         (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1)
     }
+}
+
+fn is_run_end(event: &StoredEvent) -> bool {
+    event.payload.get("type").and_then(|t| t.as_str()) == Some(RUN_ENDED)
 }

@@ -109,6 +109,10 @@ impl SessionStore for WatchedStore {
         self.fault.observe(self.inner.recorded_authority().await)
     }
 
+    async fn last_seq(&self, session: &SessionId) -> Result<u64, StoreError> {
+        self.fault.observe(self.inner.last_seq(session).await)
+    }
+
     fn session_lease(&self) -> Option<Arc<dyn SessionLease>> {
         self.inner.session_lease()
     }

@@ -328,6 +328,12 @@ impl SessionStore for JsonlStore {
             .await
     }
 
+    async fn last_seq(&self, session: &SessionId) -> Result<u64, StoreError> {
+        let session = session.clone();
+        self.run(move |core, wait| core.last_seq(&session, wait))
+            .await
+    }
+
     async fn bind_authority(&self, authority: &AuthorityId) -> Result<(), StoreError> {
         let authority = authority.clone();
         self.blocking(move |core| core.bind_authority(&authority))

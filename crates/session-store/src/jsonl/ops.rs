@@ -401,6 +401,25 @@ impl StoreCore {
         })
     }
 
+    pub(super) fn last_seq(&self, session: &SessionId, wait: Wait) -> Result<u64, AttemptError> {
+        self.with_session(session, wait, |state, path| {
+            if !self.ensure_open(state, path)? {
+                return Err(StoreError::NotFound {
+                    session: session.clone(),
+                }
+                .into());
+            }
+            self.locked(state, path, Some(session), LockMode::Shared, |_, index| {
+                if !index.live {
+                    return Err(StoreError::NotFound {
+                        session: session.clone(),
+                    });
+                }
+                Ok(index.next_seq.saturating_sub(1))
+            })
+        })
+    }
+
     /// Every live session. A file that cannot be read as a session (a
     /// stray or damaged `*.jsonl`, one that names another session, one
     /// that cannot be opened) is logged and left out, so one bad file does

@@ -252,3 +252,75 @@ pub async fn cancel_requests_wake_the_holder<F: StoreFactory>(f: &F) {
         "{step}: reads otherwise"
     );
 }
+
+/// The last number follows the appends of every client, is where a wait
+/// for what comes next starts, and carries on over a deletion; a session
+/// that does not exist is `NotFound`.
+pub async fn last_seq_follows_appends<F: StoreFactory>(f: &F) {
+    let (reader, writer) = (f.store().await, f.store().await);
+    let s = session("numbered");
+    must_fail(
+        "the last number of a session never created",
+        reader.last_seq(&s).await,
+        StoreErrorKind::NotFound,
+    );
+    must("create", writer.create(&s).await);
+    assert_eq!(
+        must("new session", reader.last_seq(&s).await),
+        0,
+        "a new session's last number"
+    );
+    let batch = [json!(1), json!(2), json!(3)];
+    must(
+        "append 3 events",
+        writer.append(&s, fence(1, "w"), &batch).await,
+    );
+    let state = "after another client appended events 1 to 3";
+    assert_eq!(
+        must(state, reader.last_seq(&s).await),
+        3,
+        "{state}: the last number"
+    );
+
+    let waiting = tokio::spawn({
+        let (reader, s) = (reader.clone(), s.clone());
+        async move { reader.wait_for_append(&s, 3, FOREVER).await }
+    });
+    tokio::time::sleep(PARKED).await;
+    if waiting.is_finished() {
+        panic!(
+            "{state}: a wait after the last number ended at once: {:?}",
+            waiting.await
+        );
+    }
+    must(
+        "append event 4",
+        writer.append(&s, fence(1, "w"), &[json!(4)]).await,
+    );
+    let step = format!("{state}: a wait after the last number when event 4 landed");
+    assert!(
+        must(
+            &step,
+            promptly(&step, waiting)
+                .await
+                .expect("the waiting task panicked")
+        ),
+        "{step}: the wait reported no event"
+    );
+
+    must("delete", writer.delete(&s, fence(1, "w")).await);
+    must_fail(
+        "the last number of a deleted session",
+        reader.last_seq(&s).await,
+        StoreErrorKind::NotFound,
+    );
+    must("create again", writer.create(&s).await);
+    let state = "session created again after events 1 to 4";
+    let last = must(state, reader.last_seq(&s).await);
+    let receipt = must(state, writer.append(&s, fence(1, "w"), &[json!(5)]).await);
+    assert!(
+        receipt.first_seq > last,
+        "{state}: last number {last}, yet the next append was numbered {}",
+        receipt.first_seq
+    );
+}

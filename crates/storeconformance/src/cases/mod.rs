@@ -20,8 +20,8 @@ pub use fencing::{
     unfenced_refused_once_fenced, unfenced_refused_unless_allowed,
 };
 pub use follow::{
-    cancel_requests_wake_the_holder, wait_on_missing_or_deleted_is_not_found, wait_times_out,
-    wait_wakes_on_append,
+    cancel_requests_wake_the_holder, last_seq_follows_appends,
+    wait_on_missing_or_deleted_is_not_found, wait_times_out, wait_wakes_on_append,
 };
 pub use paging::{
     listing_pages, listing_under_concurrent_changes, paging_under_concurrent_appends, read_paging,
