@@ -531,6 +531,65 @@ fn parse_seq(value: &Value) -> Option<u64> {
     text(value)?.parse().ok()
 }
 
+impl RedisStore {
+    /// The session's record (its last number and mark, checked against
+    /// what this client saw) and up to `count` stream entries from
+    /// `from_seq`. `NotFound` for a session that does not exist.
+    async fn read_entries(
+        &self,
+        session: &SessionId,
+        from_seq: u64,
+        count: usize,
+    ) -> Result<(SessionFloor, Vec<Value>), StoreError> {
+        let conn = &self.inner.conn;
+        let keys = conn.keys();
+        let floor = self.floor(session);
+        let reply = conn
+            .clocked(
+                conn.prepare(&scripts::READ)
+                    .key(keys.record(session))
+                    .key(keys.events(session))
+                    .arg(format!("{from_seq}-0"))
+                    .arg(count)
+                    .arg(floor.seq)
+                    .arg(floor.mark),
+            )
+            .await
+            .map_err(self.read_refused("reading a session"))?;
+        let unexpected = |reply: &Value| {
+            self.corrupt(
+                &keys.events(session),
+                format!("read: unexpected reply {reply:?}"),
+            )
+        };
+        let mut parts = match reply {
+            Value::Nil => {
+                return Err(StoreError::NotFound {
+                    session: session.clone(),
+                });
+            }
+            Value::Array(parts) => parts,
+            other => return Err(unexpected(&other)),
+        };
+        let tag = parts.first().and_then(text).map(str::to_owned);
+        let record = record_floor(
+            parts.get(1).and_then(text).map(str::to_owned),
+            parts.get(2).and_then(text).map(str::to_owned),
+        );
+        match (tag.as_deref(), record, parts.len()) {
+            (Some("rewound"), Some(now), 3) => Err(self.session_went_back(session, now)),
+            (Some("page"), Some(now), 4) => match parts.pop() {
+                Some(Value::Array(entries)) => {
+                    self.saw(session, now);
+                    Ok((now, entries))
+                }
+                _ => Err(unexpected(&Value::Array(parts))),
+            },
+            _ => Err(unexpected(&Value::Array(parts))),
+        }
+    }
+}
+
 #[async_trait]
 impl SessionStore for RedisStore {
     async fn create(&self, session: &SessionId) -> Result<(), StoreError> {
@@ -634,53 +693,11 @@ impl SessionStore for RedisStore {
         if limit == 0 {
             return Err(invalid("a page limit must be at least 1"));
         }
-        let conn = &self.inner.conn;
-        let keys = conn.keys();
+        let keys = self.inner.conn.keys();
         let want = limit.min(MAX_PAGE_EVENTS);
-        let floor = self.floor(session);
-        let reply = conn
-            .clocked(
-                conn.prepare(&scripts::READ)
-                    .key(keys.record(session))
-                    .key(keys.events(session))
-                    .arg(format!("{}-0", from_seq.max(1)))
-                    .arg(want + 1)
-                    .arg(floor.seq)
-                    .arg(floor.mark),
-            )
-            .await
-            .map_err(self.read_refused("reading a session"))?;
-        let unexpected = |reply: &Value| {
-            self.corrupt(
-                &keys.events(session),
-                format!("read: unexpected reply {reply:?}"),
-            )
-        };
-        let mut parts = match reply {
-            Value::Nil => {
-                return Err(StoreError::NotFound {
-                    session: session.clone(),
-                });
-            }
-            Value::Array(parts) => parts,
-            other => return Err(unexpected(&other)),
-        };
-        let tag = parts.first().and_then(text).map(str::to_owned);
-        let record = record_floor(
-            parts.get(1).and_then(text).map(str::to_owned),
-            parts.get(2).and_then(text).map(str::to_owned),
-        );
-        let entries = match (tag.as_deref(), record, parts.len()) {
-            (Some("rewound"), Some(now), 3) => return Err(self.session_went_back(session, now)),
-            (Some("page"), Some(now), 4) => match parts.pop() {
-                Some(Value::Array(entries)) => {
-                    self.saw(session, now);
-                    entries
-                }
-                _ => return Err(unexpected(&Value::Array(parts))),
-            },
-            _ => return Err(unexpected(&Value::Array(parts))),
-        };
+        let (_, entries) = self
+            .read_entries(session, from_seq.max(1), want + 1)
+            .await?;
         let budget = self.inner.max_page_bytes;
         let mut used = 0;
         let mut events = Vec::with_capacity(entries.len().min(want));
@@ -837,6 +854,13 @@ impl SessionStore for RedisStore {
         )
         .await
         .map(drop)
+    }
+
+    /// The record's number, read with the same checks as a page: no
+    /// stream entry is fetched.
+    async fn last_seq(&self, session: &SessionId) -> Result<u64, StoreError> {
+        let (record, _) = self.read_entries(session, u64::MAX, 1).await?;
+        Ok(record.seq)
     }
 
     async fn high_water(&self, session: &SessionId) -> Result<Option<FencingToken>, StoreError> {
