@@ -65,11 +65,15 @@ pub(crate) const OTHER_SERVICE_USERS: &[(&str, &[Service])] = &[
     ("mecatl-leased", &[Service::Etcd]),
     // A store, not a lease backend: directly and through PgBouncer.
     ("pg-session-store", &[Service::Postgres, Service::PgBouncer]),
+    // The connection settings both PostgreSQL crates share, TLS included.
+    ("pg-connect", &[Service::Postgres]),
     (
         "mecated",
         &[
             Service::Etcd,
             Service::Redis,
+            Service::Postgres,
+            Service::PgBouncer,
             Service::Chromium,
             Service::Iproute2,
         ],

@@ -80,7 +80,7 @@ pub enum OpenErrorKind {
     /// The backend's client refused the configuration or could not reach
     /// the backend; the source is its [`LeaseError`], whose kind tells a
     /// configuration that can never work (`Invalid`) from a passing fault
-    /// (`Transient`).
+    /// (`Transient`); for a store, its own error (a `StoreError`).
     Backend,
 }
 
@@ -113,6 +113,22 @@ impl OpenError {
     }
 
     pub(crate) fn new(kind: OpenErrorKind, backend: String, source: LeaseError) -> Self {
+        OpenError {
+            kind,
+            backend,
+            path: None,
+            source: Box::new(source),
+        }
+    }
+
+    /// A refusal of a client whose error is not a [`LeaseError`] (a
+    /// store's).
+    #[cfg_attr(not(feature = "postgres-store"), allow(dead_code))]
+    pub(crate) fn other(
+        kind: OpenErrorKind,
+        backend: String,
+        source: impl StdError + Send + Sync + 'static,
+    ) -> Self {
         OpenError {
             kind,
             backend,

@@ -17,7 +17,9 @@
 //!
 //! Features `etcd`, `k8s`, `redis`, `postgres` and `grpc` (all default) bring in the
 //! client crate of each network backend and its `open`; memory and file
-//! leases are always here. The flag structs and configurations exist
+//! leases are always here. `postgres-store` (default too) adds the
+//! PostgreSQL session store ([`PostgresStore`]), which brings pglease's
+//! leases in its own database and checks them in every append. The flag structs and configurations exist
 //! without their feature, so a server built without one can still parse its
 //! flags and say which feature the operator asked for.
 //!
@@ -90,6 +92,7 @@ mod flags;
 mod k8s;
 mod local;
 mod postgres;
+mod postgres_store;
 mod redis;
 mod service;
 
@@ -105,5 +108,6 @@ pub use flags::{
 pub use k8s::K8sLeases;
 pub use local::{DirLeases, open_memory};
 pub use postgres::PostgresLeases;
+pub use postgres_store::PostgresStore;
 pub use redis::RedisLeases;
 pub use service::LeaseService;

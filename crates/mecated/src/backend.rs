@@ -63,7 +63,15 @@ pub enum StoreChoice {
         /// Key prefix shared by the servers.
         prefix: String,
     },
+    /// The PostgreSQL store: sessions in tables of one database, shared by
+    /// processes on any host.
+    #[cfg(feature = "postgres")]
+    Postgres(PostgresStore),
 }
+
+/// Which PostgreSQL tables hold the sessions, for [`StoreChoice::Postgres`].
+#[cfg(feature = "postgres")]
+pub use lease_backends::PostgresStore;
 
 impl StoreChoice {
     /// The JSONL store in `dir`, syncing every append.
@@ -74,28 +82,53 @@ impl StoreChoice {
         }
     }
 
-    /// The store these flags select.
-    pub fn from_args(args: &ServeArgs) -> Self {
-        #[cfg(feature = "redis")]
+    /// The store these flags select, or why this build cannot serve it.
+    pub fn from_args(args: &ServeArgs) -> Result<Self, String> {
         if let Some(url) = &args.store_redis {
-            return StoreChoice::Redis {
+            #[cfg(feature = "redis")]
+            return Ok(StoreChoice::Redis {
                 url: url.clone(),
                 prefix: args.store_redis_prefix.clone(),
-            };
+            });
+            // Never the directory store instead: sessions a deployment
+            // keeps in Redis would seem to vanish.
+            #[cfg(not(feature = "redis"))]
+            {
+                let _ = url;
+                return Err("--store-redis needs mecated built with the `redis` feature".into());
+            }
         }
-        StoreChoice::Jsonl {
+        if let Some(url) = &args.store_postgres {
+            #[cfg(feature = "postgres")]
+            return Ok(StoreChoice::Postgres(PostgresStore {
+                url: url.clone(),
+                password_file: args.store_postgres_password_file.clone(),
+                table_prefix: args.store_postgres_table_prefix.clone(),
+            }));
+            #[cfg(not(feature = "postgres"))]
+            {
+                let _ = url;
+                return Err(
+                    "--store-postgres needs mecated built with the `postgres` feature".into(),
+                );
+            }
+        }
+        Ok(StoreChoice::Jsonl {
             dir: args.store_dir.clone(),
             fsync: args.store_fsync == FsyncChoice::Always,
-        }
+        })
     }
 
     /// The lease backend a store brings when no lease flag is given: file
-    /// leases beside a local JSONL store.
+    /// leases beside a local JSONL store; a store on a server leases its
+    /// sessions itself (PostgreSQL's through pglease in its own database).
     pub fn default_leases(&self) -> LeaseChoice {
         match self {
             StoreChoice::Jsonl { dir, .. } => LeaseChoice::Dir(dir.join(DEFAULT_LEASE_DIR_NAME)),
             #[cfg(feature = "redis")]
             StoreChoice::Redis { .. } => LeaseChoice::Store,
+            #[cfg(feature = "postgres")]
+            StoreChoice::Postgres(_) => LeaseChoice::Store,
         }
     }
 }
@@ -108,7 +141,8 @@ pub enum LeaseChoice {
     /// No lease backend: runs are unleased, and writes need the
     /// single-process proof.
     Unleased,
-    /// The store's own leases (a Redis store leases its sessions itself).
+    /// The store's own leases (a Redis store leases its sessions itself; a
+    /// PostgreSQL store through pglease in its database).
     Store,
     /// A remote lease service over gRPC: processes on several hosts.
     #[cfg(feature = "grpc")]
@@ -227,7 +261,7 @@ impl LeaseChoice {
             }
             (Some(dir), false) => Ok(LeaseChoice::Dir(dir.clone())),
             (None, true) => Ok(LeaseChoice::Unleased),
-            (None, false) => Ok(StoreChoice::from_args(args).default_leases()),
+            (None, false) => Ok(StoreChoice::from_args(args)?.default_leases()),
         }
     }
 }
@@ -289,11 +323,14 @@ pub(crate) async fn open(
     allow_volatile_lease_dir: bool,
 ) -> Result<Opened, StartError> {
     let unleased = *lease == LeaseChoice::Unleased;
-    let (store, store_dir, generations) = open_store(store, lease, ttl).await?;
-    let store_name = || match &store_dir {
-        Some(dir) => dir.display().to_string(),
-        None => "the Redis store".to_owned(),
-    };
+    let OpenedStore {
+        store,
+        dir: store_dir,
+        generations,
+        leases: checked,
+        name,
+    } = open_store(store, lease, ttl).await?;
+    let store_name = || name.clone();
     // Only a directory store can prove, by a lock, that one process serves
     // it; a store on a server has no such proof and is always leased.
     let lock_path = store_dir.as_ref().map(|d| d.join(SINGLE_PROCESS_LOCK));
@@ -327,10 +364,11 @@ pub(crate) async fn open(
         }
     }
 
-    // A store that leases its own sessions wins over any lease flag.
-    let own = store.session_lease();
+    // A store that leases its own sessions wins over any lease flag; so do
+    // leases opened with the store, whose appends check them.
+    let own = checked.or_else(|| store.session_lease());
     let (configured_by, lease_dir) = match (&own, lease) {
-        (Some(_), _) => ("the store's own leases", None),
+        (Some(_), _) => (lease.flag(), None),
         (None, LeaseChoice::Dir(dir)) => (lease.flag(), Some(dir.clone())),
         (None, _) => (lease.flag(), None),
     };
@@ -493,7 +531,7 @@ async fn open_store(
     lease: &LeaseChoice,
     ttl: Duration,
 ) -> Result<OpenedStore, StartError> {
-    #[cfg(not(feature = "redis"))]
+    #[cfg(not(any(feature = "redis", feature = "postgres")))]
     let _ = ttl;
     let unleased = *lease == LeaseChoice::Unleased;
     match store {
@@ -529,7 +567,13 @@ async fn open_store(
                 },
             })?;
             let jsonl = Arc::new(jsonl);
-            Ok((jsonl.clone(), Some(dir.clone()), Some(jsonl)))
+            Ok(OpenedStore {
+                store: jsonl.clone(),
+                dir: Some(dir.clone()),
+                generations: Some(jsonl),
+                leases: None,
+                name: dir.display().to_string(),
+            })
         }
         #[cfg(feature = "redis")]
         StoreChoice::Redis { url, prefix } => {
@@ -542,18 +586,64 @@ async fn open_store(
                 store: format!("Redis ({prefix})"),
                 source,
             })?;
-            Ok((Arc::new(redis), None, None))
+            Ok(OpenedStore {
+                store: Arc::new(redis),
+                dir: None,
+                generations: None,
+                leases: None,
+                name: "the Redis store".to_owned(),
+            })
         }
+        #[cfg(feature = "postgres")]
+        StoreChoice::Postgres(pg) => open_postgres_store(pg, lease, ttl).await,
     }
 }
 
-/// The store, its directory when it has one, and the directory store for
-/// advancing its generation.
-type OpenedStore = (
-    Arc<dyn SessionStore>,
-    Option<PathBuf>,
-    Option<Arc<JsonlStore>>,
-);
+/// The PostgreSQL store, checking the live lease row in each append when
+/// the leases are pglease's in its database under its prefix: its own
+/// (no lease flag), or the same tables named by --session-lease-postgres.
+/// Those leases are opened first — they make the table the check reads —
+/// and served from here.
+#[cfg(feature = "postgres")]
+async fn open_postgres_store(
+    pg: &PostgresStore,
+    lease: &LeaseChoice,
+    ttl: Duration,
+) -> Result<OpenedStore, StartError> {
+    let checked = match lease {
+        LeaseChoice::Store => Some(pg.own_leases()),
+        LeaseChoice::Postgres(leases) if pg.shares_tables_with(leases) => Some(leases.clone()),
+        _ => None,
+    };
+    let leases: Option<Arc<dyn SessionLease>> = match &checked {
+        Some(config) => Some(Arc::new(config.open(ttl).await.map_err(not_opened)?)),
+        None => None,
+    };
+    let store = pg
+        .open(leases.is_some())
+        .await
+        .map_err(StartError::OpenStore)?;
+    Ok(OpenedStore {
+        store: Arc::new(store),
+        dir: None,
+        generations: None,
+        leases,
+        name: pg.describe(),
+    })
+}
+
+/// An opened store and what came with it.
+struct OpenedStore {
+    store: Arc<dyn SessionStore>,
+    /// Its directory, when it has one.
+    dir: Option<PathBuf>,
+    /// The directory store, for advancing its generation.
+    generations: Option<Arc<JsonlStore>>,
+    /// Leases opened with the store because its appends check them.
+    leases: Option<Arc<dyn SessionLease>>,
+    /// The store, for messages.
+    name: String,
+}
 
 /// Ties the store to the lease authority whose tokens fence it: recorded on
 /// the first leased start, compared on every later one. Tokens of two

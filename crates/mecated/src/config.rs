@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use lease_backends::{EtcdArgs, EtcdEnv, K8sArgs, K8sEnv, PostgresArgs, PostgresEnv};
+use lease_backends::{
+    DEFAULT_POSTGRES_TABLE_PREFIX, EtcdArgs, EtcdEnv, K8sArgs, K8sEnv, PostgresArgs, PostgresEnv,
+};
 
 use crate::backend::{LeaseChoice, StoreChoice};
 use crate::transcript::DEFAULT_TRANSCRIPT_CACHE_BYTES;
@@ -161,6 +163,40 @@ pub struct ServeArgs {
     /// Key prefix of the Redis store; servers that share sessions share it.
     #[arg(long, env = "MECATED_STORE_REDIS_PREFIX", default_value = "mecatl:")]
     pub store_redis_prefix: String,
+
+    /// Store sessions in tables of this PostgreSQL database
+    /// (`postgres://USER@HOST:PORT/DB`) instead of a directory: servers on
+    /// any host share them. Without a lease flag, the same database leases
+    /// the sessions too (pglease's tables under the same prefix), and every
+    /// append checks the live lease row, so a holder whose lease was taken
+    /// over is refused even before the new owner writes.
+    #[arg(
+        long,
+        env = "MECATED_STORE_POSTGRES",
+        value_name = "URL",
+        conflicts_with_all = ["no_session_lease", "store_redis"]
+    )]
+    pub store_postgres: Option<String>,
+
+    /// File holding the password of --store-postgres, in place of any the
+    /// URL carries (one line; its line ending is not part of it).
+    #[arg(
+        long,
+        env = "MECATED_STORE_POSTGRES_PASSWORD_FILE",
+        value_name = "FILE",
+        requires = "store_postgres"
+    )]
+    pub store_postgres_password_file: Option<PathBuf>,
+
+    /// Prefix of the PostgreSQL store's tables' names, and of the leases'
+    /// it brings; servers that share sessions share it.
+    #[arg(
+        long,
+        env = "MECATED_STORE_POSTGRES_TABLE_PREFIX",
+        value_name = "PREFIX",
+        default_value = DEFAULT_POSTGRES_TABLE_PREFIX
+    )]
+    pub store_postgres_table_prefix: String,
 
     /// Single-host file leases in this directory (shared by every process
     /// serving the same sessions). Overrides the automatic
@@ -405,7 +441,7 @@ impl ServeArgs {
         if self.agent != AgentKind::Exec && self.agent_command.is_some() {
             return Err("--agent-command is only used with --agent exec".into());
         }
-        Ok((StoreChoice::from_args(self), LeaseChoice::from_args(self)?))
+        Ok((StoreChoice::from_args(self)?, LeaseChoice::from_args(self)?))
     }
 }
 
@@ -516,6 +552,87 @@ mod tests {
             parse(&["--session-lease-k8s-kubeconfig", "kc"]).is_err(),
             "a kubeconfig without Kubernetes leases"
         );
+    }
+
+    fn store_and_lease(args: &[&str]) -> Result<(StoreChoice, LeaseChoice), String> {
+        let cli = Cli::try_parse_from(std::iter::once("mecated").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        cli.serve.choices()
+    }
+
+    /// With no lease flag a PostgreSQL store leases its sessions itself; a
+    /// lease flag names other leases; the flags that cannot go with it are
+    /// refused, each naming the flag in the way.
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn a_postgres_store_leases_itself_unless_told_otherwise() {
+        use crate::backend::PostgresStore;
+        let store = [
+            "--store-postgres",
+            "postgres://app@db/chat",
+            "--store-postgres-password-file",
+            "/run/pw",
+            "--store-postgres-table-prefix",
+            "chat",
+        ];
+        let (chosen, lease) = store_and_lease(&store).unwrap();
+        assert_eq!(
+            chosen,
+            StoreChoice::Postgres(PostgresStore {
+                url: "postgres://app@db/chat".into(),
+                password_file: Some("/run/pw".into()),
+                table_prefix: "chat".into(),
+            })
+        );
+        assert_eq!(lease, LeaseChoice::Store);
+        let (_, lease) = store_and_lease(&["--store-postgres", "postgres://db/x"]).unwrap();
+        assert_eq!(lease, LeaseChoice::Store);
+        let (chosen, _) = store_and_lease(&["--store-postgres", "postgres://db/x"]).unwrap();
+        assert!(
+            matches!(&chosen, StoreChoice::Postgres(p) if p.table_prefix == "mecatl"
+                && p.password_file.is_none()),
+            "{chosen:?}"
+        );
+        let explicit = [&store[..], &["--session-lease-postgres", "postgres://db/x"]].concat();
+        let (_, lease) = store_and_lease(&explicit).unwrap();
+        assert!(matches!(lease, LeaseChoice::Postgres(_)), "{lease:?}");
+        let dir = [&store[..], &["--session-lease-dir", "/run/leases"]].concat();
+        assert_eq!(
+            store_and_lease(&dir).unwrap().1,
+            LeaseChoice::Dir("/run/leases".into())
+        );
+        for (extra, named) in [
+            (&["--no-session-lease"][..], "--no-session-lease"),
+            (&["--store-redis", "redis://r"][..], "--store-redis"),
+        ] {
+            let args = [&store[..], extra].concat();
+            let err = store_and_lease(&args).unwrap_err();
+            assert!(err.contains(named), "{args:?}: {err}");
+            assert!(err.contains("--store-postgres"), "{args:?}: {err}");
+        }
+        let err = store_and_lease(&["--store-postgres-password-file", "/run/pw"]).unwrap_err();
+        assert!(err.contains("--store-postgres <URL>"), "{err}");
+    }
+
+    /// Each store setting reads `MECATED_` and its flag's name.
+    #[test]
+    fn the_postgres_store_settings_read_their_environment_variables() {
+        use clap::CommandFactory;
+        let cmd = Cli::command();
+        for (id, var) in [
+            ("store_postgres", "MECATED_STORE_POSTGRES"),
+            (
+                "store_postgres_password_file",
+                "MECATED_STORE_POSTGRES_PASSWORD_FILE",
+            ),
+            (
+                "store_postgres_table_prefix",
+                "MECATED_STORE_POSTGRES_TABLE_PREFIX",
+            ),
+        ] {
+            let arg = cmd.get_arguments().find(|a| a.get_id() == id).unwrap();
+            assert_eq!(arg.get_env().and_then(|v| v.to_str()), Some(var), "{id}");
+        }
     }
 
     /// The variables the shared settings read are still `MECATED_`'s.

@@ -76,6 +76,10 @@ pub enum StartError {
         #[source]
         source: session_store::StoreError,
     },
+    /// A store on a server could not be opened from its configuration: a
+    /// password file that cannot be used, or the store's refusal.
+    #[error("cannot open {}", .0.backend())]
+    OpenStore(#[source] lease_backends::OpenError),
     /// The store directory is an older copy of itself (put back from a
     /// backup or an older disk image), or a copy in another place.
     #[error(

@@ -12,17 +12,18 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use pg_connect::{ConnectError, PgConfig};
 use tokio::sync::{Mutex, MutexGuard};
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, Config, NoTls, Row};
-use tracing::warn;
+use tokio_postgres::{Client, Row};
 
 /// Why a statement did not answer.
 #[derive(Debug)]
 pub(crate) enum Failure {
-    /// No connection could be opened, or none was free, in time: the
-    /// statement was never sent.
-    NotSent(String, Option<tokio_postgres::Error>),
+    /// No connection could be opened (PostgreSQL refused it, or TLS
+    /// failed: the source says which check), or none was free, in time:
+    /// the statement was never sent.
+    NotSent(String, Option<Box<dyn std::error::Error + Send + Sync>>),
     /// No answer by the deadline: the statement was cancelled, and may or
     /// may not have taken effect.
     TimedOut(Duration),
@@ -71,21 +72,22 @@ impl std::fmt::Display for Failure {
 impl std::error::Error for Failure {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Failure::NotSent(_, Some(e)) | Failure::Refused(e) | Failure::Broken(e) => Some(e),
+            Failure::NotSent(_, Some(e)) => Some(e.as_ref()),
+            Failure::Refused(e) | Failure::Broken(e) => Some(e),
             _ => None,
         }
     }
 }
 
 pub(crate) struct Connections {
-    config: Config,
+    config: PgConfig,
     slots: Vec<Mutex<Option<Client>>>,
     next: AtomicUsize,
     request_timeout: Duration,
 }
 
 impl Connections {
-    pub(crate) fn new(config: Config, size: usize, request_timeout: Duration) -> Self {
+    pub(crate) fn new(config: PgConfig, size: usize, request_timeout: Duration) -> Self {
         Self {
             config,
             slots: (0..size.max(1)).map(|_| Mutex::new(None)).collect(),
@@ -139,33 +141,38 @@ impl Connections {
         if slot.as_ref().is_none_or(Client::is_closed) {
             *slot = Some(connect(&self.config, self.request_timeout).await?);
         }
-        Ok(Conn { slot })
+        Ok(Conn {
+            slot,
+            config: &self.config,
+        })
     }
 }
 
 /// A new connection whose messages are driven by a task of the current
 /// runtime (notifications on it are dropped: this is not the listener).
-pub(crate) async fn connect(config: &Config, bound: Duration) -> Result<Client, Failure> {
-    let (client, connection) = tokio::time::timeout(bound, config.connect(NoTls))
-        .await
-        .map_err(|_| {
-            Failure::NotSent(
-                format!("PostgreSQL did not accept a connection within {bound:?}"),
-                None,
-            )
-        })?
-        .map_err(|e| Failure::NotSent("PostgreSQL refused a connection".into(), Some(e)))?;
-    tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            warn!(error = %e, "a PostgreSQL connection ended");
+pub(crate) async fn connect(config: &PgConfig, bound: Duration) -> Result<Client, Failure> {
+    config.connect_driven(bound).await.map_err(not_connected)
+}
+
+/// A connection that was not opened, as a statement never sent.
+pub(crate) fn not_connected(e: ConnectError) -> Failure {
+    match e {
+        ConnectError::TimedOut(bound) => Failure::NotSent(
+            format!("PostgreSQL did not accept a connection within {bound:?}"),
+            None,
+        ),
+        ConnectError::Refused(e) => {
+            Failure::NotSent("PostgreSQL refused a connection".into(), Some(Box::new(e)))
         }
-    });
-    Ok(client)
+        other => Failure::NotSent(other.to_string(), Some(Box::new(other))),
+    }
 }
 
 /// One connection, held for one statement.
 struct Conn<'a> {
     slot: MutexGuard<'a, Option<Client>>,
+    /// To cancel a statement over the connection's own TLS.
+    config: &'a PgConfig,
 }
 
 impl Conn<'_> {
@@ -237,12 +244,7 @@ impl Conn<'_> {
     /// connection.
     fn cancel(&mut self) {
         if let Some(client) = self.slot.take() {
-            let cancel = client.cancel_token();
-            tokio::spawn(async move {
-                if let Err(e) = cancel.cancel_query(NoTls).await {
-                    warn!(error = %e, "a statement past its deadline could not be cancelled");
-                }
-            });
+            self.config.cancel(&client);
         }
     }
 }

@@ -195,7 +195,11 @@
 //! write statement is handed them and refuses before writing when the log
 //! or the row is below them (a row gone counts), and reads are checked on
 //! the answer: [`Rewound`](session_store::StoreErrorKind::Rewound), the
-//! message naming what went back. A process started after the loss cannot
+//! message naming what went back. The log position is compared across a
+//! promotion, so it catches a failover only until the new primary has
+//! written as much WAL as was lost (a refused write writes nothing, other
+//! clients' writes count); the session floors do not fade, but cover only
+//! the sessions this instance saw. A process started after the loss cannot
 //! tell; run with `synchronous_commit = on` (the default), and with a
 //! synchronous standby if a failover must never lose an accepted write.
 //!
@@ -210,8 +214,12 @@
 //! for a passing cause — connection, shutdown, deadlock, a standby —, `Io`
 //! otherwise, `Invalid` for data it cannot store); **a write that timed
 //! out or lost its connection is `Io` and may have been done**: read the
-//! session before writing again. The URL is read by
-//! `tokio_postgres::Config`; this build speaks plain TCP or a Unix socket.
+//! session before writing again. The URL is read by `pg_connect`, as libpq
+//! reads it, TLS included (`sslmode=disable|prefer|require|verify-ca|
+//! verify-full`, `sslrootcert=FILE` or `system`, `sslcert`/`sslkey`), for
+//! the statements, the `LISTEN` connection and the cancels alike; a bad
+//! value is `Invalid`, a TLS check that fails says which in the error
+//! (`Unavailable`: nothing was sent).
 //!
 //! # Not offered
 //!

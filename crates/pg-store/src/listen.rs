@@ -25,9 +25,10 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use lease_port::SessionId;
+use pg_connect::PgConfig;
 use tokio::sync::{Notify, oneshot};
+use tokio_postgres::AsyncMessage;
 use tokio_postgres::types::Type;
-use tokio_postgres::{AsyncMessage, Config, NoTls};
 use tracing::{info, warn};
 
 /// How often a waiter reads its session while notifications arrive.
@@ -50,12 +51,23 @@ const MOST_DEAF_PAUSE: Duration = Duration::from_secs(600);
 /// Probes carry a control character, which no session id holds.
 const PROBE_MARK: char = '\u{1}';
 
+/// What a cancel request's notification starts with, before the session
+/// id (a control character too: never an append's bare id).
+pub(crate) const CANCEL_MARK: char = '\u{2}';
+
+/// What a waiter waits on: a session's appends, or its cancel requests.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Topic {
+    Appends(SessionId),
+    Cancels(SessionId),
+}
+
 /// How the store learns of appends.
 #[derive(Debug, Clone)]
 pub(crate) enum Mode {
     /// `LISTEN` with this configuration (the store's URL, or the one given
     /// for notifications).
-    Listen(Box<Config>),
+    Listen(Box<PgConfig>),
     /// Waiters read every poll interval.
     Poll,
 }
@@ -79,12 +91,13 @@ enum Listener {
 
 struct Shared {
     /// Where probes are sent from: the store's own URL.
-    probe_config: Config,
+    probe_config: PgConfig,
     channel: String,
     connect_timeout: Duration,
     poll_interval: Duration,
-    /// The waiters' signals by session; an entry goes with its last waiter.
-    waiters: Mutex<HashMap<SessionId, Weak<Notify>>>,
+    /// The waiters' signals by what they wait on; an entry goes with its
+    /// last waiter.
+    waiters: Mutex<HashMap<Topic, Weak<Notify>>>,
     /// Whether the last probe arrived on the live `LISTEN` connection.
     arriving: AtomicBool,
     /// The probe awaited, and who waits for it.
@@ -94,7 +107,7 @@ struct Shared {
 
 /// A waiter's registration: woken on each append to its session.
 pub(crate) struct Waiter {
-    session: SessionId,
+    topic: Topic,
     notify: Arc<Notify>,
     shared: Arc<Shared>,
 }
@@ -121,7 +134,7 @@ impl Drop for Waiter {
         let mut waiters = lock(&self.shared.waiters);
         // Others still wait on this session while they hold the signal.
         if Arc::strong_count(&self.notify) == 1 {
-            waiters.remove(&self.session);
+            waiters.remove(&self.topic);
         }
     }
 }
@@ -133,7 +146,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Appends {
     pub(crate) fn new(
         mode: Mode,
-        probe_config: Config,
+        probe_config: PgConfig,
         channel: String,
         connect_timeout: Duration,
         poll_interval: Duration,
@@ -159,9 +172,18 @@ impl Appends {
         self.shared.arriving.load(Ordering::Acquire)
     }
 
-    /// Registers a waiter for `session`, starting the listener first if no
-    /// waiter has yet.
+    /// Registers a waiter for appends to `session`, starting the listener
+    /// first if no waiter has yet.
     pub(crate) fn register(&self, session: &SessionId) -> Waiter {
+        self.register_for(Topic::Appends(session.clone()))
+    }
+
+    /// Registers a waiter for cancel requests of `session`.
+    pub(crate) fn register_cancels(&self, session: &SessionId) -> Waiter {
+        self.register_for(Topic::Cancels(session.clone()))
+    }
+
+    fn register_for(&self, topic: Topic) -> Waiter {
         {
             let mut listener = lock(&self.listener);
             if matches!(*listener, Listener::NotStarted) {
@@ -172,16 +194,16 @@ impl Appends {
         // dropping waiter checks the count under it: an entry is never
         // removed while a waiter holds its signal.
         let mut waiters = lock(&self.shared.waiters);
-        let notify = match waiters.get(session).and_then(Weak::upgrade) {
+        let notify = match waiters.get(&topic).and_then(Weak::upgrade) {
             Some(n) => n,
             None => {
                 let n = Arc::new(Notify::new());
-                waiters.insert(session.clone(), Arc::downgrade(&n));
+                waiters.insert(topic.clone(), Arc::downgrade(&n));
                 n
             }
         };
         Waiter {
-            session: session.clone(),
+            topic,
             notify,
             shared: Arc::clone(&self.shared),
         }
@@ -235,10 +257,14 @@ impl Shared {
             }
             return;
         }
-        let Ok(id) = SessionId::new(payload) else {
+        let topic = match payload.strip_prefix(CANCEL_MARK) {
+            Some(session) => SessionId::new(session).map(Topic::Cancels),
+            None => SessionId::new(payload).map(Topic::Appends),
+        };
+        let Ok(topic) = topic else {
             return;
         };
-        if let Some(n) = lock(&self.waiters).get(&id).and_then(Weak::upgrade) {
+        if let Some(n) = lock(&self.waiters).get(&topic).and_then(Weak::upgrade) {
             n.notify_waiters();
         }
     }
@@ -307,7 +333,7 @@ enum Ended {
 
 /// Listens and wakes waiters until the store is dropped; listens again
 /// after any failure, waking every waiter once it hears again.
-async fn listen(shared: Weak<Shared>, config: Config) {
+async fn listen(shared: Weak<Shared>, config: PgConfig) {
     let mut pause = FIRST_PAUSE;
     let mut deaf_pause = DEAF_PAUSE;
     let mut warned_lost = false;
@@ -355,12 +381,10 @@ async fn listen(shared: Weak<Shared>, config: Config) {
 
 /// One `LISTEN` connection, probed after `LISTEN` and every
 /// [`PROBE_INTERVAL`], until it breaks or a probe does not arrive.
-async fn one_connection(s: &Shared, config: &Config) -> Ended {
-    let connecting = tokio::time::timeout(s.connect_timeout, config.connect(NoTls)).await;
-    let (client, mut connection) = match connecting {
-        Ok(Ok(c)) => c,
-        Ok(Err(e)) => return Ended::Lost(e.to_string()),
-        Err(_) => return Ended::Lost(format!("no connection within {:?}", s.connect_timeout)),
+async fn one_connection(s: &Shared, config: &PgConfig) -> Ended {
+    let (client, mut connection) = match config.connect(s.connect_timeout).await {
+        Ok(c) => c,
+        Err(e) => return Ended::Lost(crate::conn::not_connected(e).to_string()),
     };
     let driver = async {
         loop {
@@ -406,7 +430,7 @@ mod tests {
 
     fn appends() -> Appends {
         // Nothing listens there; polling mode starts no listener.
-        let config: Config = "host=127.0.0.1 port=1".parse().unwrap();
+        let config = PgConfig::parse("host=127.0.0.1 port=1").unwrap();
         Appends::new(
             Mode::Poll,
             config,

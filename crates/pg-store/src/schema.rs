@@ -11,7 +11,7 @@ use crate::conn::Connections;
 use crate::error::{Op, invalid, store_error};
 
 /// The schema version this crate writes and reads.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// The component this crate records in the shared `<prefix>_schema` table
 /// (the leases of `pglease` record theirs as `leases`).
@@ -27,7 +27,10 @@ pub(crate) struct Tables {
     pub(crate) events: String,
     pub(crate) authority: String,
     pub(crate) schema: String,
-    /// The `NOTIFY` channel appends and deletions are announced on.
+    /// Cancel requests, one row per session asked to stop a run.
+    pub(crate) cancels: String,
+    /// The `NOTIFY` channel appends, deletions and cancel requests are
+    /// announced on.
     pub(crate) channel: String,
 }
 
@@ -59,6 +62,7 @@ impl Tables {
             events: format!("{prefix}_events"),
             authority: format!("{prefix}_store_authority"),
             schema: format!("{prefix}_schema"),
+            cancels: format!("{prefix}_cancel_requests"),
             channel: format!("{prefix}_session_appends"),
         })
     }
@@ -88,11 +92,46 @@ pub(crate) async fn migrate(
         }
         _ => {}
     }
+    let sql = setup_sql(t);
+    let Tables {
+        sessions,
+        events,
+        authority,
+        cancels,
+        ..
+    } = t;
+    conns
+        .batch(&sql, SETUP_STATEMENT_TIMEOUT)
+        .await
+        .map_err(|e| {
+            if e.code() == Some(&SqlState::DUPLICATE_TABLE) {
+                return invalid(format!(
+                    "the tables {sessions}, {events}, {authority} and {cancels} could not be \
+                     created: {e} \
+                     (another application's tables under these names? choose another table \
+                     prefix)"
+                ));
+            }
+            store_error(e, "creating the session tables", location, Op::Write)
+        })?;
+    match version(conns, t, location).await? {
+        Some(SCHEMA_VERSION) => Ok(()),
+        other => Err(invalid(format!(
+            "the session tables {sessions} record schema version {other:?} after creation"
+        ))),
+    }
+}
+
+/// The set-up batch: the tables of every version up to
+/// [`SCHEMA_VERSION`], each version's step run only on tables recorded at
+/// the version before it.
+fn setup_sql(t: &Tables) -> String {
     let Tables {
         sessions,
         events,
         authority,
         schema,
+        cancels,
         ..
     } = t;
     // Version 1. Session rows are never deleted: a deleted session keeps
@@ -100,7 +139,7 @@ pub(crate) async fn migrate(
     // events of earlier lives of a session (see `sql`). Ids are compared
     // bytewise (`COLLATE "C"`), as Rust compares them, so the listing's
     // order is the index's order.
-    let sql = format!(
+    format!(
         "SELECT pg_advisory_xact_lock(hashtext('{schema}'));
          CREATE TABLE IF NOT EXISTS {schema} (
              component text PRIMARY KEY,
@@ -138,30 +177,23 @@ pub(crate) async fn migrate(
                      marker text NOT NULL,
                      bound_at timestamptz NOT NULL DEFAULT now()
                  );
-                 INSERT INTO {schema} (component, version) VALUES ('{COMPONENT}', {SCHEMA_VERSION});
+                 INSERT INTO {schema} (component, version) VALUES ('{COMPONENT}', 1);
+             END IF;
+             -- Version 2: cancel requests. Advice to a run's holder, never
+             -- a write to the session, so not fenced; the run token only
+             -- rises and the count only grows (see `sql`).
+             IF (SELECT version FROM {schema} WHERE component = '{COMPONENT}') = 1 THEN
+                 CREATE TABLE {cancels} (
+                     session_id text COLLATE \"C\" PRIMARY KEY,
+                     run numeric(20, 0) NOT NULL
+                         CHECK (run >= 0 AND run <= 18446744073709551615),
+                     serial bigint NOT NULL CHECK (serial > 0)
+                 );
+                 UPDATE {schema} SET version = 2 WHERE component = '{COMPONENT}';
              END IF;
          END
          $migrate$;"
-    );
-    conns
-        .batch(&sql, SETUP_STATEMENT_TIMEOUT)
-        .await
-        .map_err(|e| {
-            if e.code() == Some(&SqlState::DUPLICATE_TABLE) {
-                return invalid(format!(
-                    "the tables {sessions}, {events} and {authority} could not be created: {e} \
-                     (another application's tables under these names? choose another table \
-                     prefix)"
-                ));
-            }
-            store_error(e, "creating the session tables", location, Op::Write)
-        })?;
-    match version(conns, t, location).await? {
-        Some(SCHEMA_VERSION) => Ok(()),
-        other => Err(invalid(format!(
-            "the session tables {sessions} record schema version {other:?} after creation"
-        ))),
-    }
+    )
 }
 
 /// The recorded schema version; `None` when there are no tables yet.

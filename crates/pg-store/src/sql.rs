@@ -27,6 +27,9 @@ pub(crate) struct Statements {
     pub(crate) list_after: String,
     pub(crate) bind: String,
     pub(crate) recorded: String,
+    pub(crate) request_cancel: String,
+    pub(crate) cancel_request: String,
+    pub(crate) last_seq: String,
 }
 
 const LSN: &str = "pg_current_wal_lsn()::text";
@@ -71,6 +74,17 @@ impl Statements {
                  SELECT authority, marker FROM {authority} WHERE NOT EXISTS (SELECT 1 FROM ins)"
             ),
             recorded: format!("SELECT authority FROM {authority}"),
+            request_cancel: request_cancel(t),
+            cancel_request: format!(
+                "SELECT run::text, serial FROM {} WHERE session_id = $1",
+                t.cancels
+            ),
+            // The session's row with the log position, as a read checks
+            // them; no event is read.
+            last_seq: format!(
+                "SELECT s.live, s.last_seq, s.mark::text, {LSN}
+                 FROM (SELECT 1) AS one LEFT JOIN {sessions} s ON s.session_id = $1"
+            ),
         }
     }
 }
@@ -317,5 +331,27 @@ fn read(t: &Tables) -> String {
          ) p ON true
          WHERE s.session_id = $1 AND (p.rn IS NULL OR p.rn <= 2 OR p.used - p.bytes <= $4)
          ORDER BY p.seq"
+    )
+}
+
+/// $1 session, $2 the run's token (decimal text), $3 the notification's
+/// payload. Records a request for a live session only: raises the run to
+/// $2 unless a later run is recorded, counting the request (a request for
+/// an earlier run changes nothing), and notifies the session's waiters in
+/// the same transaction. Columns: whether the session is live, the count
+/// now (NULL when nothing was recorded), the notifications sent.
+fn request_cancel(t: &Tables) -> String {
+    let (sessions, cancels, channel) = (&t.sessions, &t.cancels, &t.channel);
+    format!(
+        "WITH s AS (SELECT session_id FROM {sessions} WHERE session_id = $1 AND live),
+         rec AS (
+             INSERT INTO {cancels} AS c (session_id, run, serial)
+             SELECT session_id, $2::numeric, 1 FROM s
+             ON CONFLICT (session_id) DO UPDATE SET run = EXCLUDED.run, serial = c.serial + 1
+                 WHERE c.run <= EXCLUDED.run
+             RETURNING serial
+         ),
+         note AS MATERIALIZED (SELECT pg_notify('{channel}', $3) FROM rec)
+         SELECT EXISTS (SELECT 1 FROM s), (SELECT serial FROM rec), (SELECT count(*) FROM note)"
     )
 }

@@ -2,24 +2,24 @@
 //! statements in `sql`.
 
 use std::fmt;
-use std::str::FromStr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use lease_port::{AuthorityId, FencingToken, OwnerId, SessionId};
+use pg_connect::PgConfig;
 use serde_json::Value;
 use session_store::{
-    AppendReceipt, ListCursor, Page, SessionPage, SessionStore, StoreError, StoreErrorKind,
-    StoredEvent, WriteFence, check_list_limit,
+    AppendReceipt, CancelRequest, ListCursor, Page, SessionPage, SessionStore, StoreError,
+    StoreErrorKind, StoredEvent, WriteFence, check_list_limit,
 };
+use tokio_postgres::Row;
 use tokio_postgres::types::{FromSql, ToSql, Type};
-use tokio_postgres::{Config, Row};
 
 use crate::conn::{Connections, Failure};
 use crate::error::{Op, corrupt, invalid, store_error};
 use crate::floors::{Floors, Sent, SessionFloor};
-use crate::listen::{Appends, Mode};
+use crate::listen::{Appends, CANCEL_MARK, Mode};
 use crate::schema::{self, Tables};
 use crate::sql::Statements;
 
@@ -194,13 +194,12 @@ impl PgStoreBuilder {
         Ok(())
     }
 
-    fn config(&self, url: &str) -> Result<Config, StoreError> {
-        let mut config = Config::from_str(url)
-            .map_err(|e| invalid(format!("the PostgreSQL URL cannot be read: {e}")))?;
+    fn config(&self, url: &str) -> Result<PgConfig, StoreError> {
+        let mut config = PgConfig::parse(url).map_err(|e| invalid(e.to_string()))?;
         if let Some(password) = &self.password
-            && (url == self.url || config.get_password().is_none())
+            && (url == self.url || config.pg().get_password().is_none())
         {
-            config.password(password);
+            config.pg_mut().password(password);
         }
         Ok(config)
     }
@@ -220,7 +219,7 @@ impl PgStoreBuilder {
             }
             None => None,
         };
-        let location = location_of(&config);
+        let location = config.location();
         let conns = Connections::new(config.clone(), self.connections, self.request_timeout);
         let setup = async {
             schema::migrate(&conns, &tables, &location).await?;
@@ -245,7 +244,7 @@ impl PgStoreBuilder {
                     NotifyVia::Url(url) => self.config(url)?,
                     _ => config.clone(),
                 };
-                listen.application_name(LISTEN_APPLICATION);
+                listen.pg_mut().application_name(LISTEN_APPLICATION);
                 Mode::Listen(Box::new(listen))
             }
         };
@@ -272,23 +271,6 @@ impl PgStoreBuilder {
             }),
         })
     }
-}
-
-/// `postgres://host:port/database`, without credentials: where errors say
-/// the store is.
-fn location_of(config: &Config) -> String {
-    let host = match config.get_hosts().first() {
-        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
-        #[cfg(unix)]
-        Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
-        None => "localhost".to_owned(),
-    };
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    let db = config
-        .get_dbname()
-        .or(config.get_user())
-        .unwrap_or("postgres");
-    format!("postgres://{host}:{port}/{db}")
 }
 
 /// [`SessionStore`] in PostgreSQL tables (see the [crate
@@ -392,7 +374,7 @@ impl Verdict {
 
 impl PgStore {
     /// A builder connecting to `url` (`postgres://user:pass@host:port/db`,
-    /// or any form `tokio_postgres::Config` reads).
+    /// or `key=value` pairs; libpq's TLS keys included, see `pg_connect`).
     pub fn builder(url: impl Into<String>) -> PgStoreBuilder {
         PgStoreBuilder {
             url: url.into(),
@@ -984,6 +966,96 @@ impl SessionStore for PgStore {
             }
         }
     }
+
+    async fn last_seq(&self, session: &SessionId) -> Result<u64, StoreError> {
+        let id = session.as_str();
+        let sent = self.inner.floors.sent(Some(session));
+        let rows = self
+            .inner
+            .conns
+            .query(&self.inner.sql.last_seq, &[(&id, Type::TEXT)])
+            .await
+            .map_err(self.failed("reading a session's last number", Op::Read))?;
+        let row = rows.first().ok_or_else(|| {
+            corrupt(
+                &self.inner.tables.sessions,
+                "last_seq: PostgreSQL answered no row",
+            )
+        })?;
+        self.live_row(session, &sent, row, 3)
+    }
+
+    async fn request_cancel(
+        &self,
+        session: &SessionId,
+        run: FencingToken,
+    ) -> Result<(), StoreError> {
+        let (id, run) = (session.as_str(), run.get().to_string());
+        let note = format!("{CANCEL_MARK}{session}");
+        let table = &self.inner.tables.cancels;
+        let rows = self
+            .inner
+            .conns
+            .query(
+                &self.inner.sql.request_cancel,
+                &[(&id, Type::TEXT), (&run, Type::TEXT), (&note, Type::TEXT)],
+            )
+            .await
+            .map_err(self.failed("recording a cancel request", Op::Write))?;
+        let row = rows
+            .first()
+            .ok_or_else(|| corrupt(table, "request_cancel: PostgreSQL answered no row"))?;
+        let live: bool = col(row, 0, table)?;
+        if !live {
+            return Err(StoreError::NotFound {
+                session: session.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    async fn cancel_request(
+        &self,
+        session: &SessionId,
+    ) -> Result<Option<CancelRequest>, StoreError> {
+        let id = session.as_str();
+        let table = &self.inner.tables.cancels;
+        let rows = self
+            .inner
+            .conns
+            .query(&self.inner.sql.cancel_request, &[(&id, Type::TEXT)])
+            .await
+            .map_err(self.failed("reading cancel requests", Op::Read))?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let run: String = col(row, 0, table)?;
+        let serial: i64 = col(row, 1, table)?;
+        Ok(Some(CancelRequest {
+            run: FencingToken::new(token_of(&run, table)?),
+            serial: u64::try_from(serial)
+                .map_err(|_| corrupt(table, format!("cancel request count {serial}")))?,
+        }))
+    }
+
+    /// Woken by the request's notification on the store's one `LISTEN`
+    /// connection; reading on the waiters' schedule behind a pooler.
+    async fn wait_for_cancel_request(
+        &self,
+        session: &SessionId,
+        after_serial: u64,
+        timeout: Duration,
+    ) -> Result<Option<CancelRequest>, StoreError> {
+        let waiter = self.inner.appends.register_cancels(session);
+        let recheck = waiter.read_interval();
+        session_store::wait_notified(Some(waiter.notify()), timeout, recheck, || async {
+            Ok(self
+                .cancel_request(session)
+                .await?
+                .filter(|r| r.serial > after_serial))
+        })
+        .await
+    }
 }
 
 impl PgStore {
@@ -997,9 +1069,40 @@ impl PgStore {
             .collect()
     }
 
+    /// Checks a session's row as a read answered it (live, last sequence
+    /// number and mark in columns 0 to 2, the log position in `lsn_col`)
+    /// against what this client saw, and records it: `NotFound` unless
+    /// the session is live. Its last sequence number.
+    fn live_row(
+        &self,
+        session: &SessionId,
+        sent: &Sent,
+        row: &Row,
+        lsn_col: usize,
+    ) -> Result<u64, StoreError> {
+        let sessions = &self.inner.tables.sessions;
+        let live: Option<bool> = col(row, 0, sessions)?;
+        let mark: Option<String> = col(row, 2, sessions)?;
+        let now = row_floor(col(row, 1, sessions)?, mark.as_deref(), sessions)?;
+        let lsn: Option<String> = col(row, lsn_col, sessions)?;
+        self.check_lsn(lsn.as_deref(), sent)?;
+        if sent.session.above(now) {
+            return Err(self.session_went_back(session, now, sent.session));
+        }
+        if let Some(now) = now {
+            self.inner.floors.saw(session, now);
+        }
+        match (live, now) {
+            (Some(true), Some(now)) => Ok(now.seq),
+            _ => Err(StoreError::NotFound {
+                session: session.clone(),
+            }),
+        }
+    }
+
     /// A read's rows as a page (see `sql::read`).
     fn page(&self, session: &SessionId, sent: &Sent, rows: &[Row]) -> Result<Page, StoreError> {
-        let (sessions, events) = (&self.inner.tables.sessions, &self.inner.tables.events);
+        let events = &self.inner.tables.events;
         let Some(first) = rows.first() else {
             if sent.session.above(None) {
                 return Err(self.session_went_back(session, None, sent.session));
@@ -1008,22 +1111,7 @@ impl PgStore {
                 session: session.clone(),
             });
         };
-        let live: bool = col(first, 0, sessions)?;
-        let mark: Option<String> = col(first, 2, sessions)?;
-        let now = row_floor(col(first, 1, sessions)?, mark.as_deref(), sessions)?;
-        let lsn: Option<String> = col(first, 7, sessions)?;
-        self.check_lsn(lsn.as_deref(), sent)?;
-        if sent.session.above(now) {
-            return Err(self.session_went_back(session, now, sent.session));
-        }
-        if let Some(now) = now {
-            self.inner.floors.saw(session, now);
-        }
-        if !live {
-            return Err(StoreError::NotFound {
-                session: session.clone(),
-            });
-        }
+        self.live_row(session, sent, first, 7)?;
         let mut out = Vec::with_capacity(rows.len());
         let mut next_seq = None;
         for row in rows {

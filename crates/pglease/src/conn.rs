@@ -11,21 +11,21 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lease_port::LeaseError;
+use pg_connect::{ConnectError, PgConfig, TlsError};
 use tokio::sync::{Mutex, MutexGuard};
-use tokio_postgres::{Client, Config, NoTls};
-use tracing::warn;
+use tokio_postgres::Client;
 
 use crate::error::from_pg;
 
 pub(crate) struct Connections {
-    config: Config,
+    config: PgConfig,
     slots: Vec<Mutex<Option<Client>>>,
     next: AtomicUsize,
     connect_timeout: Duration,
 }
 
 impl Connections {
-    pub(crate) fn new(config: Config, size: usize, connect_timeout: Duration) -> Self {
+    pub(crate) fn new(config: PgConfig, size: usize, connect_timeout: Duration) -> Self {
         Self {
             config,
             slots: (0..size.max(1)).map(|_| Mutex::new(None)).collect(),
@@ -47,32 +47,33 @@ impl Connections {
         if slot.as_ref().is_none_or(Client::is_closed) {
             *slot = Some(self.connect().await?);
         }
-        Ok(Conn { slot })
+        Ok(Conn {
+            slot,
+            config: &self.config,
+        })
     }
 
     async fn connect(&self) -> Result<Client, LeaseError> {
-        let connecting = self.config.connect(NoTls);
-        let (client, connection) = tokio::time::timeout(self.connect_timeout, connecting)
+        self.config
+            .connect_driven(self.connect_timeout)
             .await
-            .map_err(|_| {
-                LeaseError::transient(format!(
-                    "PostgreSQL did not accept a connection within {:?}",
-                    self.connect_timeout
-                ))
-            })?
-            .map_err(from_pg)?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                warn!(error = %e, "a PostgreSQL connection ended");
-            }
-        });
-        Ok(client)
+            .map_err(|e| match e {
+                ConnectError::Refused(e) => from_pg(e),
+                // A certificate that fails its check, or a server without
+                // the TLS the URL demands, fails every attempt alike.
+                ConnectError::Tls(tls) if !matches!(tls, TlsError::Handshake { .. }) => {
+                    LeaseError::invalid(tls.to_string()).with_source(tls)
+                }
+                other => LeaseError::transient(other.to_string()).with_source(other),
+            })
     }
 }
 
 /// One connection, held for one statement.
 pub(crate) struct Conn<'a> {
     slot: MutexGuard<'a, Option<Client>>,
+    /// To cancel a statement over the connection's own TLS.
+    config: &'a PgConfig,
 }
 
 impl Conn<'_> {
@@ -109,12 +110,7 @@ impl Conn<'_> {
                 out.map_err(from_pg)
             }
             Err(_) => {
-                let cancel = client.cancel_token();
-                tokio::spawn(async move {
-                    if let Err(e) = cancel.cancel_query(NoTls).await {
-                        warn!(error = %e, "a statement past its deadline could not be cancelled");
-                    }
-                });
+                self.config.cancel(client);
                 *self.slot = None;
                 Err(LeaseError::transient(
                     "PostgreSQL did not answer in time: the statement was cancelled, and may or \

@@ -49,6 +49,14 @@ fn parse_lsn(text: &str) -> Result<u64, LeaseError> {
     Ok(hi << 32 | lo)
 }
 
+impl Mark {
+    /// The log position seen, as PostgreSQL spells a `pg_lsn`: a write
+    /// sent with it changes nothing on a database behind it.
+    pub(crate) fn lsn_text(&self) -> String {
+        format!("{:X}/{:X}", self.lsn >> 32, self.lsn & u64::from(u32::MAX))
+    }
+}
+
 impl Floors {
     /// What is known now, before sending a statement about `session`.
     pub(crate) fn mark(&self, session: Option<&SessionId>) -> Mark {
@@ -122,6 +130,15 @@ impl Floors {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_seen_position_is_spelt_as_postgresql_reads_it() {
+        let f = Floors::default();
+        f.note_lsn("A/16B3748", &f.mark(None)).unwrap();
+        assert_eq!(f.mark(None).lsn_text(), "A/16B3748");
+        assert_eq!(parse_lsn(&f.mark(None).lsn_text()).unwrap(), 0xA_016B_3748);
+        assert_eq!(Floors::default().mark(None).lsn_text(), "0/0");
+    }
 
     #[test]
     fn log_positions_read_as_numbers_and_going_back_is_refused() {

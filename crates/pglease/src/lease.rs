@@ -1,6 +1,5 @@
 //! [`PgLease`]: the contract's operations over the statements in `sql`.
 
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -116,10 +115,10 @@ impl PgLeaseBuilder {
     /// `Invalid` for a bad URL, TTL or prefix, or tables of a newer schema;
     /// `Transient` when the database cannot be reached in time.
     pub async fn connect(self) -> Result<PgLease, LeaseError> {
-        let mut config = tokio_postgres::Config::from_str(&self.url)
-            .map_err(|e| LeaseError::invalid("the PostgreSQL URL cannot be read").with_source(e))?;
+        let mut config = pg_connect::PgConfig::parse(&self.url)
+            .map_err(|e| LeaseError::invalid(e.to_string()).with_source(e))?;
         if let Some(password) = &self.password {
-            config.password(password);
+            config.pg_mut().password(password);
         }
         // Whole milliseconds, as the statements count, and well inside what
         // PostgreSQL's timestamps hold.
@@ -200,7 +199,7 @@ fn token_param(token: FencingToken) -> Result<i64, LeaseError> {
 
 impl PgLease {
     /// A builder connecting to `url` (`postgres://user:pass@host:port/db`,
-    /// or any form `tokio_postgres::Config` reads).
+    /// or `key=value` pairs; libpq's TLS keys included, see `pg_connect`).
     pub fn builder(url: impl Into<String>) -> PgLeaseBuilder {
         PgLeaseBuilder {
             url: url.into(),
@@ -279,6 +278,7 @@ impl PgLease {
                     (&owner.as_str(), Type::TEXT),
                     (&self.inner.ttl_ms, Type::INT8),
                     (&floor, Type::INT8),
+                    (&mark.lsn_text(), Type::TEXT),
                 ],
             )
             .await?;
@@ -295,22 +295,23 @@ impl PgLease {
                 _ => LeaseError::held(None),
             });
         };
-        self.check_lsn(row, 2, &mark)?;
+        self.check_lsn(row, 1, &mark)?;
         let token = token_of(
             opt_i64(row, 0)?.ok_or_else(|| LeaseError::invalid("PostgreSQL granted no token"))?,
         )?;
-        let ms = opt_i64(row, 1)?.unwrap_or(0);
         // A grant below what this client had been granted: the row lost
         // its history.
         self.inner
             .floors
             .check_row(session, Some(token.get() as i64), &mark)?;
         self.inner.floors.note_grant(session, token);
+        // The grant lives the TTL from the statement's `now()`, which is no
+        // earlier than the sending.
         Ok(Lease::new(
             session.clone(),
             owner.clone(),
             token,
-            sent + left(ms),
+            sent + self.inner.ttl,
         ))
     }
 
@@ -353,6 +354,11 @@ impl PgLease {
             .iter()
             .map(|l| self.inner.floors.mark(Some(l.session_id())))
             .collect();
+        // The log position is one for the whole client.
+        let seen = marks
+            .first()
+            .map_or_else(|| self.inner.floors.mark(None), |m| *m)
+            .lsn_text();
         let sent = SystemTime::now();
         let rows = self
             .query(
@@ -362,6 +368,7 @@ impl PgLease {
                     (&owners, Type::TEXT_ARRAY),
                     (&tokens, Type::INT8_ARRAY),
                     (&self.inner.ttl_ms, Type::INT8),
+                    (&seen, Type::TEXT),
                 ],
             )
             .await?;
@@ -428,13 +435,13 @@ impl SessionLease for PgLease {
                     (&lease.owner().as_str(), Type::TEXT),
                     (&token, Type::INT8),
                     (&self.inner.ttl_ms, Type::INT8),
+                    (&mark.lsn_text(), Type::TEXT),
                 ],
             )
             .await?;
         if let Some(row) = rows.first() {
-            self.check_lsn(row, 1, &mark)?;
-            let ms = opt_i64(row, 0)?.unwrap_or(0);
-            return Ok(lease.with_expiry(sent + left(ms)));
+            self.check_lsn(row, 0, &mark)?;
+            return Ok(lease.with_expiry(sent + self.inner.ttl));
         }
         let (owner, token, ms) = self.read_row(session, &mark).await?;
         self.lost(session, owner, token, ms, &mark)
@@ -453,6 +460,7 @@ impl SessionLease for PgLease {
                     (&session.as_str(), Type::TEXT),
                     (&lease.owner().as_str(), Type::TEXT),
                     (&token, Type::INT8),
+                    (&mark.lsn_text(), Type::TEXT),
                 ],
             )
             .await?;

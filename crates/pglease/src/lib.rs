@@ -50,8 +50,9 @@
 //!   unchanged (nobody took it).
 //! - **Expiry is judged by the database's `now()`**, never a client's
 //!   clock: a client whose clock runs fast or slow cannot free a session
-//!   early. Each answer says how long the grant has left, and the client
-//!   counts that from when it sent the call.
+//!   early. A grant or renewal lives the TTL from the statement's `now()`,
+//!   and the client counts it from when it sent the call (no later than
+//!   that `now()`); a read of the row says how long its hold has left.
 //! - The tables are created, and later upgraded, by the first client that
 //!   connects (versioned in `<prefix>_schema`; a database at a newer
 //!   version is refused). The authority is `pg:<database>:<id>`, the id
@@ -83,6 +84,15 @@
 //! - a session's row showing a lower token than the client was granted, or
 //!   gone.
 //!
+//! The log position is compared across the promotion, so it catches a
+//! failover only until the new primary has written as much WAL as the old
+//! one wrote after the standby's last receipt. Every write carries the
+//! position the client saw and changes nothing on a database behind it, so
+//! the refusals themselves do not move the new primary on (nor extend a
+//! superseded grant); other clients' writes, and the server's own, still
+//! do. The token floor does not fade, but covers only the sessions this
+//! client was granted.
+//!
 //! A client started after the loss cannot tell, so the durability settings
 //! decide what a token is worth: run with `synchronous_commit = on` (the
 //! default), and with a synchronous standby (`synchronous_standby_names`)
@@ -90,9 +100,14 @@
 //!
 //! # Connections
 //!
-//! The URL is read by `tokio_postgres::Config` (`postgres://user:password@
-//! host:port/database?…`, or `key=value` pairs). This build speaks plain
-//! TCP or a Unix socket; `sslmode=require` is refused when connecting.
+//! The URL is read by `pg_connect` (`postgres://user:password@
+//! host:port/database?…`, or `key=value` pairs, as libpq reads them), TLS
+//! included: `sslmode=disable|prefer|require|verify-ca|verify-full`,
+//! `sslrootcert=FILE` (or `system`), and `sslcert`/`sslkey` for a client
+//! certificate. A TLS check that fails (an untrusted certificate, one not
+//! naming the host, a server without TLS where the mode requires it) is
+//! `Invalid`, its reason kept as the source; plain TCP and Unix sockets
+//! work as before.
 
 mod conn;
 mod error;

@@ -35,6 +35,19 @@ const CLOCK_MS: &str = "floor(extract(epoch FROM clock_timestamp()) * 1000)::big
 
 const LSN: &str = "pg_current_wal_lsn()::text";
 
+/// A write's condition that the database is not behind the log position
+/// the client saw before sending it ($5): on a database restored or failed
+/// over to a standby that lost commits, a write of a client that saw them
+/// changes nothing while the database is behind what it saw, and the
+/// client's read of the row then reports it `Rewound`. Checked only after
+/// the commit, a refused renewal would still extend the row and move the
+/// new primary's log on, closing the window in which every other client
+/// that saw the lost commits could tell.
+const AT_OR_PAST: &str = "pg_current_wal_lsn() >= $5::pg_lsn";
+
+/// The same for release, whose position is $4.
+const AT_OR_PAST4: &str = "pg_current_wal_lsn() >= $4::pg_lsn";
+
 impl Statements {
     pub(crate) fn new(t: &Tables) -> Self {
         let leases = &t.leases;
@@ -49,43 +62,50 @@ impl Statements {
     }
 }
 
-/// $1 session, $2 owner, $3 TTL in ms, $4 floor. Free, expired or ours:
+/// $1 session, $2 owner, $3 TTL in ms, $4 floor, $5 the log position
+/// seen (nothing is written behind it). Free, expired or ours:
 /// granted; no row answered means held. The live holder re-acquiring keeps
 /// its token unless it does not exceed the floor; any other grant takes a
-/// token above the row's, the floor and the database clock (in ms). The
-/// conflict branch re-reads the row under its lock, so two racing acquires
-/// cannot both win.
+/// token above the row's, the floor and the database clock (in ms): the
+/// proposed row's token, the clock read once, before any wait for the
+/// row's lock (a later reading would only be higher, and either is past
+/// every token lost before the statement). The conflict branch
+/// re-reads the row under its lock, so two racing acquires cannot both
+/// win. A grant always lives exactly the TTL from the statement's `now()`,
+/// so the answer need not say how long it has left.
 fn acquire(leases: &str) -> String {
     format!(
         "INSERT INTO {leases} AS l (session_id, owner, token, expires_at)
-         VALUES ($1, $2, GREATEST($4 + 1, {CLOCK_MS}), now() + $3 * interval '1 millisecond')
+         SELECT $1, $2, GREATEST($4 + 1, {CLOCK_MS}), now() + $3 * interval '1 millisecond'
+         WHERE {AT_OR_PAST}
          ON CONFLICT (session_id) DO UPDATE SET
              owner = EXCLUDED.owner,
              token = CASE
                  WHEN l.owner = EXCLUDED.owner AND l.expires_at > now() AND l.token > $4
                  THEN l.token
-                 ELSE GREATEST(l.token + 1, $4 + 1, {CLOCK_MS})
+                 ELSE GREATEST(l.token + 1, EXCLUDED.token)
              END,
              expires_at = EXCLUDED.expires_at
          WHERE l.owner IS NULL OR l.expires_at <= now() OR l.owner = EXCLUDED.owner
-         RETURNING l.token, {left}, {LSN}",
-        left = ms_left("l.expires_at"),
+         RETURNING l.token, {LSN}"
     )
 }
 
-/// $1 session, $2 owner, $3 token, $4 TTL in ms. Renewed while the row is
+/// $1 session, $2 owner, $3 token, $4 TTL in ms, $5 the log position seen.
+/// Renewed while the row is
 /// still this grant, even past its expiry: nobody took it, or the row
-/// would have changed. No row answered: not renewed (`row` says why).
+/// would have changed. No row answered: not renewed (`row` says why). A
+/// renewed grant lives exactly the TTL from the statement's `now()`.
 fn renew(leases: &str) -> String {
     format!(
         "UPDATE {leases} SET expires_at = now() + $4 * interval '1 millisecond'
-         WHERE session_id = $1 AND owner = $2 AND token = $3
-         RETURNING {left}, {LSN}",
-        left = ms_left("expires_at"),
+         WHERE session_id = $1 AND owner = $2 AND token = $3 AND {AT_OR_PAST}
+         RETURNING {LSN}"
     )
 }
 
-/// $1 sessions, $2 owners, $3 tokens, $4 TTL in ms: every renewal in one
+/// $1 sessions, $2 owners, $3 tokens, $4 TTL in ms, $5 the log position
+/// seen: every renewal in one
 /// statement, each under renew's rule, answered in the order asked (NULL
 /// for a lease not renewed; `row` says why). A grant is matched on all of
 /// session, owner and token, so a stale value beside the current one in
@@ -99,7 +119,7 @@ fn renew_many(leases: &str) -> String {
              UPDATE {leases} l SET expires_at = now() + $4 * interval '1 millisecond'
              FROM want
              WHERE l.session_id = want.session_id AND l.owner = want.owner
-                 AND l.token = want.token
+                 AND l.token = want.token AND {AT_OR_PAST}
              RETURNING want.n
          )
          SELECT want.n, up.n IS NOT NULL, {LSN}
@@ -108,13 +128,14 @@ fn renew_many(leases: &str) -> String {
     )
 }
 
-/// $1 session, $2 owner, $3 token: only this grant's hold goes; the row and
+/// $1 session, $2 owner, $3 token, $4 the log position seen: only this
+/// grant's hold goes; the row and
 /// its token stay. No row answered: nothing of it was held (`row` says
 /// whether the table went back).
 fn release(leases: &str) -> String {
     format!(
         "UPDATE {leases} SET owner = NULL, expires_at = NULL
-         WHERE session_id = $1 AND owner = $2 AND token = $3
+         WHERE session_id = $1 AND owner = $2 AND token = $3 AND {AT_OR_PAST4}
          RETURNING token, {LSN}"
     )
 }

@@ -14,7 +14,9 @@
 //! saves its data as it is (`SAVE`) and [`RedisServer::restart_from`]
 //! restarts it with exactly that data, as a server restarted from a stale
 //! RDB file or a restored backup would; [`RedisServer::info`] reads what
-//! it reports of itself (memory, evictions).
+//! it reports of itself (memory, evictions). A [`PostgresStandby`] streams
+//! a [`PostgresServer`]'s WAL asynchronously; its replication can be cut
+//! and it can be promoted, as a failover that loses the last commits.
 //!
 //! PostgreSQL and PgBouncer refuse to run as root: when the tests do (as
 //! CI does), their processes run as `nobody`, in directories made its own.
@@ -53,6 +55,7 @@ mod pgbouncer;
 mod pgwire;
 pub mod pki;
 mod postgres;
+mod postgres_standby;
 mod process;
 mod proxy;
 mod redis;
@@ -63,6 +66,7 @@ pub use etcd::{EtcdServer, EtcdTls};
 pub use etcd_cluster::{CLUSTER_SIZE, EtcdCluster};
 pub use pgbouncer::PgBouncer;
 pub use postgres::{POSTGRES_PASSWORD, POSTGRES_USER, PostgresServer};
+pub use postgres_standby::PostgresStandby;
 pub use process::ServerProcess;
 pub use process::find_binary;
 pub use proxy::{FaultProxy, ProxyCounters, ProxyMode};

@@ -135,6 +135,19 @@ pub struct PostgresServer {
 impl PostgresServer {
     /// Makes a new cluster and starts a server on it.
     pub fn start() -> Result<PostgresServer, ServiceError> {
+        Self::start_on(None)
+    }
+
+    /// Makes a new cluster and starts a server on it that also speaks TLS
+    /// (`ssl = on`) with `server`'s certificate and key (from
+    /// [`Pki::issue`](crate::pki::Pki::issue), say): clients choose TLS or
+    /// plain TCP, as with any PostgreSQL. It keeps TLS across
+    /// [`restart`](Self::restart).
+    pub fn start_with_tls(server: &crate::pki::Issued) -> Result<PostgresServer, ServiceError> {
+        Self::start_on(Some(server))
+    }
+
+    fn start_on(tls: Option<&crate::pki::Issued>) -> Result<PostgresServer, ServiceError> {
         let binaries = Binaries::find()?;
         let run_as = RunAs::when_root()?;
         let dir = tempfile::Builder::new()
@@ -145,6 +158,9 @@ impl PostgresServer {
             run_as.own(dir.path())?;
         }
         initdb(&binaries, dir.path(), run_as)?;
+        if let Some(tls) = tls {
+            enable_tls(&dir.path().join("data"), tls, run_as)?;
+        }
         let mut last = None;
         for _ in 0..START_ATTEMPTS {
             let port = free_port()?;
@@ -395,6 +411,39 @@ fn initdb(binaries: &Binaries, dir: &Path, run_as: Option<RunAs>) -> Result<(), 
         status,
         stderr: fs::read_to_string(&log_path).unwrap_or_default(),
     })
+}
+
+/// Puts the certificate and key in the data directory (the key readable by
+/// the server's account alone, as PostgreSQL demands) and turns TLS on in
+/// `postgresql.conf`, so a restart keeps it.
+fn enable_tls(
+    data: &Path,
+    tls: &crate::pki::Issued,
+    run_as: Option<RunAs>,
+) -> Result<(), ServiceError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    for (name, pem) in [("server.crt", &tls.cert_pem), ("server.key", &tls.key_pem)] {
+        let path = data.join(name);
+        fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .and_then(|mut f| f.write_all(pem.as_bytes()))
+            .map_err(|e| ServiceError::io(format!("write {}", path.display()), e))?;
+        if let Some(run_as) = run_as {
+            run_as.own_file(&path)?;
+        }
+    }
+    let conf = data.join("postgresql.conf");
+    fs::OpenOptions::new()
+        .append(true)
+        .open(&conf)
+        .and_then(|mut f| {
+            f.write_all(b"\nssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n")
+        })
+        .map_err(|e| ServiceError::io(format!("turn TLS on in {}", conf.display()), e))
 }
 
 fn spawn(

@@ -4,8 +4,10 @@
 //! store (`processes`); replicas behind a round-robin proxy (`replicas`,
 //! `replica_edge_cases`); leases from etcd (`etcd_leases`, with the `etcd`
 //! feature), from the Kubernetes API emulator (`k8s_leases`, with `k8s`),
-//! from a gRPC lease service (`lease_service`); `mecak8s` as a deployment
-//! runs it (`mecak8s`); `mecated leases` (`leases_cli`); the operator page
+//! from a gRPC lease service (`lease_service`); sessions and leases in
+//! PostgreSQL (`postgres_leases`, `postgres_store`, with `postgres`);
+//! `mecak8s` as a deployment runs it (`mecak8s`); `mecated leases`
+//! (`leases_cli`); the operator page
 //! in headless Chromium (`operator_page`). Others run the server
 //! in-process: every route against the OpenAPI document (`router`); who
 //! owns a run (`ownership`); many followers of one session (`fanout`);
@@ -34,6 +36,7 @@ mod mecak8s;
 mod operator_page;
 mod ownership;
 mod postgres_leases;
+mod postgres_store;
 mod processes;
 mod replica_edge_cases;
 mod replicas;

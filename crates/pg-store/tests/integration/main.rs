@@ -5,8 +5,10 @@
 //! store's own: the same-database lease check (`leases`), followers woken
 //! by `NOTIFY` and the pooler fallback (`follow`), one transaction per
 //! append, the index behind listing pages, the schema, bad configuration
-//! (`store`), and a database that went back (`rewind`).
+//! (`store`), and a database that went back (`rewind`), also by a failover
+//! to a standby that lost the last appends (`failover`).
 
+mod failover;
 mod follow;
 mod leases;
 mod rewind;

@@ -251,8 +251,8 @@ async fn the_schema_is_versioned_and_shared_with_the_leases() {
     assert_eq!(
         tables[0][0].as_deref(),
         Some(
-            "mecatl_authority mecatl_events mecatl_leases mecatl_schema mecatl_sessions \
-             mecatl_store_authority"
+            "mecatl_authority mecatl_cancel_requests mecatl_events mecatl_leases mecatl_schema \
+             mecatl_sessions mecatl_store_authority"
         )
     );
     server
@@ -261,6 +261,56 @@ async fn the_schema_is_versioned_and_shared_with_the_leases() {
     let err = builder(&url).connect().await.unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Invalid, "{err}");
     assert!(err.to_string().contains("newer"), "{err}");
+}
+
+/// Tables of schema version 1 (before cancel requests) are upgraded in
+/// place by the first client of this version: sessions, events and marks
+/// kept, cancel requests working afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn version_1_tables_are_upgraded_in_place() {
+    let server = server();
+    let url = server.url();
+    let old = store(&url).await;
+    let s = session("from-version-1");
+    old.create(&s).await.unwrap();
+    old.append(&s, fence(3, "x"), &[json!("kept")])
+        .await
+        .unwrap();
+    drop(old);
+    // What version 1 left: no cancel requests' table, version 1 recorded.
+    server
+        .query(
+            "DROP TABLE mecatl_cancel_requests; \
+             UPDATE mecatl_schema SET version = 1 WHERE component = 'store'",
+        )
+        .unwrap();
+
+    let upgraded = store(&url).await;
+    let version = server
+        .query("SELECT version::text FROM mecatl_schema WHERE component = 'store'")
+        .unwrap();
+    assert_eq!(
+        version[0][0].as_deref(),
+        Some(SCHEMA_VERSION.to_string().as_str())
+    );
+    let page = upgraded.read(&s, 1, 10).await.unwrap();
+    assert_eq!(page.events.len(), 1);
+    assert_eq!(page.events[0].payload, json!("kept"));
+    let err = upgraded
+        .append(&s, fence(2, "y"), &[json!("late")])
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.kind(),
+        StoreErrorKind::Fenced,
+        "the mark survived: {err}"
+    );
+    upgraded
+        .request_cancel(&s, lease_port::FencingToken::new(3))
+        .await
+        .unwrap();
+    let request = upgraded.cancel_request(&s).await.unwrap().unwrap();
+    assert_eq!(request.serial, 1);
 }
 
 /// Prefixes keep deployments apart in one database; a foreign table under

@@ -74,6 +74,10 @@ impl StoreFactory for Postgres {
     fn max_event_bytes(&self) -> Option<usize> {
         Some(MAX_EVENT_BYTES)
     }
+
+    fn keeps_cancel_requests(&self) -> bool {
+        true
+    }
 }
 
 storeconformance::suite!(async { Postgres::direct() });
