@@ -36,12 +36,18 @@ const USAGE: &str = "usage: cargo xtask faults [--backend NAME|all] [--ops N] [-
                      [--profile short|long] [--out DIR] [--skip-broken] [--broken-only]";
 
 /// The session server's end-to-end runs, which start its binaries.
-const SERVERS: &[&str] = &["mecated", "mecated-etcd", "mecak8s"];
+const SERVERS: &[&str] = &["mecated", "mecated-etcd", "mecated-postgres", "mecak8s"];
+
+/// Services the broken variants start, whichever backend runs: some run
+/// on a backend's own rig.
+const BROKEN_NEEDS: &[Service] = &[Service::Redis, Service::Postgres];
 
 /// Backends whose runs start a service.
 const NEEDS: &[(&str, Service)] = &[
     ("redis", Service::Redis),
     ("mecak8s", Service::Redis),
+    ("postgres", Service::Postgres),
+    ("mecated-postgres", Service::Postgres),
     ("etcd", Service::Etcd),
     ("grpc-etcd", Service::Etcd),
     ("etcd-partitions", Service::Etcd),
@@ -66,6 +72,10 @@ pub(crate) fn faults(args: &[String]) -> Result {
         .filter(|(name, _)| !broken_only && (backend == "all" || backend == *name))
         .map(|(_, s)| *s)
         .collect();
+    if !args.iter().any(|a| a == "--skip-broken") {
+        wanted.extend(BROKEN_NEEDS);
+    }
+    wanted.sort();
     wanted.dedup();
     services::ensure(&wanted)?;
     // The session server runs start real server processes: build them

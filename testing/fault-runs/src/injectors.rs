@@ -9,7 +9,10 @@ use grpcdriver::{LeaseServer, ServeError};
 use k8s_emulator::{DroppedReply, Failure};
 use lease_history::{ClockStepper, FaultInjector, FaultKind, Recorder, Rng};
 use lease_port::{Clock, SessionLease};
-use test_services::{Controls, EtcdCluster, EtcdServer, FaultProxy, ProxyMode, RedisServer};
+use test_services::{
+    Controls, EtcdCluster, EtcdServer, FaultProxy, PostgresServer, ProxyMode, RedisServer,
+    ServiceError,
+};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::{JoinHandle, block_in_place};
@@ -19,8 +22,39 @@ use crate::holders::{self, HolderSet};
 use crate::partitions::Partitions;
 use crate::rewinds::{EmulatorRewind, RedisMemory, RedisRewind, StoreSwap};
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A service process the faults kill, restart, stop and resume, whatever
+/// the server: each rig hands its own to the same actions.
+pub(crate) trait Service: Controls + Send {
+    /// SIGKILL, as a crash would; [`restart`](Self::restart) brings it
+    /// back.
+    fn kill(&mut self);
+    /// A clean stop, or none after a kill, and a start on the same port and
+    /// data.
+    fn restart(&mut self) -> Result<(), ServiceError>;
+}
+
+impl Service for RedisServer {
+    fn kill(&mut self) {
+        RedisServer::kill(self);
+    }
+
+    fn restart(&mut self) -> Result<(), ServiceError> {
+        RedisServer::restart(self)
+    }
+}
+
+impl Service for PostgresServer {
+    fn kill(&mut self) {
+        PostgresServer::kill(self);
+    }
+
+    fn restart(&mut self) -> Result<(), ServiceError> {
+        PostgresServer::restart(self)
+    }
 }
 
 /// A lease server on a fixed loopback port that can be restarted in place.
@@ -118,16 +152,18 @@ pub(crate) enum Action {
         server: Arc<tokio::sync::Mutex<GrpcServer>>,
         longest: Duration,
     },
-    /// Restart Redis (SIGTERM) or kill it (SIGKILL) and start it again.
-    Redis {
-        redis: Arc<Mutex<RedisServer>>,
+    /// Restart a service cleanly or kill it (SIGKILL) and start it again.
+    Service {
+        service: Arc<Mutex<dyn Service>>,
+        name: &'static str,
         kill: bool,
         longest: Duration,
     },
-    /// Stop Redis with SIGSTOP for up to `longest` (past the TTL at times),
-    /// then SIGCONT: connections stay open and nothing is answered.
-    RedisPause {
-        redis: Arc<Mutex<RedisServer>>,
+    /// Stop a service with SIGSTOP for up to `longest` (past the TTL at
+    /// times), then SIGCONT: connections stay open and nothing is answered.
+    ServicePause {
+        service: Arc<Mutex<dyn Service>>,
+        name: &'static str,
         longest: Duration,
     },
     /// Kill etcd (SIGKILL) and start it again.
@@ -245,23 +281,7 @@ impl FaultInjector for Chaos {
                 proxy,
                 name,
                 longest,
-            } => {
-                let (mode, kind) = match rng.below(4) {
-                    0 => (
-                        ProxyMode::delay(rng.between(Duration::from_millis(2), *longest / 4)),
-                        FaultKind::ProxyDelay,
-                    ),
-                    1 => (ProxyMode::Drop, FaultKind::ProxyDrop),
-                    2 => (ProxyMode::Blackhole, FaultKind::ProxyBlackhole),
-                    _ => (ProxyMode::DropReplies, FaultKind::ProxyDropReplies),
-                };
-                let fault = rec.fault(kind, name);
-                proxy.set_mode(mode);
-                sleep(rng.between(*longest / 4, *longest)).await;
-                proxy.set_mode(ProxyMode::Pass);
-                rec.heal(fault);
-                Ok(())
-            }
+            } => proxy_fault(proxy, name, *longest, rng, rec).await,
             Action::GrpcRestart { server, longest } => {
                 let fault = rec.fault(FaultKind::ServiceRestart, "lease-server");
                 let down = rng.between(Duration::ZERO, *longest);
@@ -269,8 +289,9 @@ impl FaultInjector for Chaos {
                 rec.heal(fault);
                 Ok(())
             }
-            Action::Redis {
-                redis,
+            Action::Service {
+                service,
+                name,
                 kill,
                 longest,
             } => {
@@ -279,20 +300,24 @@ impl FaultInjector for Chaos {
                 } else {
                     FaultKind::ServiceRestart
                 };
-                let fault = rec.fault(kind, "redis");
+                let fault = rec.fault(kind, name);
                 if *kill {
-                    block_in_place(|| lock(redis).kill());
+                    block_in_place(|| lock(service).kill());
                     sleep(rng.between(Duration::ZERO, *longest)).await;
                 }
-                block_in_place(|| lock(redis).restart()).map_err(|e| e.to_string())?;
+                block_in_place(|| lock(service).restart()).map_err(|e| e.to_string())?;
                 rec.heal(fault);
                 Ok(())
             }
-            Action::RedisPause { redis, longest } => {
-                let fault = rec.fault(FaultKind::ServicePause, "redis");
-                lock(redis).pause().map_err(|e| e.to_string())?;
+            Action::ServicePause {
+                service,
+                name,
+                longest,
+            } => {
+                let fault = rec.fault(FaultKind::ServicePause, name);
+                block_in_place(|| lock(service).pause()).map_err(|e| e.to_string())?;
                 sleep(rng.between(*longest / 4, *longest)).await;
-                lock(redis).resume().map_err(|e| e.to_string())?;
+                block_in_place(|| lock(service).resume()).map_err(|e| e.to_string())?;
                 rec.heal(fault);
                 Ok(())
             }
@@ -369,4 +394,30 @@ impl FaultInjector for Chaos {
             Action::StoreSwap(swap) => swap.inject(rec).await,
         }
     }
+}
+
+/// Delays, drops, blackholes or loses the replies of `proxy`'s traffic
+/// for up to `longest`, then passes it again.
+async fn proxy_fault(
+    proxy: &FaultProxy,
+    name: &str,
+    longest: Duration,
+    rng: &mut Rng,
+    rec: &Recorder,
+) -> Result<(), String> {
+    let (mode, kind) = match rng.below(4) {
+        0 => (
+            ProxyMode::delay(rng.between(Duration::from_millis(2), longest / 4)),
+            FaultKind::ProxyDelay,
+        ),
+        1 => (ProxyMode::Drop, FaultKind::ProxyDrop),
+        2 => (ProxyMode::Blackhole, FaultKind::ProxyBlackhole),
+        _ => (ProxyMode::DropReplies, FaultKind::ProxyDropReplies),
+    };
+    let fault = rec.fault(kind, name);
+    proxy.set_mode(mode);
+    sleep(rng.between(longest / 4, longest)).await;
+    proxy.set_mode(ProxyMode::Pass);
+    rec.heal(fault);
+    Ok(())
 }

@@ -14,12 +14,13 @@ use k8slease::K8sLease;
 use lease_history::{Clients, ClockStepper, FaultInjector, SteppedClock, Target, Workload};
 use lease_port::{Clock, SessionLease, SystemClock};
 use memlease::MemLease;
+use pglease::PgLease;
 use redis_session_store::{RedisLease, RedisStore};
 use session_store::{FsyncPolicy, GenerationCheck, JsonlOptions, JsonlStore, SessionStore};
-use test_services::{EtcdCluster, EtcdServer, FaultProxy, RedisServer};
+use test_services::{EtcdCluster, EtcdServer, FaultProxy, PostgresServer, RedisServer};
 
 use crate::holders::{self, Holder, HolderConfig, LeaseSpec};
-use crate::injectors::{Action, Chaos, GrpcServer};
+use crate::injectors::{Action, Chaos, GrpcServer, Service};
 use crate::rewinds::{EmulatorRewind, MakeClients, RedisMemory, RedisRewind, StoreSwap};
 use lease_history::broken::{POLICY_NEVER_RECHECKED, SettingBreakage};
 
@@ -68,6 +69,7 @@ pub(crate) async fn setup(name: &str, w: &mut Workload, dir: &Path) -> Result<Ri
         "flocklease" => flock_swaps(w, dir, None),
         "grpc-memlease" | "grpc-flocklease" | "grpc-etcd" => grpc(name, w, dir).await,
         "redis" => redis(w, None).await,
+        "postgres" => postgres(w, dir).await,
         "k8s" => k8s(w, dir).await,
         "etcd" => etcd(w, dir).await,
         "etcd-partitions" => crate::partitions::etcd_partitions(w, dir).await,
@@ -323,26 +325,13 @@ pub(crate) async fn redis(
     let faults = if breakage.is_some() {
         Chaos::new(vec![memory])
     } else {
-        Chaos::new(vec![
-            Action::Proxy {
-                proxy: Arc::clone(&proxy),
-                name: "proxy to redis",
-                longest: w.ttl,
-            },
-            Action::Redis {
-                redis: Arc::clone(&redis),
-                kill: false,
-                longest: w.ttl,
-            },
-            Action::Redis {
-                redis: Arc::clone(&redis),
-                kill: true,
-                longest: w.ttl,
-            },
-            Action::RedisPause {
-                redis: Arc::clone(&redis),
-                longest: w.ttl * 2,
-            },
+        let mut actions = vec![Action::Proxy {
+            proxy: Arc::clone(&proxy),
+            name: "proxy to redis",
+            longest: w.ttl,
+        }];
+        actions.extend(service_actions(Arc::clone(&redis) as _, "redis", w.ttl));
+        actions.extend([
             Action::RedisRewind(Box::new(RedisRewind {
                 redis: Arc::clone(&redis),
                 restarts: target.restarts.clone(),
@@ -351,14 +340,81 @@ pub(crate) async fn redis(
                 snapshot: None,
             })),
             memory,
-        ])
+        ]);
         // A snapshot, the memory pressure, the restart from the snapshot.
-        .with_sure(vec![4, 5, 4])
+        Chaos::new(actions).with_sure(vec![4, 5, 4])
     };
     Ok(Rig {
         target,
         faults: Some(Box::new(faults)),
         keep: vec![Box::new(redis), Box::new(proxy)],
+    })
+}
+
+/// `service` restarted cleanly, killed and started again, each down for
+/// up to `longest`, and stopped for up to twice that: past the TTL at
+/// times, its clients' connections left open and unanswered.
+pub(crate) fn service_actions(
+    service: Arc<Mutex<dyn Service>>,
+    name: &'static str,
+    longest: Duration,
+) -> Vec<Action> {
+    [false, true]
+        .map(|kill| Action::Service {
+            service: Arc::clone(&service),
+            name,
+            kill,
+            longest,
+        })
+        .into_iter()
+        .chain([Action::ServicePause {
+            service,
+            name,
+            longest: longest * 2,
+        }])
+        .collect()
+}
+
+/// `pglease` on one PostgreSQL reached through a fault proxy, every
+/// worker with a client (and connections) of its own; the store a JSONL
+/// directory. Besides the proxy's faults (replies lost after the commit
+/// among them), PostgreSQL is restarted, SIGKILLed (it recovers from its
+/// WAL) and stopped with every backend of its.
+async fn postgres(w: &mut Workload, dir: &Path) -> Result<Rig, String> {
+    // A call gives up after a quarter of the TTL, and a call after a fault
+    // reconnects: the password exchange of a debug build on a loaded
+    // machine must fit in that quarter.
+    w.ttl = Duration::from_secs(1);
+    let pg = tokio::task::block_in_place(PostgresServer::start)
+        .map_err(|e| format!("start postgres: {e}"))?;
+    let proxy = Arc::new(FaultProxy::start(pg.addr()).map_err(|e| format!("proxy: {e}"))?);
+    let url = format!(
+        "postgres://{}:{}@{}/postgres",
+        pg.user(),
+        pg.password(),
+        proxy.addr()
+    );
+    let mut leases: Vec<Arc<dyn SessionLease>> = Vec::new();
+    for _ in 0..w.workers {
+        let lease = PgLease::builder(url.clone())
+            .ttl(w.ttl)
+            .request_timeout(call_timeout(w.ttl))
+            .connect()
+            .await
+            .map_err(|e| format!("pglease: {e}"))?;
+        leases.push(Arc::new(lease));
+    }
+    let pg = Arc::new(Mutex::new(pg));
+    let mut actions = vec![Action::Proxy {
+        proxy: Arc::clone(&proxy),
+        name: "proxy to postgres",
+        longest: w.ttl,
+    }];
+    actions.extend(service_actions(Arc::clone(&pg) as _, "postgres", w.ttl));
+    Ok(Rig {
+        target: Target::new(leases, jsonl(dir)?, Arc::new(SystemClock)),
+        faults: chaos(actions),
+        keep: vec![Box::new(pg), Box::new(proxy)],
     })
 }
 

@@ -1,10 +1,11 @@
 //! The session server end to end under faults: three real replicas
 //! (`mecated` on one JSONL store with file leases, `mecated-etcd` on one
-//! JSONL store with leases on a three-member etcd cluster, or `mecak8s` on
-//! a real Redis with leases in the Kubernetes API emulator), clients
-//! hammering a few sessions through all of them, replicas paused past
-//! their lease, killed and restarted, the services behind them hurt too;
-//! then what the store holds is checked against the lease rules and
+//! JSONL store with leases on a three-member etcd cluster,
+//! `mecated-postgres` with sessions and leases in one PostgreSQL, or
+//! `mecak8s` on a real Redis with leases in the Kubernetes API emulator),
+//! clients hammering a few sessions through all of them, replicas paused
+//! past their lease, killed and restarted, the services behind them hurt
+//! too; then what the store holds is checked against the lease rules and
 //! against what the clients were told ([`lease_history::check_server`]).
 //!
 //! The server binaries are found through `MECATL_MECATED_BIN` and
@@ -14,6 +15,7 @@
 mod chaos;
 mod clients;
 mod replicas;
+mod setup;
 mod store;
 
 use std::collections::{BTreeMap, HashMap};
@@ -22,17 +24,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::injectors::Chaos;
 use lease_history::server_log::StoredEvent;
 use lease_history::{Recorder, ServerHistory, Verdict, check_server, server_timeline, write_svg};
 use lease_port::SessionId;
+use replicas::Replicas;
 use session_store::{JsonlOptions, JsonlStore, SessionStore};
-use test_services::{EtcdCluster, RedisServer};
-
-use crate::injectors::{Action, Chaos};
-use replicas::{Launch, Replicas};
+use setup::{Setup, setup};
 
 /// The end-to-end runs, in the order `all` runs them.
-pub(crate) const BACKENDS: &[&str] = &["mecated", "mecated-etcd", "mecak8s"];
+pub(crate) const BACKENDS: &[&str] = &["mecated", "mecated-etcd", "mecated-postgres", "mecak8s"];
 
 /// Sessions the clients share, and client tasks.
 const SESSIONS: usize = 3;
@@ -96,155 +97,15 @@ fn binary(name: &str, env: &str) -> Result<PathBuf, String> {
     }
 }
 
-/// The services a run's replicas use; dropped after them.
-struct Services {
-    redis: Option<Arc<Mutex<RedisServer>>>,
-    _emulator: Option<k8s_emulator::Emulator>,
-    _etcd: Option<Arc<Mutex<EtcdCluster>>>,
-    store_dirs: Vec<PathBuf>,
-}
-
 pub(crate) async fn run(name: &str, plan: &Plan) -> Result<Finished, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let sessions: Vec<String> = (0..SESSIONS).map(|i| format!("s{i}")).collect();
-    let ttl = if name == "mecated-etcd" {
-        ETCD_TTL
-    } else {
-        TTL
-    };
-    let ttl_flag = format!("{}ms", ttl.as_millis());
-    let common = |owner_flag: bool, owner: &str| -> Vec<String> {
-        let mut args: Vec<String> = [
-            "--listen",
-            "127.0.0.1:0",
-            "--session-lease-ttl",
-            &ttl_flag,
-            "--echo-delay",
-            ECHO_DELAY,
-            "--echo-steps",
-            ECHO_STEPS,
-        ]
-        .map(String::from)
-        .to_vec();
-        if owner_flag {
-            args.extend(["--owner".into(), owner.into()]);
-        }
-        args
-    };
-    let mut launches = Vec::new();
-    let mut services = Services {
-        redis: None,
-        _emulator: None,
-        _etcd: None,
-        store_dirs: Vec::new(),
-    };
-    let mut service_faults = Vec::new();
-    match name {
-        "mecated" | "mecated-etcd" => {
-            let bin = binary("mecated", "MECATL_MECATED_BIN")?;
-            let etcd = if name == "mecated-etcd" {
-                let cluster = tokio::task::block_in_place(EtcdCluster::start)
-                    .map_err(|e| format!("start the etcd cluster: {e}"))?;
-                let endpoints = cluster.endpoints().join(",");
-                let cluster = Arc::new(Mutex::new(cluster));
-                service_faults.extend([
-                    Action::EtcdKillLeader {
-                        cluster: Arc::clone(&cluster),
-                        longest: ttl,
-                    },
-                    Action::EtcdPauseMember {
-                        cluster: Arc::clone(&cluster),
-                        longest: ttl,
-                    },
-                    Action::EtcdRestartAll {
-                        cluster: Arc::clone(&cluster),
-                    },
-                ]);
-                services._etcd = Some(cluster);
-                Some(endpoints)
-            } else {
-                None
-            };
-            let shared = dir.path().join("store");
-            for i in 0..REPLICAS {
-                let owner = format!("replica-{i}");
-                let store = if plan.broken {
-                    dir.path().join(format!("store-{i}"))
-                } else {
-                    shared.clone()
-                };
-                std::fs::create_dir_all(&store).map_err(|e| e.to_string())?;
-                let mut args = common(true, &owner);
-                args.push("--store-dir".into());
-                args.push(store.display().to_string());
-                if plan.broken {
-                    args.push("--no-session-lease".into());
-                }
-                if let Some(endpoints) = &etcd {
-                    args.extend(["--session-lease-etcd".into(), endpoints.clone()]);
-                }
-                services.store_dirs.push(store);
-                launches.push((
-                    owner,
-                    Launch {
-                        binary: bin.clone(),
-                        log: dir.path().join(format!("replica-{i}.log")),
-                        args,
-                        env: Vec::new(),
-                    },
-                ));
-            }
-            if plan.broken {
-                share_session_files(&services.store_dirs, &sessions).await?;
-            }
-        }
-        "mecak8s" => {
-            let bin = binary("mecak8s", "MECATL_MECAK8S_BIN")?;
-            let redis = tokio::task::block_in_place(RedisServer::start_persistent)
-                .map_err(|e| format!("start redis-server: {e}"))?;
-            let url = redis.url();
-            let redis = Arc::new(Mutex::new(redis));
-            let emulator = k8s_emulator::Emulator::start(k8s_emulator::EmulatorConfig::default())
-                .await
-                .map_err(|e| format!("start the API emulator: {e}"))?;
-            let kubeconfig = emulator.kubeconfig_path().display().to_string();
-            for i in 0..REPLICAS {
-                let pod = format!("mecak8s-{i}");
-                let mut args = common(false, &pod);
-                args.extend(["--session-lease-k8s-kubeconfig".into(), kubeconfig.clone()]);
-                launches.push((
-                    pod.clone(),
-                    Launch {
-                        binary: bin.clone(),
-                        log: dir.path().join(format!("replica-{i}.log")),
-                        args,
-                        env: vec![
-                            ("POD_NAMESPACE".into(), "default".into()),
-                            ("POD_NAME".into(), pod),
-                            ("REDIS_URL".into(), url.clone()),
-                        ],
-                    },
-                ));
-            }
-            service_faults.push(Action::Redis {
-                redis: Arc::clone(&redis),
-                kill: false,
-                longest: TTL,
-            });
-            service_faults.push(Action::Redis {
-                redis: Arc::clone(&redis),
-                kill: true,
-                longest: TTL,
-            });
-            service_faults.push(Action::Emulator {
-                faults: emulator.faults().clone(),
-                longest: TTL * 2,
-            });
-            services.redis = Some(redis);
-            services._emulator = Some(emulator);
-        }
-        other => return Err(format!("no end-to-end run named {other:?}")),
-    }
+    let Setup {
+        ttl,
+        launches,
+        services,
+        faults: service_faults,
+    } = setup(name, plan, dir.path(), &sessions).await?;
 
     let replicas = Arc::new(tokio::task::block_in_place(|| Replicas::start(launches))?);
     let http = reqwest::Client::builder()
@@ -284,9 +145,13 @@ pub(crate) async fn run(name: &str, plan: &Plan) -> Result<Finished, String> {
     let chaos = chaos::ReplicaChaos {
         replicas: Arc::clone(&replicas),
         services: (!service_faults.is_empty()).then(|| Chaos::new(service_faults)),
-        // The etcd run exists for its lease service: half its faults go
-        // there.
-        services_share: if name == "mecated-etcd" { 50 } else { 30 },
+        // The etcd and PostgreSQL runs exist for their lease services:
+        // half their faults go there.
+        services_share: if matches!(name, "mecated-etcd" | "mecated-postgres") {
+            50
+        } else {
+            30
+        },
         ttl,
         every: Duration::from_millis(1500),
     };
@@ -370,13 +235,7 @@ pub(crate) async fn run(name: &str, plan: &Plan) -> Result<Finished, String> {
     }
     tokio::task::block_in_place(|| replicas.stop_all());
     for (s, log) in logs.iter_mut() {
-        let writers = match &services.redis {
-            Some(redis) => {
-                let url = lock(redis).url();
-                store::redis_writers(&url, REDIS_PREFIX, s).await?
-            }
-            None => store::jsonl_writers(&services.store_dirs[0], s)?,
-        };
+        let writers = services.writers(s).await?;
         store::attach_writers(log, &writers);
     }
     drop(replicas);

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use lease_history::server_log::StoredEvent;
 use serde_json::Value;
+use test_services::PostgresServer;
 
 /// Every event of `session`, paged through the replica at `base`;
 /// `origin_ms` is the wall clock at the history's start.
@@ -151,6 +152,33 @@ pub(crate) async fn redis_writers(
             .ok_or_else(|| format!("{key}: entry id {:?}", entry.id))?;
         if let Some(w) = entry.get::<String>("w") {
             writers.insert(seq, Arc::from(w.as_str()));
+        }
+    }
+    Ok(writers)
+}
+
+/// The writer of every event of `session` in the PostgreSQL store (the
+/// `writer` column of `<prefix>_events`), read on the server's own socket.
+pub(crate) fn postgres_writers(
+    pg: &PostgresServer,
+    prefix: &str,
+    session: &str,
+) -> Result<HashMap<u64, Arc<str>>, String> {
+    let sql = format!(
+        "SELECT seq, writer FROM {prefix}_events WHERE session_id = '{}' AND writer IS NOT NULL",
+        session.replace('\'', "''")
+    );
+    let rows = pg.query(&sql).map_err(|e| e.to_string())?;
+    let mut writers = HashMap::new();
+    for row in rows {
+        match row.as_slice() {
+            [Some(seq), Some(writer)] => {
+                let seq = seq
+                    .parse::<u64>()
+                    .map_err(|e| format!("{prefix}_events: seq {seq:?}: {e}"))?;
+                writers.insert(seq, Arc::from(writer.as_str()));
+            }
+            other => return Err(format!("{prefix}_events: a row {other:?}")),
         }
     }
     Ok(writers)
