@@ -275,12 +275,19 @@ impl PgConfig {
 
     /// Asks the server, on a new connection of the same TLS, to cancel the
     /// statement `client` is running; on a task of the current runtime, a
-    /// failure logged. A statement past its deadline could otherwise still
-    /// commit long after its caller gave up.
+    /// failure logged. A statement past its deadline, or whose caller
+    /// dropped it, could otherwise still commit long after its caller gave
+    /// up: closing the connection does not stop a statement waiting for a
+    /// lock. Outside a runtime (a future dropped as its runtime shuts
+    /// down) there is nothing to send it from, and nothing is sent.
     pub fn cancel(&self, client: &Client) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!("a statement given up outside a runtime could not be cancelled");
+            return;
+        };
         let token = client.cancel_token();
         let tls = self.tls();
-        tokio::spawn(async move {
+        runtime.spawn(async move {
             if let Err(e) = token.cancel_query(tls).await {
                 tracing::warn!(error = %e, "a statement past its deadline could not be cancelled");
             }

@@ -191,17 +191,22 @@ impl Conn<'_> {
         deadline: tokio::time::Instant,
         bound: Duration,
     ) -> Result<Vec<Row>, Failure> {
-        let Some(client) = self.slot.as_ref() else {
+        let armed = CancelOnDrop(Some(self));
+        // An empty slot has nothing under way: dropping the guard then
+        // cancels nothing.
+        let Some(client) = armed.client() else {
             return Err(Failure::NotSent(
                 "internal: a connection slot was left empty".into(),
                 None,
             ));
         };
-        match tokio::time::timeout_at(deadline, client.query_typed(sql, params)).await {
+        let answer = tokio::time::timeout_at(deadline, client.query_typed(sql, params)).await;
+        let this = armed.disarm();
+        match answer {
             Ok(Ok(rows)) => Ok(rows),
-            Ok(Err(e)) => Err(self.failed(e)),
+            Ok(Err(e)) => Err(this.failed(e)),
             Err(_) => {
-                self.cancel();
+                this.cancel();
                 Err(Failure::TimedOut(bound))
             }
         }
@@ -213,17 +218,22 @@ impl Conn<'_> {
         deadline: tokio::time::Instant,
         bound: Duration,
     ) -> Result<(), Failure> {
-        let Some(client) = self.slot.as_ref() else {
+        let armed = CancelOnDrop(Some(self));
+        // An empty slot has nothing under way: dropping the guard then
+        // cancels nothing.
+        let Some(client) = armed.client() else {
             return Err(Failure::NotSent(
                 "internal: a connection slot was left empty".into(),
                 None,
             ));
         };
-        match tokio::time::timeout_at(deadline, client.batch_execute(sql)).await {
+        let answer = tokio::time::timeout_at(deadline, client.batch_execute(sql)).await;
+        let this = armed.disarm();
+        match answer {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(self.failed(e)),
+            Ok(Err(e)) => Err(this.failed(e)),
             Err(_) => {
-                self.cancel();
+                this.cancel();
                 Err(Failure::TimedOut(bound))
             }
         }
@@ -245,6 +255,34 @@ impl Conn<'_> {
     fn cancel(&mut self) {
         if let Some(client) = self.slot.take() {
             self.config.cancel(&client);
+        }
+    }
+}
+
+/// A statement under way on a connection: if its caller's future is
+/// dropped before the answer (a client that left, an outer timeout), the
+/// statement is cancelled on the server and the connection dropped. A
+/// statement waiting for a row lock would otherwise commit whenever the
+/// lock frees — after its caller gave up, and perhaps after the session's
+/// next owner had begun — and its connection would go back to the slot
+/// still busy.
+struct CancelOnDrop<'c, 'a>(Option<&'c mut Conn<'a>>);
+
+impl<'c, 'a> CancelOnDrop<'c, 'a> {
+    fn client(&self) -> Option<&Client> {
+        self.0.as_ref()?.slot.as_ref()
+    }
+
+    /// The answer came: nothing to cancel.
+    fn disarm(mut self) -> &'c mut Conn<'a> {
+        self.0.take().expect("armed until disarmed")
+    }
+}
+
+impl Drop for CancelOnDrop<'_, '_> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.0.take() {
+            conn.cancel();
         }
     }
 }

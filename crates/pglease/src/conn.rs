@@ -95,23 +95,27 @@ impl Conn<'_> {
         )],
         deadline: tokio::time::Instant,
     ) -> Result<Vec<tokio_postgres::Row>, LeaseError> {
-        let Some(client) = self.slot.as_ref() else {
+        let armed = CancelOnDrop(Some(self));
+        // An empty slot has nothing under way: dropping the guard then
+        // cancels nothing.
+        let Some(client) = armed.client() else {
             return Err(LeaseError::transient(
                 "internal: a connection slot was left empty",
             ));
         };
-        match tokio::time::timeout_at(deadline, client.query_typed(sql, params)).await {
+        let answer = tokio::time::timeout_at(deadline, client.query_typed(sql, params)).await;
+        let this = armed.disarm();
+        match answer {
             Ok(out) => {
                 if let Err(e) = &out
-                    && (e.is_closed() || client.is_closed())
+                    && (e.is_closed() || this.slot.as_ref().is_none_or(Client::is_closed))
                 {
-                    *self.slot = None;
+                    *this.slot = None;
                 }
                 out.map_err(from_pg)
             }
             Err(_) => {
-                self.config.cancel(client);
-                *self.slot = None;
+                this.cancel();
                 Err(LeaseError::transient(
                     "PostgreSQL did not answer in time: the statement was cancelled, and may or \
                      may not have taken effect",
@@ -132,5 +136,41 @@ impl Conn<'_> {
             *self.slot = None;
         }
         out.map_err(from_pg)
+    }
+}
+
+impl Conn<'_> {
+    /// Cancels the statement under way on the server and drops the
+    /// connection.
+    fn cancel(&mut self) {
+        if let Some(client) = self.slot.take() {
+            self.config.cancel(&client);
+        }
+    }
+}
+
+/// A statement under way on a connection: if its caller's future is
+/// dropped before the answer (a keeper's renewal abandoned, an outer
+/// timeout), the statement is cancelled on the server and the connection
+/// dropped, as past the deadline: a release waiting for a row lock would
+/// otherwise commit whenever the lock frees, long after its caller gave up.
+struct CancelOnDrop<'c, 'a>(Option<&'c mut Conn<'a>>);
+
+impl<'c, 'a> CancelOnDrop<'c, 'a> {
+    fn client(&self) -> Option<&Client> {
+        self.0.as_ref()?.slot.as_ref()
+    }
+
+    /// The answer came: nothing to cancel.
+    fn disarm(mut self) -> &'c mut Conn<'a> {
+        self.0.take().expect("armed until disarmed")
+    }
+}
+
+impl Drop for CancelOnDrop<'_, '_> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.0.take() {
+            conn.cancel();
+        }
     }
 }

@@ -6,8 +6,10 @@
 //! by `NOTIFY` and the pooler fallback (`follow`), one transaction per
 //! append, the index behind listing pages, the schema, bad configuration
 //! (`store`), and a database that went back (`rewind`), also by a failover
-//! to a standby that lost the last appends (`failover`).
+//! to a standby that lost the last appends (`failover`); an append its
+//! caller gave up on, cancelled on the server (`abandoned`).
 
+mod abandoned;
 mod failover;
 mod follow;
 mod leases;
