@@ -48,21 +48,42 @@ impl PostgresStore {
         }
     }
 
-    /// Whether `leases` live in this store's database under this store's
-    /// prefix, so that each append can check the live lease row in the same
-    /// statement. Decided on the host, port and database the two URLs
-    /// name; two spellings of one server that differ there (a pooler and
-    /// the server behind it) count as two, which leaves the check off: the
-    /// store's marks still fence every write.
+    /// Opens the store together with the leases it checks: with `leases`
+    /// (opened, pglease's) in this store's database under this store's
+    /// prefix, every fenced append and deletion also requires the live
+    /// lease row; otherwise the store's marks alone fence them. Whether
+    /// they share the database is asked of the database — the authority
+    /// the leases name must be the one recorded in the store's own
+    /// database — not read from the two URLs, which may name one database
+    /// differently (a host alias, a pooler in front) or two alike. The
+    /// second of the pair says whether the check is on.
     #[cfg(feature = "postgres-store")]
-    pub fn shares_tables_with(&self, leases: &PostgresLeases) -> bool {
-        if self.table_prefix != leases.table_prefix {
-            return false;
+    pub async fn open_beside(
+        &self,
+        leases: &pglease::PgLease,
+        leases_prefix: &str,
+    ) -> Result<(pg_session_store::PgStore, bool), OpenError> {
+        use lease_port::SessionLease;
+        let plain = self.open(false).await?;
+        if leases_prefix != self.table_prefix {
+            return Ok((plain, false));
         }
-        match (target(&self.url), target(&leases.url)) {
-            (Some(a), Some(b)) => a == b,
-            _ => false,
+        let theirs = leases.authority().await.map_err(|e| {
+            OpenError::other(
+                OpenErrorKind::Backend,
+                "the PostgreSQL leases".to_owned(),
+                e,
+            )
+        })?;
+        let here = plain
+            .lease_authority(&self.table_prefix)
+            .await
+            .map_err(|e| OpenError::other(OpenErrorKind::Backend, self.describe(), e))?;
+        if here.as_ref() != Some(&theirs) {
+            return Ok((plain, false));
         }
+        drop(plain);
+        Ok((self.open(true).await?, true))
     }
 
     /// The store: reads the password file, connects, and creates or
@@ -88,24 +109,6 @@ impl PostgresStore {
     }
 }
 
-/// The servers (host and port, in order) and the database a URL names, the
-/// database defaulting to the user as PostgreSQL's does.
-#[cfg(feature = "postgres-store")]
-fn target(url: &str) -> Option<(Vec<String>, Vec<u16>, Option<String>)> {
-    let config = pg_connect::settings(url).ok()?;
-    let hosts = config
-        .get_hosts()
-        .iter()
-        .map(|h| match h {
-            tokio_postgres::config::Host::Tcp(name) => name.to_ascii_lowercase(),
-            #[cfg(unix)]
-            tokio_postgres::config::Host::Unix(dir) => dir.display().to_string(),
-        })
-        .collect();
-    let db = config.get_dbname().or(config.get_user()).map(str::to_owned);
-    Some((hosts, config.get_ports().to_vec(), db))
-}
-
 #[cfg(all(test, feature = "postgres-store"))]
 mod tests {
     use super::*;
@@ -114,14 +117,6 @@ mod tests {
         PostgresStore {
             url: url.into(),
             password_file: None,
-            table_prefix: prefix.into(),
-        }
-    }
-
-    fn leases(url: &str, prefix: &str) -> PostgresLeases {
-        PostgresLeases {
-            url: url.into(),
-            password_file: Some("pw".into()),
             table_prefix: prefix.into(),
         }
     }
@@ -138,33 +133,6 @@ mod tests {
                 table_prefix: "chat".into(),
             }
         );
-        assert!(s.shares_tables_with(&s.own_leases()));
-    }
-
-    #[test]
-    fn leases_share_the_tables_only_in_the_same_database_under_the_same_prefix() {
-        let s = store("postgres://app:secret@DB:5432/chat", "p");
-        for same in [
-            "postgres://other@db:5432/chat",
-            "postgres://app@db/chat?connect_timeout=3",
-            "host=db port=5432 dbname=chat user=x",
-            // TLS keys say how to reach it, not where: no file is read.
-            "postgres://app@db/chat?sslmode=verify-full&sslrootcert=/no/such/ca.pem",
-        ] {
-            assert!(s.shares_tables_with(&leases(same, "p")), "{same}");
-        }
-        for other in [
-            "postgres://app@db:5432/other",
-            "postgres://app@db:6432/chat",
-            "postgres://app@pooler:5432/chat",
-            "not a url",
-        ] {
-            assert!(!s.shares_tables_with(&leases(other, "p")), "{other}");
-        }
-        assert!(!s.shares_tables_with(&leases("postgres://app@db/chat", "q")));
-        // Without a database, PostgreSQL takes the user's name.
-        let by_user = store("postgres://chat@db", "p");
-        assert!(by_user.shares_tables_with(&leases("postgres://x@db/chat", "p")));
     }
 
     #[test]

@@ -34,7 +34,7 @@ use session_store::{
     DEFAULT_LEASE_DIR_NAME, FsyncPolicy, GenerationCheck, JsonlOptions, JsonlStore, SessionStore,
     StoreError, StoreErrorKind,
 };
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::config::{FsyncChoice, ServeArgs};
 use crate::engine::Exclusivity;
@@ -601,35 +601,53 @@ async fn open_store(
 
 /// The PostgreSQL store, checking the live lease row in each append when
 /// the leases are pglease's in its database under its prefix: its own
-/// (no lease flag), or the same tables named by --session-lease-postgres.
-/// Those leases are opened first — they make the table the check reads —
-/// and served from here.
+/// (no lease flag), or tables named by --session-lease-postgres that the
+/// store's database proves to be the same (their authority recorded
+/// there). Those leases are opened first — they make the table the check
+/// reads — and served from here.
 #[cfg(feature = "postgres")]
 async fn open_postgres_store(
     pg: &PostgresStore,
     lease: &LeaseChoice,
     ttl: Duration,
 ) -> Result<OpenedStore, StartError> {
-    let checked = match lease {
-        LeaseChoice::Store => Some(pg.own_leases()),
-        LeaseChoice::Postgres(leases) if pg.shares_tables_with(leases) => Some(leases.clone()),
-        _ => None,
+    let config = match lease {
+        LeaseChoice::Store => pg.own_leases(),
+        LeaseChoice::Postgres(leases) => leases.clone(),
+        _ => {
+            let store = pg.open(false).await.map_err(StartError::OpenStore)?;
+            return Ok(postgres_opened(pg, Arc::new(store), None));
+        }
     };
-    let leases: Option<Arc<dyn SessionLease>> = match &checked {
-        Some(config) => Some(Arc::new(config.open(ttl).await.map_err(not_opened)?)),
-        None => None,
-    };
-    let store = pg
-        .open(leases.is_some())
+    let leases = config.open(ttl).await.map_err(not_opened)?;
+    let (store, checked) = pg
+        .open_beside(&leases, &config.table_prefix)
         .await
         .map_err(StartError::OpenStore)?;
-    Ok(OpenedStore {
-        store: Arc::new(store),
+    if checked {
+        info!("every append checks the live lease row in the same statement");
+    } else {
+        warn!(
+            "the leases are not in the store's database under its prefix: appends are fenced by \
+             the store's marks alone, not checked against the live lease row"
+        );
+    }
+    Ok(postgres_opened(pg, Arc::new(store), Some(Arc::new(leases))))
+}
+
+#[cfg(feature = "postgres")]
+fn postgres_opened(
+    pg: &PostgresStore,
+    store: Arc<dyn SessionStore>,
+    leases: Option<Arc<dyn SessionLease>>,
+) -> OpenedStore {
+    OpenedStore {
+        store,
         dir: None,
         generations: None,
         leases,
         name: pg.describe(),
-    })
+    }
 }
 
 /// An opened store and what came with it.

@@ -406,6 +406,37 @@ impl PgStore {
         self.inner.lease_table.as_deref()
     }
 
+    /// The lease authority pglease records under `lease_prefix` in this
+    /// store's database (`pg:<database>:<id>`, as `pglease::PgLease`
+    /// answers it), or `None` when there are no such lease tables here.
+    ///
+    /// Equal to a lease backend's authority, it proves the leases live in
+    /// this very database, however the two URLs spell it (a host alias, a
+    /// pooler in front): the condition for
+    /// [`leases_in_same_database`](PgStoreBuilder::leases_in_same_database).
+    pub async fn lease_authority(
+        &self,
+        lease_prefix: &str,
+    ) -> Result<Option<AuthorityId>, StoreError> {
+        schema::check_prefix(lease_prefix)?;
+        let table = format!("{lease_prefix}_authority");
+        let sql = format!("SELECT current_database()::text, id FROM {table}");
+        let rows = match self.inner.conns.query(&sql, &[]).await {
+            Ok(rows) => rows,
+            Err(f) if f.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
+                return Ok(None);
+            }
+            Err(f) => return Err(self.failed("reading the lease authority", Op::Read)(f)),
+        };
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let (db, id): (String, String) = (col(row, 0, &table)?, col(row, 1, &table)?);
+        AuthorityId::new(format!("pg:{db}:{id}"))
+            .map(Some)
+            .map_err(|_| corrupt(&table, format!("not an authority id: {id:?}")))
+    }
+
     fn failed(&self, what: &'static str, op: Op) -> impl Fn(Failure) -> StoreError + '_ {
         move |f| store_error(f, what, &self.inner.location, op)
     }

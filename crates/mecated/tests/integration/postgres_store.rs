@@ -209,6 +209,30 @@ async fn explicit_leases_on_the_same_tables_are_checked_too() {
     assert_eq!(late, 0, "the holder wrote {late} events after the takeover");
 }
 
+/// Leases named through a pooler in front of the store's database: the
+/// URLs differ, the database is the same — the store's database records
+/// the leases' authority — and the check is on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_reached_through_a_pooler_are_still_checked() {
+    let pg = Postgres::start();
+    let pooler = test_services::PgBouncer::start(&pg.server).expect("start PgBouncer");
+    let through_pooler = format!("postgres://{}@{}/postgres", pg.server.user(), pooler.addr());
+    let dir = tempfile::tempdir().unwrap();
+    let mut flags = vec!["--session-lease-ttl", TTL];
+    flags.extend(pg.flags());
+    flags.extend([
+        "--session-lease-postgres",
+        &through_pooler,
+        "--session-lease-postgres-password-file",
+        &pg.password_file,
+        "--session-lease-postgres-table-prefix",
+        TABLES,
+    ]);
+    let a = Mecated::start(dir.path(), "proc-a", &slow(&flags));
+    let late = writes_after_a_silent_takeover(&pg, &a, TABLES).await;
+    assert_eq!(late, 0, "the holder wrote {late} events after the takeover");
+}
+
 /// Leases in other tables cannot be read by the append: the check is off,
 /// and only the holder's failed renewal stops its writes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
