@@ -78,8 +78,11 @@ impl Engine {
                 tokio::time::sleep(RUN_WAIT_RETRY).await;
                 continue;
             }
+            // Never less than a retry's pause: a refusal saying the hold
+            // ends now would otherwise make the wait end at once, again
+            // and again.
             let expiry = refusal.retry_after().unwrap_or(RUN_WAIT_SAFETY);
-            let until = deadline.min(now + expiry.min(RUN_WAIT_SAFETY));
+            let until = deadline.min(now + expiry.clamp(RUN_WAIT_RETRY, RUN_WAIT_SAFETY));
             releasing = self
                 .wait_for_run_end(&session, pos, until)
                 .await

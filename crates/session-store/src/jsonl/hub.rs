@@ -31,8 +31,8 @@ use tracing::warn;
 use super::CANCEL_DIR_NAME;
 use super::{FILE_SUFFIX, lock};
 
-/// How long after a failed start (inotify limits reached) waiters poll
-/// before the next attempt.
+/// How long after a failed start (inotify limits reached), or after the
+/// watch ended on its own, waiters poll before the next attempt.
 const RETRY_START_AFTER: Duration = Duration::from_secs(10);
 
 /// What a waiter waits on: a file in the store directory or in its cancel
@@ -100,6 +100,16 @@ impl Hub {
     /// subscription.
     pub(super) fn subscribe(&self, topic: Topic) -> Option<Subscription> {
         let mut state = lock(&self.state);
+        // The watch ended on its own (its directory renamed, removed or
+        // put back from a copy): waiters poll for a while, then a new
+        // watch is tried on whatever is at the path now.
+        if let State::Running(running) = &*state
+            && running.shared.ended.load(Ordering::Acquire)
+        {
+            *state = State::Off {
+                retry_at: Instant::now() + RETRY_START_AFTER,
+            };
+        }
         if let State::Off { retry_at } = *state
             && Instant::now() >= retry_at
         {

@@ -177,3 +177,46 @@ mod cancels {
         assert_eq!(instances_watching(dir.path()), 1);
     }
 }
+
+/// The store's directory put back from a copy (the old one renamed away,
+/// another in its place): the watch on the old one ends, waiters read on
+/// an interval meanwhile, and a new watch is then taken on the directory
+/// now at the path. (What the instance reads there is the store's own
+/// affair: its generation check is what notices a directory put back.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_put_back_is_watched_again() {
+    let parent = tempfile::tempdir().unwrap();
+    let dir = parent.path().join("store");
+    let store = open(&dir);
+    let s = SessionId::new("moved").unwrap();
+    store.create(&s).await.unwrap();
+    assert!(
+        !store
+            .wait_for_append(&s, 0, Duration::from_millis(10))
+            .await
+            .unwrap()
+    );
+    assert_eq!(instances_watching(&dir), 1);
+
+    let copy = parent.path().join("copy");
+    std::fs::create_dir(&copy).unwrap();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_file() {
+            std::fs::copy(entry.path(), copy.join(entry.file_name())).unwrap();
+        }
+    }
+    std::fs::rename(&dir, parent.path().join("old")).unwrap();
+    std::fs::rename(&copy, &dir).unwrap();
+
+    let patience = std::time::Instant::now() + Duration::from_secs(60);
+    while instances_watching(&dir) == 0 {
+        assert!(
+            std::time::Instant::now() < patience,
+            "the directory put back is never watched"
+        );
+        let _ = store
+            .wait_for_append(&s, 0, Duration::from_millis(100))
+            .await;
+    }
+}
