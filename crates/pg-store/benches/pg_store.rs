@@ -11,6 +11,12 @@
 //!   connection of its own.
 //!
 //! Both sides append to one session, so the event tables grow alike.
+//!
+//! Twice: `append` on a server that does not sync its log (`fsync = off`,
+//! as the tests run: the statements' own cost, side by side), and
+//! `append-durable` on one that does (`fsync = on`, as a deployment that
+//! keeps its commits runs: what an append costs there, the commit's flush
+//! included, which both sides pay once).
 
 // `criterion_group!` generates an undocumented `pub fn`.
 #![allow(missing_docs)]
@@ -26,12 +32,20 @@ use test_services::PostgresServer;
 use tokio_postgres::types::Type;
 
 fn bench(c: &mut Criterion) {
+    let fast = PostgresServer::start().expect("start PostgreSQL");
+    append(c, "pg-session-store/append", &fast);
+    drop(fast);
+    let durable = PostgresServer::start_durable().expect("start PostgreSQL, syncing");
+    append(c, "pg-session-store/append-durable", &durable);
+}
+
+/// The fenced append against the bare insert, in group `name`, on `server`.
+fn append(c: &mut Criterion, name: &str, server: &PostgresServer) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
-    let server = PostgresServer::start().expect("start PostgreSQL");
     let store = rt.block_on(async {
         PgStore::builder(server.url())
             .request_timeout(Duration::from_secs(30))
@@ -72,7 +86,7 @@ fn bench(c: &mut Criterion) {
     let payload = event[0].to_string();
     let bytes = i32::try_from(payload.len()).expect("small");
 
-    let mut g = c.benchmark_group("pg-session-store/append");
+    let mut g = c.benchmark_group(name);
     g.bench_function("ours", |b| {
         b.iter(|| {
             rt.block_on(store.append(&s, fence.clone(), &event))

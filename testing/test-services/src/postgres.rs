@@ -115,8 +115,9 @@ impl Binaries {
 /// Committed transactions survive [`kill`](Self::kill) (SIGKILL to the
 /// server and all its processes, as a crash) and
 /// [`restart`](Self::restart): a commit is answered once its WAL is written
-/// to the kernel. The server does not `fsync` (`fsync = off`), so what it
-/// promises holds for crashes of its processes, not of the machine.
+/// to the kernel. The server does not `fsync` (`fsync = off`; except one
+/// from [`start_durable`](Self::start_durable)), so what it promises holds
+/// for crashes of its processes, not of the machine.
 ///
 /// [`pause`](Controls::pause) stops every process of the server (SIGSTOP),
 /// the backends of open connections too, so nothing answers until
@@ -135,7 +136,16 @@ pub struct PostgresServer {
 impl PostgresServer {
     /// Makes a new cluster and starts a server on it.
     pub fn start() -> Result<PostgresServer, ServiceError> {
-        Self::start_on(None)
+        Self::start_on(None, false)
+    }
+
+    /// Makes a new cluster and starts a server that syncs its write-ahead
+    /// log (`fsync = on`, as a deployment keeping its commits across a
+    /// machine's crash runs): for measuring what a statement costs as
+    /// deployed, a commit's flush included. It keeps it across
+    /// [`restart`](Self::restart).
+    pub fn start_durable() -> Result<PostgresServer, ServiceError> {
+        Self::start_on(None, true)
     }
 
     /// Makes a new cluster and starts a server on it that also speaks TLS
@@ -144,10 +154,13 @@ impl PostgresServer {
     /// plain TCP, as with any PostgreSQL. It keeps TLS across
     /// [`restart`](Self::restart).
     pub fn start_with_tls(server: &crate::pki::Issued) -> Result<PostgresServer, ServiceError> {
-        Self::start_on(Some(server))
+        Self::start_on(Some(server), false)
     }
 
-    fn start_on(tls: Option<&crate::pki::Issued>) -> Result<PostgresServer, ServiceError> {
+    fn start_on(
+        tls: Option<&crate::pki::Issued>,
+        durable: bool,
+    ) -> Result<PostgresServer, ServiceError> {
         let binaries = Binaries::find()?;
         let run_as = RunAs::when_root()?;
         let dir = tempfile::Builder::new()
@@ -158,6 +171,12 @@ impl PostgresServer {
             run_as.own(dir.path())?;
         }
         initdb(&binaries, dir.path(), run_as)?;
+        if !durable {
+            // A commit is still answered only once its WAL is written to
+            // the kernel, which keeps it across a crash of the server's
+            // processes; skipping fsync spares a loaded machine's disk.
+            configure(&dir.path().join("data"), "fsync = off\n")?;
+        }
         if let Some(tls) = tls {
             enable_tls(&dir.path().join("data"), tls, run_as)?;
         }
@@ -436,14 +455,22 @@ fn enable_tls(
             run_as.own_file(&path)?;
         }
     }
+    configure(
+        data,
+        "ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n",
+    )
+}
+
+/// Appends `settings` to the data directory's `postgresql.conf`, so a
+/// restart keeps them.
+fn configure(data: &Path, settings: &str) -> Result<(), ServiceError> {
+    use std::io::Write;
     let conf = data.join("postgresql.conf");
     fs::OpenOptions::new()
         .append(true)
         .open(&conf)
-        .and_then(|mut f| {
-            f.write_all(b"\nssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n")
-        })
-        .map_err(|e| ServiceError::io(format!("turn TLS on in {}", conf.display()), e))
+        .and_then(|mut f| f.write_all(format!("\n{settings}").as_bytes()))
+        .map_err(|e| ServiceError::io(format!("write {settings:?} to {}", conf.display()), e))
 }
 
 fn spawn(
@@ -461,10 +488,6 @@ fn spawn(
         .args(["-c", "listen_addresses=127.0.0.1"])
         .arg("-c")
         .arg(format!("unix_socket_directories={}", dir.display()))
-        // A commit is still answered only once its WAL is written to the
-        // kernel, which keeps it across a crash of the server's processes;
-        // skipping fsync spares a loaded machine's disk.
-        .args(["-c", "fsync=off"])
         // Several servers run side by side.
         .args(["-c", "shared_buffers=16MB"])
         .env_remove("PGDATA");
