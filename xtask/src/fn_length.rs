@@ -21,7 +21,6 @@ pub(crate) const ALLOWED: &[(&str, &str, usize)] = &[
     ("testing/k8s-emulator/src/openapi.rs", "schemas", 119),
     ("testing/k8s-emulator/src/server.rs", "leases", 133),
     ("testing/k8s-emulator/src/store.rs", "update", 113),
-    ("crates/k8slease/src/backend.rs", "acquire_object", 103),
     ("testing/lease-history/src/check.rs", "store_fencing", 129),
     ("testing/lease-history/src/runner.rs", "worker", 126),
     ("testing/lease-history/src/server_log.rs", "check_log", 149),

@@ -4,8 +4,11 @@
 //! each operation costs, as the emulator counts them.
 //!
 //! Groups (read by `cargo xtask bench`: `ours` against `limit`):
-//! - `k8slease/renew`: renew of a live lease; limit = one PUT of a Lease
-//!   conditional on its resourceVersion (what a renewal must send).
+//! - `k8slease/renew`: renew of one live lease (a GET of its object and a
+//!   PUT of the owner lease; `renew_many`, which the lease keeper uses,
+//!   costs one PUT and one list per third of a TTL for all of a process's
+//!   sessions); limit = one PUT of a Lease conditional on its
+//!   resourceVersion.
 //! - `k8slease/acquire-release`: acquire of a free session this client
 //!   released last, then its release; limit = two bare PUTs.
 

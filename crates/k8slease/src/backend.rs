@@ -19,6 +19,7 @@ use crate::error::{Failure, Target, Verb, foreign_object, rewound};
 use crate::expiry::ExpiryJudgement;
 use crate::name::{AUTHORITY_OBJECT, object_name};
 use crate::observe::{Observations, Observed};
+use crate::owner::{Fresh, Liveness, Owners, Proof};
 use crate::record::{self, StoredToken};
 
 /// The TTL when none is set: client-go leader election's default duration.
@@ -45,17 +46,22 @@ const MAX_FAULT_ROUNDS: usize = 6;
 /// memory of the objects seen (see [`ExpiryJudgement::SkewSafe`]).
 #[derive(Clone)]
 pub struct K8sLease {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
-struct Inner {
-    api: Api<LeaseObject>,
-    namespace: String,
-    ttl: Duration,
+pub(crate) struct Inner {
+    pub(crate) api: Api<LeaseObject>,
+    pub(crate) namespace: String,
+    pub(crate) ttl: Duration,
     request_timeout: Duration,
-    expiry: ExpiryJudgement,
-    clock: Arc<dyn Clock>,
-    seen: Observations,
+    pub(crate) expiry: ExpiryJudgement,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) seen: Observations,
+    /// This client's owner leases, one per owner id it acts for.
+    pub(crate) owners: Owners,
+    /// See [`Builder::broken_trust_remembered_owner_lease`].
+    #[cfg(feature = "broken")]
+    pub(crate) trust_remembered: bool,
     authority: OnceLock<AuthorityId>,
 }
 
@@ -79,6 +85,8 @@ pub struct Builder {
     request_timeout: Option<Duration>,
     expiry: ExpiryJudgement,
     clock: Option<Arc<dyn Clock>>,
+    #[cfg(feature = "broken")]
+    trust_remembered: bool,
 }
 
 impl std::fmt::Debug for Builder {
@@ -125,6 +133,18 @@ impl Builder {
         self
     }
 
+    /// Breaks the contract, for the fault runs to catch: renewals judge a
+    /// session live from what this client remembers of its owner lease,
+    /// sending nothing — a session judged live by a stale owner record.
+    /// A holder paused past its TTL then renews a session another owner
+    /// took meanwhile.
+    #[cfg(feature = "broken")]
+    #[doc(hidden)]
+    pub fn broken_trust_remembered_owner_lease(mut self) -> Self {
+        self.trust_remembered = true;
+        self
+    }
+
     /// Checks the settings. A TTL that is not a whole number of seconds (or
     /// is zero, or beyond `i32::MAX` seconds), a request timeout outside
     /// (0, TTL/3], or a namespace that is not a DNS-1123 label is
@@ -162,6 +182,9 @@ impl Builder {
                 expiry: self.expiry,
                 clock: self.clock.unwrap_or_else(|| Arc::new(SystemClock)),
                 seen: Observations::default(),
+                owners: Owners::default(),
+                #[cfg(feature = "broken")]
+                trust_remembered: self.trust_remembered,
                 authority: OnceLock::new(),
             }),
         })
@@ -205,8 +228,31 @@ pub async fn client_infer() -> Result<kube::Client, LeaseError> {
     })
 }
 
+/// What an acquire does next with the session's object it looked at.
+enum Judged {
+    /// Ours already, on our owner lease, under this token.
+    Keep(FencingToken),
+    /// Take it with this token.
+    Take(FencingToken),
+    /// Look at the same object again (its owner lease was just revoked).
+    Again,
+    /// Read the object again first.
+    Reread,
+    Refuse(LeaseError),
+}
+
+/// How an acquire looked at the session's object.
+#[derive(Clone, Copy)]
+struct Look {
+    /// The object was just read, not remembered.
+    fresh: bool,
+    /// Its owner lease must be read, not remembered, before a refusal.
+    read_owner: bool,
+    distrust_own_token: bool,
+}
+
 /// What became of a write.
-enum Written {
+pub(crate) enum Written {
     Done(Observed),
     /// Another write came first (409 `Conflict` or `AlreadyExists`).
     Lost,
@@ -232,6 +278,8 @@ impl K8sLease {
             request_timeout: None,
             expiry: ExpiryJudgement::default(),
             clock: None,
+            #[cfg(feature = "broken")]
+            trust_remembered: false,
         }
     }
 
@@ -250,7 +298,7 @@ impl K8sLease {
         self.inner.request_timeout
     }
 
-    fn target<'a>(&'a self, verb: Verb, name: &'a str) -> Target<'a> {
+    pub(crate) fn target<'a>(&'a self, verb: Verb, name: &'a str) -> Target<'a> {
         Target {
             verb,
             namespace: &self.inner.namespace,
@@ -259,7 +307,7 @@ impl K8sLease {
     }
 
     /// Runs one request under the request timeout.
-    async fn call<T>(
+    pub(crate) async fn call<T>(
         &self,
         target: Target<'_>,
         request: impl Future<Output = Result<T, kube::Error>>,
@@ -279,7 +327,7 @@ impl K8sLease {
     /// includes every write seen before it was sent. A reply overtaken by
     /// a later one is no such case: only what was seen before sending
     /// counts.
-    async fn read(&self, name: &str) -> Result<Option<Observed>, LeaseError> {
+    pub(crate) async fn read(&self, name: &str) -> Result<Option<Observed>, LeaseError> {
         let target = self.target(Verb::Get, name);
         let floor = self.inner.seen.floor(name);
         match self.call(target, self.inner.api.get(name)).await {
@@ -317,7 +365,7 @@ impl K8sLease {
 
     /// Writes `object`: a create when `verb` is [`Verb::Create`], else a
     /// replace conditional on the resourceVersion the object carries.
-    async fn write(
+    pub(crate) async fn write(
         &self,
         verb: Verb,
         name: &str,
@@ -333,7 +381,7 @@ impl K8sLease {
                 self.call(target, self.inner.api.create(&params, object))
                     .await
             }
-            Verb::Update | Verb::Get => {
+            Verb::Update | Verb::Get | Verb::List => {
                 self.call(target, self.inner.api.replace(name, &params, object))
                     .await
             }
@@ -396,7 +444,7 @@ impl K8sLease {
 
     /// The object we last saw, or the stored one when we have seen none.
     /// The flag says whether it was just read.
-    async fn latest(&self, name: &str) -> Result<(Option<Observed>, bool), LeaseError> {
+    pub(crate) async fn latest(&self, name: &str) -> Result<(Option<Observed>, bool), LeaseError> {
         match self.inner.seen.get(name) {
             Some(seen) => Ok((Some(seen), false)),
             None => Ok((self.read(name).await?, true)),
@@ -404,7 +452,11 @@ impl K8sLease {
     }
 
     /// Refuses objects this crate did not write for `session`.
-    fn check_session(&self, observed: &Observed, session: &SessionId) -> Result<(), LeaseError> {
+    pub(crate) fn check_session(
+        &self,
+        observed: &Observed,
+        session: &SessionId,
+    ) -> Result<(), LeaseError> {
         let name = observed.object.metadata.name.as_deref().unwrap_or("");
         match record::session_of(&observed.object) {
             Some(id) if id == session.as_str() => Ok(()),
@@ -423,7 +475,7 @@ impl K8sLease {
 
     /// Counts a write whose outcome is unknown, keeping its cause; the
     /// operation's error once there were [`MAX_FAULT_ROUNDS`] of them.
-    fn unknown_write(
+    pub(crate) fn unknown_write(
         &self,
         name: &str,
         faults: &mut usize,
@@ -438,7 +490,7 @@ impl K8sLease {
         Ok(())
     }
 
-    fn out_of_rounds(&self, name: &str, last: Option<LeaseError>) -> LeaseError {
+    pub(crate) fn out_of_rounds(&self, name: &str, last: Option<LeaseError>) -> LeaseError {
         let error = LeaseError::transient(format!(
             "Lease {name:?} in namespace {:?} kept changing or answering late, attempt after \
              attempt",
@@ -450,7 +502,7 @@ impl K8sLease {
         }
     }
 
-    fn lost(object: &LeaseObject) -> LeaseError {
+    pub(crate) fn lost(object: &LeaseObject) -> LeaseError {
         match record::holder(object).and_then(|h| OwnerId::new(h).ok()) {
             Some(holder) => LeaseError::held(Some(holder)),
             None => LeaseError::held(None),
@@ -458,7 +510,8 @@ impl K8sLease {
     }
 
     /// Acquires `session` for `owner` with a token above `floor` (zero for
-    /// a plain acquire, which every token exceeds).
+    /// a plain acquire, which every token exceeds), hanging it on this
+    /// client's owner lease for `owner`.
     async fn acquire_object(
         &self,
         session: &SessionId,
@@ -466,7 +519,10 @@ impl K8sLease {
         floor: FencingToken,
     ) -> Result<Lease, LeaseError> {
         // (A floor is bounded by `acquire_above`, before anything is sent.)
-        let inner = &self.inner;
+        let began = self.inner.owners.sequence();
+        // Our owner lease, renewed for this grant (which lives as long as
+        // it) once the grant is decided on: a refusal writes nothing.
+        let mut mine: Option<Fresh> = None;
         let name = object_name(session);
         let (mut current, mut fresh) = self.latest(&name).await?;
         let mut last_fault = None;
@@ -475,78 +531,72 @@ impl K8sLease {
         // takeover token may stand.
         let mut distrust_own_token = false;
         let mut faults = 0;
+        // Set right after a revocation, whose outcome was just seen: the
+        // owner lease need not be read again.
+        let mut owner_seen = false;
         for _ in 0..MAX_ROUNDS {
             let Some(observed) = current.take() else {
-                // A free object, taken next round like any free one: the
-                // token is written with the holder, in the same update.
-                let object = record::new_free(&name, session);
-                match self.write(Verb::Create, &name, &object).await? {
-                    Written::Done(created) | Written::Recreated(created) => {
-                        (current, fresh) = (Some(created), true);
-                    }
-                    // Someone else created it first: decide on theirs.
-                    Written::Lost => (current, fresh) = (self.read(&name).await?, true),
-                    Written::Unknown(cause) => {
-                        self.unknown_write(&name, &mut faults, &mut last_fault, cause)?;
-                        (current, fresh) = (self.read(&name).await?, true);
-                    }
-                    Written::Gone(e) => {
-                        return Err(LeaseError::invalid(format!(
-                            "cannot create Leases in namespace {:?}: it does not exist",
-                            inner.namespace
-                        ))
-                        .with_source(e));
-                    }
-                }
+                current = self
+                    .create_free(session, &mut faults, &mut last_fault)
+                    .await?;
+                fresh = true;
                 continue;
             };
             self.check_session(&observed, session)?;
-            let object = &observed.object;
-            let now = inner.clock.now();
-            let holder = record::holder(object);
-            let live = holder.is_some()
-                && !inner.expiry.expired(
-                    object,
-                    observed.seen,
-                    inner.ttl,
-                    now,
-                    inner.clock.instant(),
-                );
-            let (token, next) = match (live, record::stored_token(object)) {
-                (true, StoredToken::Known(token))
-                    if holder == Some(owner.as_str()) && !distrust_own_token && token > floor =>
-                {
-                    (token, record::renewed(object, token, inner.ttl, now)?)
+            let look = Look {
+                fresh,
+                read_owner: fresh && !std::mem::take(&mut owner_seen),
+                distrust_own_token,
+            };
+            let mine_name = match &mine {
+                Some(m) => Some(m.name.clone()),
+                None => self.inner.owners.current(owner).await,
+            };
+            let judged = self
+                .judge(&observed, owner, mine_name.as_deref(), floor, look)
+                .await?;
+            let (token, keep) = match judged {
+                Judged::Keep(token) => (token, true),
+                Judged::Take(token) => (token, false),
+                Judged::Again => {
+                    (current, owner_seen) = (Some(observed), true);
+                    continue;
                 }
-                (true, _) if holder != Some(owner.as_str()) => {
-                    if !fresh {
-                        // What we remember may be stale: the holder may
-                        // have released since. Ask before refusing.
-                        (current, fresh) = (self.read(&name).await?, true);
+                Judged::Reread => {
+                    (current, fresh) = (self.read(&name).await?, true);
+                    continue;
+                }
+                Judged::Refuse(e) => return Err(e),
+            };
+            let mine = match &mine {
+                Some(m) => m.clone(),
+                None => {
+                    let renewed = self.owner_lease(owner, began).await?;
+                    let replaced = Some(&renewed.name) != mine_name.as_ref();
+                    mine = Some(renewed.clone());
+                    if replaced {
+                        // Ours was lost meanwhile: judge again against the
+                        // new one.
+                        (current, owner_seen) = (Some(observed), false);
                         continue;
                     }
-                    return Err(Self::lost(object));
-                }
-                // Free, expired, or ours under a token the object does not
-                // state or that is not above the floor: a takeover, with a
-                // token above every earlier one and above the floor.
-                (_, stored) => {
-                    let token = next_token(observed.version, stored, floor)?;
-                    (
-                        token,
-                        record::taken_over(object, owner, token, inner.ttl, now)?,
-                    )
+                    renewed
                 }
             };
+            if keep {
+                return self.kept(session, owner, token, &mine).await;
+            }
+            let now = self.inner.clock.now();
+            let next = record::taken_over(
+                &observed.object,
+                owner,
+                token,
+                &mine.name,
+                self.inner.ttl,
+                now,
+            )?;
             match self.write(Verb::Update, &name, &next).await? {
-                Written::Done(_) => {
-                    return Ok(Lease::new(
-                        session.clone(),
-                        owner.clone(),
-                        token,
-                        now + inner.ttl,
-                    ));
-                }
+                Written::Done(_) => return self.kept(session, owner, token, &mine).await,
                 Written::Recreated(created) => {
                     (current, fresh, distrust_own_token) = (Some(created), true, true);
                 }
@@ -561,6 +611,210 @@ impl K8sLease {
             }
         }
         Err(self.out_of_rounds(&name, last_fault))
+    }
+
+    /// The grant of `session` to `owner` under `token`, on owner lease
+    /// `mine`, counted as proven ours.
+    async fn kept(
+        &self,
+        session: &SessionId,
+        owner: &OwnerId,
+        token: FencingToken,
+        mine: &Fresh,
+    ) -> Result<Lease, LeaseError> {
+        self.note_held(owner, &mine.name, session, token).await;
+        Ok(Lease::new(
+            session.clone(),
+            owner.clone(),
+            token,
+            mine.expiry,
+        ))
+    }
+
+    /// Creates `session`'s object free, to be taken next round like any
+    /// free one: the token is written with the holder, in the same update.
+    /// What is stored afterwards.
+    async fn create_free(
+        &self,
+        session: &SessionId,
+        faults: &mut usize,
+        last_fault: &mut Option<LeaseError>,
+    ) -> Result<Option<Observed>, LeaseError> {
+        let name = object_name(session);
+        let object = record::new_free(&name, session);
+        match self.write(Verb::Create, &name, &object).await? {
+            Written::Done(created) | Written::Recreated(created) => Ok(Some(created)),
+            // Someone else created it first: decide on theirs.
+            Written::Lost => self.read(&name).await,
+            Written::Unknown(cause) => {
+                self.unknown_write(&name, faults, last_fault, cause)?;
+                self.read(&name).await
+            }
+            Written::Gone(e) => Err(LeaseError::invalid(format!(
+                "cannot create Leases in namespace {:?}: it does not exist",
+                self.inner.namespace
+            ))
+            .with_source(e)),
+        }
+    }
+
+    /// What an acquire by `owner` does with `observed`, its session's object
+    /// (`fresh`: just read), hanging it on `mine`.
+    async fn judge(
+        &self,
+        observed: &Observed,
+        owner: &OwnerId,
+        mine: Option<&str>,
+        floor: FencingToken,
+        look: Look,
+    ) -> Result<Judged, LeaseError> {
+        let Look {
+            fresh,
+            read_owner,
+            distrust_own_token,
+        } = look;
+        let inner = &self.inner;
+        let object = &observed.object;
+        let stored = record::stored_token(object);
+        let take = || next_token(observed.version, stored, floor).map(Judged::Take);
+        let Some(holder) = record::holder(object) else {
+            return take();
+        };
+        let ours = holder == owner.as_str();
+        let refuse = || {
+            // What we remember may be stale: the holder may have released
+            // since. Ask before refusing.
+            Ok(if fresh {
+                Judged::Refuse(Self::lost(object))
+            } else {
+                Judged::Reread
+            })
+        };
+        let Some(owner_lease) = record::owner_lease_of(object) else {
+            // A hold renewed on the object itself, by an older k8slease:
+            // judged by the object, and moved onto our owner lease when
+            // taken (by its own owner too, with a new token).
+            let live = !inner.expiry.expired(
+                object,
+                observed.seen,
+                inner.ttl,
+                inner.clock.now(),
+                inner.clock.instant(),
+            );
+            return if live && !ours { refuse() } else { take() };
+        };
+        if ours && Some(owner_lease) == mine {
+            return match stored {
+                // Our own hold on our live owner lease: nothing to write,
+                // but only on a fresh look (we may have lost it by hand).
+                StoredToken::Known(token) if token > floor && !distrust_own_token => Ok(if fresh {
+                    Judged::Keep(token)
+                } else {
+                    Judged::Reread
+                }),
+                _ => take(),
+            };
+        }
+        match self.owner_liveness(owner_lease, holder, read_owner).await? {
+            Liveness::Void => take(),
+            // The same owner's hold from another client (a previous
+            // incarnation): moved onto ours with a new token; that client
+            // finds it gone at its next renewal.
+            Liveness::Live(_) if ours => take(),
+            Liveness::Live(_) => refuse(),
+            Liveness::Expired(seen) => {
+                self.revoke(&seen).await?;
+                Ok(Judged::Again)
+            }
+        }
+    }
+
+    /// Renews `lease`: one read shows whether its object still hangs on
+    /// this client's owner lease, which is then renewed. A hold on another
+    /// client's owner lease (a previous incarnation's) is not renewed here:
+    /// only an acquire moves it.
+    async fn renew_one(&self, lease: &Lease) -> Result<Lease, LeaseError> {
+        #[cfg(feature = "broken")]
+        if let Some(renewed) = self.remembered_renewal(lease).await {
+            return Ok(renewed);
+        }
+        let name = object_name(lease.session_id());
+        let Some(observed) = self.read(&name).await? else {
+            return Err(LeaseError::held(None));
+        };
+        self.check_session(&observed, lease.session_id())?;
+        let object = &observed.object;
+        let stored = record::stored_token(object);
+        if !record::held_by(object, stored, lease.owner(), lease.token()) {
+            return Err(Self::lost(object));
+        }
+        let Some(on) = record::owner_lease_of(object) else {
+            // Renewed on the object itself, as an older k8slease did.
+            return self.renew_object(lease).await;
+        };
+        if self.inner.owners.current(lease.owner()).await.as_deref() != Some(on) {
+            return Err(LeaseError::held(None));
+        }
+        let began = self.inner.owners.sequence();
+        let mine = self.owner_lease(lease.owner(), began).await?;
+        if mine.name != on {
+            // Ours was lost (revoked or deleted), and with it this hold.
+            return Err(LeaseError::held(None));
+        }
+        self.note_held(lease.owner(), on, lease.session_id(), lease.token())
+            .await;
+        Ok(lease.with_expiry(mine.expiry))
+    }
+
+    /// Renews `leases` with one owner-lease renewal and one list per owner
+    /// and renewal period; a lease the proof does not cover (taken since,
+    /// or never hung on our owner lease) is decided on its own object.
+    async fn renew_batch(&self, leases: &[Lease]) -> Vec<Result<Lease, LeaseError>> {
+        #[cfg(feature = "broken")]
+        if self.inner.trust_remembered {
+            let mut out = Vec::with_capacity(leases.len());
+            for lease in leases {
+                out.push(self.renew_one(lease).await);
+            }
+            return out;
+        }
+        let mut answers: Vec<Option<Result<Lease, LeaseError>>> =
+            leases.iter().map(|_| None).collect();
+        let mut owners: Vec<&OwnerId> = Vec::new();
+        for lease in leases {
+            if !owners.contains(&lease.owner()) {
+                owners.push(lease.owner());
+            }
+        }
+        for owner in owners {
+            let proof = self.prove(owner).await;
+            for (lease, answer) in leases.iter().zip(answers.iter_mut()) {
+                if lease.owner() != owner {
+                    continue;
+                }
+                let session = lease.session_id().as_str();
+                *answer = match &proof {
+                    Ok(Some(Proof::Held { sessions, expiry }))
+                        if sessions.get(session) == Some(&lease.token()) =>
+                    {
+                        Some(Ok(lease.with_expiry(*expiry)))
+                    }
+                    Ok(Some(Proof::Lost(lost))) if lost.get(session) == Some(&lease.token()) => {
+                        Some(Err(LeaseError::held(None)))
+                    }
+                    Err(e) => Some(Err(LeaseError::new(e.kind(), e.message().to_owned()))),
+                    Ok(_) => None,
+                };
+            }
+        }
+        let mut out = Vec::with_capacity(leases.len());
+        for (lease, answer) in leases.iter().zip(answers) {
+            out.push(match answer {
+                Some(answer) => answer,
+                None => self.renew_one(lease).await,
+            });
+        }
+        out
     }
 
     async fn renew_object(&self, lease: &Lease) -> Result<Lease, LeaseError> {
@@ -665,10 +919,17 @@ impl K8sLease {
         let now = inner.clock.now();
         // The judgement a takeover by this process would make now: live
         // here means its acquire for another owner would be refused.
-        let left =
-            inner
-                .expiry
-                .time_left(object, observed.seen, inner.ttl, now, inner.clock.instant());
+        let left = match record::owner_lease_of(object) {
+            Some(on) => match self.owner_liveness(on, holder, true).await? {
+                Liveness::Live(left) => left,
+                Liveness::Void | Liveness::Expired(_) => Duration::ZERO,
+            },
+            None => {
+                inner
+                    .expiry
+                    .time_left(object, observed.seen, inner.ttl, now, inner.clock.instant())
+            }
+        };
         if left.is_zero() {
             return Ok(None);
         }
@@ -840,11 +1101,24 @@ impl SessionLease for K8sLease {
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Lease, LeaseError> {
-        self.renew_object(lease).await
+        self.renew_one(lease).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), LeaseError> {
-        self.release_object(lease).await
+        self.release_object(lease).await?;
+        self.forget_held(lease.owner(), lease.session_id()).await;
+        Ok(())
+    }
+
+    /// One owner-lease renewal and one list per owner and renewal period,
+    /// whatever the number of leases and calls; see the crate docs, "Owner
+    /// leases".
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LeaseError>> {
+        self.renew_batch(leases).await
+    }
+
+    fn renews_in_batches(&self) -> bool {
+        true
     }
 
     /// One GET of the session's Lease object; see the crate docs,

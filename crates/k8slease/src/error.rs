@@ -9,6 +9,7 @@ use lease_port::LeaseError;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Verb {
     Get,
+    List,
     Create,
     Update,
 }
@@ -17,6 +18,7 @@ impl Verb {
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             Verb::Get => "get",
+            Verb::List => "list",
             Verb::Create => "create",
             Verb::Update => "update",
         }
@@ -90,7 +92,7 @@ impl Target<'_> {
     /// `Unsupported`, which would make a server stop leasing altogether.
     fn forbidden(&self, err: kube::Error) -> LeaseError {
         LeaseError::invalid(format!(
-            "forbidden: {} was refused by RBAC; grant the verbs get, create and update on \
+            "forbidden: {} was refused by RBAC; grant the verbs get, list, create and update on \
              leases.coordination.k8s.io in this namespace",
             self.describe()
         ))

@@ -1,6 +1,7 @@
 //! [`SessionLease`](lease_port::SessionLease) on Kubernetes: one
 //! `coordination.k8s.io/v1` Lease object per session in one namespace, with
-//! a fencing token that rises on every takeover.
+//! a fencing token that rises on every takeover, and one *owner Lease* per
+//! client and owner that renews all of its sessions at once.
 //!
 //! # What it is for
 //!
@@ -8,19 +9,19 @@
 //! once. Give every replica a `K8sLease` on the same namespace: each session
 //! has at most one live owner, and every takeover hands out a token greater
 //! than any before it, which the session store checks on every write. It
-//! needs nothing but the API server and three verbs on Leases — and an
+//! needs nothing but the API server and four verbs on Leases — and an
 //! etcd beneath it that keeps what it acknowledged (see "What it requires
 //! of the cluster").
 //!
 //! # When to choose it
 //!
 //! - The processes run in one Kubernetes cluster (or reach its API server),
-//!   and a service account may `get`, `create` and `update` Leases in one
-//!   namespace.
-//! - Lease operations are rare next to session work: each costs one to
-//!   three API requests (a renewal costs one), at a TTL of seconds. For thousands
-//!   of sessions renewed every few seconds, a lease service with batched
-//!   renewal spares the API server.
+//!   and a service account may `get`, `list`, `create` and `update` Leases
+//!   in one namespace.
+//! - Holding many sessions is cheap: a process renews them all with one
+//!   write and proves them its own with one list per renewal period (two
+//!   requests per period at 10,000 sessions, counted on the emulator).
+//!   Acquiring and releasing a session cost one to four requests each.
 //!
 //! Not for: processes on one host (`flocklease` needs no cluster).
 //!
@@ -61,11 +62,77 @@
 //! refused as [`Invalid`](lease_port::LeaseErrorKind::Invalid) and left
 //! alone), the label `app.kubernetes.io/managed-by=mecatl-k8slease`, the
 //! holder in `spec.holderIdentity`, the token in the
-//! `mecatl.dev/fencing-token` annotation, `renewTime`, `acquireTime`,
-//! `leaseDurationSeconds` (the TTL) and `leaseTransitions`, raised on every
-//! change of holder so `kubectl` shows takeovers. An object is created
-//! free, holding nobody, and its first holder takes it with an update like
-//! any later one: a holder and its token are always written together.
+//! `mecatl.dev/fencing-token` annotation, the owner lease its hold hangs on
+//! in the `mecatl.dev/owner-lease` label, `acquireTime` and `renewTime`
+//! (both when it was taken), `leaseDurationSeconds` (the TTL) and
+//! `leaseTransitions`, raised on every change of holder so `kubectl` shows
+//! takeovers. An object is created free, holding nobody, and its first
+//! holder takes it with an update like any later one: a holder and its
+//! token are always written together.
+//!
+//! ## Owner leases
+//!
+//! Each client makes, for each owner id it acquires for, an owner lease:
+//! a Lease named `mecatl-o-<hash of the owner id>-<part unique to the
+//! client>`, labelled `mecatl.dev/role=owner`, held by the owner id. Its
+//! `renewTime` says when that holder last renewed; its
+//! `leaseDurationSeconds` is its *hold*, the TTL plus a third of it in
+//! whole seconds (the TTL itself under three seconds): one renewal can then
+//! serve every batch renewal for a third of a TTL and still give each
+//! lease a whole TTL from its call, as
+//! [`granted_ttl`](lease_port::SessionLease::granted_ttl) promises. A session's hold is live while the owner lease its
+//! label names is live: held by the session's holder and not expired by
+//! the reader's [`ExpiryJudgement`], judged on that owner lease exactly as
+//! a session's own record was judged before. A missing owner lease, or one
+//! held by nobody or someone else, leaves the session free.
+//!
+//! - **Renewal** writes the owner lease, conditional on the version this
+//!   client last wrote, and lists the session objects labelled with it to
+//!   prove they still name our holder and token: one update and one list
+//!   per owner for all its sessions. [`renew_many`](lease_port::SessionLease::renew_many)
+//!   does this at most once per hold minus TTL (a third of a TTL), however
+//!   many calls the leases come in (the lease keeper sends them in
+//!   batches); a call in between answers from the last renewal and list,
+//!   with an expiry a TTL from the call, which the hold still covers. A session the list does not show as ours (released,
+//!   taken, deleted, or edited by hand) is decided on its own object.
+//!   [`renew`](lease_port::SessionLease::renew) of one lease reads its
+//!   object and renews the owner lease.
+//! - **Acquire** hangs the session on this client's owner lease, renewed by
+//!   a write sent after the acquire began (concurrent acquires share one),
+//!   never on a remembered renewal: an owner lease revoked or deleted since
+//!   would leave the new grant free for anyone from the start. The grant
+//!   lives as long as that renewal: its expiry is when the renewal was sent,
+//!   plus the TTL. A refused acquire writes nothing.
+//! - **Takeover after a crash**: a session whose owner lease has expired
+//!   (seen unchanged for its hold, on the taker's clock: a crashed holder's
+//!   sessions are taken a third of a TTL later than a single session's
+//!   record would lapse) is taken only
+//!   after the taker *revokes* that owner lease, clearing its holder with a
+//!   write conditional on the version it judged expired. Either the
+//!   holder's renewal came first (the revocation fails, and the taker
+//!   finds the owner lease live), or the revocation did (the holder's next
+//!   renewal fails, and every session on it is lost — answered `Held`, so
+//!   the keeper stops them all).
+//! - **Release** clears one session's holder and label; the owner lease and
+//!   the other sessions on it are untouched.
+//! - **Incarnations**: a new client (a restarted process) makes its own
+//!   owner lease and never renews an earlier one, so it cannot bring back
+//!   its predecessor's sessions: [`renew`](lease_port::SessionLease::renew)
+//!   of a lease hanging on another client's owner lease is `Held`. Acquire
+//!   by the same owner id is allowed by the contract and moves the session
+//!   onto the new owner lease with a new, greater token; the earlier client,
+//!   if it still runs, finds that session gone at its next renewal.
+//! - Session objects without the label (written by an older k8slease,
+//!   whose holders renew each object) are judged by their own record, and
+//!   moved onto an owner lease when next taken. All clients of a namespace
+//!   must run this version: an older one would judge a session whose
+//!   object is not rewritten as expired.
+//!
+//! `kubectl get leases` shows each session's holder; `kubectl get leases
+//! -l mecatl.dev/role=owner` the owner leases and their renewal times;
+//! `kubectl get leases -l mecatl.dev/owner-lease=NAME` the sessions on one.
+//! Owner leases of clients that ended are left behind, held until they
+//! lapse and inert afterwards; delete them at will once expired.
 //!
 //! Every write starts from the object as read (so `strategy`,
 //! `preferredHolder`, other labels and annotations survive) and is
@@ -77,17 +144,28 @@
 //! same precondition; nothing is ever deleted. An empty and an absent
 //! holder both mean free.
 //!
-//! Each client remembers the objects it saw, so a renewal or release is one
-//! conditional write, and a read happens only when memory is missing or the
-//! write loses (measured with the emulator's request counters):
+//! API requests (measured with the emulator's request counters):
 //!
 //! | operation | requests |
 //! |---|---|
-//! | renew | 1 update |
+//! | renewal of every session of one owner, per third of a TTL ([`renew_many`](lease_port::SessionLease::renew_many)) | 1 update + 1 list |
+//! | renew of one lease | get + update |
 //! | release | 1 update (get + update if this process never saw the object) |
-//! | acquire, session never leased | get + create + update |
-//! | acquire, free or expired session | get + update (1 update when this client released it last) |
-//! | acquire, held elsewhere | 1 get (+1 update when memory said free) |
+//! | first acquire of a client | + 1 create (its owner lease) |
+//! | acquire, session never leased | get + create + update, + 1 update of the owner lease |
+//! | acquire, free or expired session | get + update, + 1 update of the owner lease (+ 1 update revoking an expired owner lease) |
+//! | acquire, held elsewhere | get of the object and of its owner lease |
+//!
+//! ## Upgrading from per-session renewals
+//!
+//! Every client of one namespace must judge holds the same way. A client
+//! of an earlier version, which renewed each session's own object, judges
+//! a session by that object alone — which this version no longer rewrites
+//! while it holds the session — and would take over sessions held here
+//! once their objects had stood unchanged for a TTL. So do not roll from
+//! such a version to this one: stop every process of the old version,
+//! then start the new ones. Objects the old version left are read the old
+//! way and moved onto an owner lease when next taken.
 //!
 //! # Fencing tokens
 //!
@@ -121,12 +199,15 @@
 //! cluster"), and a token raised above the versions by a floor lives only
 //! in its object's annotation, so deleting that object lets tokens fall
 //! back to the versions — the store's mark then refuses them, and an
-//! acquire above that mark raises them again. A holder whose object is
-//! deleted has lost its lease: its next renewal is `Held` (the renewal's
-//! write names the deleted object's uid, which the API server takes as a
-//! precondition, so the object is not re-created; should a server
-//! re-create it anyway, the hold is cleared at once). Someone who
-//! hand-writes a token annotation can only raise later tokens.
+//! acquire above that mark raises them again. A holder whose session
+//! object is deleted has lost that lease: its next renewal is `Held` (the
+//! list of its sessions no longer shows it, and its own read finds none).
+//! A holder whose owner lease is deleted has lost every lease on it: the
+//! renewal's write names the deleted object's uid, which the API server
+//! takes as a precondition, so the owner lease is not re-created (should a
+//! server re-create it anyway, its hold is cleared at once), and the next
+//! grant hangs on a new owner lease. Someone who hand-writes a token
+//! annotation can only raise later tokens.
 //!
 //! # What it requires of the cluster
 //!
@@ -184,18 +265,25 @@
 //!   margin of every other's; a reader whose clock runs ahead takes over a
 //!   live lease. Use it only with synchronised clocks.
 //!
+//! Either way it is the owner lease a session hangs on that is judged,
+//! not the session's object, which is not rewritten while it is held.
+//!
 //! In both modes a holder's own renewal needs no clock: it is a write
 //! conditioned on the version it last wrote, which fails if anyone else
-//! wrote since. The expiry reported in [`Lease::expiry`](lease_port::Lease::expiry)
-//! is the local wall clock when the granting request was *sent*, plus the
-//! TTL: the holder's deadline never extends past what any reader allows.
+//! wrote since — and a taker writes (revokes) an owner lease before it
+//! takes any session on it. The expiry reported in [`Lease::expiry`](lease_port::Lease::expiry)
+//! is the local wall clock when the owner-lease renewal the grant rests on
+//! was *sent*, plus the TTL: the holder's deadline never extends past what
+//! any reader allows.
 //!
 //! # Reporting the holder
 //!
 //! [`current`](lease_port::SessionLease::current) is one GET of the
-//! session's object. No object, or no holder, is `None`. Otherwise the
-//! holder is judged exactly as this client's acquire would judge it at
-//! that moment, by its [`ExpiryJudgement`], and a lapsed hold is `None`:
+//! session's object and one of the owner lease it names. No object, or no
+//! holder, or an owner lease gone or held by someone else, is `None`.
+//! Otherwise the holder is judged exactly as this client's acquire would
+//! judge it at that moment, by its [`ExpiryJudgement`] applied to the owner
+//! lease, and a lapsed hold is `None`:
 //!
 //! - [`SkewSafe`](ExpiryJudgement::SkewSafe): live until this process has
 //!   seen that version unchanged for its `leaseDurationSeconds`, counted
@@ -255,7 +343,7 @@
 //! [`authority`](lease_port::SessionLease::authority) is `k8s:<namespace>:<uid>`
 //! where `<uid>` is the server-assigned uid of the Lease `mecatl-authority`
 //! in the namespace, created by the first client that asks. It needs only
-//! the same three verbs, is equal for every client of one namespace of one
+//! the verbs above, is equal for every client of one namespace of one
 //! cluster, and differs between clusters and namespaces. Deleting that
 //! object changes it, and stores fenced by the old one then refuse their
 //! servers until re-pointed (the safe direction).
@@ -269,17 +357,18 @@
 //! rules:
 //!   - apiGroups: [coordination.k8s.io]
 //!     resources: [leases]
-//!     verbs: [get, create, update]
+//!     verbs: [get, list, create, update]
 //! ```
 //!
-//! Batch renewal ([`renew_many`](lease_port::SessionLease::renew_many)) keeps
-//! the default: the API has no multi-object write, so it would save nothing.
+//! `list` serves batch renewal alone: the one read that proves a process's
+//! sessions are still its own.
 
 mod backend;
 mod error;
 mod expiry;
 mod name;
 mod observe;
+mod owner;
 mod record;
 
 pub use backend::{Builder, DEFAULT_TTL, K8sLease, client_from_kubeconfig, client_infer};

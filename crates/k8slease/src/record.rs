@@ -17,6 +17,13 @@ pub(crate) const TOKEN_ANNOTATION: &str = "mecatl.dev/fencing-token";
 /// `app.kubernetes.io/managed-by`, so `kubectl get leases -l` finds ours.
 pub(crate) const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 pub(crate) const MANAGED_BY: &str = "mecatl-k8slease";
+/// On a session object: the name of the owner lease its hold hangs on. A
+/// label, so the holder proves in one list which sessions are still its own.
+pub(crate) const OWNER_LEASE_LABEL: &str = "mecatl.dev/owner-lease";
+/// `owner` on owner leases, so neither `kubectl` nor a reader mistakes one
+/// for a session.
+pub(crate) const ROLE_LABEL: &str = "mecatl.dev/role";
+pub(crate) const OWNER_ROLE: &str = "owner";
 
 /// The holder of `object`, if any. Empty and absent both mean free.
 pub(crate) fn holder(object: &LeaseObject) -> Option<&str> {
@@ -110,6 +117,26 @@ pub(crate) fn renewed_at(object: &LeaseObject) -> Option<SystemTime> {
         .map(|t| SystemTime::from(t.0))
 }
 
+/// The owner lease a session object's hold hangs on; `None` for an object
+/// whose holder renews the object itself (written by an older k8slease).
+pub(crate) fn owner_lease_of(object: &LeaseObject) -> Option<&str> {
+    label(object, OWNER_LEASE_LABEL).filter(|l| !l.is_empty())
+}
+
+/// True for an owner lease this crate created.
+pub(crate) fn is_owner_lease(object: &LeaseObject) -> bool {
+    label(object, ROLE_LABEL) == Some(OWNER_ROLE)
+}
+
+fn label<'a>(object: &'a LeaseObject, key: &str) -> Option<&'a str> {
+    object
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(key))
+        .map(String::as_str)
+}
+
 /// The session id the object says it belongs to.
 pub(crate) fn session_of(object: &LeaseObject) -> Option<&str> {
     annotation(object, SESSION_ANNOTATION)
@@ -175,11 +202,16 @@ pub(crate) fn taken_over(
     object: &LeaseObject,
     owner: &OwnerId,
     token: FencingToken,
+    owner_lease: &str,
     ttl: Duration,
     now: SystemTime,
 ) -> Result<LeaseObject, LeaseError> {
     let at = micro_time(now)?;
     let mut next = object.clone();
+    next.metadata
+        .labels
+        .get_or_insert_with(BTreeMap::new)
+        .insert(OWNER_LEASE_LABEL.to_owned(), owner_lease.to_owned());
     let changes_hands = holder(object) != Some(owner.as_str());
     let spec = next.spec.get_or_insert_with(LeaseSpec::default);
     match spec.lease_transitions {
@@ -223,5 +255,57 @@ pub(crate) fn released(object: &LeaseObject) -> LeaseObject {
     if let Some(spec) = next.spec.as_mut() {
         spec.holder_identity = None;
     }
+    if let Some(labels) = next.metadata.labels.as_mut() {
+        labels.remove(OWNER_LEASE_LABEL);
+    }
     next
+}
+
+/// A new owner lease `name`, held by `owner` from `now`: the one object a
+/// process renews for every session it holds as `owner`.
+pub(crate) fn new_owner_lease(
+    name: &str,
+    owner: &OwnerId,
+    ttl: Duration,
+    now: SystemTime,
+) -> Result<LeaseObject, LeaseError> {
+    let at = micro_time(now)?;
+    Ok(LeaseObject {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            labels: Some(BTreeMap::from([
+                (MANAGED_BY_LABEL.to_owned(), MANAGED_BY.to_owned()),
+                (ROLE_LABEL.to_owned(), OWNER_ROLE.to_owned()),
+            ])),
+            annotations: Some(BTreeMap::from([(
+                "mecatl.dev/purpose".to_owned(),
+                "The owner lease of one k8slease client: every session Lease labelled \
+                 mecatl.dev/owner-lease with this name is live while this one is renewed."
+                    .to_owned(),
+            )])),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(owner.as_str().to_owned()),
+            lease_duration_seconds: Some(ttl_seconds(ttl)),
+            acquire_time: Some(at.clone()),
+            renew_time: Some(at),
+            lease_transitions: Some(0),
+            ..LeaseSpec::default()
+        }),
+    })
+}
+
+/// An owner lease renewed at `now`.
+pub(crate) fn owner_renewed(
+    object: &LeaseObject,
+    ttl: Duration,
+    now: SystemTime,
+) -> Result<LeaseObject, LeaseError> {
+    let at = micro_time(now)?;
+    let mut next = object.clone();
+    let spec = next.spec.get_or_insert_with(LeaseSpec::default);
+    spec.lease_duration_seconds = Some(ttl_seconds(ttl));
+    spec.renew_time = Some(at);
+    Ok(next)
 }

@@ -244,7 +244,7 @@ pub struct ServeArgs {
 
     /// Leases as `coordination.k8s.io/v1` Lease objects in this Kubernetes
     /// namespace: the replicas of one deployment. The service account needs
-    /// get, create and update on leases there.
+    /// get, list, create and update on leases there.
     #[arg(
         long,
         env = "MECATED_SESSION_LEASE_K8S_NAMESPACE",

@@ -37,7 +37,7 @@ pub(crate) struct Cli {
     /// `etcd:ENDPOINT[,ENDPOINT…]`: an etcd v3 cluster; run several replicas
     /// of this service over it, with no single point of failure.
     /// `k8s:NAMESPACE`: Lease objects in a Kubernetes namespace (the
-    /// service account needs get, create and update on leases).
+    /// service account needs get, list, create and update on leases).
     /// `redis:URL`: one Redis (`redis://[user:password@]host:port/db`,
     /// `rediss://` for TLS); tokens are as durable as its persistence.
     /// `postgres:URL`: tables in one PostgreSQL database

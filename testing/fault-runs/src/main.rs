@@ -576,6 +576,19 @@ const VARIANTS: &[Variant] = &[
         must_break: &[Property::StoreFencing],
     },
     Variant {
+        // Kubernetes leases whose renewals judge a session live from the
+        // client's memory of its owner lease: a holder paused past its TTL
+        // comes back and renews a session another owner took after
+        // revoking that owner lease.
+        name: "k8s-renewal-trusts-a-stale-owner-record",
+        lease: None,
+        store: None,
+        processes: false,
+        setting: Some(SettingBreakage::OwnerRecordTrusted),
+        backend: None,
+        must_break: &[Property::SingleHolder, Property::TokenOrder],
+    },
+    Variant {
         // PostgreSQL's own refusal of a renewal (the row taken over while
         // its holder paused), answered as a success: the stale holder
         // believes it holds beside the new one, through kills, stops and
@@ -607,6 +620,9 @@ async fn run_broken(variant: &Variant, args: &Args) -> Result<Row, String> {
         Some(setting @ SettingBreakage::GenerationCheckOff) => {
             rigs::flock_swaps(&mut workload, dir.path(), Some(setting))?
         }
+        Some(setting @ SettingBreakage::OwnerRecordTrusted) => {
+            rigs::k8s(&mut workload, dir.path(), Some(setting)).await?
+        }
         None if variant.processes => {
             rigs::flock_holders(&mut workload, dir.path(), variant.store.is_some())?
         }
@@ -615,7 +631,11 @@ async fn run_broken(variant: &Variant, args: &Args) -> Result<Row, String> {
             rigs::setup(backend, &mut workload, dir.path()).await?
         }
     };
-    if variant.setting.is_some() {
+    if variant.setting == Some(SettingBreakage::OwnerRecordTrusted) {
+        // A stale owner record shows once a holder pauses past its TTL and
+        // a rival revokes its owner lease meanwhile: pause more often.
+        workload.pause_per_mille = 100;
+    } else if variant.setting.is_some() {
         // The fault the detection is for, and nothing else.
         workload.pause_per_mille = 0;
     } else if variant.processes {

@@ -70,7 +70,7 @@ pub(crate) async fn setup(name: &str, w: &mut Workload, dir: &Path) -> Result<Ri
         "grpc-memlease" | "grpc-flocklease" | "grpc-etcd" => grpc(name, w, dir).await,
         "redis" => redis(w, None).await,
         "postgres" => postgres(w, dir).await,
-        "k8s" => k8s(w, dir).await,
+        "k8s" => k8s(w, dir, None).await,
         "etcd" => etcd(w, dir).await,
         "etcd-partitions" => crate::partitions::etcd_partitions(w, dir).await,
         other => Err(format!("unknown backend {other}")),
@@ -423,7 +423,15 @@ async fn postgres(w: &mut Workload, dir: &Path) -> Result<Rig, String> {
 /// write committed) and its Lease storage rewound to a snapshot or wiped,
 /// after which the lease clients are restarted and the store's marks,
 /// which did not go back, make the workers acquire above them.
-async fn k8s(w: &mut Workload, dir: &Path) -> Result<Rig, String> {
+///
+/// With [`SettingBreakage::OwnerRecordTrusted`], the clients renew from
+/// their memory of their owner leases (the broken variant).
+pub(crate) async fn k8s(
+    w: &mut Workload,
+    dir: &Path,
+    breakage: Option<SettingBreakage>,
+) -> Result<Rig, String> {
+    let trusted = breakage == Some(SettingBreakage::OwnerRecordTrusted);
     w.ttl = Duration::from_secs(1);
     let emulator = Arc::new(
         Emulator::start(EmulatorConfig::default())
@@ -440,11 +448,13 @@ async fn k8s(w: &mut Workload, dir: &Path) -> Result<Rig, String> {
                 let client = k8slease::client_from_kubeconfig(&kubeconfig)
                     .await
                     .map_err(|e| format!("kube client: {e}"))?;
-                let lease = K8sLease::builder(client, "default")
+                let mut builder = K8sLease::builder(client, "default")
                     .ttl(ttl)
-                    .request_timeout(call_timeout(ttl))
-                    .build()
-                    .map_err(|e| format!("k8s lease: {e}"))?;
+                    .request_timeout(call_timeout(ttl));
+                if trusted {
+                    builder = builder.broken_trust_remembered_owner_lease();
+                }
+                let lease = builder.build().map_err(|e| format!("k8s lease: {e}"))?;
                 leases.push(Arc::new(lease));
             }
             Ok(Clients {

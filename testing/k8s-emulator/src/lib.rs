@@ -59,7 +59,8 @@
 //! Two kinds of client reach the emulator. *k8slease tests and fault runs*:
 //! `k8slease`'s tests and benches, the servers' tests that lease through
 //! it (`mecated`, `mecatl-leased`) and `testing/fault-runs`, all speaking
-//! through kube-rs, which sends get, create and update (PUT) — and, from
+//! through kube-rs, which sends get, create, update (PUT) and a list by
+//! label selector (the sessions on an owner lease) — and, from
 //! k8slease's tests only, delete and a JSON merge patch. *kubectl*: the
 //! real `kubectl` (`tests/integration/kubectl.rs`), which also reads
 //! discovery and OpenAPI, lists with Table replies, watches, and patches
@@ -82,8 +83,8 @@
 //! | `faults` | k8slease tests and fault runs | [`Faults`]: latency, 5xx, replies lost after commit |
 //! | `patch::strategic` | kubectl | strategic merge patch (`kubectl apply`, `kubectl edit`) |
 //! | `patch::json` | kubectl | JSON patch (`kubectl patch --type json`) |
-//! | `list` | kubectl | LeaseList pages (`limit`, `continue`), deletecollection replies |
-//! | `selector` | kubectl | `labelSelector`, `fieldSelector` of list, watch, deletecollection |
+//! | `list` | both | LeaseList replies: k8slease's list of the sessions on an owner lease; pages (`limit`, `continue`) and deletecollection replies for kubectl |
+//! | `selector` | both | `labelSelector` (k8slease's list, kubectl), `fieldSelector` of list, watch, deletecollection |
 //! | `watch` | kubectl | `?watch=1` streams |
 //! | `table` | kubectl | `meta.k8s.io` Table replies for `kubectl get` |
 //! | `discovery` | kubectl | `/api`, `/apis`, `/version` and the resource lists |
@@ -92,9 +93,9 @@
 //! | `bin/k8s-emulator.rs` | kubectl | the emulator as a process, for a person with kubectl |
 //!
 //! Beside the kubectl-only modules, some kubectl-only branches live in
-//! shared code: the list, watch, deletecollection and non-merge patch arms
-//! of the lease handlers and the server-side apply checks (`server`), the
-//! store's list, watch and namespace reads (`store`), `fieldValidation`
+//! shared code: the watch, deletecollection and non-merge patch arms of
+//! the lease handlers and the server-side apply checks (`server`), the
+//! store's watch and namespace reads (`store`), `fieldValidation`
 //! other than the default `Warn` (`decode`), and 410 `Expired` (`status`).
 //!
 //! # The API server's rules it keeps

@@ -1,4 +1,4 @@
-//! Serves: kubectl only — k8slease reads one Lease by name and never lists.
+//! Serves: both — k8slease lists the sessions on an owner lease in one reply; kubectl pages.
 //!
 //! LeaseList pages for list (`kubectl get leases`), with `limit` and
 //! `continue` paging and Table replies, and the reply to deletecollection.

@@ -1,4 +1,4 @@
-//! Serves: kubectl only — list, watch and deletecollection take selectors; k8slease sends none.
+//! Serves: both — k8slease lists by one label (`mecatl.dev/owner-lease=NAME`); kubectl's list, watch and deletecollection take any.
 //!
 //! `labelSelector` and `fieldSelector` as list and watch take them.
 

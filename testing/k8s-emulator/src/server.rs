@@ -1,4 +1,4 @@
-//! Serves: both — every request: k8slease's get, create and update beside kubectl's list and watch.
+//! Serves: both — every request: k8slease's get, list, create and update beside kubectl's list and watch.
 //!
 //! HTTP serving: the accept loop (each connection can be cut mid-request),
 //! routing, authentication, authorization, faults and the lease handlers.

@@ -52,6 +52,12 @@ pub enum SettingBreakage {
     /// (`GenerationCheck::Off`): a store directory put back from an older
     /// copy opens as if it were the newest.
     GenerationCheckOff,
+    /// Kubernetes leases whose renewals judge a session live from what
+    /// the client remembers of its owner lease, sending nothing
+    /// (`k8slease`'s `broken_trust_remembered_owner_lease`): a session
+    /// judged live by a stale owner record, after another owner revoked
+    /// that owner lease and took the session.
+    OwnerRecordTrusted,
 }
 
 /// The policy re-check interval of [`SettingBreakage::PolicyNeverRechecked`]:

@@ -11,6 +11,9 @@ use lease_port::{Clock, LeaseErrorKind, ManualClock, OwnerId, SessionId, Session
 use crate::support::Cluster;
 
 const TTL: Duration = Duration::from_secs(10);
+/// How long an owner lease holds unrenewed at that TTL (a third longer, in
+/// whole seconds): what a reader judges a holder's expiry by.
+const HOLD: Duration = Duration::from_secs(13);
 
 async fn client(cluster: &Cluster, clock: &ManualClock, judgement: ExpiryJudgement) -> K8sLease {
     K8sLease::builder(cluster.kube().await, &cluster.namespace)
@@ -46,17 +49,17 @@ async fn skew_safe_waits_one_ttl_from_its_first_sight() {
     // The holder died an hour ago by every clock...
     hc.advance(Duration::from_secs(3600));
     rc.advance(Duration::from_secs(3600));
-    // ...but a process that never saw the object must watch it unchanged
-    // for a whole TTL first.
+    // ...but a process that never saw its owner lease must watch it
+    // unchanged for its whole hold first.
     let reader = client(&cluster, &rc, ExpiryJudgement::SkewSafe).await;
     held(reader.acquire(&s, &r).await, "first sight");
-    rc.advance(TTL - Duration::from_secs(1));
-    held(reader.acquire(&s, &r).await, "one second short of a TTL");
+    rc.advance(HOLD - Duration::from_secs(1));
+    held(reader.acquire(&s, &r).await, "one second short of the hold");
     rc.advance(Duration::from_secs(2));
     let taken = reader
         .acquire(&s, &r)
         .await
-        .expect("a TTL after first sight");
+        .expect("the hold after first sight");
     assert!(taken.token() > lease.token());
 }
 
@@ -83,12 +86,13 @@ async fn skew_safe_ignores_wall_clocks_and_restarts_its_wait_on_every_renewal() 
         lease = holder.renew(&lease).await.unwrap();
         held(reader.acquire(&s, &r).await, &format!("renewal {round}"));
     }
-    // The holder stops renewing: a TTL after the last change, it is free.
-    rc.advance(TTL + Duration::from_secs(1));
+    // The holder stops renewing: its owner lease's hold after the last
+    // change, it is free.
+    rc.advance(HOLD + Duration::from_secs(1));
     let taken = reader
         .acquire(&s, &r)
         .await
-        .expect("a TTL after the last renewal");
+        .expect("the hold after the last renewal");
     assert!(taken.token() > lease.token());
     held(
         holder.renew(&lease).await,
@@ -108,7 +112,7 @@ async fn record_time_takes_over_at_once_and_trusts_the_wall_clocks() {
     let reader = client(&cluster, &rc, ExpiryJudgement::RecordTime).await;
     rc.advance(TTL / 2);
     held(reader.acquire(&s, &r).await, "half a TTL after the renewal");
-    rc.advance(TTL / 2 + Duration::from_secs(1));
+    rc.advance(HOLD - TTL / 2 + Duration::from_secs(1));
     let taken = reader
         .acquire(&s, &r)
         .await
@@ -120,7 +124,7 @@ async fn record_time_takes_over_at_once_and_trusts_the_wall_clocks() {
     let (s2, _, _) = ids("record-time-skewed");
     let lease = holder.acquire(&s2, &h).await.unwrap();
     let ahead = ManualClock::new();
-    ahead.set_wall(hc.now() + TTL + Duration::from_secs(1));
+    ahead.set_wall(hc.now() + HOLD + Duration::from_secs(1));
     let skewed = client(&cluster, &ahead, ExpiryJudgement::RecordTime).await;
     let careful = client(&cluster, &ahead, ExpiryJudgement::SkewSafe).await;
     held(

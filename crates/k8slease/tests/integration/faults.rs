@@ -83,6 +83,10 @@ async fn create_whose_reply_is_lost_is_found_committed() {
     let cluster = Cluster::emulated().await;
     let (ca, cb) = (lease(&cluster).await, lease(&cluster).await);
     let (s, a, b) = ids("dropped-create");
+    // The client's owner lease exists already: the create that loses its
+    // reply is the session object's.
+    let warm = SessionId::new("dropped-create-warm").unwrap();
+    ca.acquire(&warm, &a).await.unwrap();
     cluster.emulator().faults().drop_reply_after_commit(
         1,
         DroppedReply::CloseConnection,
@@ -509,6 +513,8 @@ async fn a_missing_rbac_verb_names_verb_and_resource() {
             .contains("update leases.coordination.k8s.io")
     );
 
+    // Update back (the owner lease is renewed first), get refused.
+    emulator.rbac().allow(user, &[Verb::Update], "leases");
     emulator.rbac().revoke(user, &[Verb::Get], "leases");
     let other = SessionId::new("rbac-other").unwrap();
     let err = c.acquire(&other, &a).await.unwrap_err();
@@ -518,11 +524,28 @@ async fn a_missing_rbac_verb_names_verb_and_resource() {
         "{err}"
     );
 
+    // Batch renewal lists the sessions on the owner lease.
+    emulator.rbac().allow(user, &[Verb::Get], "leases");
+    let err = c.renew_many(std::slice::from_ref(&held)).await.remove(0);
+    let err = err.unwrap_err();
+    assert_eq!(err.kind(), LeaseErrorKind::Invalid, "{err:?}");
+    assert!(
+        err.to_string().contains("list leases.coordination.k8s.io"),
+        "{err}"
+    );
+
     // The Role the README gives is enough for everything.
-    emulator
-        .rbac()
-        .allow(user, &[Verb::Get, Verb::Create, Verb::Update], "leases");
+    emulator.rbac().allow(
+        user,
+        &[Verb::Get, Verb::List, Verb::Create, Verb::Update],
+        "leases",
+    );
     let held = c.renew(&held).await.expect("renew with update granted");
+    let held = c
+        .renew_many(std::slice::from_ref(&held))
+        .await
+        .remove(0)
+        .expect("batch renewal with list granted");
     c.release(&held).await.unwrap();
     c.authority()
         .await

@@ -19,3 +19,4 @@ mod faults;
 mod floor;
 mod requests;
 mod rewind;
+mod scale;

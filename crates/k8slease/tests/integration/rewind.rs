@@ -62,8 +62,10 @@ async fn a_write_answered_below_a_version_seen_is_rewound() {
     let (s, a, b) = ids("written");
     let earlier = emulator.snapshot();
     let mut held = ca.acquire(&s, &a).await.unwrap();
+    // Grants move the session's object on (renewals write the owner lease).
     for _ in 0..3 {
-        held = ca.renew(&held).await.unwrap();
+        ca.release(&held).await.unwrap();
+        held = ca.acquire(&s, &a).await.unwrap();
     }
     let seen = emulator.revision();
     assert!(seen > earlier.revision());
@@ -98,8 +100,10 @@ async fn a_read_older_than_the_object_seen_is_rewound() {
     let (s, a, b) = ids("read");
     let first = ca.acquire(&s, &a).await.unwrap();
     let earlier = emulator.snapshot();
-    let held = ca.renew(&first).await.unwrap();
-    let held = ca.renew(&held).await.unwrap();
+    // Renewals write the owner lease, not the session's object: a release
+    // and a new grant move the object on.
+    ca.release(&first).await.unwrap();
+    let held = ca.acquire(&s, &a).await.unwrap();
     // b saw the newer object too.
     assert_eq!(
         cb.acquire(&s, &b).await.unwrap_err().kind(),
