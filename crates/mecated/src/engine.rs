@@ -102,6 +102,8 @@ struct EngineInner {
     replicas: replicas::Replicas,
     /// One reader per followed session, fanned out to its followers.
     tails: tails::Tails,
+    /// The turns of runs waiting for a session (`?wait`), by session.
+    run_queues: Mutex<HashMap<SessionId, std::sync::Weak<tokio::sync::Mutex<()>>>>,
 }
 
 /// How the process proved, or failed to prove, that it alone serves its
@@ -247,6 +249,7 @@ impl Engine {
                 single_process: exclusivity == Exclusivity::ProvenSingleProcess,
                 replicas: replicas::Replicas::default(),
                 tails: tails::Tails::default(),
+                run_queues: Mutex::default(),
             }),
         }
     }

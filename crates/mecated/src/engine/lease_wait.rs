@@ -1,6 +1,7 @@
 //! Starting a run that waits, for a bounded time, for another process to
 //! release the session instead of being refused at once.
 
+use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
 use lease_keeper::KeeperErrorKind;
@@ -43,7 +44,10 @@ impl Engine {
     /// per session in the process, whatever the number of waiters): a run
     /// records its end before it releases, and that end wakes the waiters.
     /// So a waiter costs an attempt per run that ends, not an attempt per
-    /// interval.
+    /// interval. The waiters of one session in this process take turns, in
+    /// the order they came: only the first tries the lease, so a run's end
+    /// sets off one attempt here, not one per waiter, and no waiter is
+    /// passed over by later ones.
     pub async fn start_run_waiting(
         &self,
         session: SessionId,
@@ -51,6 +55,12 @@ impl Engine {
         wait: Duration,
     ) -> Result<StartedRun, EngineError> {
         let deadline = Instant::now() + wait.min(MAX_RUN_WAIT);
+        let queue = self.run_queue(&session);
+        let Ok(_turn) = tokio::time::timeout_at(deadline, queue.lock()).await else {
+            // Out of time before its turn: answered as a run that does
+            // not wait.
+            return self.start_run(session, input).await;
+        };
         // Where the end of the run waited for lies, while its release is
         // awaited.
         let mut releasing: Option<(Instant, u64)> = None;
@@ -88,6 +98,26 @@ impl Engine {
                 .await
                 .map(|end| (Instant::now() + RELEASE_GRACE, end));
         }
+    }
+
+    /// The queue the waiting runs of `session` in this process take turns
+    /// in; it goes with the last of them.
+    fn run_queue(&self, session: &SessionId) -> Arc<tokio::sync::Mutex<()>> {
+        let mut queues = self
+            .inner
+            .run_queues
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(queue) = queues.get(session).and_then(Weak::upgrade) {
+            return queue;
+        }
+        // Sessions nobody waits for any more, dropped as the map grows.
+        if queues.len() >= 1024 {
+            queues.retain(|_, q| q.strong_count() > 0);
+        }
+        let queue = Arc::new(tokio::sync::Mutex::new(()));
+        queues.insert(session.clone(), Arc::downgrade(&queue));
+        queue
     }
 
     /// Waits until a run of `session` records its end after `pos`, or
