@@ -292,20 +292,7 @@ impl PostgresServer {
     /// Committed transactions are kept; [`restart`](Self::restart) brings
     /// the server back, recovering from its WAL.
     pub fn kill(&mut self) {
-        let Some(pid) = self.process.pid() else {
-            return;
-        };
-        // Stopped first, the postmaster starts no process while its
-        // children are listed and killed.
-        if self.process.signal(Signal::SIGSTOP).is_ok() {
-            wait_for(REAP_TIMEOUT, || state_of(pid).is_none_or(|s| s == 'T'));
-        }
-        let children = children_of(pid);
-        for child in &children {
-            let _ = signal_pid(*child, Signal::SIGKILL);
-        }
-        self.process.kill();
-        wait_for(REAP_TIMEOUT, || all_gone(&children));
+        kill_cluster(&mut self.process);
     }
 
     /// Stops the server as its operator would (a fast shutdown: SIGINT,
@@ -497,7 +484,14 @@ fn spawn(
     })
 }
 
-fn query(dir: &Path, port: u16, database: &str, sql: &str) -> Result<Rows, pgwire::WireError> {
+/// `sql` through the server's Unix socket in `dir`, as its trusted local
+/// user.
+pub(crate) fn query(
+    dir: &Path,
+    port: u16,
+    database: &str,
+    sql: &str,
+) -> Result<Rows, pgwire::WireError> {
     let mut stream = UnixStream::connect(dir.join(format!(".s.PGSQL.{port}")))?;
     stream.set_read_timeout(Some(IO_TIMEOUT))?;
     stream.set_write_timeout(Some(IO_TIMEOUT))?;
@@ -507,8 +501,27 @@ fn query(dir: &Path, port: u16, database: &str, sql: &str) -> Result<Rows, pgwir
     rows
 }
 
+/// SIGKILLs a PostgreSQL server, as a crash would: the postmaster and every
+/// process it started, at once, then waits until they are gone.
+pub(crate) fn kill_cluster(process: &mut ServerProcess) {
+    let Some(pid) = process.pid() else {
+        return;
+    };
+    // Stopped first, the postmaster starts no process while its children
+    // are listed and killed.
+    if process.signal(Signal::SIGSTOP).is_ok() {
+        wait_for(REAP_TIMEOUT, || state_of(pid).is_none_or(|s| s == 'T'));
+    }
+    let children = children_of(pid);
+    for child in &children {
+        let _ = signal_pid(*child, Signal::SIGKILL);
+    }
+    process.kill();
+    wait_for(REAP_TIMEOUT, || all_gone(&children));
+}
+
 /// The processes whose parent is `pid`.
-fn children_of(pid: u32) -> Vec<u32> {
+pub(crate) fn children_of(pid: u32) -> Vec<u32> {
     let Ok(entries) = fs::read_dir("/proc") else {
         return Vec::new();
     };

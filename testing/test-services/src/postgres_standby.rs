@@ -4,17 +4,14 @@
 use std::fs;
 use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 use tempfile::TempDir;
 
-use crate::pgwire::{self, IO_TIMEOUT, Rows};
+use crate::pgwire::Rows;
 use crate::process::{READY_TIMEOUT, START_ATTEMPTS, ServerProcess, free_port};
 use crate::unprivileged::{self, RunAs};
 use crate::{
@@ -26,8 +23,6 @@ use crate::{
 /// client of the primary).
 const HBA_LINE: &str = "host replication mecatl 127.0.0.1/32 scram-sha-256";
 const DATABASE: &str = "postgres";
-/// How long the processes of a killed standby may take to be gone.
-const REAP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A hot standby of a [`PostgresServer`] on a free loopback port of its
 /// own, its cluster copied by `pg_basebackup` into a temporary directory
@@ -138,7 +133,7 @@ impl PostgresStandby {
     /// Runs `sql` as the superuser through the standby's Unix socket, as
     /// [`PostgresServer::query`] does.
     pub fn query(&self, sql: &str) -> Result<Rows, ServiceError> {
-        query(self.dir.path(), self.port, sql)
+        crate::postgres::query(self.dir.path(), self.port, DATABASE, sql)
             .map_err(|e| ServiceError::io(format!("standby query {sql:?}"), e.into_io()))
     }
 
@@ -197,33 +192,14 @@ impl PostgresStandby {
             return Vec::new();
         };
         let mut all = vec![pid];
-        all.extend(children_of(pid));
+        all.extend(crate::postgres::children_of(pid));
         all
     }
 
     /// Kills the standby with SIGKILL, every process of it, and waits
     /// until they are gone.
     pub fn kill(&mut self) {
-        let Some(pid) = self.process.pid() else {
-            return;
-        };
-        // Stopped first, the postmaster starts no process while its
-        // children are listed and killed.
-        if self.process.signal(Signal::SIGSTOP).is_ok() {
-            wait_for(|| state_of(pid).is_none_or(|s| s == 'T'));
-        }
-        let children = children_of(pid);
-        for child in &children {
-            if let Ok(child) = i32::try_from(*child) {
-                let _ = kill(Pid::from_raw(child), Signal::SIGKILL);
-            }
-        }
-        self.process.kill();
-        wait_for(|| {
-            children
-                .iter()
-                .all(|c| state_of(*c).is_none_or(|s| s == 'Z' || s == 'X'))
-        });
+        crate::postgres::kill_cluster(&mut self.process);
     }
 }
 
@@ -342,51 +318,6 @@ fn spawn(
         .env_remove("PGDATA");
     unprivileged::apply(run_as, &mut cmd);
     ServerProcess::start("postgres", cmd, &dir.join("postgres.log"), || {
-        query(dir, port, "SELECT 1").is_ok()
+        crate::postgres::query(dir, port, DATABASE, "SELECT 1").is_ok()
     })
-}
-
-fn query(dir: &Path, port: u16, sql: &str) -> Result<Rows, pgwire::WireError> {
-    let mut stream = UnixStream::connect(dir.join(format!(".s.PGSQL.{port}")))?;
-    stream.set_read_timeout(Some(IO_TIMEOUT))?;
-    stream.set_write_timeout(Some(IO_TIMEOUT))?;
-    pgwire::start_trusted(&mut stream, POSTGRES_USER, DATABASE)?;
-    let rows = pgwire::simple_query(&mut stream, sql);
-    pgwire::terminate(&mut stream);
-    rows
-}
-
-/// The processes whose parent is `pid`. (postgres.rs keeps its own
-/// private; this module uses only that file's public API.)
-fn children_of(pid: u32) -> Vec<u32> {
-    let Ok(entries) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|candidate| stat_of(*candidate).is_some_and(|(_, ppid)| ppid == pid))
-        .collect()
-}
-
-/// A process's state letter and parent, from `/proc/PID/stat`.
-fn stat_of(pid: u32) -> Option<(char, u32)> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // `pid (comm) state ppid …`: comm may hold spaces and parentheses.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace();
-    let state = fields.next()?.chars().next()?;
-    let ppid = fields.next()?.parse().ok()?;
-    Some((state, ppid))
-}
-
-fn state_of(pid: u32) -> Option<char> {
-    stat_of(pid).map(|(state, _)| state)
-}
-
-fn wait_for(mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + REAP_TIMEOUT;
-    while !done() && Instant::now() < deadline {
-        thread::sleep(Duration::from_millis(5));
-    }
 }
