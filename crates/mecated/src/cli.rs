@@ -297,12 +297,15 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     };
     let agent: Arc<dyn Agent> = match args.agent {
         AgentKind::Echo => Arc::new(EchoAgent::new(args.echo_delay, args.echo_steps)),
-        AgentKind::Exec => Arc::new(ExecAgent::new(
-            args.agent_command
-                .clone()
-                .ok_or("--agent exec needs --agent-command")?,
-            args.agent_args.clone(),
-        )),
+        AgentKind::Exec => Arc::new(
+            ExecAgent::new(
+                args.agent_command
+                    .clone()
+                    .ok_or("--agent exec needs --agent-command")?,
+                args.agent_args.clone(),
+            )
+            .with_transcript_scope(args.agent_transcript.into()),
+        ),
     };
     if lease == LeaseChoice::Unleased {
         tracing::warn!(

@@ -129,6 +129,27 @@ pub enum AgentKind {
     Exec,
 }
 
+/// How much of its session the `exec` agent's program is handed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TranscriptChoice {
+    /// Every event.
+    Full,
+    /// From the newest `checkpoint` event on.
+    SinceCheckpoint,
+    /// The run's claim alone.
+    ClaimOnly,
+}
+
+impl From<TranscriptChoice> for crate::agent::TranscriptScope {
+    fn from(choice: TranscriptChoice) -> Self {
+        match choice {
+            TranscriptChoice::Full => Self::Full,
+            TranscriptChoice::SinceCheckpoint => Self::SinceCheckpoint,
+            TranscriptChoice::ClaimOnly => Self::ClaimOnly,
+        }
+    }
+}
+
 /// When appends reach the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum FsyncChoice {
@@ -353,6 +374,13 @@ pub struct ServeArgs {
     #[arg(long = "agent-arg", env = "MECATED_AGENT_ARGS", value_delimiter = ' ')]
     pub agent_args: Vec<String>,
 
+    /// `exec` agent: how much of the session the program is handed:
+    /// `full` (every event), `since-checkpoint` (from the newest event of
+    /// type `checkpoint` on, so runs cost the same however long the
+    /// session grows) or `claim-only` (no history).
+    #[arg(long, env = "MECATED_AGENT_TRANSCRIPT", value_enum, default_value_t = TranscriptChoice::Full)]
+    pub agent_transcript: TranscriptChoice,
+
     /// When the store syncs appends to disk: `always` (before a write is
     /// acknowledged) or `never` (left to the kernel; a machine crash may lose
     /// recent events, a process crash does not).
@@ -440,6 +468,9 @@ impl ServeArgs {
         }
         if self.agent != AgentKind::Exec && self.agent_command.is_some() {
             return Err("--agent-command is only used with --agent exec".into());
+        }
+        if self.agent != AgentKind::Exec && self.agent_transcript != TranscriptChoice::Full {
+            return Err("--agent-transcript is only used with --agent exec".into());
         }
         Ok((StoreChoice::from_args(self)?, LeaseChoice::from_args(self)?))
     }

@@ -30,9 +30,7 @@ use tracing::{Instrument, Span, field, info, info_span, warn};
 use crate::agent::{Agent, AgentError, EventSink, SinkError, Turn};
 use crate::error::error_chain;
 use crate::metrics::{Metrics, RunOutcome};
-use crate::transcript::{
-    CachedTranscript, DEFAULT_TRANSCRIPT_CACHE_BYTES, Transcript, TranscriptCache,
-};
+use crate::transcript::{DEFAULT_TRANSCRIPT_CACHE_BYTES, Transcript, TranscriptCache};
 
 mod follow;
 mod lease_wait;
@@ -40,13 +38,11 @@ mod remote_cancel;
 mod replicas;
 mod store_watch;
 mod tails;
+mod transcript_read;
 
 pub use follow::{FOLLOW_QUIET_CHECK, FollowEnd, FollowItem, RUN_ENDED};
 pub use lease_wait::{MAX_RUN_WAIT, RUN_WAIT_RETRY, RUN_WAIT_SAFETY};
 pub use remote_cancel::{CANCEL_SAFETY_READ, CancelOutcome};
-
-/// Events read per page when loading a transcript.
-const TRANSCRIPT_PAGE: usize = 1000;
 
 /// Why an engine operation was refused or failed.
 #[derive(Debug, thiserror::Error)]
@@ -360,63 +356,6 @@ impl Engine {
             .runs
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The transcript a run whose claim is event `claim_seq` hands its
-    /// agent — every event up to the claim — and the claim as stored.
-    ///
-    /// Starts from what the last run of the session here read, when the
-    /// store still holds the event it ended with (see [`crate::transcript`]
-    /// for why that proves the rest unchanged), and reads only from there;
-    /// otherwise reads the whole transcript.
-    async fn transcript(
-        &self,
-        session: &SessionId,
-        claim_seq: u64,
-    ) -> Result<(Transcript, Option<StoredEvent>), StoreError> {
-        let cache = &self.inner.transcripts;
-        if let Some(mut cached) = cache.take(session) {
-            let mut newer = self.read_from(session, cached.last().seq).await?;
-            if newer.first() == Some(cached.last()) {
-                newer.remove(0);
-                let claim = newer.iter().find(|e| e.seq == claim_seq).cloned();
-                cached.extend(newer);
-                let transcript = cached.transcript();
-                cache.put(session, cached);
-                return Ok((transcript, claim));
-            }
-            // Deleted since (and perhaps created again): start afresh.
-        }
-        let events = self.read_from(session, 1).await?;
-        let claim = events.iter().find(|e| e.seq == claim_seq).cloned();
-        let transcript =
-            Transcript::from(events.iter().map(|e| e.payload.clone()).collect::<Vec<_>>());
-        if let Some(cached) = CachedTranscript::new(events) {
-            cache.put(session, cached);
-        }
-        Ok((transcript, claim))
-    }
-
-    /// Every event of `session` from `from` on.
-    async fn read_from(
-        &self,
-        session: &SessionId,
-        from: u64,
-    ) -> Result<Vec<StoredEvent>, StoreError> {
-        let mut events = Vec::new();
-        let mut from = from;
-        loop {
-            let page = self
-                .inner
-                .store
-                .read(session, from, TRANSCRIPT_PAGE)
-                .await?;
-            events.extend(page.events);
-            match page.next_seq {
-                Some(next) => from = next,
-                None => return Ok(events),
-            }
-        }
     }
 
     /// Leases `session` and starts a run of the agent on `input` in the

@@ -38,10 +38,6 @@ use session_store::StoredEvent;
 /// The cache's byte budget when none is configured: 64 MiB.
 pub const DEFAULT_TRANSCRIPT_CACHE_BYTES: usize = 64 << 20;
 
-/// Bytes counted for each cached event beyond its payload's own: the
-/// `Value` itself and its slot in the list.
-const EVENT_OVERHEAD: usize = 48;
-
 /// A session's events as a run's agent sees them, oldest first. Cheap to
 /// clone: runs share it with the engine's cache instead of copying it.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -77,11 +73,15 @@ impl Serialize for Transcript {
 /// What the cache keeps of one session.
 #[derive(Debug, Clone)]
 pub(crate) struct CachedTranscript {
-    /// The payloads, oldest first.
+    /// The payloads, oldest first: the whole session, or from its newest
+    /// checkpoint on when the agent reads no further back.
     events: Arc<Vec<Value>>,
     /// The newest event read, whole: the store must still hold it
     /// unchanged for the rest to be trusted.
     last: StoredEvent,
+    /// The payloads' heap, counted against the budget (the list's own
+    /// slots are counted apart, by its capacity).
+    payload_bytes: usize,
     /// What the entry is counted as against the budget.
     bytes: usize,
 }
@@ -91,13 +91,16 @@ impl CachedTranscript {
     /// check the next read against).
     pub(crate) fn new(events: Vec<StoredEvent>) -> Option<Self> {
         let last = events.last()?.clone();
-        let bytes = events.iter().map(|e| event_bytes(&e.payload)).sum();
-        let events = events.into_iter().map(|e| e.payload).collect();
-        Some(Self {
+        let payload_bytes = events.iter().map(|e| resident::value(&e.payload)).sum();
+        let events: Vec<Value> = events.into_iter().map(|e| e.payload).collect();
+        let mut entry = Self {
             events: Arc::new(events),
             last,
-            bytes,
-        })
+            payload_bytes,
+            bytes: 0,
+        };
+        entry.recount();
+        Some(entry)
     }
 
     /// The event a read must start at and find unchanged.
@@ -107,43 +110,107 @@ impl CachedTranscript {
 
     /// Adds the events the store holds after [`last`](Self::last), in
     /// order. In place unless a run still holds the previous transcript.
-    pub(crate) fn extend(&mut self, newer: Vec<StoredEvent>) {
+    ///
+    /// With `from_checkpoint`, the entry then starts at the newest
+    /// checkpoint it holds: what came before is never handed out again.
+    pub(crate) fn extend(&mut self, newer: Vec<StoredEvent>, from_checkpoint: bool) {
         let Some(last) = newer.last().cloned() else {
             return;
         };
+        let checkpoint = from_checkpoint
+            .then(|| newer.iter().rposition(|e| is_checkpoint(&e.payload)))
+            .flatten();
+        if let Some(at) = checkpoint {
+            // A fresh list: the old one may still be a run's.
+            self.events = Arc::new(Vec::with_capacity(newer.len() - at));
+            self.payload_bytes = 0;
+        }
         let events = Arc::make_mut(&mut self.events);
-        for e in newer {
-            self.bytes += event_bytes(&e.payload);
+        for e in newer.into_iter().skip(checkpoint.unwrap_or(0)) {
+            self.payload_bytes += resident::value(&e.payload);
             events.push(e.payload);
         }
         self.last = last;
+        self.recount();
     }
 
     /// The transcript as the agent gets it, sharing the cached events.
     pub(crate) fn transcript(&self) -> Transcript {
         Transcript(Arc::clone(&self.events))
     }
+
+    fn recount(&mut self) {
+        self.bytes = self.payload_bytes
+            + resident::block(self.events.capacity() * size_of::<Value>())
+            + resident::value(&self.last.payload)
+            + size_of::<Self>();
+    }
 }
 
-/// An estimate of what `payload` occupies in memory, in bytes.
-fn event_bytes(payload: &Value) -> usize {
-    EVENT_OVERHEAD + value_bytes(payload)
+/// Whether `payload` is a checkpoint: an object whose `type` is
+/// [`CHECKPOINT_TYPE`](crate::agent::CHECKPOINT_TYPE).
+pub(crate) fn is_checkpoint(payload: &Value) -> bool {
+    payload.get("type").and_then(Value::as_str) == Some(crate::agent::CHECKPOINT_TYPE)
 }
 
-fn value_bytes(value: &Value) -> usize {
-    match value {
-        Value::Null | Value::Bool(_) | Value::Number(_) => 0,
-        Value::String(s) => s.len(),
-        Value::Array(items) => items
-            .iter()
-            .map(|v| size_of::<Value>() + value_bytes(v))
-            .sum(),
-        // Each entry: its key's text and `String`, its value, and the
-        // map's own bookkeeping (roughly another `Value`).
-        Value::Object(map) => map
-            .iter()
-            .map(|(k, v)| k.len() + size_of::<String>() + 2 * size_of::<Value>() + value_bytes(v))
-            .sum(),
+/// What parsed JSON occupies on the heap, as the allocator hands it out:
+/// the budget is a bound on resident memory, so each allocation is
+/// counted at the size of the block it takes, and a map at the size of
+/// its tree's nodes, which hold up to eleven entries each however few it
+/// has. Underestimating is what let a 64 MiB cache hold 240 MB.
+mod resident {
+    use serde_json::Value;
+
+    /// The smallest block the allocator hands out, and its alignment,
+    /// each block carrying one word of header (glibc's malloc on 64-bit
+    /// targets; others are close).
+    const MIN_BLOCK: usize = 32;
+    const ALIGN: usize = 16;
+    const HEADER: usize = size_of::<usize>();
+
+    /// Entries per node of the standard library's B-tree (`2 * 6 - 1`).
+    const NODE_CAPACITY: usize = 11;
+    /// A leaf node: parent link, index and length, then eleven keys and
+    /// eleven values. An internal node adds twelve child links.
+    const LEAF: usize =
+        2 * size_of::<usize>() + NODE_CAPACITY * (size_of::<String>() + size_of::<Value>());
+    const INTERNAL: usize = LEAF + (NODE_CAPACITY + 1) * size_of::<usize>();
+
+    /// The block an allocation of `n` bytes takes; 0 for none.
+    pub(super) fn block(n: usize) -> usize {
+        if n == 0 {
+            return 0;
+        }
+        (n + HEADER).next_multiple_of(ALIGN).max(MIN_BLOCK)
+    }
+
+    /// The heap `value` owns (not the `Value` itself, which lives in its
+    /// parent's storage).
+    pub(super) fn value(value: &Value) -> usize {
+        match value {
+            Value::Null | Value::Bool(_) | Value::Number(_) => 0,
+            Value::String(s) => block(s.capacity()),
+            Value::Array(items) => {
+                block(items.capacity() * size_of::<Value>())
+                    + items.iter().map(self::value).sum::<usize>()
+            }
+            Value::Object(map) => {
+                let n = map.len();
+                // A full tree has at least six entries a node; count as if
+                // every node were as empty as a valid tree allows.
+                let nodes = if n <= NODE_CAPACITY { 1 } else { n.div_ceil(5) };
+                let internal = if n <= NODE_CAPACITY { 0 } else { nodes / 6 + 1 };
+                let tree = if n == 0 {
+                    0
+                } else {
+                    (nodes - internal) * block(LEAF) + internal * block(INTERNAL)
+                };
+                tree + map
+                    .iter()
+                    .map(|(k, v)| block(k.capacity()) + self::value(v))
+                    .sum::<usize>()
+            }
+        }
     }
 }
 
@@ -278,7 +345,7 @@ mod tests {
         let mut cached = entry(2);
         let before = cached.transcript();
         let bytes = cached.bytes;
-        cached.extend(events(3..=4, "new"));
+        cached.extend(events(3..=4, "new"), false);
         assert_eq!(cached.last().seq, 4);
         assert_eq!(cached.transcript().len(), 4);
         assert_eq!(cached.transcript()[3], json!({"text": "new"}));

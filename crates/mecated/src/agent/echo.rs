@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::json;
 
-use super::{Agent, AgentError, EventSink, Turn};
+use super::{Agent, AgentError, EventSink, TranscriptScope, Turn};
 
 /// The default agent: one `message` event echoing the input, preceded, when
 /// a delay is set, by `steps` `progress` events spread over the delay.
@@ -35,6 +35,12 @@ impl Default for EchoAgent {
 
 #[async_trait]
 impl Agent for EchoAgent {
+    /// The reply is the input: no history is read, so a run costs the
+    /// same however long its session is.
+    fn transcript_scope(&self) -> TranscriptScope {
+        TranscriptScope::ClaimOnly
+    }
+
     async fn run(&self, turn: Turn, sink: &mut dyn EventSink) -> Result<(), AgentError> {
         for step in 1..=self.steps {
             tokio::time::sleep(self.delay / self.steps).await;

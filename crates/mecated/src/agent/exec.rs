@@ -5,16 +5,22 @@
 //! as JSON objects, one per line, on stdout. A zero exit ends the run; a
 //! non-zero exit, or a line that is not a JSON object, fails it with the
 //! tail of stderr. The child is killed when the run is cancelled.
+//!
+//! The transcript is the whole session unless the agent is set to another
+//! [`TranscriptScope`]: a command that writes `{"type": "checkpoint", …}`
+//! events summing up the conversation so far can be handed only what
+//! follows the newest one, so its runs cost the same however long the
+//! session grows.
 
 use std::path::PathBuf;
 use std::process::Stdio;
 
 use async_trait::async_trait;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
 
-use super::{Agent, AgentError, EventSink, Turn};
+use super::{Agent, AgentError, EventSink, TranscriptScope, Turn};
 
 /// Longest stdout line accepted from the child, so a runaway command cannot
 /// exhaust the server's memory.
@@ -25,6 +31,7 @@ const MAX_LINE: usize = 1 << 20;
 pub struct ExecAgent {
     program: PathBuf,
     args: Vec<String>,
+    scope: TranscriptScope,
 }
 
 impl ExecAgent {
@@ -33,8 +40,25 @@ impl ExecAgent {
         Self {
             program: program.into(),
             args,
+            scope: TranscriptScope::Full,
         }
     }
+
+    /// Hands the command `scope` of the session's history instead of all
+    /// of it.
+    pub fn with_transcript_scope(mut self, scope: TranscriptScope) -> Self {
+        self.scope = scope;
+        self
+    }
+}
+
+/// What the command reads on stdin. Borrowed, so the transcript is
+/// written out as it is cached, never copied first.
+#[derive(serde::Serialize)]
+struct Request<'a> {
+    session_id: &'a str,
+    transcript: &'a super::Transcript,
+    input: &'a Value,
 }
 
 fn failed(msg: impl Into<String>) -> AgentError {
@@ -43,6 +67,10 @@ fn failed(msg: impl Into<String>) -> AgentError {
 
 #[async_trait]
 impl Agent for ExecAgent {
+    fn transcript_scope(&self) -> TranscriptScope {
+        self.scope
+    }
+
     async fn run(&self, turn: Turn, sink: &mut dyn EventSink) -> Result<(), AgentError> {
         let mut child = Command::new(&self.program)
             .args(&self.args)
@@ -52,11 +80,6 @@ impl Agent for ExecAgent {
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| failed(format!("cannot start {}: {e}", self.program.display())))?;
-        let request = json!({
-            "session_id": turn.session_id,
-            "transcript": turn.transcript,
-            "input": turn.input,
-        });
         let mut stdin = child.stdin.take().ok_or_else(|| failed("no stdin pipe"))?;
         let stdout = child
             .stdout
@@ -68,6 +91,11 @@ impl Agent for ExecAgent {
             .ok_or_else(|| failed("no stderr pipe"))?;
         // Feed stdin concurrently: a child that writes before reading must
         // not deadlock against a full pipe.
+        let request = Request {
+            session_id: &turn.session_id,
+            transcript: &turn.transcript,
+            input: &turn.input,
+        };
         let body = serde_json::to_vec(&request).map_err(|e| failed(e.to_string()))?;
         let feed = tokio::spawn(async move {
             let _ = stdin.write_all(&body).await;
@@ -137,6 +165,7 @@ impl Agent for ExecAgent {
 mod tests {
     use super::*;
     use crate::agent::testing::VecSink;
+    use serde_json::json;
 
     fn sh(script: &str) -> ExecAgent {
         ExecAgent::new("/bin/sh", vec!["-c".into(), script.into()])

@@ -39,8 +39,9 @@ pub struct SinkError(pub String);
 pub struct Turn {
     /// The session's id, as text.
     pub session_id: String,
-    /// Every event of the session before this run, oldest first, and the
-    /// run's own claim (`run_started`) last. Shared, not copied, between
+    /// The session's events before this run, oldest first, and the run's
+    /// own claim (`run_started`) last: all of them, or as many as the
+    /// agent's [`TranscriptScope`] asks for. Shared, not copied, between
     /// runs: build one from a `Vec<Value>` with `into()`.
     pub transcript: Transcript,
     /// The run's input as the client sent it.
@@ -58,12 +59,46 @@ pub enum AgentError {
     Failed(String),
 }
 
+/// The `type` of an event that sums up everything before it, for agents
+/// that read their transcript [since the newest
+/// checkpoint](TranscriptScope::SinceCheckpoint).
+pub const CHECKPOINT_TYPE: &str = "checkpoint";
+
+/// How much of its session's history an agent is handed in
+/// [`Turn::transcript`], and so what a run costs as the session grows.
+///
+/// With [`Full`](Self::Full), a run whose session no longer fits the
+/// engine's transcript cache reads the session from its first event: its
+/// cost grows with the session. The other two bound it: an agent that
+/// keeps its own summary in checkpoint events, or reads no history at
+/// all, costs the same on its ten-thousandth run as on its first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TranscriptScope {
+    /// Every event of the session, oldest first, the run's claim last.
+    #[default]
+    Full,
+    /// The events from the newest one whose `type` is
+    /// [`CHECKPOINT_TYPE`] on (that checkpoint first, the claim last), or
+    /// every event when the session has no checkpoint. The agent promises
+    /// that a checkpoint holds all it needs of what came before it, so
+    /// the engine never reads past it.
+    SinceCheckpoint,
+    /// The run's claim alone: for agents that read no history.
+    ClaimOnly,
+}
+
 /// Drives runs. Implementations must be cancel-safe: dropping the future of
 /// [`run`](Agent::run) at any await point must leave nothing running.
 #[async_trait]
 pub trait Agent: Send + Sync + fmt::Debug {
     /// Runs one turn, emitting its events in order.
     async fn run(&self, turn: Turn, sink: &mut dyn EventSink) -> Result<(), AgentError>;
+
+    /// How much history [`run`](Agent::run) is handed. The default is the
+    /// whole session.
+    fn transcript_scope(&self) -> TranscriptScope {
+        TranscriptScope::Full
+    }
 }
 
 #[cfg(test)]

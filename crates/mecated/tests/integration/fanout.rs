@@ -5,89 +5,33 @@
 //! interval.
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::support::counting_store::CountingStore;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use flocklease::FlockLease;
 use lease_keeper::LeaseKeeper;
-use lease_port::{AuthorityId, FencingToken, OwnerId, SessionId};
+use lease_port::{AuthorityId, OwnerId, SessionId};
 use mecated::agent::EchoAgent;
 use mecated::engine::{Engine, Exclusivity, FollowEnd, FollowItem};
 use mecated::metrics::Metrics;
-use serde_json::{Value, json};
-use session_store::{
-    AppendReceipt, FsyncPolicy, JsonlOptions, JsonlStore, Page, SessionStore, StoreError,
-    WriteFence,
-};
+use serde_json::json;
+use session_store::{FsyncPolicy, JsonlOptions, JsonlStore, SessionStore};
 
 const FOLLOWERS: u64 = 100;
 const STEPS: u32 = 20;
 
-/// A JSONL store counting the reads and waits made of it.
-struct CountingStore {
-    inner: JsonlStore,
-    reads: AtomicU64,
-    waits: AtomicU64,
-}
-
-#[async_trait]
-impl SessionStore for CountingStore {
-    async fn create(&self, session: &SessionId) -> Result<(), StoreError> {
-        self.inner.create(session).await
-    }
-    async fn bind_authority(&self, authority: &AuthorityId) -> Result<(), StoreError> {
-        self.inner.bind_authority(authority).await
-    }
-    async fn recorded_authority(&self) -> Result<Option<AuthorityId>, StoreError> {
-        self.inner.recorded_authority().await
-    }
-    async fn append(
-        &self,
-        session: &SessionId,
-        fence: WriteFence,
-        events: &[Value],
-    ) -> Result<AppendReceipt, StoreError> {
-        self.inner.append(session, fence, events).await
-    }
-    async fn read(&self, session: &SessionId, from: u64, limit: usize) -> Result<Page, StoreError> {
-        self.reads.fetch_add(1, Ordering::Relaxed);
-        self.inner.read(session, from, limit).await
-    }
-    async fn list(&self) -> Result<Vec<SessionId>, StoreError> {
-        self.inner.list().await
-    }
-    async fn delete(&self, session: &SessionId, fence: WriteFence) -> Result<(), StoreError> {
-        self.inner.delete(session, fence).await
-    }
-    async fn high_water(&self, session: &SessionId) -> Result<Option<FencingToken>, StoreError> {
-        self.inner.high_water(session).await
-    }
-    async fn wait_for_append(
-        &self,
-        session: &SessionId,
-        after_seq: u64,
-        timeout: Duration,
-    ) -> Result<bool, StoreError> {
-        self.waits.fetch_add(1, Ordering::Relaxed);
-        // The inner store's reads while waiting are its own, not counted.
-        self.inner
-            .wait_for_append(session, after_seq, timeout)
-            .await
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_followers_share_one_reader_and_each_receives_every_event() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(CountingStore {
-        inner: JsonlStore::open(
+    let store = Arc::new(CountingStore::new(
+        JsonlStore::open(
             dir.path().join("sessions"),
             JsonlOptions::default().fsync(FsyncPolicy::Never),
         )
         .unwrap(),
-        reads: AtomicU64::new(0),
-        waits: AtomicU64::new(0),
-    });
+    ));
     let ttl = Duration::from_secs(10);
     let backend = Arc::new(FlockLease::open(dir.path().join("leases"), ttl).unwrap());
     let metrics = Arc::new(Metrics::default());

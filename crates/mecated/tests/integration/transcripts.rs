@@ -3,25 +3,35 @@
 //! between two runs, the session deleted and created again (with or without
 //! new events), and a cache too small to keep the session all give the
 //! agent the store's events up to its claim, no more, no less.
+//!
+//! An agent that reads less than the whole session gets less, and its run
+//! reads no more than that from the store however long the session is:
+//! the claim alone, or what follows the newest checkpoint, found without
+//! reading from the start, cached or not.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use lease_keeper::{KeeperErrorKind, LeaseKeeper};
+use lease_port::FencingToken;
 use lease_port::{OwnerId, SessionId, SessionLease};
-use mecated::agent::{Agent, AgentError, EventSink, Turn};
+use mecated::agent::{Agent, AgentError, CHECKPOINT_TYPE, EventSink, TranscriptScope, Turn};
 use mecated::engine::{Engine, EngineError, Exclusivity, RunStatus};
 use mecated::metrics::Metrics;
 use memlease::MemLease;
 use serde_json::{Value, json};
-use session_store::{FsyncPolicy, JsonlOptions, JsonlStore, SessionStore};
+use session_store::{FsyncPolicy, JsonlOptions, JsonlStore, SessionStore, WriteFence};
+
+use crate::support::counting_store::CountingStore;
 
 const TTL: Duration = Duration::from_secs(15);
 
-/// Records the transcript of every run, then replies once.
+/// Records the transcript of every run, then replies once; an input
+/// starting with "checkpoint" is first written down as a checkpoint.
 #[derive(Debug, Default)]
 struct Recorder {
+    scope: TranscriptScope,
     seen: Mutex<Vec<Vec<Value>>>,
 }
 
@@ -29,29 +39,55 @@ struct Recorder {
 impl Agent for Recorder {
     async fn run(&self, turn: Turn, sink: &mut dyn EventSink) -> Result<(), AgentError> {
         self.seen.lock().unwrap().push(turn.transcript.to_vec());
+        if turn
+            .input
+            .as_str()
+            .is_some_and(|i| i.starts_with("checkpoint"))
+        {
+            sink.emit(json!({"type": CHECKPOINT_TYPE, "summary": turn.input}))
+                .await?;
+        }
         sink.emit(json!({"type": "message", "content": turn.input}))
             .await?;
         Ok(())
+    }
+
+    fn transcript_scope(&self) -> TranscriptScope {
+        self.scope
     }
 }
 
 struct Process {
     engine: Engine,
-    store: Arc<JsonlStore>,
+    store: Arc<CountingStore>,
     agent: Arc<Recorder>,
 }
 
 /// One server process: its own store instance on `dir` (its own open files
 /// and caches), the lease service shared by all.
 fn process(dir: &std::path::Path, leases: &MemLease, owner: &str, cache_bytes: usize) -> Process {
-    let store =
-        Arc::new(JsonlStore::open(dir, JsonlOptions::default().fsync(FsyncPolicy::Never)).unwrap());
+    scoped_process(dir, leases, owner, cache_bytes, TranscriptScope::Full)
+}
+
+fn scoped_process(
+    dir: &std::path::Path,
+    leases: &MemLease,
+    owner: &str,
+    cache_bytes: usize,
+    scope: TranscriptScope,
+) -> Process {
+    let store = Arc::new(CountingStore::new(
+        JsonlStore::open(dir, JsonlOptions::default().fsync(FsyncPolicy::Never)).unwrap(),
+    ));
     let backend: Arc<dyn SessionLease> = Arc::new(leases.clone());
     let keeper = LeaseKeeper::builder(backend, OwnerId::new(owner).unwrap(), TTL)
         .allow_unleased(false)
         .build()
         .unwrap();
-    let agent = Arc::new(Recorder::default());
+    let agent = Arc::new(Recorder {
+        scope,
+        ..Recorder::default()
+    });
     let engine = Engine::new(
         Arc::clone(&store) as Arc<dyn SessionStore>,
         keeper,
@@ -215,5 +251,123 @@ async fn a_cache_too_small_for_the_session_keeps_nothing_and_runs_stay_right() {
         }
         // Past the budget the session is no longer kept at all.
         assert_eq!(p.engine.transcript_cache_usage(), (0, 0), "budget {budget}");
+    }
+}
+
+/// Writes `n` events to `session` under token 0 (below every token the
+/// leases hand out), a checkpoint at each position of `checkpoints`
+/// (1-based); the sequence numbers of those checkpoints.
+async fn seed(p: &Process, session: &SessionId, n: usize, checkpoints: &[usize]) -> Vec<u64> {
+    p.engine.create_session(session).await.unwrap();
+    let events: Vec<Value> = (1..=n)
+        .map(|i| {
+            if checkpoints.contains(&i) {
+                json!({"type": CHECKPOINT_TYPE, "summary": format!("up to {i}")})
+            } else {
+                json!({"type": "message", "content": format!("earlier {i}")})
+            }
+        })
+        .collect();
+    let fence = WriteFence::new(FencingToken::new(0), OwnerId::new("seed").unwrap());
+    let mut seqs = Vec::new();
+    for chunk in events.chunks(500) {
+        let receipt = p.store.append(session, fence.clone(), chunk).await.unwrap();
+        seqs.extend(receipt.first_seq..receipt.first_seq + chunk.len() as u64);
+    }
+    checkpoints.iter().map(|&i| seqs[i - 1]).collect()
+}
+
+/// The events of `session` numbered `from..=through`, read whole.
+async fn stored_from(p: &Process, session: &SessionId, from: u64, through: u64) -> Vec<Value> {
+    let mut out = Vec::new();
+    let mut next = Some(from);
+    while let Some(at) = next {
+        let page = p.store.inner.read(session, at, 1000).await.unwrap();
+        out.extend(
+            page.events
+                .into_iter()
+                .filter(|e| e.seq <= through)
+                .map(|e| e.payload),
+        );
+        next = page.next_seq.filter(|&n| n <= through);
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_reads_no_history_is_handed_and_reads_only_its_claim() {
+    let dir = tempfile::tempdir().unwrap();
+    let leases = MemLease::new(TTL);
+    let p = scoped_process(dir.path(), &leases, "p", 0, TranscriptScope::ClaimOnly);
+    let s = SessionId::new("long").unwrap();
+    seed(&p, &s, 3_000, &[]).await;
+    for input in ["first", "second"] {
+        let before = p.store.events_read();
+        let (seen, claim) = p.run(&s, input).await;
+        let read = p.store.events_read() - before;
+        assert_eq!(seen, stored_from(&p, &s, claim, claim).await);
+        assert_eq!(seen[0]["type"], "run_started");
+        // The session's existence check and the claim: one event each.
+        assert!(read <= 4, "{read} events read for a run on 3,000");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_reading_since_its_checkpoint_reads_no_further_back_uncached() {
+    let dir = tempfile::tempdir().unwrap();
+    let leases = MemLease::new(TTL);
+    let p = scoped_process(
+        dir.path(),
+        &leases,
+        "p",
+        0,
+        TranscriptScope::SinceCheckpoint,
+    );
+    let s = SessionId::new("long").unwrap();
+    let checkpoints = seed(&p, &s, 3_000, &[700, 2_400]).await;
+    let newest = checkpoints[1];
+    let before = p.store.events_read();
+    let (seen, claim) = p.run(&s, "after").await;
+    let read = p.store.events_read() - before;
+    assert_eq!(seen, stored_from(&p, &s, newest, claim).await);
+    assert_eq!(seen[0]["summary"], "up to 2400");
+    let handed = claim - newest + 1;
+    // Reading backwards from the claim overshoots by less than a window.
+    assert!(
+        read < handed + 256 + 4,
+        "{read} events read to hand {handed} of 3,000"
+    );
+
+    // No checkpoint: everything. Deleted and created again: the old
+    // life's checkpoints are not the new one's.
+    let plain = SessionId::new("plain").unwrap();
+    seed(&p, &plain, 600, &[]).await;
+    let (seen, claim) = p.run(&plain, "x").await;
+    assert_eq!(seen, stored_from(&p, &plain, 1, claim).await);
+    assert_eq!(seen.len(), 601);
+    p.engine.delete_session(&s).await.unwrap();
+    p.engine.create_session(&s).await.unwrap();
+    let (seen, _) = p.run(&s, "reborn").await;
+    assert_eq!(seen.len(), 1, "only the claim: {seen:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_a_run_writes_is_where_later_runs_start_cached_or_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let leases = MemLease::new(TTL);
+    let scope = TranscriptScope::SinceCheckpoint;
+    let cached = scoped_process(dir.path(), &leases, "cached", 1 << 20, scope);
+    let uncached = scoped_process(dir.path(), &leases, "uncached", 0, scope);
+    let s = SessionId::new("chat").unwrap();
+    cached.engine.create_session(&s).await.unwrap();
+    assert_eq!(cached.run_and_check(&s, "r1").await, 1);
+    assert_eq!(cached.run_and_check(&s, "r2").await, 4);
+    cached.run(&s, "checkpoint one").await;
+    assert_eq!(cached.engine.transcript_cache_usage().1, 1);
+    // The checkpoint is the 8th event: claims of later runs see it first.
+    for (p, input) in [(&cached, "r4"), (&uncached, "r5"), (&cached, "r6")] {
+        let (seen, claim) = p.run(&s, input).await;
+        assert_eq!(seen, stored_from(p, &s, 8, claim).await, "run {input}");
+        assert_eq!(seen[0]["summary"], "checkpoint one", "run {input}");
     }
 }

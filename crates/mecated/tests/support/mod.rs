@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub(crate) mod counting_store;
 pub(crate) mod proxy;
 pub(crate) mod scenarios;
 pub(crate) mod sse;

@@ -1,0 +1,83 @@
+//! A JSONL store that counts what is asked of it: how many reads, how
+//! many events they returned, how many waits. Tests compare the counts
+//! to what a claim about cost allows.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lease_port::{AuthorityId, FencingToken, SessionId};
+use serde_json::Value;
+use session_store::{AppendReceipt, JsonlStore, Page, SessionStore, StoreError, WriteFence};
+
+pub(crate) struct CountingStore {
+    pub(crate) inner: JsonlStore,
+    pub(crate) reads: AtomicU64,
+    pub(crate) events_read: AtomicU64,
+    pub(crate) waits: AtomicU64,
+}
+
+impl CountingStore {
+    pub(crate) fn new(inner: JsonlStore) -> Self {
+        Self {
+            inner,
+            reads: AtomicU64::new(0),
+            events_read: AtomicU64::new(0),
+            waits: AtomicU64::new(0),
+        }
+    }
+
+    /// Events returned by reads so far.
+    pub(crate) fn events_read(&self) -> u64 {
+        self.events_read.load(Ordering::Relaxed)
+    }
+}
+
+#[async_trait]
+impl SessionStore for CountingStore {
+    async fn create(&self, session: &SessionId) -> Result<(), StoreError> {
+        self.inner.create(session).await
+    }
+    async fn bind_authority(&self, authority: &AuthorityId) -> Result<(), StoreError> {
+        self.inner.bind_authority(authority).await
+    }
+    async fn recorded_authority(&self) -> Result<Option<AuthorityId>, StoreError> {
+        self.inner.recorded_authority().await
+    }
+    async fn append(
+        &self,
+        session: &SessionId,
+        fence: WriteFence,
+        events: &[Value],
+    ) -> Result<AppendReceipt, StoreError> {
+        self.inner.append(session, fence, events).await
+    }
+    async fn read(&self, session: &SessionId, from: u64, limit: usize) -> Result<Page, StoreError> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        let page = self.inner.read(session, from, limit).await?;
+        self.events_read
+            .fetch_add(page.events.len() as u64, Ordering::Relaxed);
+        Ok(page)
+    }
+    async fn list(&self) -> Result<Vec<SessionId>, StoreError> {
+        self.inner.list().await
+    }
+    async fn delete(&self, session: &SessionId, fence: WriteFence) -> Result<(), StoreError> {
+        self.inner.delete(session, fence).await
+    }
+    async fn high_water(&self, session: &SessionId) -> Result<Option<FencingToken>, StoreError> {
+        self.inner.high_water(session).await
+    }
+    async fn wait_for_append(
+        &self,
+        session: &SessionId,
+        after_seq: u64,
+        timeout: Duration,
+    ) -> Result<bool, StoreError> {
+        self.waits.fetch_add(1, Ordering::Relaxed);
+        // The inner store's reads while waiting are its own, not counted.
+        self.inner
+            .wait_for_append(session, after_seq, timeout)
+            .await
+    }
+}
