@@ -216,22 +216,57 @@
 //! - **File safety**: the directory is created mode 0700, files 0600; files
 //!   are opened with `O_NOFOLLOW` (a symbolic link is `Corrupt`, never
 //!   followed) and must be regular files; [`list`](SessionStore::list)
-//!   skips every name starting with `.` — [`DEFAULT_LEASE_DIR_NAME`], temporary
-//!   files — and anything that is not a `*.jsonl` regular file. A
+//!   skips every name starting with `.` — [`DEFAULT_LEASE_DIR_NAME`],
+//!   temporary files, the listing index — and anything that is not a
+//!   `*.jsonl` regular file. A
 //!   `*.jsonl` file that cannot be read as a session (stray, damaged, or
 //!   naming a session that does not belong to its file name) is logged
 //!   with `tracing::warn!` and left out; the listing goes on. A session
 //!   locked past the timeout fails the listing with `Busy`. Each file's
 //!   header is read once per store; afterwards a listing only brings the
 //!   open sessions' views up to date (reading what was appended since).
-//! - **Paged listing** ([`SessionStore::list_page`]) streams the
-//!   directory and keeps only the `limit + 1` smallest ids after the
-//!   cursor (a plain file name spells its id; a hashed one's id is read
-//!   from its header), then checks those are live; a page cut short by
-//!   deleted sessions scans again after them, keeping twice as many. Memory
-//!   follows the page; time follows the directory (one scan per page).
-//!   [`ListCursor`] names the last id of a page, so a session that exists
-//!   throughout a walk is listed exactly once.
+//! - **Paged listing** ([`SessionStore::list_page`]) reads a listing
+//!   index, `<dir>/.session-index`: a log of which sessions are live —
+//!   `+` created (or checked live), `-` deleted, reclaimed or checked
+//!   missing, `?` a change under way — each change of the directory's
+//!   entries followed by a marker (the directory's device, inode and change
+//!   time after it). Each store instance keeps the live ids sorted in
+//!   memory and reads only what the log gained since its last page, so a
+//!   page costs its own sessions, whatever the store's size, and opens no
+//!   session file: only `?` ids are checked against their files.
+//!   *Why it can be believed:* every line about a session is written while
+//!   its file's `flock` is held (a new file is locked before it is linked
+//!   into place), and a change of liveness is preceded by `?`, so a writer
+//!   killed between a change and its outcome leaves `?`, never a wrong
+//!   answer; a page checks a `?` under the file's lock and records what it
+//!   found. Linking a new file, removing a reclaimed one and writing the
+//!   generation record happen under `<dir>/.session-index.lock` held
+//!   exclusively (new files are written in `<dir>/.staging` first, so the
+//!   link is the only change) and are marked after, but only when the log
+//!   was trusted just before. The log is trusted only while its last
+//!   marker is the directory's current change time and it was written
+//!   since the machine last booted. Anything done behind its back — a file
+//!   copied in or removed by hand, a crash between a link and its marker,
+//!   a version that kept no index, a backup put back (even with its times
+//!   restored: no program can set a change time, and a copied directory
+//!   has another inode) — moves the change time, no later marker covers
+//!   it, and the log is rebuilt from the directory's names (one scan,
+//!   under the lock), every id `?`; the first walk afterwards checks each
+//!   file once. A log from another boot may have lost lines a power loss
+//!   never wrote, so nothing in it is synced, whatever the
+//!   [`FsyncPolicy`]. A directory that cannot be written (read-only, or
+//!   another user's) is listed from an index built in memory from its
+//!   names, every id checked against its file, rebuilt when the directory
+//!   changes. Limits: a file system clock that did not tick between a
+//!   logged change and one made behind the log's back hides the latter
+//!   until the next rebuild (on Linux 6.13 and later the change time is
+//!   fine-grained once read, which the marker does); deleting a session
+//!   with a version of the store that kept no index is not seen (its
+//!   directory does not change), until the log is rebuilt (remove
+//!   `.session-index`). Memory: about 160 bytes an id per store instance;
+//!   an instance's first page reads the whole log. [`ListCursor`] names
+//!   the last id of a page, so a session that exists throughout a walk is
+//!   listed exactly once.
 //! - **Waiting** ([`SessionStore::wait_for_append`], and
 //!   `wait_for_cancel_request` with the `cancel-requests` feature) is woken
 //!   by one inotify instance per store watching the directory, not a file:

@@ -598,13 +598,37 @@ impl StoreCore {
         }
         self.refuse_if_went_back()?;
         let mut seen = lock(&self.generation);
-        let claimed = claim(
-            &self.dir,
-            &self.dir_file,
-            check,
-            self.opts.lock_timeout,
-            seen.as_ref(),
-        );
+        // Writing the record changes the directory: done as a change the
+        // listing index knows of, so that listings go on trusting it
+        // instead of rebuilding it after every advance.
+        let deadline = std::time::Instant::now() + self.opts.lock_timeout;
+        let claimed = self.changing_dir(super::locking::Wait::Until(deadline), || {
+            Ok(claim(
+                &self.dir,
+                &self.dir_file,
+                check,
+                self.opts.lock_timeout,
+                seen.as_ref(),
+            ))
+        });
+        let claimed = match claimed {
+            Ok(claimed) => claimed,
+            Err(super::locking::AttemptError::Store(e))
+                if e.kind() != crate::StoreErrorKind::Busy =>
+            {
+                return Err(e);
+            }
+            Err(_) => {
+                return Err(StoreError::Unavailable {
+                    op: "waiting for the listing index lock of",
+                    path: self.dir.clone(),
+                    source: io::Error::new(
+                        io::ErrorKind::WouldBlock,
+                        format!("another process held it for {:?}", self.opts.lock_timeout),
+                    ),
+                });
+            }
+        };
         match claimed {
             Ok(claimed) => {
                 *seen = Some(claimed.clone());

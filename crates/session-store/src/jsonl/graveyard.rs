@@ -26,7 +26,7 @@ use tracing::warn;
 use super::format::{Grave, Record, grave_line, push_commit};
 use super::index::{FileIndex, Mark, commits, stored_beyond};
 use super::locking::{AttemptError, LockMode, Wait};
-use super::{FILE_SUFFIX, JsonlStore, StoreCore, lock, open_flags};
+use super::{FILE_SUFFIX, JsonlStore, STAGING_DIR_NAME, StoreCore, lock, open_flags};
 use crate::{StoreError, StoreErrorKind};
 
 /// The graveyard's name in the store directory.
@@ -156,7 +156,10 @@ impl StoreCore {
         let tmp_cutoff = SystemTime::now()
             .checked_sub(older_than.max(MIN_TEMPORARY_AGE))
             .unwrap_or(SystemTime::UNIX_EPOCH);
-        let mut report = ReclaimReport::default();
+        let mut report = ReclaimReport {
+            temporary_files: self.clean_staging(tmp_cutoff),
+            ..ReclaimReport::default()
+        };
         let entries = std::fs::read_dir(&self.dir)
             .map_err(|e| StoreError::io("listing store directory", &self.dir, e))?;
         for entry in entries {
@@ -224,6 +227,28 @@ impl StoreCore {
         Ok(report)
     }
 
+    /// Removes the temporary files of interrupted creations from the
+    /// staging directory, those last changed before `cutoff`; how many.
+    fn clean_staging(&self, cutoff: SystemTime) -> usize {
+        let Ok(entries) = std::fs::read_dir(self.dir.join(STAGING_DIR_NAME)) else {
+            return 0;
+        };
+        entries
+            .filter_map(Result::ok)
+            .filter(|e| {
+                e.file_name()
+                    .to_str()
+                    .is_some_and(|n| n.starts_with(".tmp-"))
+            })
+            .filter(|e| {
+                e.metadata()
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|t| t < cutoff)
+            })
+            .filter(|e| std::fs::remove_file(e.path()).is_ok())
+            .count()
+    }
+
     /// Removes `session`'s file when it is deleted and was deleted at or
     /// before `cutoff`; its size when removed. Never waits for a lock.
     fn reclaim_one(&self, session: &SessionId, cutoff: u64) -> Result<Option<u64>, AttemptError> {
@@ -251,10 +276,27 @@ impl StoreCore {
                         mark: index.high_water.clone(),
                         next_seq: index.next_seq,
                     };
-                    self.bury(session, &grave)?;
-                    std::fs::remove_file(path).map_err(|e| {
-                        StoreError::io("removing a deleted session's file", path, e)
-                    })?;
+                    // A change of the directory: under the index lock, so
+                    // the index stays trusted; the id leaves it, and a
+                    // crash before the marker costs a listing a rebuild.
+                    let removed = self.changing_dir(Wait::Once, || {
+                        self.bury(session, &grave)?;
+                        std::fs::remove_file(path).map_err(|e| {
+                            StoreError::io("removing a deleted session's file", path, e)
+                        })?;
+                        let _ = self.log_session_locked(session, None);
+                        Ok(())
+                    });
+                    match removed {
+                        Ok(()) => {}
+                        Err(AttemptError::Store(e)) => return Err(e),
+                        Err(AttemptError::Contended) => {
+                            return Err(StoreError::Busy {
+                                path: path.to_path_buf(),
+                                timeout: self.opts.lock_timeout,
+                            });
+                        }
+                    }
                     Ok(Some(size))
                 },
             )?;

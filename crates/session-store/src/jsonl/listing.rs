@@ -1,41 +1,51 @@
-//! Paged listing: the smallest session ids after a cursor, found by
-//! streaming the directory while keeping only as many names as the page
-//! needs, so memory follows the page and not the store.
+//! Paged listing: the smallest live session ids after a cursor, taken
+//! from the listing index (`list_index`), so a page costs what its own
+//! sessions cost and not what the directory holds.
 
-use std::collections::BinaryHeap;
+use std::ops::Bound;
 
 use lease_port::SessionId;
 use tracing::warn;
 
+use super::list_index::Live;
 use super::locking::{AttemptError, LockMode, Wait};
 use super::{FILE_SUFFIX, StoreCore, lock};
-use crate::{SessionPage, StoreError, StoreErrorKind};
+use crate::{SessionPage, StoreErrorKind};
 
 impl StoreCore {
     /// At most `limit` live sessions after `after`, and whether more follow.
     ///
-    /// Each pass streams the directory once and keeps the smallest ids
-    /// after the cursor (a bounded max-heap), then checks which of them
-    /// are live in id order. Deleted sessions keep their files, so a pass
-    /// may come up short; the next one resumes after the last id it
-    /// checked and keeps twice as many, so a directory dense with deleted
-    /// sessions costs a few passes rather than one per missing session.
+    /// The index is brought up to date once, then read in id order a
+    /// batch at a time. An id it knows live is listed as it is; only an
+    /// unsure one (a change cut short, or a rebuilt index) is checked
+    /// against its file, and what was found is recorded for later pages.
     pub(super) fn list_page(
         &self,
         after: Option<&SessionId>,
         limit: usize,
         wait: Wait,
     ) -> Result<SessionPage, AttemptError> {
+        self.refresh_index(wait)?;
         // One more than the page: whether a session follows it.
         let want = limit + 1;
         let mut live = Vec::with_capacity(want.min(1024));
         let mut from = after.cloned();
-        let mut keep = want;
         loop {
-            let (candidates, exhausted) = self.smallest_after(from.as_ref(), keep)?;
-            for session in candidates {
+            let (batch, record): (Vec<(SessionId, Live)>, bool) = {
+                let ix = lock(&self.list_index);
+                let lower = from.as_ref().map_or(Bound::Unbounded, Bound::Excluded);
+                let batch = ix
+                    .ids
+                    .range::<SessionId, _>((lower, Bound::Unbounded))
+                    .take(want - live.len())
+                    .map(|(id, l)| (id.clone(), *l))
+                    .collect();
+                (batch, !ix.memory_only)
+            };
+            let exhausted = batch.len() < want - live.len();
+            for (session, known) in batch {
                 from = Some(session.clone());
-                if self.is_live(&session, wait)? {
+                if known == Live::Yes || self.is_live(&session, record, wait)? {
                     live.push(session);
                     if live.len() == want {
                         live.pop();
@@ -46,56 +56,7 @@ impl StoreCore {
             if exhausted {
                 return Ok(SessionPage::new(live, false));
             }
-            keep = keep.saturating_mul(2);
         }
-    }
-
-    /// The `keep` smallest session ids of the directory greater than
-    /// `after`, sorted, and whether they were all there were.
-    fn smallest_after(
-        &self,
-        after: Option<&SessionId>,
-        keep: usize,
-    ) -> Result<(Vec<SessionId>, bool), StoreError> {
-        let entries = std::fs::read_dir(&self.dir)
-            .map_err(|e| StoreError::io("listing store directory", &self.dir, e))?;
-        let mut heap: BinaryHeap<SessionId> = BinaryHeap::with_capacity(keep.min(1024) + 1);
-        let mut dropped = false;
-        for entry in entries {
-            let entry =
-                entry.map_err(|e| StoreError::io("listing store directory", &self.dir, e))?;
-            let file_name = entry.file_name();
-            let Some(name) = file_name.to_str() else {
-                continue;
-            };
-            // `.session-leases`, temporary files and anything hidden.
-            if name.starts_with('.') {
-                continue;
-            }
-            let Some(stem) = name.strip_suffix(FILE_SUFFIX) else {
-                continue;
-            };
-            if !entry.file_type().is_ok_and(|t| t.is_file()) {
-                continue;
-            }
-            let Some(session) = self.session_named(name, stem) else {
-                continue;
-            };
-            if after.is_some_and(|a| &session <= a) {
-                continue;
-            }
-            if heap.len() == keep {
-                // Full: only an id below the largest kept one gets in.
-                if heap.peek().is_some_and(|largest| &session >= largest) {
-                    dropped = true;
-                    continue;
-                }
-                heap.pop();
-                dropped = true;
-            }
-            heap.push(session);
-        }
-        Ok((heap.into_sorted_vec(), !dropped))
     }
 
     /// The session a `*.jsonl` file is named for. A plain stem spells its
@@ -103,7 +64,7 @@ impl StoreCore {
     /// is opened to check the session is live); a hashed one is read from
     /// the header. `None`, with a warning, for a file that cannot be a
     /// session.
-    fn session_named(&self, name: &str, stem: &str) -> Option<SessionId> {
+    pub(super) fn session_named(&self, name: &str, stem: &str) -> Option<SessionId> {
         let path = || self.dir.join(name);
         if let Some(id) = session_filename::decode(stem) {
             return match SessionId::new(id) {
@@ -123,16 +84,27 @@ impl StoreCore {
         }
     }
 
-    /// Whether `session` exists (created and not deleted). A file that
-    /// cannot be read as the session is logged and counts as absent, as
-    /// in a full listing; a session locked past the deadline fails the
-    /// listing with `Busy` (leaving it out would misreport it).
-    fn is_live(&self, session: &SessionId, wait: Wait) -> Result<bool, AttemptError> {
+    /// Whether `session` exists (created and not deleted), by its file,
+    /// recorded in the index (with `record`) while the file's lock is
+    /// held, so no change of the session can slip between what was found
+    /// and what is recorded. A file that cannot be read as the session is
+    /// logged and counts as absent, as in a full listing; a session locked
+    /// past the deadline fails the listing with `Busy` (leaving it out
+    /// would misreport it).
+    fn is_live(&self, session: &SessionId, record: bool, wait: Wait) -> Result<bool, AttemptError> {
         let live = self.with_session(session, wait, |state, path| {
             if !self.ensure_open(state, path)? {
+                if record {
+                    self.record_missing(session, path);
+                }
                 return Ok(false);
             }
             self.locked(state, path, Some(session), LockMode::Shared, |_, index| {
+                if record {
+                    let known = index.live.then_some(Live::Yes);
+                    // Only saves the next page this check: never waited for.
+                    let _ = self.log_session(session, known, Wait::Once);
+                }
                 Ok(index.live)
             })
         });
@@ -144,6 +116,20 @@ impl StoreCore {
                 Ok(false)
             }
             other => other,
+        }
+    }
+
+    /// Records `session`, whose file is missing, as not live: under the
+    /// index lock, which every link of a new file holds, after looking
+    /// again, so a file linked meanwhile is not recorded as missing.
+    fn record_missing(&self, session: &SessionId, path: &std::path::Path) {
+        let Ok(Some(_shared)) = self.lock_index(false, Wait::Once) else {
+            return;
+        };
+        let missing = std::fs::symlink_metadata(path)
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound);
+        if missing {
+            let _ = self.log_session_locked(session, None);
         }
     }
 }

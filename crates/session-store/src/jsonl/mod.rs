@@ -8,8 +8,9 @@
 // `SessionStore` methods); the work is split by concern: `options`
 // (configuration), `format` (what a line of a session file says), `index`
 // (what the store knows of a file), `cache` (the open sessions and the
-// names a listing learnt), `listing` (paged listing), `locking` (in-process mutex, `flock`, when a
-// call leaves the async worker), `write` (how bytes reach the end of a
+// names a listing learnt), `list_index` (which sessions are live, shared
+// through a log), `listing` (paged listing), `locking`
+// (in-process mutex, `flock`, when a call leaves the async worker), `write` (how bytes reach the end of a
 // file, and are taken back on failure), `ops` (the fenced operations
 // built from them) and `generation` (the directory's generation record and
 // its witness).
@@ -25,6 +26,9 @@ mod generation;
 mod graveyard;
 mod hub;
 mod index;
+mod list_index;
+#[cfg(test)]
+mod list_index_tests;
 mod listing;
 mod locking;
 mod notify;
@@ -75,6 +79,10 @@ pub use options::{
 /// like every name starting with `.`.
 pub const DEFAULT_LEASE_DIR_NAME: &str = ".session-leases";
 
+/// Where new session files are written before they are linked into the
+/// store directory, so that only the link changes the directory.
+const STAGING_DIR_NAME: &str = ".staging";
+
 /// Suffix of session files.
 pub const FILE_SUFFIX: &str = ".jsonl";
 
@@ -101,6 +109,9 @@ struct StoreCore {
     ///
     /// [`list`]: SessionStore::list
     names: Mutex<HashMap<String, SessionId>>,
+    /// The ids of the directory's session files, sorted, as far as this
+    /// instance has read the shared listing index.
+    list_index: Mutex<list_index::ListIndex>,
     /// The generation this instance last claimed (with a generation check
     /// on): a record found lower later went back under it.
     generation: Mutex<Option<generation::StoreGeneration>>,
@@ -185,6 +196,7 @@ impl JsonlStore {
                 opts,
                 open_sessions: Mutex::default(),
                 names: Mutex::default(),
+                list_index: Mutex::default(),
                 generation: Mutex::default(),
                 went_back: Mutex::default(),
                 #[cfg(test)]

@@ -2,13 +2,14 @@
 //! list — each one a fence check and a write (or a read) under the
 //! session's locks, built from the pieces in the sibling modules.
 
-use std::fs::{File, OpenOptions};
+use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{self, Write as _};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::time::{Duration, UNIX_EPOCH};
 
 use lease_port::{FencingToken, OwnerId, SessionId};
+use nix::fcntl::{Flock, FlockArg};
 use serde_json::Value;
 use tracing::warn;
 
@@ -16,8 +17,9 @@ use super::format::{
     EventLine, FRAMING_LINE, deletion_line, fence_json, header_line, push_commit, push_event_line,
 };
 use super::index::{EventSpan, FileIndex, page_end};
+use super::list_index::Live;
 use super::locking::{AttemptError, LockMode, Wait};
-use super::{FILE_SUFFIX, FsyncPolicy, StoreCore, lock, open_flags, tmp_name};
+use super::{FILE_SUFFIX, FsyncPolicy, STAGING_DIR_NAME, StoreCore, lock, open_flags, tmp_name};
 use crate::{AppendReceipt, Page, StoreError, StoreErrorKind, StoredEvent, WriteFence};
 
 /// The start of a write's buffer: the framing line when the file holds
@@ -98,6 +100,9 @@ impl StoreCore {
         self.with_session(session, wait, |state, path| {
             for _ in 0..2 {
                 if self.ensure_open(state, path)? {
+                    // Taken before the file's lock, as the index's own
+                    // rebuild takes it: the two never wait for each other.
+                    let _index = self.lock_index(false, wait)?;
                     return self.locked(
                         state,
                         path,
@@ -111,6 +116,7 @@ impl StoreCore {
                             }
                             // Deleted (or never completed): start a new incarnation.
                             self.repair(file, path, index)?;
+                            self.log_session_locked(session, Some(Live::Unsure))?;
                             let mut buf = framing(index);
                             buf.push_str(&header(self.now_ms()));
                             self.write_framed(file, path, index, buf)?;
@@ -118,6 +124,8 @@ impl StoreCore {
                             index.live = true;
                             index.deleted_at = None;
                             index.events.clear();
+                            // Not written: `?` stays, which listing checks.
+                            let _ = self.log_session_locked(session, Some(Live::Yes));
                             Ok(())
                         },
                     );
@@ -127,7 +135,7 @@ impl StoreCore {
                 // missing (entries are durable before files are removed).
                 let grave = self.grave(session)?;
                 let header = |ts: u64| header_line(session, ts, grave.as_ref());
-                if self.create_file(session, path, &header)? {
+                if self.create_file(session, path, &header, wait)? {
                     return Ok(());
                 }
                 // Another process created it meanwhile: look again.
@@ -143,14 +151,26 @@ impl StoreCore {
     /// file and links it into place, so no other process ever sees a file
     /// without its header, and an existing file is never replaced. False
     /// when the file exists.
+    ///
+    /// The temporary file lies in a subdirectory ([`STAGING_DIR_NAME`]):
+    /// only the link changes the store directory, and it is made under
+    /// the listing index's lock, `?` logged before and the outcome and a
+    /// marker after, so the index stays trusted while sessions are created.
     pub(super) fn create_file(
         &self,
         session: &SessionId,
         path: &Path,
         header: &dyn Fn(u64) -> String,
-    ) -> Result<bool, StoreError> {
-        let tmp = self.dir.join(tmp_name(&session_filename::stem(session)));
-        let result = (|| {
+        wait: Wait,
+    ) -> Result<bool, AttemptError> {
+        let staging = self.dir.join(STAGING_DIR_NAME);
+        if let Err(e) = DirBuilder::new().mode(0o700).create(&staging)
+            && e.kind() != io::ErrorKind::AlreadyExists
+        {
+            return Err(StoreError::io("creating the staging directory", &staging, e).into());
+        }
+        let tmp = staging.join(tmp_name(&session_filename::stem(session)));
+        let result = (|| -> Result<bool, AttemptError> {
             let mut f = OpenOptions::new()
                 .write(true)
                 .create_new(true)
@@ -167,15 +187,28 @@ impl StoreCore {
                 f.sync_data()
                     .map_err(|e| StoreError::io("syncing session file", &tmp, e))?;
             }
-            match std::fs::hard_link(&tmp, path) {
-                Ok(()) => {
-                    #[cfg(test)]
-                    super::crash_sim::record(path, super::crash_sim::Op::Created(header.into()));
-                    Ok(true)
+            // Locked before it is linked: whoever looks at the new file
+            // waits until the index says it is live.
+            let _locked = Flock::lock(f, FlockArg::LockExclusive)
+                .map_err(|(_, e)| StoreError::io("locking session file", &tmp, e.into()))?;
+            self.changing_dir(wait, || {
+                self.log_session_locked(session, Some(Live::Unsure))?;
+                match std::fs::hard_link(&tmp, path) {
+                    Ok(()) => {
+                        // The session exists now, so this cannot fail the
+                        // create; `?` stays, which listing checks.
+                        let _ = self.log_session_locked(session, Some(Live::Yes));
+                        #[cfg(test)]
+                        super::crash_sim::record(
+                            path,
+                            super::crash_sim::Op::Created(header.into()),
+                        );
+                        Ok(true)
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+                    Err(e) => Err(StoreError::io("linking session file", path, e).into()),
                 }
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
-                Err(e) => Err(StoreError::io("linking session file", path, e)),
-            }
+            })
         })();
         let _ = std::fs::remove_file(&tmp);
         let linked = result?;
@@ -293,17 +326,23 @@ impl StoreCore {
         fence: &WriteFence,
         wait: Wait,
     ) -> Result<(), AttemptError> {
+        // Before the file's lock, as in `create`; held until the outcome
+        // is logged, so a rebuild never replaces the log in between.
+        let _index = self.lock_index(false, wait)?;
         self.fenced_write(
             session,
             fence,
             wait,
             |file, path, index, fence_text, mut buf| {
                 let ts = self.now_ms();
+                self.log_session_locked(session, Some(Live::Unsure))?;
                 buf.push_str(&deletion_line(fence_text, ts));
                 self.write_framed(file, path, index, buf)?;
                 index.deleted_at = Some(ts);
                 index.live = false;
                 index.events.clear();
+                // Not written: `?` stays, which listing checks.
+                let _ = self.log_session_locked(session, None);
                 Ok(())
             },
         )
