@@ -100,6 +100,7 @@ pub(crate) fn bench(args: &[String]) -> Result {
         );
         write_table(&format!("{header}\n\n{table}"))?;
         println!("{TABLE_FILE}: performance table rewritten");
+        crate::scale::scale(&[])?;
     } else {
         println!("(a filtered run leaves {TABLE_FILE} as it is)");
     }
@@ -136,7 +137,7 @@ fn render(all: &[Measurement]) -> String {
 }
 
 /// The commit measured, marked when the tree had uncommitted changes.
-fn commit() -> Result<String> {
+pub(crate) fn commit() -> Result<String> {
     let out = |args: &[&str]| -> Result<String> {
         let o = std::process::Command::new("git")
             .current_dir(workspace_root())
@@ -154,7 +155,7 @@ fn commit() -> Result<String> {
     })
 }
 
-fn today() -> Result<String> {
+pub(crate) fn today() -> Result<String> {
     let o = std::process::Command::new("date")
         .args(["-u", "+%Y-%m-%d"])
         .output()

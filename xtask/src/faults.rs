@@ -13,7 +13,7 @@ use crate::{Result, cargo, run};
 
 /// The target directory cargo builds into (`CARGO_TARGET_DIR`, the
 /// configuration, or the workspace's `target`), as cargo itself reports it.
-fn target_dir() -> Result<PathBuf> {
+pub(crate) fn target_dir() -> Result<PathBuf> {
     let out = cargo()
         .args(["metadata", "--format-version", "1", "--no-deps"])
         .output()

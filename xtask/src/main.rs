@@ -17,6 +17,8 @@
 //!                                     the coverage-guided fuzz targets in fuzz/, N seconds each
 //! cargo xtask publish --dry-run       the publish order; every publishable crate packaged
 //!                                     and built against the packages before it
+//! cargo xtask scale [--short]         live runs per process and takeover latency on the
+//!                                     release servers, into docs/performance.md
 //! ```
 
 mod backends;
@@ -28,6 +30,7 @@ mod fn_length;
 mod fuzz;
 mod proto;
 mod publish;
+mod scale;
 mod services;
 #[cfg(test)]
 mod tidy;
@@ -43,7 +46,7 @@ const USAGE: &str = "usage: cargo xtask <ci | conformance [--backend NAME] \
                      services [--backend NAME] | bench [--quick] [FILTER] | \
                      proto [--check | --bless] | faults [--backend NAME] [--ops N] \
                      [--seed S] [--profile short|long] [--out DIR] | \
-                     fuzz [--seconds N] [TARGET…] | publish --dry-run>";
+                     fuzz [--seconds N] [TARGET…] | publish --dry-run | scale [--short]>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = env::args().skip(1).collect();
@@ -56,6 +59,7 @@ fn main() -> ExitCode {
         Some("faults") => faults::faults(&args[1..]),
         Some("fuzz") => fuzz::fuzz(&args[1..]),
         Some("publish") => publish::publish(&args[1..]),
+        Some("scale") => scale::scale(&args[1..]),
         _ => {
             eprintln!("{USAGE}");
             return ExitCode::from(2);

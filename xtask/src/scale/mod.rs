@@ -1,0 +1,230 @@
+//! `cargo xtask scale`: what grows with the number of live runs, and how
+//! long a takeover takes, measured on the real server binaries against
+//! real services.
+//!
+//! - **Live runs**: N runs held by one `mecated` process on each lease
+//!   backend and unleased; its CPU over a steady window (from
+//!   `/proc/<pid>/stat`) and its resident memory (`VmRSS`, less the idle
+//!   process's), at two sizes.
+//! - **Takeover**: a holder killed (SIGKILL) or stopped (SIGTERM) mid-run,
+//!   and the time until another replica, asking all along, has its first
+//!   run of the session: on every backend, against the TTL.
+//!
+//! The full form (`cargo xtask scale`, also run by a full `cargo xtask
+//! bench`) builds release binaries and writes its table into
+//! docs/performance.md. The short form (`--short`, run by `cargo xtask ci`)
+//! uses small sizes and the debug binaries and checks behaviour only:
+//! every run started was held and ended cancelled, every takeover
+//! happened under a greater token. It never judges a duration.
+
+mod http;
+mod live;
+mod process;
+mod report;
+mod rig;
+mod takeover;
+
+use std::time::Duration;
+
+use live::{LiveFigure, LivePlan};
+use process::Binaries;
+use rig::Backend;
+use takeover::{TakeoverFigure, TakeoverPlan};
+
+use crate::services::{self, Service};
+use crate::{Result, cargo, run};
+
+const USAGE: &str = "usage: cargo xtask scale [--short] [--only live|takeover] [--backend NAME]";
+
+/// The live-run backends, the unleased baseline last.
+const LIVE: &[Backend] = &[
+    Backend::File,
+    Backend::Etcd,
+    Backend::LeaseService,
+    Backend::Redis,
+    Backend::Unleased,
+];
+
+const TAKEOVER: &[Backend] = &[
+    Backend::File,
+    Backend::Etcd,
+    Backend::LeaseService,
+    Backend::Redis,
+    Backend::Postgres,
+    Backend::K8s,
+];
+
+/// The sizes and lengths of one form.
+struct Form {
+    short: bool,
+    /// Live runs, takeovers, or both.
+    live_runs: bool,
+    takeovers: bool,
+    /// One backend only: file, etcd, leased, redis, postgres, k8s or
+    /// unleased.
+    backend: Option<String>,
+    sizes: [usize; 2],
+    live: LivePlan,
+    takeover: TakeoverPlan,
+}
+
+impl Form {
+    fn full() -> Form {
+        Form {
+            short: false,
+            live_runs: true,
+            takeovers: true,
+            backend: None,
+            sizes: [10, 10_000],
+            live: LivePlan {
+                ttl: Duration::from_secs(6),
+                window: Duration::from_secs(20),
+            },
+            takeover: TakeoverPlan {
+                ttl: Duration::from_secs(6),
+                repeats: 3,
+            },
+        }
+    }
+
+    fn short() -> Form {
+        Form {
+            short: true,
+            live_runs: true,
+            takeovers: true,
+            backend: None,
+            sizes: [10, 100],
+            live: LivePlan {
+                ttl: Duration::from_secs(6),
+                window: Duration::from_secs(1),
+            },
+            // etcd grants no lease shorter than two seconds.
+            takeover: TakeoverPlan {
+                ttl: Duration::from_secs(2),
+                repeats: 1,
+            },
+        }
+    }
+}
+
+impl Form {
+    fn wants(&self, backend: Backend) -> bool {
+        self.backend
+            .as_deref()
+            .is_none_or(|name| name == backend.key())
+    }
+}
+
+pub(crate) fn scale(args: &[String]) -> Result {
+    let mut form = Form::full();
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--short" => {
+                form = Form {
+                    live_runs: form.live_runs,
+                    takeovers: form.takeovers,
+                    backend: form.backend.take(),
+                    ..Form::short()
+                };
+            }
+            "--only" => match it.next().map(String::as_str) {
+                Some("live") => form.takeovers = false,
+                Some("takeover") => form.live_runs = false,
+                _ => return Err(USAGE.into()),
+            },
+            "--backend" => form.backend = Some(it.next().ok_or(USAGE)?.clone()),
+            _ => return Err(USAGE.into()),
+        }
+    }
+    measure(&form)
+}
+
+/// The short form, as CI runs it.
+pub(crate) fn short() -> Result {
+    measure(&Form::short())
+}
+
+fn measure(form: &Form) -> Result {
+    services::ensure(&[Service::Redis, Service::Etcd, Service::Postgres])?;
+    let bins = build(form.short)?;
+    let load = report::load_average();
+    let mut figures = Vec::new();
+    let sizes: &[usize] = if form.live_runs { &form.sizes } else { &[] };
+    for &runs in sizes {
+        for &backend in LIVE.iter().filter(|b| form.wants(**b)) {
+            println!("\n==> scale: {runs} live runs, {}", backend.name());
+            let figure = live::live(backend, runs, &form.live, &bins)?;
+            println!(
+                "  mecated CPU {:.2} % of a core, RSS +{} KiB",
+                figure.cpu_percent(),
+                figure.rss_growth_kib
+            );
+            figures.push(figure);
+        }
+    }
+    let mut takeovers = Vec::new();
+    let backends = if form.takeovers { TAKEOVER } else { &[] };
+    for &backend in backends.iter().filter(|b| form.wants(**b)) {
+        println!("\n==> scale: takeover, {}", backend.name());
+        for figure in takeover::takeovers(backend, &form.takeover, &bins)? {
+            println!(
+                "  after {}: {:?} (median of {:?})",
+                figure.signal,
+                figure.median(),
+                figure.times
+            );
+            takeovers.push(figure);
+        }
+    }
+    finish(form, &figures, &takeovers, &load)
+}
+
+fn finish(form: &Form, live: &[LiveFigure], takeovers: &[TakeoverFigure], load: &str) -> Result {
+    let table = report::render(form.sizes, live, takeovers);
+    println!("\n{table}");
+    if !(form.live_runs && form.takeovers && form.backend.is_none()) {
+        println!("(a partial run leaves the performance page as it is)");
+        return Ok(());
+    }
+    if form.short {
+        println!("scale (short form): every run held and cancelled, every takeover seen");
+        return Ok(());
+    }
+    report::write(&table, form.live.window, form.takeover.repeats, load)
+}
+
+/// Names a directory of binaries already built, to measure them as they
+/// are (a build of the tree as it is now can take long on a busy machine).
+const BINARIES_ENV: &str = "MECATL_SCALE_BINARIES";
+
+/// Builds the server binaries of one profile, one package at a time (as
+/// the fault runs do, so no build of a package's features undoes
+/// another's), and says where they are.
+fn build(short: bool) -> Result<Binaries> {
+    if let Some(dir) = std::env::var_os(BINARIES_ENV) {
+        println!(
+            "scale: the binaries in {} ({BINARIES_ENV})",
+            dir.to_string_lossy()
+        );
+        return Ok(Binaries { dir: dir.into() });
+    }
+    let profile: &[&str] = if short { &[] } else { &["--release"] };
+    for package in ["mecated", "mecatl-leased", "k8s-emulator"] {
+        run(
+            &format!("build {package}"),
+            cargo()
+                .args([
+                    "build",
+                    "--locked",
+                    "--quiet",
+                    "--bins",
+                    "--package",
+                    package,
+                ])
+                .args(profile),
+        )?;
+    }
+    let dir = crate::faults::target_dir()?.join(if short { "debug" } else { "release" });
+    Ok(Binaries { dir })
+}
