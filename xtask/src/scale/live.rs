@@ -24,6 +24,9 @@ pub(super) struct LiveFigure {
     pub(super) cpu_share: f64,
     /// Resident memory with the runs held, less that before any started.
     pub(super) rss_growth_kib: u64,
+    /// Kubernetes API requests per renewal period (a third of the TTL)
+    /// over the window, on that backend.
+    pub(super) api_requests_per_period: Option<f64>,
 }
 
 /// How a live-run measurement goes.
@@ -141,10 +144,17 @@ pub(super) fn live(
     // A renewal of every lease before the window, so it holds the steady
     // state, not the starts.
     std::thread::sleep(plan.ttl / 2);
-    let (cpu_before, clock) = (server.cpu_time()?, Instant::now());
+    let (cpu_before, clock, api_before) = (server.cpu_time()?, Instant::now(), rig.api_requests());
     std::thread::sleep(plan.window);
-    let cpu_share = (server.cpu_time()? - cpu_before).as_secs_f64() / clock.elapsed().as_secs_f64();
+    let elapsed = clock.elapsed().as_secs_f64();
+    let cpu_share = (server.cpu_time()? - cpu_before).as_secs_f64() / elapsed;
+    let periods = elapsed / (plan.ttl / 3).as_secs_f64();
+    let api_requests_per_period = rig
+        .api_requests()
+        .zip(api_before)
+        .map(|(after, before)| (after - before) as f64 / periods);
     let rss = server.rss_kib()?;
+    check_requests(backend, runs, api_requests_per_period)?;
     check_held(&mut conn, backend, runs).map_err(|e| {
         let counts = run_counts(&mut conn).unwrap_or_else(|e| e);
         format!(
@@ -166,7 +176,21 @@ pub(super) fn live(
         runs,
         cpu_share,
         rss_growth_kib: rss.saturating_sub(idle_rss),
+        api_requests_per_period,
     })
+}
+
+/// Renewing many sessions costs the Kubernetes API a few requests per
+/// period, not some for each: at a hundred sessions or more, fewer than
+/// one for every two sessions (a count, whatever the time it took).
+fn check_requests(backend: Backend, runs: usize, per_period: Option<f64>) -> Result {
+    match per_period {
+        Some(n) if runs >= 100 && n >= runs as f64 / 2.0 => Err(format!(
+            "{}: {n:.1} API requests per renewal period for {runs} sessions",
+            backend.name()
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Every run still going, under its lease, none lost on the way.

@@ -17,6 +17,7 @@
 //! every run started was held and ended cancelled, every takeover
 //! happened under a greater token. It never judges a duration.
 
+mod counting_proxy;
 mod http;
 mod live;
 mod process;
@@ -42,6 +43,7 @@ const LIVE: &[Backend] = &[
     Backend::Etcd,
     Backend::LeaseService,
     Backend::Redis,
+    Backend::K8s,
     Backend::Unleased,
 ];
 
@@ -94,9 +96,10 @@ impl Form {
             takeovers: true,
             backend: None,
             sizes: [10, 100],
+            // Two renewal periods in the window, for the request counts.
             live: LivePlan {
-                ttl: Duration::from_secs(6),
-                window: Duration::from_secs(1),
+                ttl: Duration::from_secs(3),
+                window: Duration::from_secs(2),
             },
             // etcd grants no lease shorter than two seconds.
             takeover: TakeoverPlan {

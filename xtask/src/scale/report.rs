@@ -85,6 +85,9 @@ fn live_rows(sizes: [usize; 2], live: &[LiveFigure], out: &mut String) {
             "",
         );
         row("RSS per held run, KiB", rss(s), rss(l), "");
+        if let (Some(a), Some(b)) = (s.api_requests_per_period, l.api_requests_per_period) {
+            row("API requests per renewal period", a, b, "");
+        }
     }
 }
 
@@ -163,7 +166,9 @@ pub(super) fn write(table: &str, window: Duration, repeats: usize, load: &str) -
          Live runs: echo runs of an hour held by one `mecated` (TTL 6 s), CPU over {} s \
          once all had started and renewed (`/proc/<pid>/stat`), resident memory less the \
          idle server's; \"above unleased\" subtracts the unleased server's CPU at the \
-         same size. Takeover: the holder killed or stopped half a TTL into a run, the \
+         same size. Kubernetes leases are in the API emulator, reached in plain \
+         HTTP through a proxy that counts the requests; a renewal period is a \
+         third of the TTL. Takeover: the holder killed or stopped half a TTL into a run, the \
          time until another replica (asking with `?wait`) started its run; median of {}. \
          A stopped holder cancels its runs at once and releases their leases \
          (`--shutdown-timeout` {} s, the default, bounds it). CPU is read in clock \

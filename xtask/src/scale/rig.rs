@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use test_services::{EtcdServer, PostgresServer, RedisServer};
 
+use super::counting_proxy::CountingProxy;
 use super::process::{Binaries, Process};
 use crate::Result;
 
@@ -79,6 +80,8 @@ pub(super) struct Rig {
     _redis: Option<RedisServer>,
     _postgres: Option<PostgresServer>,
     _process: Option<Process>,
+    /// Between the servers and the Kubernetes API emulator.
+    proxy: Option<CountingProxy>,
     /// Last: removed once every service is stopped.
     dir: tempfile::TempDir,
 }
@@ -102,6 +105,7 @@ impl Rig {
             _redis: None,
             _postgres: None,
             _process: None,
+            proxy: None,
             dir,
         };
         let store = rig.dir.path().join("store");
@@ -161,14 +165,11 @@ impl Rig {
         Ok(flags)
     }
 
+    /// The emulator, reached in plain HTTP through a [`CountingProxy`] so
+    /// the requests of the servers can be counted.
     fn emulator(&mut self) -> Result<Vec<String>> {
-        let kubeconfig = self.dir.path().join("kubeconfig");
-        let args = vec![
-            "--listen".into(),
-            "127.0.0.1:0".into(),
-            "--kubeconfig".into(),
-            kubeconfig.display().to_string(),
-        ];
+        const TOKEN: &str = "scale-admin";
+        let args = ["--listen", "127.0.0.1:0", "--token", TOKEN].map(String::from);
         let emulator = Process::start(
             "k8s-emulator",
             &self.bins.path("k8s-emulator"),
@@ -176,13 +177,29 @@ impl Rig {
             &[],
             &self.dir.path().join("k8s-emulator.log"),
         )?;
+        let proxy = CountingProxy::start(emulator.address.trim_start_matches("http://"))?;
+        let kubeconfig = self.dir.path().join("kubeconfig");
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: emulator\n  cluster:\n    \
+             server: \"http://{}\"\nusers:\n- name: admin\n  user:\n    token: \"{TOKEN}\"\n\
+             contexts:\n- name: emulator\n  context:\n    cluster: emulator\n    user: admin\n    \
+             namespace: default\ncurrent-context: emulator\n",
+            proxy.addr
+        );
+        std::fs::write(&kubeconfig, text).map_err(|e| format!("{}: {e}", kubeconfig.display()))?;
         self._process = Some(emulator);
+        self.proxy = Some(proxy);
         Ok(vec![
             "--session-lease-k8s-namespace".into(),
             "default".into(),
             "--session-lease-k8s-kubeconfig".into(),
             kubeconfig.display().to_string(),
         ])
+    }
+
+    /// Requests the servers sent the Kubernetes API so far, on that rig.
+    pub(super) fn api_requests(&self) -> Option<u64> {
+        self.proxy.as_ref().map(CountingProxy::requests)
     }
 
     /// Starts one more `mecated` replica of this rig.
