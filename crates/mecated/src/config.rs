@@ -534,6 +534,7 @@ mod tests {
             &["--session-lease-dir", "/x", "--no-session-lease"][..],
             &["--agent", "exec"],
             &["--agent-command", "/bin/true"],
+            &["--agent-transcript", "claim-only"],
             &["--session-lease-ttl", "10ms"],
             &["--session-lease-ttl", "soon"],
         ] {

@@ -821,3 +821,52 @@ async fn a_store_put_back_from_an_older_copy_is_refused_until_adopted() {
     .await;
     stop(m);
 }
+
+/// `--agent-transcript since-checkpoint` reaches the command: once it has
+/// written a checkpoint, it is handed that checkpoint and what follows,
+/// not the session's start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exec_agent_reading_since_its_checkpoint_is_handed_only_that() {
+    let dir = tempfile::tempdir().unwrap();
+    // Replies with how many events it was handed (each has a `type`),
+    // and sums up first when asked to.
+    let script = dir.path().join("counter.sh");
+    let body = r#"#!/bin/sh
+req=$(cat)
+n=$(printf '%s' "$req" | grep -o '"type":' | wc -l)
+case "$req" in *'"input":"checkpoint"'*) echo '{"type":"checkpoint","summary":"so far"}';; esac
+echo "{\"type\":\"handed\",\"events\":$n}"
+"#;
+    std::fs::write(&script, body).unwrap();
+    let mode = std::os::unix::fs::PermissionsExt::from_mode(0o755);
+    std::fs::set_permissions(&script, mode).unwrap();
+    let m = Mecated::start(
+        &dir.path().join("store"),
+        "proc-a",
+        &[
+            "--agent",
+            "exec",
+            "--agent-command",
+            script.to_str().unwrap(),
+            "--agent-transcript",
+            "since-checkpoint",
+        ],
+    );
+    create(&m, "chat").await;
+    let mut handed = Vec::new();
+    for input in ["one", "two", "checkpoint", "four", "five"] {
+        let (status, body) = run(&m, "chat", json!(input)).await;
+        assert_eq!(status, StatusCode::OK, "run {input}: {body}");
+        let events = events(&m, "chat").await;
+        let reply = events
+            .iter()
+            .rev()
+            .find(|e| e["payload"]["type"] == "handed")
+            .unwrap();
+        handed.push(reply["payload"]["events"].as_u64().unwrap());
+    }
+    // Each run adds its claim, its reply and its end; the third also its
+    // checkpoint. After it: the checkpoint, the reply, the end and the
+    // claim, then three more a run.
+    assert_eq!(handed, [1, 4, 7, 4, 7], "events handed per run");
+}
