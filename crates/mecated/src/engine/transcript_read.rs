@@ -123,15 +123,20 @@ impl Engine {
         session: &SessionId,
         claim_seq: u64,
     ) -> Result<Vec<StoredEvent>, StoreError> {
+        // Where the session's present life begins: a read from 1 starts
+        // at its first event. Asked, not inferred from a window that
+        // starts late, since a store may leave gaps in its numbers.
+        let first = match self.inner.store.read(session, 1, 1).await?.events.first() {
+            Some(e) => e.seq,
+            None => return Ok(Vec::new()),
+        };
         // Newest window first.
         let mut windows: Vec<Vec<StoredEvent>> = Vec::new();
         let mut to = claim_seq;
         loop {
-            let from = to.saturating_sub(CHECKPOINT_WINDOW - 1).max(1);
+            let from = to.saturating_sub(CHECKPOINT_WINDOW - 1).max(first);
             let mut window = self.read_range(session, from, to).await?;
-            // Numbers run on without gaps within one life of a session: a
-            // window that starts late holds its first event.
-            let reached_start = from == 1 || window.first().is_none_or(|e| e.seq > from);
+            let reached_start = from <= first;
             let checkpoint = window.iter().rposition(|e| is_checkpoint(&e.payload));
             if let Some(at) = checkpoint {
                 window.drain(..at);
