@@ -194,6 +194,48 @@
 //!   you keep; delete them only together with that data (or for sessions
 //!   that are gone). Clearing a damaged file is the same decision.
 //!
+//! # Unsynced lease files
+//!
+//! A session's first acquire through an instance costs two syncs: the
+//! reservation's `fdatasync` and, for a new file, the directory's `fsync`.
+//! Beside a store that does not sync its own writes, those two syncs are
+//! most of a first run, and they buy nothing the store keeps.
+//! [`FlockLeaseBuilder::durability`]`(`[`Durability::Unsynced`]`)` drops
+//! every sync: reservations, re-acquires and new files' names are left to
+//! the kernel's writeback, exactly as the store's appends are. Everything
+//! else stays: reservations are still written and armed, every write still
+//! goes through the shared page cache under the file lock, so while the
+//! machine runs, tokens rise exactly as they do synced — a process crash
+//! loses nothing.
+//!
+//! What a machine crash (power loss, kernel panic) may lose: any lease file
+//! created since the last writeback, and any record written since, back to
+//! an older one; the store, unsynced too, may lose its latest appends and
+//! with them some of its high-water marks. Tokens issued after the reboot
+//! may then repeat tokens issued before it. Fencing holds for what
+//! survives, because of who can still write:
+//!
+//! - **Nobody from before the crash.** Every holder on this host died with
+//!   it, and with its writes not yet on disk. A token that is reissued can
+//!   only be one whose writes are gone or one the store still shows.
+//! - **The store's mark decides.** Whatever of the store survived carries
+//!   its mark, and the store refuses a token at or below it (an equal one
+//!   from another owner incarnation). A server that meets that refusal
+//!   acquires again with [`acquire_above`](SessionLease::acquire_above) the
+//!   mark (`mecated` does, once per claim): the record jumps past it, for
+//!   every later owner too. A lease file lost or rolled back while the
+//!   store's writes survived — the two are written back independently, or
+//!   the store is on another disk — costs one refused claim, not a
+//!   session.
+//!
+//! So this mode is safe only beside a store that checks tokens against its
+//! mark and a caller that answers a refusal by acquiring above the mark.
+//! It also trusts the page cache within one boot: a writeback error the
+//! kernel reports to no one (an `fdatasync` would have) can drop a record
+//! back to the disk's older copy while processes run, the same loss the
+//! store's unsynced appends risk. A directory is only as durable as its
+//! least durable instance: run every instance on it with one setting.
+//!
 //! # Tokens above a floor
 //!
 //! [`acquire_above`](SessionLease::acquire_above)`(session, owner, floor)`
@@ -325,7 +367,7 @@ pub use error::LeaseFileError;
 pub use inspect::{LeaseEntry, LeaseInfo, LeaseState, list_leases, repair};
 pub use record::{FORMAT_VERSION, MAGIC, RECORD_LEN};
 
-use store::{Op, Reply, Step, Store};
+use store::{Op, Reply, Settings, Step, Store};
 
 /// The TTL granted when none is configured.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
@@ -364,6 +406,23 @@ pub struct FlockLeaseBuilder {
     dir_check_interval: Duration,
     token_reservation: u64,
     refuse_volatile: bool,
+    durability: Durability,
+}
+
+/// Whether a lease file's token record is made durable before its token is
+/// used; see the crate docs, "Durability" and "Unsynced lease files".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// Every reservation is `fdatasync`ed, and a new file's name with the
+    /// directory's `fsync`, before the token it covers is returned: tokens
+    /// rise across power losses on their own. The default.
+    #[default]
+    Synced,
+    /// Nothing is synced: a record lives in the page cache until the kernel
+    /// writes it back. For processes whose store does not sync its writes
+    /// either and that acquire above the store's high-water mark when a
+    /// token is refused.
+    Unsynced,
 }
 
 impl FlockLeaseBuilder {
@@ -436,6 +495,15 @@ impl FlockLeaseBuilder {
         self
     }
 
+    /// Whether reservations and new files' names are synced before their
+    /// tokens are used. Default [`Durability::Synced`];
+    /// [`Durability::Unsynced`] only beside a store that does not sync
+    /// either (see the crate docs, "Unsynced lease files").
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
     /// Opens the directory — creating it with mode 0700 when absent — and
     /// checks it: a symlink or a non-directory is refused with
     /// [`LeaseFileError::DirSymlink`] / [`LeaseFileError::NotADirectory`]
@@ -459,12 +527,15 @@ impl FlockLeaseBuilder {
         };
         let store = Store::new(
             self.dir,
-            self.ttl,
-            self.clock,
-            lock_timeout,
-            self.inline_fast_path,
-            self.dir_check_interval,
-            self.token_reservation,
+            Settings {
+                ttl: self.ttl,
+                clock: self.clock,
+                lock_timeout,
+                inline_fast_path: self.inline_fast_path,
+                dir_check_interval: self.dir_check_interval,
+                reservation: self.token_reservation,
+                durability: self.durability,
+            },
         )?;
         if let (Some(fs), true) = (store.volatile, self.refuse_volatile) {
             return Err(LeaseFileError::Volatile {
@@ -491,6 +562,7 @@ impl FlockLease {
             dir_check_interval: DEFAULT_DIR_CHECK_INTERVAL,
             token_reservation: DEFAULT_TOKEN_RESERVATION,
             refuse_volatile: false,
+            durability: Durability::Synced,
         }
     }
 
@@ -517,6 +589,11 @@ impl FlockLease {
     /// [`FlockLeaseBuilder::refuse_volatile`].
     pub fn is_volatile(&self) -> bool {
         self.store.volatile.is_some()
+    }
+
+    /// Whether this instance syncs its reservations.
+    pub fn durability(&self) -> Durability {
+        self.store.durability
     }
 
     /// The longest an operation waits for a lease file's lock.
@@ -638,6 +715,7 @@ impl fmt::Debug for FlockLease {
             .field("lock_timeout", &self.store.lock_timeout)
             .field("inline_fast_path", &self.store.inline_fast_path)
             .field("token_reservation", &self.store.reservation)
+            .field("durability", &self.store.durability)
             .field("clock", &self.store.clock)
             .finish()
     }

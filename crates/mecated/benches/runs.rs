@@ -11,6 +11,10 @@
 //! - `mecated/run-nofsync-vs-unleased`: `limit` runs with leases disabled
 //!   (no lease taken, unfenced writes under the single-process lock): what
 //!   leasing costs against not leasing at all.
+//! - `mecated/first-run-nofsync-vs-unleased`: the same pair, each run the
+//!   first of a session created for it (untimed), so `ours` creates the
+//!   session's lease file and takes its first reservation: what a new
+//!   session's lease costs where the store promises no syncs.
 //!
 //! A run reads its session's whole transcript before the agent starts, so
 //! it costs more the longer the session is (about a microsecond per stored
@@ -86,6 +90,8 @@ struct Target {
     runs: Mutex<Vec<u32>>,
     /// Runs started, which picks the next session of a paired group.
     next: AtomicUsize,
+    /// Sessions created for a first run.
+    fresh: AtomicUsize,
     _server: Server,
     _dir: tempfile::TempDir,
 }
@@ -129,6 +135,7 @@ async fn start(leases: Leases, fsync: bool) -> Target {
         base,
         runs: Mutex::new(vec![0; SESSIONS]),
         next: AtomicUsize::new(0),
+        fresh: AtomicUsize::new(0),
         _server: server,
         _dir: dir,
     }
@@ -170,8 +177,12 @@ impl Target {
 }
 
 async fn one_run(client: &reqwest::Client, base: &str, i: usize) {
+    run_session(client, base, &session(i)).await;
+}
+
+async fn run_session(client: &reqwest::Client, base: &str, id: &str) {
     let r: Value = client
-        .post(format!("{base}/v1/sessions/{}/runs", session(i)))
+        .post(format!("{base}/v1/sessions/{id}/runs"))
         .json(&json!({"input": "ping"}))
         .send()
         .await
@@ -193,6 +204,24 @@ async fn paired(client: &reqwest::Client, timed: &Target, other: &Target) -> Dur
     timed.prepare(client, i).await;
     let start = Instant::now();
     one_run(client, &timed.base, i).await;
+    start.elapsed()
+}
+
+/// A session never run before, created untimed: no lease file exists for
+/// it yet.
+async fn fresh_session(client: &reqwest::Client, target: &Target) -> String {
+    let id = format!("first-{}", target.fresh.fetch_add(1, Ordering::Relaxed));
+    create(client, &target.base, &id).await;
+    id
+}
+
+/// [`paired`] for first runs: each of the two runs is on a new session.
+async fn paired_first(client: &reqwest::Client, timed: &Target, other: &Target) -> Duration {
+    let id = fresh_session(client, other).await;
+    run_session(client, &other.base, &id).await;
+    let id = fresh_session(client, timed).await;
+    let start = Instant::now();
+    run_session(client, &timed.base, &id).await;
     start.elapsed()
 }
 
@@ -249,6 +278,27 @@ fn runs(c: &mut Criterion) {
         }
         g.finish();
     }
+
+    // A session's first run: the lease file is created by it.
+    let mut g = c.benchmark_group("mecated/first-run-nofsync-vs-unleased");
+    for (name, timed, other) in [
+        ("ours", &files_nosync, &unleased_nosync),
+        ("limit", &unleased_nosync, &files_nosync),
+    ] {
+        g.bench_function(name, |b| {
+            b.to_async(&rt).iter_custom(|iters| {
+                let (client, timed, other) = (client.clone(), Arc::clone(timed), Arc::clone(other));
+                async move {
+                    let mut total = Duration::ZERO;
+                    for _ in 0..iters {
+                        total += paired_first(&client, &timed, &other).await;
+                    }
+                    total
+                }
+            })
+        });
+    }
+    g.finish();
 
     // Throughput: 8 clients at once on distinct sessions; time per run.
     // Every sample starts on empty sessions.

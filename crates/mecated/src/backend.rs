@@ -24,8 +24,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use flocklease::{FlockLease, OwnerLock};
-use lease_backends::{DirLeases, OpenError, OpenErrorKind};
+use flocklease::{Durability, FlockLease, LeaseFileError, OwnerLock};
+use lease_backends::OpenError;
 use lease_port::{
     AuthorityId, Lease, LeaseError, LeaseErrorKind, OwnerId, SessionId, SessionLease, SystemClock,
 };
@@ -117,6 +117,18 @@ impl StoreChoice {
             dir: args.store_dir.clone(),
             fsync: args.store_fsync == FsyncChoice::Always,
         })
+    }
+
+    /// How durable file leases beside this store need to be: as durable as
+    /// the store's own writes. A store that syncs nothing gains nothing from
+    /// synced lease files: after a machine crash that loses one, the store
+    /// refuses the token that comes back at or below its mark and the claim
+    /// acquires above it (see flocklease's "Unsynced lease files").
+    pub fn lease_durability(&self) -> Durability {
+        match self {
+            StoreChoice::Jsonl { fsync: false, .. } => Durability::Unsynced,
+            _ => Durability::Synced,
+        }
     }
 
     /// The lease backend a store brings when no lease flag is given: file
@@ -323,6 +335,10 @@ pub(crate) async fn open(
     allow_volatile_lease_dir: bool,
 ) -> Result<Opened, StartError> {
     let unleased = *lease == LeaseChoice::Unleased;
+    let files = FileLeases {
+        allow_volatile: allow_volatile_lease_dir,
+        durability: store.lease_durability(),
+    };
     let OpenedStore {
         store,
         dir: store_dir,
@@ -376,15 +392,7 @@ pub(crate) async fn open(
         Some(own) => (own, Exclusivity::Leased),
         None => {
             let locks = &mut process_locks;
-            open_leases(
-                lease,
-                ttl,
-                owner,
-                allow_volatile_lease_dir,
-                lock_path,
-                locks,
-            )
-            .await?
+            open_leases(lease, ttl, owner, files, lock_path, locks).await?
         }
     };
     // Every leased server, whatever its backend: the store must be fenced
@@ -402,6 +410,14 @@ pub(crate) async fn open(
     })
 }
 
+/// How file leases are opened, when they are.
+#[derive(Debug, Clone, Copy)]
+struct FileLeases {
+    /// Accept a lease directory on tmpfs or ramfs.
+    allow_volatile: bool,
+    durability: Durability,
+}
+
 /// The lease backend `lease` selects, and how exclusive the server's hold
 /// on the store is with it; the locks it takes for the server's life go to
 /// `process_locks`. `lock_path` is the store's single-process lock, for a
@@ -410,14 +426,14 @@ async fn open_leases(
     lease: &LeaseChoice,
     ttl: Duration,
     owner: &OwnerId,
-    allow_volatile_lease_dir: bool,
+    files: FileLeases,
     lock_path: Option<PathBuf>,
     process_locks: &mut Vec<ProcessLock>,
 ) -> Result<(Arc<dyn SessionLease>, Exclusivity), StartError> {
     let leased = |leases: Arc<dyn SessionLease>| Ok((leases, Exclusivity::Leased));
     match lease {
         LeaseChoice::Dir(dir) => {
-            let leases = open_dir(dir, ttl, allow_volatile_lease_dir)?;
+            let leases = open_dir(dir, ttl, files)?;
             process_locks.push(ProcessLock::Owner(owner_lock(&leases, owner)?));
             leased(Arc::new(leases))
         }
@@ -469,18 +485,27 @@ fn not_opened(e: OpenError) -> StartError {
 
 /// File leases in `dir`, on the system clock; on tmpfs or ramfs only when
 /// allowed, and then with a warning.
-fn open_dir(dir: &Path, ttl: Duration, allow_volatile: bool) -> Result<FlockLease, StartError> {
-    let config = DirLeases {
-        dir: dir.to_path_buf(),
-        allow_volatile,
-    };
-    let leases = config
-        .open(ttl, Arc::new(SystemClock))
-        .map_err(|e| match e.kind() {
-            OpenErrorKind::VolatileDir => StartError::VolatileLeaseDir {
-                dir: dir.to_path_buf(),
-            },
-            _ => not_opened(e),
+fn open_dir(dir: &Path, ttl: Duration, files: FileLeases) -> Result<FlockLease, StartError> {
+    let leases = FlockLease::builder(dir)
+        .ttl(ttl)
+        .clock(Arc::new(SystemClock))
+        .refuse_volatile(!files.allow_volatile)
+        .durability(files.durability)
+        .open()
+        .map_err(|source| {
+            let volatile = std::error::Error::source(&source)
+                .and_then(|s| s.downcast_ref::<LeaseFileError>())
+                .is_some_and(|s| matches!(s, LeaseFileError::Volatile { .. }));
+            if volatile {
+                StartError::VolatileLeaseDir {
+                    dir: dir.to_path_buf(),
+                }
+            } else {
+                StartError::Lease {
+                    backend: format!("file leases in {}", dir.display()),
+                    source,
+                }
+            }
         })?;
     if leases.is_volatile() {
         warn!(

@@ -24,7 +24,7 @@ use std::time::Duration;
 use lease_port::{Clock, LeaseError, OwnerId};
 use nix::fcntl::Flock;
 
-use crate::LeaseFileError;
+use crate::{Durability, LeaseFileError};
 use clock_domain::ClockDomain;
 use decision::{Now, Plan, Terms};
 use directory::{Directory, Opened, file_name};
@@ -39,6 +39,7 @@ pub(crate) struct Store {
     pub(crate) inline_fast_path: bool,
     /// How many tokens one synced reservation covers (≥ 1).
     pub(crate) reservation: u64,
+    pub(crate) durability: Durability,
     /// The in-memory file system (tmpfs, ramfs) the directory is on.
     pub(crate) volatile: Option<&'static str>,
     /// This process's monotonic clock and its domain; see [`clock_domain`].
@@ -52,32 +53,36 @@ pub(crate) struct Store {
     named: Mutex<HashMap<String, u64>>,
 }
 
+/// An instance's settings, checked by the builder.
+pub(crate) struct Settings {
+    pub(crate) ttl: Duration,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) lock_timeout: Duration,
+    pub(crate) inline_fast_path: bool,
+    pub(crate) dir_check_interval: Duration,
+    pub(crate) reservation: u64,
+    pub(crate) durability: Durability,
+}
+
 /// The most sessions an instance keeps armed; past it the set is cleared,
 /// which costs each session one more synced reservation and nothing else.
 const MAX_ARMED: usize = 65_536;
 
 impl Store {
-    pub(crate) fn new(
-        dir: PathBuf,
-        ttl: Duration,
-        clock: Arc<dyn Clock>,
-        lock_timeout: Duration,
-        inline_fast_path: bool,
-        dir_check_interval: Duration,
-        reservation: u64,
-    ) -> Result<Self, LeaseFileError> {
-        debug_assert!(reservation >= 1);
-        let dir = Directory::open(dir, dir_check_interval)?;
+    pub(crate) fn new(dir: PathBuf, settings: Settings) -> Result<Self, LeaseFileError> {
+        debug_assert!(settings.reservation >= 1);
+        let dir = Directory::open(dir, settings.dir_check_interval)?;
         file_lock::probe_locks(dir.path(), dir.fd())?;
         let domain = ClockDomain::of_this_process(dir.path())?;
         let volatile = directory::volatile_fs(dir.path(), dir.fd())?;
         Ok(Store {
             dir,
-            ttl,
-            clock,
-            lock_timeout,
-            inline_fast_path,
-            reservation,
+            ttl: settings.ttl,
+            clock: settings.clock,
+            lock_timeout: settings.lock_timeout,
+            inline_fast_path: settings.inline_fast_path,
+            reservation: settings.reservation,
+            durability: settings.durability,
             volatile,
             domain,
             armed: Mutex::new(HashMap::new()),
@@ -142,7 +147,14 @@ impl Store {
             wall: self.clock.now(),
             mono: self.domain.mono_nanos(self.clock.instant()),
         };
-        decision::decide(&self.terms(), read, self.armed_ceiling(name), op, now)
+        let mut plan = decision::decide(&self.terms(), read, self.armed_ceiling(name), op, now)?;
+        if self.durability == Durability::Unsynced {
+            // The reservation is still written and armed: within one boot
+            // the page cache every process shares is the record, and a
+            // machine crash ends every holder of the tokens it may lose.
+            plan.sync = false;
+        }
+        Ok(plan)
     }
 
     /// Writes the planned record in place (fdatasync when planned) and

@@ -45,3 +45,4 @@ mod service_safety;
 mod session_listing;
 mod state_rewound;
 mod transcripts;
+mod unsynced_leases;
