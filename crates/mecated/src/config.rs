@@ -383,7 +383,10 @@ pub struct ServeArgs {
 
     /// When the store syncs appends to disk: `always` (before a write is
     /// acknowledged) or `never` (left to the kernel; a machine crash may lose
-    /// recent events, a process crash does not).
+    /// recent events, a process crash does not). File leases beside the
+    /// store follow it: with `never` their files are not synced either, and
+    /// a token a crash took back is refused by the store's mark and leased
+    /// again above it.
     #[arg(long, env = "MECATED_STORE_FSYNC", value_enum, default_value_t = FsyncChoice::Always)]
     pub store_fsync: FsyncChoice,
 
