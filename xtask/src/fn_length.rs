@@ -17,7 +17,6 @@ pub(crate) const BUDGET: usize = 100;
 /// Functions over the budget today: (file under the workspace root, name,
 /// the most lines it may have). Shorten one and lower or drop its entry.
 pub(crate) const ALLOWED: &[(&str, &str, usize)] = &[
-    ("testing/k8s-emulator/src/emulator.rs", "start", 109),
     ("testing/k8s-emulator/src/openapi.rs", "schemas", 119),
     ("testing/k8s-emulator/src/server.rs", "leases", 133),
     ("testing/k8s-emulator/src/store.rs", "update", 113),

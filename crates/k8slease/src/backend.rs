@@ -212,7 +212,7 @@ pub async fn client_from_kubeconfig(path: impl AsRef<Path>) -> Result<kube::Clie
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
         .await
         .map_err(|e| bad("cannot be used").with_source(e))?;
-    kube::Client::try_from(config).map_err(|e| bad("no client can be built from it").with_source(e))
+    crate::client_from_config(config, crate::DEFAULT_MAX_CONNECTIONS)
 }
 
 /// A kube client configured the way Kubernetes tools find their cluster:
@@ -220,12 +220,13 @@ pub async fn client_from_kubeconfig(path: impl AsRef<Path>) -> Result<kube::Clie
 /// `~/.kube/config` and its current context. Nothing usable found is
 /// [`Invalid`](lease_port::LeaseErrorKind::Invalid).
 pub async fn client_infer() -> Result<kube::Client, LeaseError> {
-    kube::Client::try_default().await.map_err(|e| {
+    let config = kube::Config::infer().await.map_err(|e| {
         LeaseError::invalid(
             "no Kubernetes configuration found (neither in-cluster service account nor kubeconfig)",
         )
         .with_source(e)
-    })
+    })?;
+    crate::client_from_config(config, crate::DEFAULT_MAX_CONNECTIONS)
 }
 
 /// What an acquire does next with the session's object it looked at.

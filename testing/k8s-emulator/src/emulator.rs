@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     config::EmulatorConfig,
-    counters::RequestCounters,
+    counters::{ConnectionCounters, RequestCounters},
     faults::Faults,
     kubeconfig,
     rbac::Rbac,
@@ -148,32 +148,7 @@ impl Emulator {
     /// Binds, starts serving on the current tokio runtime and writes the
     /// kubeconfig.
     pub async fn start(config: EmulatorConfig) -> Result<Self, EmulatorError> {
-        if config.namespaces.is_empty() {
-            return Err(EmulatorError::new(
-                EmulatorErrorKind::Config,
-                "at least one namespace is needed",
-                None,
-            ));
-        }
-        for namespace in &config.namespaces {
-            let bad = namespace.len() > 63
-                || namespace.contains('.')
-                || !dns_subdomain_problems(namespace).is_empty();
-            if bad {
-                return Err(EmulatorError::new(
-                    EmulatorErrorKind::Config,
-                    format!("namespace {namespace:?} is not a DNS label"),
-                    None,
-                ));
-            }
-        }
-        if config.admin_user.is_empty() {
-            return Err(EmulatorError::new(
-                EmulatorErrorKind::Config,
-                "the admin user needs a name",
-                None,
-            ));
-        }
+        check(&config)?;
         let listener = TcpListener::bind(config.listen).await.map_err(|e| {
             EmulatorError::new(
                 EmulatorErrorKind::Bind,
@@ -208,6 +183,7 @@ impl Emulator {
             rbac: Rbac::new(&config.admin_user, &admin_token),
             faults: Faults::default(),
             counters: RequestCounters::default(),
+            connections: ConnectionCounters::default(),
             shutdown: shutdown.clone(),
             address,
         });
@@ -345,6 +321,11 @@ impl Emulator {
         &self.shared.counters
     }
 
+    /// TCP connections accepted and open.
+    pub fn connections(&self) -> &ConnectionCounters {
+        &self.shared.connections
+    }
+
     /// The fault injection handle.
     pub fn faults(&self) -> &Faults {
         &self.shared.faults
@@ -418,4 +399,35 @@ impl Drop for Emulator {
     fn drop(&mut self) {
         self.shared.shutdown.cancel();
     }
+}
+
+/// Refuses a configuration no API server would run with.
+fn check(config: &EmulatorConfig) -> Result<(), EmulatorError> {
+    if config.namespaces.is_empty() {
+        return Err(EmulatorError::new(
+            EmulatorErrorKind::Config,
+            "at least one namespace is needed",
+            None,
+        ));
+    }
+    for namespace in &config.namespaces {
+        let bad = namespace.len() > 63
+            || namespace.contains('.')
+            || !dns_subdomain_problems(namespace).is_empty();
+        if bad {
+            return Err(EmulatorError::new(
+                EmulatorErrorKind::Config,
+                format!("namespace {namespace:?} is not a DNS label"),
+                None,
+            ));
+        }
+    }
+    if config.admin_user.is_empty() {
+        return Err(EmulatorError::new(
+            EmulatorErrorKind::Config,
+            "the admin user needs a name",
+            None,
+        ));
+    }
+    Ok(())
 }

@@ -78,7 +78,7 @@
 //! | `decode`, `validation`, `status` | both | request bodies, Lease validation, `Status` failure replies |
 //! | `rbac` | both | tokens for every client; [`Rbac::allow`] for k8slease's missing-verb test and kubectl's forbidden test |
 //! | `verb` | both | [`Verb`], which RBAC, faults and counters are keyed by |
-//! | `counters` | both | [`RequestCounters`]: k8slease's tests and benches count requests per operation; the kubectl test counts PATCHes |
+//! | `counters` | both | [`RequestCounters`]: k8slease's tests and benches count requests per operation; the kubectl test counts PATCHes. [`ConnectionCounters`]: k8slease's test of its connection bound |
 //! | `patch` | both | patch types by content type, and JSON merge patch (k8slease's tests, `kubectl patch --type merge`) |
 //! | `faults` | k8slease tests and fault runs | [`Faults`]: latency, 5xx, replies lost after commit |
 //! | `patch::strategic` | kubectl | strategic merge patch (`kubectl apply`, `kubectl edit`) |
@@ -157,7 +157,7 @@ mod verb;
 mod watch;
 
 pub use config::EmulatorConfig;
-pub use counters::RequestCounters;
+pub use counters::{ConnectionCounters, RequestCounters};
 pub use emulator::{Emulator, EmulatorError, EmulatorErrorKind, Snapshot};
 pub use faults::{DroppedReply, Failure, Faults};
 pub use rbac::{ANONYMOUS, Rbac};

@@ -26,7 +26,7 @@ use tower::Service;
 
 use crate::{
     core_v1,
-    counters::RequestCounters,
+    counters::{ConnectionCounters, RequestCounters},
     decode::{API_VERSION, FieldValidation, decode_lease, parse_json, to_value},
     discovery,
     faults::{DroppedReply, Failure, Faults},
@@ -51,6 +51,7 @@ pub(crate) struct Shared {
     pub(crate) rbac: Rbac,
     pub(crate) faults: Faults,
     pub(crate) counters: RequestCounters,
+    pub(crate) connections: ConnectionCounters,
     pub(crate) shutdown: CancellationToken,
     pub(crate) address: SocketAddr,
 }
@@ -74,12 +75,14 @@ pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>, tls: TlsAc
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
             continue;
         };
+        let counted = shared.connections.accepted_one();
         // Small request/reply exchanges: no Nagle delay.
         let _ = stream.set_nodelay(true);
         let router = router.clone();
         let shutdown = shared.shutdown.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
+            let _counted = counted;
             let mut first = [0u8; 1];
             let peeked = tokio::select! {
                 () = shutdown.cancelled() => return,

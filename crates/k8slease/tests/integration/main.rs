@@ -1,6 +1,7 @@
 //! k8slease's integration tests, one binary, each against a Kubernetes API
 //! emulator of its own (`support`): expiry judged under clock skew
-//! (`clock_skew`); fifty clients contending for one session
+//! (`clock_skew`); a thousand sessions at once over a bounded number of
+//! connections (`connections`); fifty clients contending for one session
 //! (`contention`); lost replies, server faults, outside edits and missing
 //! RBAC verbs (`faults`); token floors (`floor`); API requests per
 //! operation (`requests`); Lease storage that went back (`rewind`). They
@@ -14,6 +15,7 @@
 mod support;
 
 mod clock_skew;
+mod connections;
 mod contention;
 mod faults;
 mod floor;
