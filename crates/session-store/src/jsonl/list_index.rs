@@ -61,6 +61,11 @@ const COMPACT_SLACK: u64 = 4096;
 #[cfg(test)]
 pub(super) const COMPACT_SLACK: u64 = 64;
 
+/// The longest pause between attempts to take the index lock: its holders
+/// hold it for a few system calls (a rebuild aside), so a waiter looks
+/// again soon rather than lose its turn to a stream of others.
+const MAX_PAUSE: Duration = Duration::from_millis(2);
+
 /// What the index knows of a session it lists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Live {
@@ -183,7 +188,7 @@ impl StoreCore {
         } else {
             FlockArg::LockSharedNonblock
         };
-        let mut pause = Duration::from_millis(1);
+        let mut pause = Duration::from_micros(100);
         loop {
             match Flock::lock(file, arg) {
                 Ok(l) => return Ok(Some(l)),
@@ -198,7 +203,7 @@ impl StoreCore {
                         return Err(StoreError::Busy { path, timeout }.into());
                     }
                     std::thread::sleep(pause.min(deadline - now));
-                    pause = (pause * 2).min(Duration::from_millis(50));
+                    pause = (pause * 2).min(MAX_PAUSE);
                     file = f;
                 }
                 Err((_, errno)) => {
@@ -243,9 +248,45 @@ impl StoreCore {
         live: Option<Live>,
         wait: Wait,
     ) -> Result<(), AttemptError> {
+        #[cfg(test)]
+        if self
+            .skip_outcomes
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return Ok(());
+        }
         let _shared = self.lock_index(false, wait)?;
         self.log_session_locked(session, live)?;
         Ok(())
+    }
+
+    /// Logs `?` for `session` before a change of its liveness, under the
+    /// index lock `held` (taken, with the caller's wait, before the session
+    /// file's lock), released at once: the change itself may sync, and
+    /// the exclusive lock (creations, rebuilds) need not wait for it. When
+    /// `held` was used up (the file had to be reopened and this runs
+    /// again) the lock is only tried. A failure refuses the change.
+    pub(super) fn log_unsure(
+        &self,
+        session: &SessionId,
+        held: &mut Option<IndexGuard>,
+    ) -> Result<(), StoreError> {
+        let guard = match held.take() {
+            Some(guard) => guard,
+            None => match self.lock_index(false, Wait::Once) {
+                Ok(guard) => guard,
+                Err(AttemptError::Store(e)) => return Err(e),
+                Err(AttemptError::Contended) => {
+                    return Err(StoreError::Busy {
+                        path: self.dir.join(LOCK_FILE_NAME),
+                        timeout: self.opts.lock_timeout,
+                    });
+                }
+            },
+        };
+        let logged = self.log_session_locked(session, Some(Live::Unsure));
+        drop(guard);
+        logged
     }
 
     /// [`log_session`](Self::log_session) for a caller holding the index
@@ -308,11 +349,15 @@ impl StoreCore {
     /// trusted.
     pub(super) fn refresh_index(&self, wait: Wait) -> Result<(), AttemptError> {
         {
-            let shared = self.lock_index(false, wait)?;
+            // No lock: the log is read before the directory's marker, and
+            // every change of the directory logs its `?` before it is made
+            // and its marker after, so a log read that matches the marker
+            // is the directory at that instant; one caught mid-change does
+            // not match and is looked at again under the lock.
             let mut ix = lock(&self.list_index);
             if self.index_trusted(&mut ix)? {
                 let long = ix.lines > 2 * ix.ids.len() as u64 + COMPACT_SLACK;
-                if !long || ix.memory_only || shared.is_none() {
+                if !long || ix.memory_only {
                     return Ok(());
                 }
             }

@@ -204,6 +204,32 @@ async fn a_deleter_cut_short_leaves_the_file_to_decide() {
     );
 }
 
+/// Deletions and creations over a deleted session's file whose process
+/// dies right after the change, before its outcome line: listings follow
+/// the files.
+#[tokio::test]
+async fn changes_whose_outcome_was_never_logged_are_listed_as_made() {
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    for s in ["a", "b", "c"] {
+        store.create(&sid(s)).await.unwrap();
+    }
+    assert_eq!(walk(&store).await, ids(&["a", "b", "c"]));
+    store.delete(&sid("c"), fence(1)).await.unwrap();
+    assert_eq!(walk(&store).await, ids(&["a", "b"]));
+    store.core.skip_outcomes.store(true, Ordering::Relaxed);
+    store.delete(&sid("b"), fence(1)).await.unwrap();
+    store.create(&sid("c")).await.unwrap();
+    store.core.skip_outcomes.store(false, Ordering::Relaxed);
+    assert_eq!(walk(&store).await, ids(&["a", "c"]), "warm instance");
+    assert_eq!(
+        walk(&open(dir.path())).await,
+        ids(&["a", "c"]),
+        "new instance"
+    );
+}
+
 /// Files copied in by hand (or by a version of the store that kept no
 /// index), then sessions created through the store: the copies stay
 /// listed, the creations do not mark over them.

@@ -125,6 +125,10 @@ struct StoreCore {
     /// Test hook: how many of the next data syncs fail.
     #[cfg(test)]
     fail_syncs: std::sync::atomic::AtomicU32,
+    /// Test hook: outcome lines of the listing index are not written, as
+    /// by a process killed right after its change.
+    #[cfg(test)]
+    skip_outcomes: std::sync::atomic::AtomicBool,
 }
 
 /// Numbers the temporary files of this process: one counter for every
@@ -201,6 +205,8 @@ impl JsonlStore {
                 went_back: Mutex::default(),
                 #[cfg(test)]
                 fail_syncs: std::sync::atomic::AtomicU32::new(0),
+                #[cfg(test)]
+                skip_outcomes: std::sync::atomic::AtomicBool::new(false),
             }),
         };
         if store.core.opts.generation != GenerationCheck::Off {

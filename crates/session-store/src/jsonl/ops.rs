@@ -100,9 +100,9 @@ impl StoreCore {
         self.with_session(session, wait, |state, path| {
             for _ in 0..2 {
                 if self.ensure_open(state, path)? {
-                    // Taken before the file's lock, as the index's own
-                    // rebuild takes it: the two never wait for each other.
-                    let _index = self.lock_index(false, wait)?;
+                    // Waited for before the file's lock, never while
+                    // holding it.
+                    let mut held = Some(self.lock_index(false, wait)?);
                     return self.locked(
                         state,
                         path,
@@ -116,7 +116,7 @@ impl StoreCore {
                             }
                             // Deleted (or never completed): start a new incarnation.
                             self.repair(file, path, index)?;
-                            self.log_session_locked(session, Some(Live::Unsure))?;
+                            self.log_unsure(session, &mut held)?;
                             let mut buf = framing(index);
                             buf.push_str(&header(self.now_ms()));
                             self.write_framed(file, path, index, buf)?;
@@ -125,7 +125,7 @@ impl StoreCore {
                             index.deleted_at = None;
                             index.events.clear();
                             // Not written: `?` stays, which listing checks.
-                            let _ = self.log_session_locked(session, Some(Live::Yes));
+                            let _ = self.log_session(session, Some(Live::Yes), Wait::Once);
                             Ok(())
                         },
                     );
@@ -326,23 +326,22 @@ impl StoreCore {
         fence: &WriteFence,
         wait: Wait,
     ) -> Result<(), AttemptError> {
-        // Before the file's lock, as in `create`; held until the outcome
-        // is logged, so a rebuild never replaces the log in between.
-        let _index = self.lock_index(false, wait)?;
+        // Waited for before the file's lock, as in `create`.
+        let mut held = Some(self.lock_index(false, wait)?);
         self.fenced_write(
             session,
             fence,
             wait,
             |file, path, index, fence_text, mut buf| {
                 let ts = self.now_ms();
-                self.log_session_locked(session, Some(Live::Unsure))?;
+                self.log_unsure(session, &mut held)?;
                 buf.push_str(&deletion_line(fence_text, ts));
                 self.write_framed(file, path, index, buf)?;
                 index.deleted_at = Some(ts);
                 index.live = false;
                 index.events.clear();
                 // Not written: `?` stays, which listing checks.
-                let _ = self.log_session_locked(session, None);
+                let _ = self.log_session(session, None, Wait::Once);
                 Ok(())
             },
         )
