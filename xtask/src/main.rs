@@ -17,7 +17,8 @@
 //!                                     the coverage-guided fuzz targets in fuzz/, N seconds each
 //! cargo xtask publish --dry-run       the publish order; every publishable crate packaged
 //!                                     and built against the packages before it
-//! cargo xtask scale [--short]         live runs per process and takeover latency on the
+//! cargo xtask scale [--short] [--only live|takeover] [--backend NAME]
+//!                                     live runs per process and takeover latency on the
 //!                                     release servers, into docs/performance.md
 //! ```
 
@@ -46,7 +47,8 @@ const USAGE: &str = "usage: cargo xtask <ci | conformance [--backend NAME] \
                      services [--backend NAME] | bench [--quick] [FILTER] | \
                      proto [--check | --bless] | faults [--backend NAME] [--ops N] \
                      [--seed S] [--profile short|long] [--out DIR] | \
-                     fuzz [--seconds N] [TARGET…] | publish --dry-run | scale [--short]>";
+                     fuzz [--seconds N] [TARGET…] | publish --dry-run | \
+                     scale [--short] [--only live|takeover] [--backend NAME]>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = env::args().skip(1).collect();

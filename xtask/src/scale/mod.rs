@@ -153,11 +153,22 @@ fn measure(form: &Form) -> Result {
     let bins = build(form.short)?;
     let load = report::load_average();
     let mut figures = Vec::new();
+    // A full run goes on past a backend that failed, so one fault does not
+    // cost the other figures; it still fails in the end.
+    let mut failures = Vec::new();
     let sizes: &[usize] = if form.live_runs { &form.sizes } else { &[] };
     for &runs in sizes {
         for &backend in LIVE.iter().filter(|b| form.wants(**b)) {
             println!("\n==> scale: {runs} live runs, {}", backend.name());
-            let figure = live::live(backend, runs, &form.live, &bins)?;
+            let figure = match live::live(backend, runs, &form.live, &bins) {
+                Ok(figure) => figure,
+                Err(e) if !form.short => {
+                    eprintln!("  failed: {e}");
+                    failures.push(format!("{runs} live runs, {}: {e}", backend.name()));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             println!(
                 "  mecated CPU {:.2} % of a core, RSS +{} KiB",
                 figure.cpu_percent(),
@@ -170,7 +181,16 @@ fn measure(form: &Form) -> Result {
     let backends = if form.takeovers { TAKEOVER } else { &[] };
     for &backend in backends.iter().filter(|b| form.wants(**b)) {
         println!("\n==> scale: takeover, {}", backend.name());
-        for figure in takeover::takeovers(backend, &form.takeover, &bins)? {
+        let measured = match takeover::takeovers(backend, &form.takeover, &bins) {
+            Ok(measured) => measured,
+            Err(e) if !form.short => {
+                eprintln!("  failed: {e}");
+                failures.push(format!("takeover, {}: {e}", backend.name()));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        for figure in measured {
             println!(
                 "  after {}: {:?} (median of {:?})",
                 figure.signal,
@@ -180,21 +200,44 @@ fn measure(form: &Form) -> Result {
             takeovers.push(figure);
         }
     }
-    finish(form, &figures, &takeovers, &load)
+    finish(form, &figures, &takeovers, &load, &failures)
 }
 
-fn finish(form: &Form, live: &[LiveFigure], takeovers: &[TakeoverFigure], load: &str) -> Result {
-    let table = report::render(form.sizes, live, takeovers);
+fn finish(
+    form: &Form,
+    live: &[LiveFigure],
+    takeovers: &[TakeoverFigure],
+    load: &str,
+    failures: &[String],
+) -> Result {
+    let mut table = report::render(form.sizes, live, takeovers);
+    if !failures.is_empty() {
+        table.push_str("\nFailed in this run (no figure above):\n\n");
+        for f in failures {
+            let first = f.lines().next().unwrap_or_default();
+            table.push_str(&format!("- {first}\n"));
+        }
+    }
+    let failed = || Err(format!("scale: {} measurements failed", failures.len()));
     println!("\n{table}");
     if !(form.live_runs && form.takeovers && form.backend.is_none()) {
         println!("(a partial run leaves the performance page as it is)");
-        return Ok(());
+        return if failures.is_empty() {
+            Ok(())
+        } else {
+            failed()
+        };
     }
     if form.short {
         println!("scale (short form): every run held and cancelled, every takeover seen");
         return Ok(());
     }
-    report::write(&table, form.live.window, form.takeover.repeats, load)
+    report::write(&table, form.live.window, form.takeover.repeats, load)?;
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        failed()
+    }
 }
 
 /// Names a directory of binaries already built, to measure them as they
