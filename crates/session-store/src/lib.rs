@@ -263,7 +263,7 @@
 //!   fine-grained once read, which the marker does); deleting a session
 //!   with a version of the store that kept no index is not seen (its
 //!   directory does not change), until the log is rebuilt (remove
-//!   `.session-index`). Memory: about 160 bytes an id per store instance;
+//!   `.session-index`). Memory: under 100 bytes an id per store instance;
 //!   an instance's first page reads the whole log. [`ListCursor`] names
 //!   the last id of a page, so a session that exists throughout a walk is
 //!   listed exactly once.
