@@ -403,6 +403,7 @@ impl Engine {
     async fn claim(
         &self,
         session: &SessionId,
+        input: &Value,
         started: &oneshot::Sender<Result<StartedRun, EngineError>>,
     ) -> Result<Option<(LeaseGuard, Option<FencingToken>, u64)>, EngineError> {
         let mut again: Option<Option<FencingToken>> = None;
@@ -440,7 +441,7 @@ impl Engine {
             }
             let token = guard.token();
             Span::current().record("token", token.map(|t| t.get()));
-            match self.write_claim(session, &guard).await {
+            match self.write_claim(session, &guard, input).await {
                 Ok(first_seq) => return Ok(Some((guard, token, first_seq))),
                 Err(EngineError::Store(StoreError::Fenced {
                     presented,
@@ -478,15 +479,21 @@ impl Engine {
     /// write raises the high-water mark to our token, so from here on no
     /// earlier owner can write, whether or not our agent ever emits. The
     /// claim's sequence number.
+    ///
+    /// The claim records the run's input: the user's side of the turn is
+    /// part of the session, in the transcript of every later run, and
+    /// another process can learn what an interrupted run was asked.
     async fn write_claim(
         &self,
         session: &SessionId,
         guard: &LeaseGuard,
+        input: &Value,
     ) -> Result<u64, EngineError> {
         let claim = json!({
             "type": "run_started",
             "owner": self.inner.keeper.owner().as_str(),
             "token": guard.token().map(|t| t.get()),
+            "input": input,
         });
         let write = tracked_append(
             &guard.write_gate(),
@@ -508,7 +515,7 @@ impl Engine {
     ) {
         // Cancel requests recorded before this run began are not for it.
         let cancels_before = self.cancel_baseline(&session).await;
-        let (guard, token, first_seq) = match self.claim(&session, &started).await {
+        let (guard, token, first_seq) = match self.claim(&session, &input, &started).await {
             Ok(Some(claimed)) => claimed,
             Ok(None) => return,
             Err(e) => {

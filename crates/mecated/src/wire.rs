@@ -199,7 +199,9 @@ impl From<&engine::SessionInfo> for SessionInfo {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Event {
-    /// The event, as the agent (or the server, for `run_started`) wrote it.
+    /// The event, as the agent wrote it, or the server for a run's claim
+    /// (`run_started`: its owner, its token and the run's input, as the
+    /// client sent it) and its end (`run_ended`).
     #[schema(value_type = Value)]
     pub payload: Value,
     /// Position in the session, from 1, strictly increasing, never reused.

@@ -824,7 +824,7 @@ async fn a_store_put_back_from_an_older_copy_is_refused_until_adopted() {
 
 /// `--agent-transcript since-checkpoint` reaches the command: once it has
 /// written a checkpoint, it is handed that checkpoint and what follows,
-/// not the session's start.
+/// not the session's start. And every run's claim holds its input.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exec_agent_reading_since_its_checkpoint_is_handed_only_that() {
     let dir = tempfile::tempdir().unwrap();
@@ -869,4 +869,13 @@ echo "{\"type\":\"handed\",\"events\":$n}"
     // checkpoint. After it: the checkpoint, the reply, the end and the
     // claim, then three more a run.
     assert_eq!(handed, [1, 4, 7, 4, 7], "events handed per run");
+    // Each claim records its run's input: the user's side of every turn
+    // is in the session.
+    let claimed: Vec<Value> = events(&m, "chat")
+        .await
+        .iter()
+        .filter(|e| e["payload"]["type"] == "run_started")
+        .map(|e| e["payload"]["input"].clone())
+        .collect();
+    assert_eq!(claimed, ["one", "two", "checkpoint", "four", "five"]);
 }
