@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, Span, field, info, info_span, warn};
 
-use crate::agent::{Agent, AgentError, EventSink, SinkError, Turn};
+use crate::agent::{Agent, AgentError, EventSink, SinkError, TranscriptScope, Turn};
 use crate::error::error_chain;
 use crate::metrics::{Metrics, RunOutcome};
 use crate::transcript::{DEFAULT_TRANSCRIPT_CACHE_BYTES, Transcript, TranscriptCache};
@@ -84,6 +84,9 @@ struct EngineInner {
     store_fault: Arc<store_watch::StoreFault>,
     keeper: LeaseKeeper,
     agent: Arc<dyn Agent>,
+    /// What the agent asked to be handed, read once: the cache's entries
+    /// are shaped by it.
+    scope: TranscriptScope,
     metrics: Arc<Metrics>,
     runs: Mutex<HashMap<SessionId, CancellationToken>>,
     /// What runs read of their sessions' transcripts, so the next run of a
@@ -235,6 +238,7 @@ impl Engine {
                 store,
                 store_fault,
                 keeper,
+                scope: agent.transcript_scope(),
                 agent,
                 metrics,
                 runs: Mutex::default(),

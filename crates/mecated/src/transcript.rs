@@ -1,12 +1,14 @@
-//! What a run hands its agent — the session's transcript — and the cache
-//! that spares a run from reading the whole of it again.
+//! What a run hands its agent — as much of the session's transcript as
+//! its [`TranscriptScope`](crate::agent::TranscriptScope) asks for — and
+//! the cache that spares a run from reading it again.
 //!
-//! A run's agent sees every event of its session up to and including the
-//! run's claim. Read from the store each time, that costs a run time in
-//! proportion to the session's length. The engine instead keeps, per
-//! session, the events it read last time (a least-recently-used cache
-//! bounded in bytes, `--transcript-cache-bytes`) and asks
-//! the store only for what follows them.
+//! A run's agent sees the events of its session up to and including the
+//! run's claim: all of them, or those since the newest checkpoint. Read
+//! from the store each time, that costs a run time in proportion to what
+//! it is handed. The engine instead keeps, per session, the events it read
+//! last time (a least-recently-used cache bounded in bytes,
+//! `--transcript-cache-bytes`) and asks the store only for what follows
+//! them.
 //!
 //! # Why a cached transcript can be trusted
 //!
@@ -14,17 +16,27 @@
 //! again continues after the last number it ever gave (the JSONL store
 //! keeps the counter in the session file, and in the graveyard once the
 //! file is reclaimed; the Redis store keeps it in the session's record,
-//! which outlives deletion). Events are immutable once accepted. So if the
-//! store still holds the very event the cache ended with — same sequence
-//! number, token, time and payload — the session has not been deleted
-//! since, and everything before that event is what the cache holds. The
-//! engine's read starts *at* that event, so one read both validates the
-//! cache and brings what other processes appended since. A cache whose last
-//! event is gone is dropped and the transcript is read from the start.
+//! which outlives deletion; the PostgreSQL store in the session's row).
+//! Events are immutable once accepted. So if the store still holds the
+//! very event the cache ended with — same sequence number, token, time
+//! and payload — the session has not been deleted since, and everything
+//! before that event is what the cache holds. The engine's read starts
+//! *at* that event, so one read both validates the cache and brings what
+//! other processes appended since. A cache whose last event is gone is
+//! dropped and the transcript is read afresh.
 //!
 //! The session's high-water token would not do as a check: an unleased
 //! deployment deletes and creates sessions without any token, and a lease
 //! re-acquired by its holder keeps its token.
+//!
+//! # What the budget counts
+//!
+//! The heap each entry takes as glibc's allocator hands it out: every
+//! allocation at the size of its block, each JSON object at the size of
+//! its tree's nodes, the list's slots by its capacity, and the cache's own
+//! bookkeeping per entry. Other allocators round differently (within a
+//! block size), and memory the allocator keeps after entries are dropped
+//! (fragmentation, per-thread arenas) is not the cache's to count.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Deref;
@@ -76,8 +88,9 @@ pub(crate) struct CachedTranscript {
     /// The payloads, oldest first: the whole session, or from its newest
     /// checkpoint on when the agent reads no further back.
     events: Arc<Vec<Value>>,
-    /// The newest event read, whole: the store must still hold it
-    /// unchanged for the rest to be trusted.
+    /// The newest event read, but for its payload (the last of
+    /// `events`): the store must still hold it unchanged for the rest to
+    /// be trusted.
     last: StoredEvent,
     /// The payloads' heap, counted against the budget (the list's own
     /// slots are counted apart, by its capacity).
@@ -90,9 +103,15 @@ impl CachedTranscript {
     /// A transcript read whole; `None` when it has no events (nothing to
     /// check the next read against).
     pub(crate) fn new(events: Vec<StoredEvent>) -> Option<Self> {
-        let last = events.last()?.clone();
+        let last = events.last()?;
+        let last = StoredEvent {
+            payload: Value::Null,
+            ..last.clone()
+        };
         let payload_bytes = events.iter().map(|e| resident::value(&e.payload)).sum();
-        let events: Vec<Value> = events.into_iter().map(|e| e.payload).collect();
+        let mut events: Vec<Value> = events.into_iter().map(|e| e.payload).collect();
+        // Collected in place, the list keeps the larger events' room.
+        events.shrink_to_fit();
         let mut entry = Self {
             events: Arc::new(events),
             last,
@@ -103,19 +122,40 @@ impl CachedTranscript {
         Some(entry)
     }
 
-    /// The event a read must start at and find unchanged.
-    pub(crate) fn last(&self) -> &StoredEvent {
-        &self.last
+    /// The number of the newest event held: a read must start at it and
+    /// find it unchanged.
+    pub(crate) fn last_seq(&self) -> u64 {
+        self.last.seq
     }
 
-    /// Adds the events the store holds after [`last`](Self::last), in
-    /// order. In place unless a run still holds the previous transcript.
+    /// Whether `event` is the newest event held, unchanged.
+    pub(crate) fn ends_with(&self, event: &StoredEvent) -> bool {
+        event.seq == self.last.seq
+            && event.token == self.last.token
+            && event.at == self.last.at
+            && self.events.last() == Some(&event.payload)
+    }
+
+    /// The newest event held, whole.
+    pub(crate) fn last_event(&self) -> Option<StoredEvent> {
+        Some(StoredEvent {
+            payload: self.events.last()?.clone(),
+            ..self.last.clone()
+        })
+    }
+
+    /// Adds the events the store holds after the newest held, in order.
+    /// In place unless a run still holds the previous transcript.
     ///
     /// With `from_checkpoint`, the entry then starts at the newest
     /// checkpoint it holds: what came before is never handed out again.
     pub(crate) fn extend(&mut self, newer: Vec<StoredEvent>, from_checkpoint: bool) {
-        let Some(last) = newer.last().cloned() else {
+        let Some(last) = newer.last() else {
             return;
+        };
+        self.last = StoredEvent {
+            payload: Value::Null,
+            ..last.clone()
         };
         let checkpoint = from_checkpoint
             .then(|| newer.iter().rposition(|e| is_checkpoint(&e.payload)))
@@ -130,7 +170,6 @@ impl CachedTranscript {
             self.payload_bytes += resident::value(&e.payload);
             events.push(e.payload);
         }
-        self.last = last;
         self.recount();
     }
 
@@ -140,10 +179,11 @@ impl CachedTranscript {
     }
 
     fn recount(&mut self) {
-        self.bytes = self.payload_bytes
-            + resident::block(self.events.capacity() * size_of::<Value>())
-            + resident::value(&self.last.payload)
-            + size_of::<Self>();
+        // The list's slots, and the `Arc` around it (two counts and the
+        // list's own three words).
+        let list = resident::block(self.events.capacity() * size_of::<Value>())
+            + resident::block(2 * size_of::<usize>() + size_of::<Vec<Value>>());
+        self.bytes = self.payload_bytes + list;
     }
 }
 
@@ -228,7 +268,8 @@ struct Lru {
     used: usize,
     /// Bumped on every use; an entry's tick orders it in `by_use`.
     clock: u64,
-    entries: HashMap<SessionId, (u64, CachedTranscript)>,
+    /// Each entry with its tick and what it is counted as.
+    entries: HashMap<SessionId, (u64, usize, CachedTranscript)>,
     by_use: BTreeMap<u64, SessionId>,
 }
 
@@ -259,9 +300,9 @@ impl TranscriptCache {
     /// meanwhile.
     pub(crate) fn take(&self, session: &SessionId) -> Option<CachedTranscript> {
         let mut lru = self.lru();
-        let (tick, entry) = lru.entries.remove(session)?;
+        let (tick, cost, entry) = lru.entries.remove(session)?;
         lru.by_use.remove(&tick);
-        lru.used -= entry.bytes;
+        lru.used -= cost;
         Some(entry)
     }
 
@@ -269,18 +310,19 @@ impl TranscriptCache {
     /// budget; drops the least recently used entries until the rest fit.
     pub(crate) fn put(&self, session: &SessionId, entry: CachedTranscript) {
         let mut lru = self.lru();
-        if let Some((tick, old)) = lru.entries.remove(session) {
+        if let Some((tick, cost, _)) = lru.entries.remove(session) {
             lru.by_use.remove(&tick);
-            lru.used -= old.bytes;
+            lru.used -= cost;
         }
-        if entry.bytes > lru.budget {
+        let cost = entry.bytes + bookkeeping(session);
+        if cost > lru.budget {
             return;
         }
         lru.clock += 1;
         let tick = lru.clock;
-        lru.used += entry.bytes;
+        lru.used += cost;
         lru.by_use.insert(tick, session.clone());
-        lru.entries.insert(session.clone(), (tick, entry));
+        lru.entries.insert(session.clone(), (tick, cost, entry));
         lru.shrink_to_budget();
     }
 
@@ -296,14 +338,25 @@ impl TranscriptCache {
     }
 }
 
+/// What the cache's own structures take per entry: the map's slot (kept
+/// at most seven eighths full, plus a control byte), the session's id
+/// twice (the map's key and the use order's value), and a share of the
+/// use order's tree (nodes of eleven ticks and ids, at least five used).
+fn bookkeeping(session: &SessionId) -> usize {
+    let slot = size_of::<(SessionId, (u64, usize, CachedTranscript))>() * 8 / 7 + 1;
+    let ids = 2 * resident::block(session.as_str().len());
+    let node = 2 * size_of::<usize>() + 11 * (size_of::<u64>() + size_of::<SessionId>());
+    slot + ids + resident::block(node) / 5
+}
+
 impl Lru {
     fn shrink_to_budget(&mut self) {
         while self.used > self.budget {
             let Some((_, session)) = self.by_use.pop_first() else {
                 break;
             };
-            if let Some((_, entry)) = self.entries.remove(&session) {
-                self.used -= entry.bytes;
+            if let Some((_, cost, _)) = self.entries.remove(&session) {
+                self.used -= cost;
             }
         }
     }
@@ -335,6 +388,11 @@ mod tests {
         CachedTranscript::new(events(1..=n, "0123456789")).unwrap()
     }
 
+    /// What an entry of `n` events under a one-letter id is counted as.
+    fn cost(n: u64) -> usize {
+        entry(n).bytes + bookkeeping(&sid("a"))
+    }
+
     #[test]
     fn an_empty_transcript_is_not_cached() {
         assert!(CachedTranscript::new(Vec::new()).is_none());
@@ -346,7 +404,10 @@ mod tests {
         let before = cached.transcript();
         let bytes = cached.bytes;
         cached.extend(events(3..=4, "new"), false);
-        assert_eq!(cached.last().seq, 4);
+        assert_eq!(cached.last_seq(), 4);
+        assert_eq!(cached.last_event().unwrap().payload, json!({"text": "new"}));
+        assert!(cached.ends_with(&events(4..=4, "new")[0]));
+        assert!(!cached.ends_with(&events(4..=4, "changed")[0]));
         assert_eq!(cached.transcript().len(), 4);
         assert_eq!(cached.transcript()[3], json!({"text": "new"}));
         assert!(cached.bytes > bytes);
@@ -355,8 +416,7 @@ mod tests {
 
     #[test]
     fn least_recently_used_sessions_go_first_once_over_budget() {
-        let one = entry(10).bytes;
-        let cache = TranscriptCache::new(2 * one);
+        let cache = TranscriptCache::new(2 * cost(10));
         cache.put(&sid("a"), entry(10));
         cache.put(&sid("b"), entry(10));
         // `a` used again (taken and put back): `b` is now the oldest.
@@ -371,11 +431,11 @@ mod tests {
 
     #[test]
     fn a_transcript_larger_than_the_budget_is_not_kept_and_evicts_nothing() {
-        let cache = TranscriptCache::new(entry(10).bytes);
-        cache.put(&sid("small"), entry(10));
-        cache.put(&sid("large"), entry(11));
-        assert!(cache.take(&sid("large")).is_none());
-        assert!(cache.take(&sid("small")).is_some());
+        let cache = TranscriptCache::new(cost(10));
+        cache.put(&sid("s"), entry(10));
+        cache.put(&sid("l"), entry(11));
+        assert!(cache.take(&sid("l")).is_none());
+        assert!(cache.take(&sid("s")).is_some());
     }
 
     #[test]
@@ -387,8 +447,8 @@ mod tests {
         cache.put(&sid("a"), entry(3));
         cache.put(&sid("b"), entry(3));
         assert_eq!(cache.usage().1, 2);
-        cache.set_budget(entry(3).bytes);
-        assert_eq!(cache.usage(), (entry(3).bytes, 1));
+        cache.set_budget(cost(3));
+        assert_eq!(cache.usage(), (cost(3), 1));
         assert!(cache.take(&sid("b")).is_some(), "the newer one stays");
         cache.forget(&sid("b"));
         assert_eq!(cache.usage(), (0, 0));

@@ -61,7 +61,9 @@ pub enum AgentError {
 
 /// The `type` of an event that sums up everything before it, for agents
 /// that read their transcript [since the newest
-/// checkpoint](TranscriptScope::SinceCheckpoint).
+/// checkpoint](TranscriptScope::SinceCheckpoint): a checkpoint is an event
+/// whose payload is a JSON object with this string as its top-level
+/// `type`.
 pub const CHECKPOINT_TYPE: &str = "checkpoint";
 
 /// How much of its session's history an agent is handed in
@@ -69,19 +71,24 @@ pub const CHECKPOINT_TYPE: &str = "checkpoint";
 ///
 /// With [`Full`](Self::Full), a run whose session no longer fits the
 /// engine's transcript cache reads the session from its first event: its
-/// cost grows with the session. The other two bound it: an agent that
-/// keeps its own summary in checkpoint events, or reads no history at
-/// all, costs the same on its ten-thousandth run as on its first.
+/// cost grows with the session. The other two bound what a run reads of
+/// the session: an agent that keeps its own summary in checkpoint events,
+/// or reads no history at all, reads as much on its ten-thousandth run as
+/// on its first. (What a store spends to find those events is the
+/// store's: the JSONL store reads a session's file through once when a
+/// process first opens it, and again when more sessions are in use at
+/// once than it keeps open.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum TranscriptScope {
     /// Every event of the session, oldest first, the run's claim last.
     #[default]
     Full,
-    /// The events from the newest one whose `type` is
-    /// [`CHECKPOINT_TYPE`] on (that checkpoint first, the claim last), or
-    /// every event when the session has no checkpoint. The agent promises
-    /// that a checkpoint holds all it needs of what came before it, so
-    /// the engine never reads past it.
+    /// The events from the newest checkpoint (an event of type
+    /// [`CHECKPOINT_TYPE`]) before the claim on, that checkpoint first and
+    /// the claim last, or every event when the session has none. The
+    /// agent promises that a checkpoint holds all it needs of what came
+    /// before it, so the engine never reads past it.
     SinceCheckpoint,
     /// The run's claim alone: for agents that read no history.
     ClaimOnly,
@@ -95,7 +102,8 @@ pub trait Agent: Send + Sync + fmt::Debug {
     async fn run(&self, turn: Turn, sink: &mut dyn EventSink) -> Result<(), AgentError>;
 
     /// How much history [`run`](Agent::run) is handed. The default is the
-    /// whole session.
+    /// whole session. Asked once, when the engine is built: an agent's
+    /// scope does not change.
     fn transcript_scope(&self) -> TranscriptScope {
         TranscriptScope::Full
     }

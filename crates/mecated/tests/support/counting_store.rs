@@ -1,7 +1,9 @@
 //! A JSONL store that counts what is asked of it: how many reads, how
 //! many events they returned, how many waits. Tests compare the counts
-//! to what a claim about cost allows.
+//! to what a claim about cost allows. It can also let another writer in
+//! just before a read, as a holder paused between two steps would.
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -15,6 +17,8 @@ pub(crate) struct CountingStore {
     pub(crate) reads: AtomicU64,
     pub(crate) events_read: AtomicU64,
     pub(crate) waits: AtomicU64,
+    /// Appended, once, just before the next read of more than one event.
+    before_read: Mutex<Option<(WriteFence, Vec<Value>)>>,
 }
 
 impl CountingStore {
@@ -24,7 +28,14 @@ impl CountingStore {
             reads: AtomicU64::new(0),
             events_read: AtomicU64::new(0),
             waits: AtomicU64::new(0),
+            before_read: Mutex::new(None),
         }
+    }
+
+    /// Appends `events` under `fence` just before the next read of more
+    /// than one event (a transcript's, not an existence check's).
+    pub(crate) fn append_before_next_read(&self, fence: WriteFence, events: Vec<Value>) {
+        *self.before_read.lock().unwrap() = Some((fence, events));
     }
 
     /// Events returned by reads so far.
@@ -54,6 +65,13 @@ impl SessionStore for CountingStore {
     }
     async fn read(&self, session: &SessionId, from: u64, limit: usize) -> Result<Page, StoreError> {
         self.reads.fetch_add(1, Ordering::Relaxed);
+        let injected = match limit > 1 {
+            true => self.before_read.lock().unwrap().take(),
+            false => None,
+        };
+        if let Some((fence, events)) = injected {
+            self.inner.append(session, fence, &events).await?;
+        }
         let page = self.inner.read(session, from, limit).await?;
         self.events_read
             .fetch_add(page.events.len() as u64, Ordering::Relaxed);
@@ -67,6 +85,9 @@ impl SessionStore for CountingStore {
     }
     async fn high_water(&self, session: &SessionId) -> Result<Option<FencingToken>, StoreError> {
         self.inner.high_water(session).await
+    }
+    async fn last_seq(&self, session: &SessionId) -> Result<u64, StoreError> {
+        self.inner.last_seq(session).await
     }
     async fn wait_for_append(
         &self,
