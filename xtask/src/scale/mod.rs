@@ -150,8 +150,13 @@ pub(crate) fn short() -> Result {
 
 fn measure(form: &Form) -> Result {
     services::ensure(&[Service::Redis, Service::Etcd, Service::Postgres])?;
+    // What is built, not what the tree holds once the run is over.
+    let commit = crate::bench::commit()?;
     let bins = build(form.short)?;
-    let load = report::load_average();
+    let built = report::Built {
+        commit,
+        load: report::load_average(),
+    };
     let mut figures = Vec::new();
     // A full run goes on past a backend that failed, so one fault does not
     // cost the other figures; it still fails in the end.
@@ -200,14 +205,14 @@ fn measure(form: &Form) -> Result {
             takeovers.push(figure);
         }
     }
-    finish(form, &figures, &takeovers, &load, &failures)
+    finish(form, &figures, &takeovers, &built, &failures)
 }
 
 fn finish(
     form: &Form,
     live: &[LiveFigure],
     takeovers: &[TakeoverFigure],
-    load: &str,
+    built: &report::Built,
     failures: &[String],
 ) -> Result {
     let mut table = report::render(form.sizes, live, takeovers);
@@ -232,7 +237,7 @@ fn finish(
         println!("scale (short form): every run held and cancelled, every takeover seen");
         return Ok(());
     }
-    report::write(&table, form.live.window, form.takeover.repeats, load)?;
+    report::write(&table, form.live.window, form.takeover.repeats, built)?;
     if failures.is_empty() {
         Ok(())
     } else {
@@ -253,10 +258,13 @@ fn build(short: bool) -> Result<Binaries> {
             "scale: the binaries in {} ({BINARIES_ENV})",
             dir.to_string_lossy()
         );
-        return Ok(Binaries { dir: dir.into() });
+        return Ok(Binaries {
+            dir: dir.into(),
+            _copy: None,
+        });
     }
     let profile: &[&str] = if short { &[] } else { &["--release"] };
-    for package in ["mecated", "mecatl-leased", "k8s-emulator"] {
+    for package in SERVERS {
         run(
             &format!("build {package}"),
             cargo()
@@ -272,5 +280,8 @@ fn build(short: bool) -> Result<Binaries> {
         )?;
     }
     let dir = crate::faults::target_dir()?.join(if short { "debug" } else { "release" });
-    Ok(Binaries { dir })
+    Binaries::snapshot(&dir, &SERVERS)
 }
+
+/// The packages whose binaries are measured, each named as its binary.
+const SERVERS: [&str; 3] = ["mecated", "mecatl-leased", "k8s-emulator"];

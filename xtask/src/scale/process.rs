@@ -173,13 +173,33 @@ impl Drop for Process {
     }
 }
 
-/// Where the binaries of one build profile are.
+/// Where the binaries measured are.
 #[derive(Clone)]
 pub(super) struct Binaries {
     pub(super) dir: PathBuf,
+    /// The copy the binaries were taken into, removed with the last clone.
+    pub(super) _copy: Option<std::sync::Arc<tempfile::TempDir>>,
 }
 
 impl Binaries {
+    /// Copies `names` out of `built`: a build of another profile sharing
+    /// the directory (`cargo bench` writes `target/release` too) must not
+    /// swap a binary in the middle of a run.
+    pub(super) fn snapshot(built: &Path, names: &[&str]) -> Result<Binaries> {
+        let copy = tempfile::Builder::new()
+            .prefix("xtask-scale-bin-")
+            .tempdir()
+            .map_err(|e| format!("a temporary directory: {e}"))?;
+        for name in names {
+            let (from, to) = (built.join(name), copy.path().join(name));
+            std::fs::copy(&from, &to).map_err(|e| format!("copy {}: {e}", from.display()))?;
+        }
+        Ok(Binaries {
+            dir: copy.path().to_path_buf(),
+            _copy: Some(std::sync::Arc::new(copy)),
+        })
+    }
+
     pub(super) fn path(&self, name: &str) -> PathBuf {
         self.dir.join(name)
     }

@@ -160,7 +160,14 @@ pub(super) fn load_average() -> String {
 
 /// Rewrites the scale section of [`PAGE`], appending one with its markers
 /// when the page has none yet.
-pub(super) fn write(table: &str, window: Duration, repeats: usize, load: &str) -> Result {
+/// The commit the binaries were built from, and how busy the machine was
+/// then.
+pub(super) struct Built {
+    pub(super) commit: String,
+    pub(super) load: String,
+}
+
+pub(super) fn write(table: &str, window: Duration, repeats: usize, built: &Built) -> Result {
     let header = format!(
         "Measured by `cargo xtask scale` on commit {}, {} ({} cores), release binaries. \
          Live runs: echo runs of an hour held by one `mecated` (TTL 6 s), CPU over {} s \
@@ -174,13 +181,13 @@ pub(super) fn write(table: &str, window: Duration, repeats: usize, load: &str) -
          (`--shutdown-timeout` {} s, the default, bounds it). CPU is read in clock \
          ticks: 0.05 % of a core is one tick in 20 s. Load average when the run \
          started: {}.",
-        crate::bench::commit()?,
+        built.commit,
         crate::bench::today()?,
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         window.as_secs(),
         repeats,
         SHUTDOWN_TIMEOUT.as_secs(),
-        load,
+        built.load,
     );
     let section = format!("{header}\n\n{table}");
     let path = workspace_root().join(PAGE);
