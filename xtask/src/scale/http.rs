@@ -99,6 +99,68 @@ pub(super) fn start_run(base: &str, session: &str, wait: Option<&str>) -> Result
     read_answer(&mut reader, false).map_err(|e| format!("start a run of {session}: {e}"))
 }
 
+/// An event stream whose headers were read: its body is what follows.
+pub(super) struct FollowStream(BufReader<TcpStream>);
+
+/// Server-Sent Events as read: each one's `event:` name and its `data:`
+/// as JSON.
+pub(super) type SseEvents = Vec<(String, Value)>;
+
+/// Follows `session`'s events from the first, on a connection of its own
+/// that the server closes once the stream ends.
+pub(super) fn open_follow(base: &str, session: &str) -> Result<FollowStream> {
+    let addr = addr_of(base);
+    let mut stream = connect(addr)?;
+    let path = format!("/v1/sessions/{session}/events");
+    let text = request_text(
+        addr,
+        "GET",
+        &path,
+        None,
+        "accept: text/event-stream\r\nconnection: close\r\n",
+    );
+    stream
+        .write_all(text.as_bytes())
+        .map_err(|e| format!("follow {session}: {e}"))?;
+    let mut reader = BufReader::new(stream);
+    let answer = read_answer(&mut reader, false).map_err(|e| format!("follow {session}: {e}"))?;
+    match answer.status {
+        200 => Ok(FollowStream(reader)),
+        s => Err(format!("follow {session}: {s} {}", answer.body)),
+    }
+}
+
+impl FollowStream {
+    /// Every event of the stream, read to its end.
+    pub(super) fn rest(mut self) -> Result<SseEvents> {
+        let body = read_chunked(&mut self.0)?;
+        let text = String::from_utf8(body).map_err(|e| format!("an event stream: {e}"))?;
+        Ok(parse_sse(&text))
+    }
+}
+
+/// The events of an SSE body; comments (keep-alives) and `id:` lines are
+/// left out, and data that is not JSON is kept as a string.
+fn parse_sse(text: &str) -> SseEvents {
+    text.split("\n\n")
+        .filter_map(|block| {
+            let (mut name, mut data) = (None, String::new());
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("event:") {
+                    name = Some(v.trim().to_owned());
+                } else if let Some(v) = line.strip_prefix("data:") {
+                    if !data.is_empty() {
+                        data.push('\n');
+                    }
+                    data.push_str(v.strip_prefix(' ').unwrap_or(v));
+                }
+            }
+            let value = serde_json::from_str(&data).unwrap_or(Value::String(data));
+            Some((name?, value))
+        })
+        .collect()
+}
+
 /// Reads one answer; a 200 event stream is not read past its headers when
 /// `whole_stream` is false.
 fn read_answer(r: &mut BufReader<TcpStream>, whole_stream: bool) -> Result<Answer> {
@@ -160,5 +222,24 @@ fn read_chunked(r: &mut BufReader<TcpStream>) -> Result<Vec<u8>> {
             return Ok(out);
         }
         out.extend_from_slice(&chunk[..size]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn sse_events_are_read_with_their_names_and_json_data() {
+        let text = ": keep-alive\n\nevent: event\ndata: {\"seq\":1}\nid: 1\n\n\
+                    event: end\ndata: {\"reason\":\"run_ended\"}\n\n";
+        assert_eq!(
+            parse_sse(text),
+            vec![
+                ("event".to_string(), json!({ "seq": 1 })),
+                ("end".to_string(), json!({ "reason": "run_ended" })),
+            ]
+        );
     }
 }

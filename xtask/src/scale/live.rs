@@ -90,7 +90,7 @@ fn run_counts(conn: &mut Conn) -> Result<String> {
 }
 
 /// Polls `metric` until it reads `want`, for at most `patience`.
-fn await_metric(conn: &mut Conn, name: &str, want: f64, patience: Duration) -> Result {
+pub(super) fn await_metric(conn: &mut Conn, name: &str, want: f64, patience: Duration) -> Result {
     let start = Instant::now();
     loop {
         let now = metric(conn, name)?;

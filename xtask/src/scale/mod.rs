@@ -9,15 +9,19 @@
 //! - **Takeover**: a holder killed (SIGKILL) or stopped (SIGTERM) mid-run,
 //!   and the time until another replica, asking all along, has its first
 //!   run of the session: on every backend, against the TTL.
+//! - **Followers**: idle SSE followers of live runs, several per session;
+//!   what they add to the server's CPU and memory, at two sizes, and that
+//!   each received its run's end.
 //!
 //! The full form (`cargo xtask scale`, also run by a full `cargo xtask
 //! bench`) builds release binaries and writes its table into
 //! docs/performance.md. The short form (`--short`, run by `cargo xtask ci`)
 //! uses small sizes and the debug binaries and checks behaviour only:
 //! every run started was held and ended cancelled, every takeover
-//! happened under a greater token. It never judges a duration.
+//! happened under a greater token, every follower received its run's end. It never judges a duration.
 
 mod counting_proxy;
+mod followers;
 mod http;
 mod live;
 mod process;
@@ -27,6 +31,7 @@ mod takeover;
 
 use std::time::Duration;
 
+use followers::{FollowerFigure, FollowerSize};
 use live::{LiveFigure, LivePlan};
 use process::Binaries;
 use rig::Backend;
@@ -35,7 +40,8 @@ use takeover::{TakeoverFigure, TakeoverPlan};
 use crate::services::{self, Service};
 use crate::{Result, cargo, run};
 
-const USAGE: &str = "usage: cargo xtask scale [--short] [--only live|takeover] [--backend NAME]";
+const USAGE: &str =
+    "usage: cargo xtask scale [--short] [--only live|takeover|followers] [--backend NAME]";
 
 /// The live-run backends, the unleased baseline last.
 const LIVE: &[Backend] = &[
@@ -59,13 +65,15 @@ const TAKEOVER: &[Backend] = &[
 /// The sizes and lengths of one form.
 struct Form {
     short: bool,
-    /// Live runs, takeovers, or both.
+    /// Which parts run.
     live_runs: bool,
     takeovers: bool,
+    followers: bool,
     /// One backend only: file, etcd, leased, redis, postgres, k8s or
     /// unleased.
     backend: Option<String>,
     sizes: [usize; 2],
+    follower_sizes: [FollowerSize; 2],
     live: LivePlan,
     takeover: TakeoverPlan,
 }
@@ -76,8 +84,19 @@ impl Form {
             short: false,
             live_runs: true,
             takeovers: true,
+            followers: true,
             backend: None,
             sizes: [10, 10_000],
+            follower_sizes: [
+                FollowerSize {
+                    sessions: 10,
+                    followers: 100,
+                },
+                FollowerSize {
+                    sessions: 1_000,
+                    followers: 10_000,
+                },
+            ],
             live: LivePlan {
                 ttl: Duration::from_secs(6),
                 window: Duration::from_secs(20),
@@ -94,8 +113,19 @@ impl Form {
             short: true,
             live_runs: true,
             takeovers: true,
+            followers: true,
             backend: None,
             sizes: [10, 100],
+            follower_sizes: [
+                FollowerSize {
+                    sessions: 2,
+                    followers: 4,
+                },
+                FollowerSize {
+                    sessions: 10,
+                    followers: 40,
+                },
+            ],
             // Two renewal periods in the window, for the request counts.
             live: LivePlan {
                 ttl: Duration::from_secs(3),
@@ -127,15 +157,20 @@ pub(crate) fn scale(args: &[String]) -> Result {
                 form = Form {
                     live_runs: form.live_runs,
                     takeovers: form.takeovers,
+                    followers: form.followers,
                     backend: form.backend.take(),
                     ..Form::short()
                 };
             }
-            "--only" => match it.next().map(String::as_str) {
-                Some("live") => form.takeovers = false,
-                Some("takeover") => form.live_runs = false,
-                _ => return Err(USAGE.into()),
-            },
+            "--only" => {
+                let part = it.next().map(String::as_str);
+                if !matches!(part, Some("live" | "takeover" | "followers")) {
+                    return Err(USAGE.into());
+                }
+                form.live_runs = part == Some("live");
+                form.takeovers = part == Some("takeover");
+                form.followers = part == Some("followers");
+            }
             "--backend" => form.backend = Some(it.next().ok_or(USAGE)?.clone()),
             _ => return Err(USAGE.into()),
         }
@@ -205,17 +240,57 @@ fn measure(form: &Form) -> Result {
             takeovers.push(figure);
         }
     }
-    finish(form, &figures, &takeovers, &built, &failures)
+    let mut follower_figures = Vec::new();
+    // Followers are measured on file leases: what they cost is the
+    // server's, whatever the backend.
+    let follower_sizes: &[FollowerSize] = if form.followers && form.wants(Backend::File) {
+        &form.follower_sizes
+    } else {
+        &[]
+    };
+    for &size in follower_sizes {
+        println!(
+            "\n==> scale: {} idle followers of {} sessions",
+            size.followers, size.sessions
+        );
+        let figure = match followers::followers(size, &form.live, &bins) {
+            Ok(figure) => figure,
+            Err(e) if !form.short => {
+                eprintln!("  failed: {e}");
+                failures.push(format!("{} followers: {e}", size.followers));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        println!(
+            "  they add {:.2} % of a core, {:.1} KiB each",
+            figure.added_cpu_percent(),
+            figure.rss_per_follower_kib()
+        );
+        follower_figures.push(figure);
+    }
+    let measured = Measured {
+        live: &figures,
+        takeovers: &takeovers,
+        followers: &follower_figures,
+    };
+    finish(form, &measured, &built, &failures)
+}
+
+/// What a run measured, for the table.
+struct Measured<'a> {
+    live: &'a [LiveFigure],
+    takeovers: &'a [TakeoverFigure],
+    followers: &'a [FollowerFigure],
 }
 
 fn finish(
     form: &Form,
-    live: &[LiveFigure],
-    takeovers: &[TakeoverFigure],
+    measured: &Measured<'_>,
     built: &report::Built,
     failures: &[String],
 ) -> Result {
-    let mut table = report::render(form.sizes, live, takeovers);
+    let mut table = report::render(form.sizes, measured);
     if !failures.is_empty() {
         table.push_str("\nFailed in this run (no figure above):\n\n");
         for f in failures {
@@ -225,7 +300,7 @@ fn finish(
     }
     let failed = || Err(format!("scale: {} measurements failed", failures.len()));
     println!("\n{table}");
-    if !(form.live_runs && form.takeovers && form.backend.is_none()) {
+    if !(form.live_runs && form.takeovers && form.followers && form.backend.is_none()) {
         println!("(a partial run leaves the performance page as it is)");
         return if failures.is_empty() {
             Ok(())

@@ -4,6 +4,8 @@ use std::fmt::Write as _;
 use std::fs;
 use std::time::Duration;
 
+use super::Measured;
+use super::followers::FollowerFigure;
 use super::live::{LiveFigure, find};
 use super::rig::Backend;
 use super::takeover::{SHUTDOWN_TIMEOUT, TakeoverFigure};
@@ -138,14 +140,39 @@ fn takeover_rows(takeovers: &[TakeoverFigure], out: &mut String) {
     }
 }
 
-pub(super) fn render(
-    sizes: [usize; 2],
-    live: &[LiveFigure],
-    takeovers: &[TakeoverFigure],
-) -> String {
+/// Idle followers at each size: the server's CPU without and with them,
+/// what they add, and their memory.
+fn follower_rows(followers: &[FollowerFigure], out: &mut String) {
+    if followers.is_empty() {
+        return;
+    }
+    out.push_str(
+        "\n| followers | of sessions | mecated CPU, runs alone | with the followers idle | \
+         added, % of one core | RSS per follower, KiB |\n|---|---|---|---|---|---|\n",
+    );
+    for f in followers {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:.2} % | {:.2} % | {:.2} % | {:.1} |",
+            count(f.size.followers),
+            count(f.size.sessions),
+            f.cpu_without * 100.0,
+            f.cpu_with * 100.0,
+            f.added_cpu_percent(),
+            f.rss_per_follower_kib(),
+        );
+    }
+}
+
+pub(super) fn render(sizes: [usize; 2], measured: &Measured<'_>) -> String {
     let mut out = String::new();
-    live_rows(sizes, live, &mut out);
-    takeover_rows(takeovers, &mut out);
+    if !measured.live.is_empty() {
+        live_rows(sizes, measured.live, &mut out);
+    }
+    if !measured.takeovers.is_empty() {
+        takeover_rows(measured.takeovers, &mut out);
+    }
+    follower_rows(measured.followers, &mut out);
     out
 }
 
@@ -178,7 +205,9 @@ pub(super) fn write(table: &str, window: Duration, repeats: usize, built: &Built
          third of the TTL. Takeover: the holder killed or stopped half a TTL into a run, the \
          time until another replica (asking with `?wait`) started its run; median of {}. \
          A stopped holder cancels its runs at once and releases their leases \
-         (`--shutdown-timeout` {} s, the default, bounds it). CPU is read in clock \
+         (`--shutdown-timeout` {} s, the default, bounds it). Followers: idle SSE \
+         followers of live runs on file leases, spread evenly over the sessions, each \
+         a connection of its own; CPU over the same window. CPU is read in clock \
          ticks: 0.05 % of a core is one tick in 20 s. Load average when the run \
          started: {}.",
         built.commit,
