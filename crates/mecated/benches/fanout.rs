@@ -7,6 +7,9 @@
 //! follower waits when a thousand follow beside it. One reader per
 //! session reads each append once and fans it out; without it, each
 //! follower read the store itself, and the delay grew with their number.
+//! Each follower is one task (as each SSE connection is), which the
+//! append must wake: the bench also prints that floor, a bare broadcast
+//! to 10 and to 1,000 tasks on the same runtime, with no store at all.
 //!
 //! The run followed is an unleased one that lasts for the whole bench
 //! (its agent waits an hour); the bench appends the events itself, as
@@ -141,12 +144,50 @@ impl Followed {
     }
 }
 
+/// The p50 and p99 delay of a bare broadcast of a shared value to
+/// `tasks` tasks waiting for it: what waking that many costs the runtime.
+async fn bare_wakeups(tasks: usize, rounds: usize) -> (Duration, Duration) {
+    let (broadcast, _) = tokio::sync::broadcast::channel::<(u64, Arc<Instant>)>(16);
+    let (tx, mut arrivals) = mpsc::unbounded_channel();
+    for _ in 0..tasks {
+        let (mut rx, tx) = (broadcast.subscribe(), tx.clone());
+        tokio::spawn(async move {
+            while let Ok((n, sent)) = rx.recv().await {
+                let _ = tx.send((n, sent.elapsed()));
+            }
+        });
+    }
+    let (mut p50, mut p99) = (Vec::new(), Vec::new());
+    for n in 0..rounds as u64 {
+        broadcast
+            .send((n, Arc::new(Instant::now())))
+            .expect("receivers");
+        let mut delays = Vec::with_capacity(tasks);
+        while delays.len() < tasks {
+            let (got, delay) = arrivals.recv().await.expect("tasks");
+            if got == n {
+                delays.push(delay);
+            }
+        }
+        delays.sort();
+        p50.push(delays[tasks / 2]);
+        p99.push(delays[((tasks as f64 * 0.99) as usize).min(tasks - 1)]);
+    }
+    p50.sort();
+    p99.sort();
+    (p50[rounds / 2], p99[rounds / 2])
+}
+
 fn bench(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
+    for tasks in [10, 1000] {
+        let (p50, p99) = rt.block_on(bare_wakeups(tasks, 200));
+        println!("floor: a bare broadcast to {tasks} tasks, p50 {p50:?}, p99 {p99:?}");
+    }
     let mut many = rt.block_on(Followed::start(1000));
     let mut few = rt.block_on(Followed::start(10));
     let mut n = 0;

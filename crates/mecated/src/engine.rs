@@ -40,7 +40,7 @@ mod store_watch;
 mod tails;
 mod transcript_read;
 
-pub use follow::{FOLLOW_QUIET_CHECK, FollowEnd, FollowItem, RUN_ENDED};
+pub use follow::{FOLLOW_QUIET_CHECK, Follow, FollowEnd, FollowItem, RUN_ENDED};
 pub use lease_wait::{MAX_RUN_WAIT, RUN_WAIT_RETRY, RUN_WAIT_SAFETY};
 pub use remote_cancel::{CANCEL_SAFETY_READ, CancelOutcome};
 

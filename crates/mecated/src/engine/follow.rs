@@ -2,9 +2,14 @@
 //! position, then each new one as any process appends it, until the run
 //! that was live ends.
 
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use std::sync::Arc;
+use futures_util::Stream;
 
 use lease_keeper::LeaseGuard;
 use lease_port::{FencingToken, SessionId};
@@ -32,8 +37,9 @@ const FOLLOW_BUFFER: usize = 64;
 /// What a follow sends.
 #[derive(Debug, Clone, PartialEq)]
 pub enum FollowItem {
-    /// A stored event, in order.
-    Event(StoredEvent),
+    /// A stored event, in order. Shared: every follower of a session in
+    /// this process is handed the same one.
+    Event(Arc<StoredEvent>),
     /// The follow ended; nothing follows.
     End(FollowEnd),
 }
@@ -139,13 +145,11 @@ impl Engine {
     }
 
     /// Follows `session` from the event after `after_seq`. `NotFound`
-    /// when the session does not exist. The follow runs on a task of its
-    /// own and stops as soon as the receiver is dropped.
-    pub async fn follow(
-        &self,
-        session: SessionId,
-        after_seq: u64,
-    ) -> Result<mpsc::Receiver<FollowItem>, EngineError> {
+    /// when the session does not exist. The follow makes progress while
+    /// it is polled, in the task of whoever reads it (no task of its own:
+    /// a thousand followers cost a thousand wake-ups per event, not two
+    /// thousand), and stops when it is dropped.
+    pub async fn follow(&self, session: SessionId, after_seq: u64) -> Result<Follow, EngineError> {
         self.start_follow(session, after_seq, false).await
     }
 
@@ -154,11 +158,7 @@ impl Engine {
     /// since, the follow sends the rest of the client's own run and ends
     /// with [`FollowEnd::RunGone`] at the other run's start, never taking
     /// that run's end for its own. Otherwise as [`follow`](Self::follow).
-    pub async fn resume(
-        &self,
-        session: SessionId,
-        last_seen: u64,
-    ) -> Result<mpsc::Receiver<FollowItem>, EngineError> {
+    pub async fn resume(&self, session: SessionId, last_seen: u64) -> Result<Follow, EngineError> {
         self.start_follow(session, last_seen, true).await
     }
 
@@ -167,20 +167,22 @@ impl Engine {
         session: SessionId,
         after_seq: u64,
         resuming: bool,
-    ) -> Result<mpsc::Receiver<FollowItem>, EngineError> {
+    ) -> Result<Follow, EngineError> {
         self.inner.store.read(&session, 1, 1).await?;
-        let (tx, rx) = mpsc::channel(FOLLOW_BUFFER);
+        let (tx, items) = mpsc::channel(FOLLOW_BUFFER);
         let engine = self.clone();
-        tokio::spawn(async move {
-            let end = tokio::select! {
-                end = engine.follow_until_end(&session, after_seq, resuming, &tx) => end,
-                () = tx.closed() => return,
-            };
-            if let Some(end) = end {
+        let driver = async move {
+            if let Some(end) = engine
+                .follow_until_end(&session, after_seq, resuming, &tx)
+                .await
+            {
                 let _ = tx.send(FollowItem::End(end)).await;
             }
-        });
-        Ok(rx)
+        };
+        Ok(Follow {
+            driver: Some(Box::pin(driver)),
+            items,
+        })
     }
 
     /// Sends events until the live run ends; the reason, or `None` when
@@ -338,7 +340,7 @@ impl Engine {
                 .await
                 .map_err(|e| FollowEnd::Failed(error_chain(&e)))?;
             for event in page.events {
-                if let Some(end) = deliver(&event, pos, followed, tx).await? {
+                if let Some(end) = deliver(&Arc::new(event), pos, followed, tx).await? {
                     return Ok(Some(end));
                 }
             }
@@ -362,7 +364,7 @@ enum FromTail {
 /// Sends `event`, the one after `pos`, unless it starts a later run;
 /// advances `pos`. The end it makes of the followed run, if any.
 async fn deliver(
-    event: &StoredEvent,
+    event: &Arc<StoredEvent>,
     pos: &mut u64,
     followed: Followed,
     tx: &mpsc::Sender<FollowItem>,
@@ -373,8 +375,57 @@ async fn deliver(
         return Ok(end);
     }
     *pos = event.seq;
-    if tx.send(FollowItem::Event(event.clone())).await.is_err() {
+    if tx.send(FollowItem::Event(Arc::clone(event))).await.is_err() {
         return Err(FollowEnd::Failed("the client left".into()));
     }
     Ok(end)
+}
+
+/// A follow of a session: its stored events in order, then one
+/// [`FollowItem::End`] saying why it ended, then `None`. Read it with
+/// [`recv`](Follow::recv) or as a [`Stream`]. It runs only while it is
+/// polled, and dropping it stops it: no read or wait of it outlives it.
+pub struct Follow {
+    /// The follow itself, which queues what it reads in `items`; `None`
+    /// once it has sent its end.
+    driver: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    /// Queued ahead of the reader, at most [`FOLLOW_BUFFER`]: a reader
+    /// that stops reading holds the follow there.
+    items: mpsc::Receiver<FollowItem>,
+}
+
+impl fmt::Debug for Follow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Follow")
+            .field("running", &self.driver.is_some())
+            .field("queued", &self.items.len())
+            .finish()
+    }
+}
+
+impl Follow {
+    /// The next item; `None` after the end.
+    pub async fn recv(&mut self) -> Option<FollowItem> {
+        std::future::poll_fn(|cx| self.poll_item(cx)).await
+    }
+
+    fn poll_item(&mut self, cx: &mut Context<'_>) -> Poll<Option<FollowItem>> {
+        // The driver first, so what it can read now is queued before the
+        // queue is asked; when the queue is full it waits on this same
+        // task, woken as the reader takes an item.
+        if let Some(driver) = self.driver.as_mut()
+            && driver.as_mut().poll(cx).is_ready()
+        {
+            self.driver = None;
+        }
+        self.items.poll_recv(cx)
+    }
+}
+
+impl Stream for Follow {
+    type Item = FollowItem;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<FollowItem>> {
+        self.get_mut().poll_item(cx)
+    }
 }

@@ -380,12 +380,12 @@ fn wants_stream(headers: &HeaderMap) -> bool {
 
 /// A follow as SSE: each event with its `seq` as `id:`, then `end`.
 fn follow_events(
-    follow: tokio::sync::mpsc::Receiver<FollowItem>,
+    follow: crate::engine::Follow,
 ) -> impl futures_util::Stream<Item = Result<SseEvent, Infallible>> {
     use futures_util::StreamExt;
-    tokio_stream::wrappers::ReceiverStream::new(follow).map(|item| {
+    follow.map(|item| {
         Ok(match item {
-            FollowItem::Event(e) => json_event("event", &Event::from(&e)).id(e.seq.to_string()),
+            FollowItem::Event(e) => json_event("event", &Event::from(&*e)).id(e.seq.to_string()),
             FollowItem::End(end) => json_event("end", &FollowEnd::from(&end)),
         })
     })
