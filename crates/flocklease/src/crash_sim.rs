@@ -607,9 +607,12 @@ mod tests {
             .path()
             .join(file_name(&SessionId::new("sync/count").unwrap()));
         let leases = open();
-        assert_eq!(takeovers(&leases, &rt, 7), [1, 2, 3, 4, 5, 6, 7]);
-        assert_eq!(takeovers(&open(), &rt, 2), [10, 11]);
-        assert_eq!(takeovers(&leases, &rt, 1), [13]);
+        // Above this boot's floor: one count of the boot, 2^32.
+        let f = 1 << 32;
+        let above = |t: &[u64]| t.iter().map(|t| f + t).collect::<Vec<_>>();
+        assert_eq!(takeovers(&leases, &rt, 7), above(&[1, 2, 3, 4, 5, 6, 7]));
+        assert_eq!(takeovers(&open(), &rt, 2), above(&[10, 11]));
+        assert_eq!(takeovers(&leases, &rt, 1), above(&[13]));
         let events = events(&path);
         assert_eq!(events.len(), 10 * 3);
         assert!(
@@ -622,7 +625,7 @@ mod tests {
         let states = crash_states(&path);
         // Lost, any record written, or one torn between two of them.
         assert!(states[0].is_none() && states.len() > 1 + 30);
-        for mark in [1, 7, 13] {
+        for mark in [1 << 32 | 1, 1 << 32 | 7, 1 << 32 | 13] {
             for state in &states {
                 match state {
                     Some(bytes) if Record::decode(&path, bytes).is_err() => {
@@ -646,6 +649,52 @@ mod tests {
                 assert!(taken.token() > lease.token(), "{taken:?} after {lease:?}");
                 rt.block_on(next.release(&taken)).unwrap();
             }
+        }
+    }
+
+    /// Unsynced, a power loss that takes back a session's lease file (and
+    /// the store's writes with it, so no mark is left to refuse a repeat)
+    /// still never repeats a token: the next boot's tokens start above
+    /// every token of the boots before it, whatever state the file is left
+    /// in.
+    #[test]
+    fn unsynced_tokens_never_repeat_across_a_reboot_that_lost_the_lease_file() {
+        let rt = rt();
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new();
+        let boot = |id: u8| {
+            FlockLease::builder(dir.path())
+                .ttl(TTL)
+                .clock(Arc::new(clock.clone()))
+                .token_reservation(3)
+                .durability(crate::Durability::Unsynced)
+                .boot_id([id; 16])
+                .open()
+                .unwrap()
+        };
+        let path = dir
+            .path()
+            .join(file_name(&SessionId::new("sync/count").unwrap()));
+        let mut issued = takeovers(&boot(1), &rt, 5);
+        issued.extend(takeovers(&boot(1), &rt, 2));
+        let states = crash_states(&path);
+        assert!(states[0].is_none() && states.len() > 2);
+        for (n, state) in states.into_iter().enumerate() {
+            match state {
+                Some(bytes) if Record::decode(&path, &bytes).is_err() => continue,
+                Some(bytes) => std::fs::write(&path, bytes).unwrap(),
+                None => {
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+            clock.advance(TTL * 2);
+            let after = takeovers(&boot(2 + n as u8), &rt, 2);
+            let before = *issued.iter().max().unwrap();
+            assert!(
+                after.iter().all(|t| *t > before),
+                "after a reboot that left {path:?} as state {n}: {after:?}, not above {before}"
+            );
+            issued.extend(after);
         }
     }
 }

@@ -163,6 +163,21 @@ pub enum LeaseFileError {
         /// The file system type.
         fs: &'static str,
     },
+    /// The directory's count of boots, kept for unsynced lease files
+    /// ([`Durability::Unsynced`](crate::Durability::Unsynced)), is damaged
+    /// or cannot be rebuilt. Tokens cannot be known to rise past a power
+    /// loss without it; nothing is issued until it is fixed.
+    #[error(
+        "{path}: {detail}. It counts this host's boots so that unsynced lease files never \
+         repeat a token after a power loss; restore it from a backup, or delete it so the \
+         next instance recounts from the lease files (only safe if none were lost with it)"
+    )]
+    BootEpoch {
+        /// The boot count's file.
+        path: PathBuf,
+        /// What is wrong with it.
+        detail: String,
+    },
     /// A system call failed.
     #[error("{op} {path} failed")]
     Io {

@@ -113,10 +113,11 @@ pub fn list_leases(dir: impl AsRef<Path>, now: SystemTime) -> Result<Vec<LeaseEn
         if name == crate::store::owner_lock::OWNERS_DIR
             || name == crate::AUTHORITY_FILE
             || name == STORE_WITNESS_DIR
+            || name == crate::store::boot_epoch::BOOT_EPOCH_FILE
         {
             // The owner locks (`FlockLease::lock_owner`), the directory's
-            // authority id, and the generations stores record here, not
-            // leases.
+            // authority id, the generations stores record here, and the
+            // boot count of unsynced instances, not leases.
             continue;
         }
         let Some(name) = name.to_str().map(str::to_owned) else {

@@ -201,39 +201,43 @@
 //! Beside a store that does not sync its own writes, those two syncs are
 //! most of a first run, and they buy nothing the store keeps.
 //! [`FlockLeaseBuilder::durability`]`(`[`Durability::Unsynced`]`)` drops
-//! every sync: reservations, re-acquires and new files' names are left to
-//! the kernel's writeback, exactly as the store's appends are. Everything
-//! else stays: reservations are still written and armed, every write still
-//! goes through the shared page cache under the file lock, so while the
-//! machine runs, tokens rise exactly as they do synced — a process crash
-//! loses nothing.
+//! every per-session sync: reservations, re-acquires and new files' names
+//! are left to the kernel's writeback, exactly as the store's appends are.
+//! Everything else stays: reservations are still written and armed, every
+//! write still goes through the shared page cache under the file lock, so
+//! while the machine runs, tokens rise exactly as they do synced — a
+//! process crash loses nothing.
 //!
 //! What a machine crash (power loss, kernel panic) may lose: any lease file
 //! created since the last writeback, and any record written since, back to
 //! an older one; the store, unsynced too, may lose its latest appends and
-//! with them some of its high-water marks. Tokens issued after the reboot
-//! may then repeat tokens issued before it. Fencing holds for what
-//! survives, because of who can still write:
+//! with them some of its high-water marks. A token must still never name
+//! two owners — outside systems key effects on (session, token) — so the
+//! directory counts the host's boots in `.boot-epoch`: the first unsynced
+//! instance of a boot counts it and syncs the count (one `fdatasync` and
+//! one directory `fsync` per boot, not per session), and every token of
+//! that boot lies above `count × 2³²`. Whatever a power loss took back,
+//! the next boot's tokens are above every token of the boots before it.
+//! When the boot id cannot be read (`/proc/sys/kernel/random/boot_id`),
+//! every instance counts a boot of its own. A damaged `.boot-epoch` is
+//! refused at start-up ([`LeaseFileError::BootEpoch`]) rather than
+//! guessed at; one that was deleted is recounted above every token the
+//! lease files still show.
 //!
-//! - **Nobody from before the crash.** Every holder on this host died with
-//!   it, and with its writes not yet on disk. A token that is reissued can
-//!   only be one whose writes are gone or one the store still shows.
-//! - **The store's mark decides.** Whatever of the store survived carries
-//!   its mark, and the store refuses a token at or below it (an equal one
-//!   from another owner incarnation). A server that meets that refusal
-//!   acquires again with [`acquire_above`](SessionLease::acquire_above) the
-//!   mark (`mecated` does, once per claim): the record jumps past it, for
-//!   every later owner too. A lease file lost or rolled back while the
-//!   store's writes survived — the two are written back independently, or
-//!   the store is on another disk — costs one refused claim, not a
-//!   session.
+//! Within one boot, the store's mark still backs the lease files: whatever
+//! of the store survived carries its mark, and the store refuses a token
+//! at or below it. A server that meets that refusal acquires again with
+//! [`acquire_above`](SessionLease::acquire_above) the mark (`mecated`
+//! does, once per claim): the record jumps past it, for every later owner
+//! too. A lease file lost or rolled back while the store's writes survived
+//! costs one refused claim, not a session.
 //!
-//! So this mode is safe only beside a store that checks tokens against its
-//! mark and a caller that answers a refusal by acquiring above the mark.
-//! It also trusts the page cache within one boot: a writeback error the
-//! kernel reports to no one (an `fdatasync` would have) can drop a record
-//! back to the disk's older copy while processes run, the same loss the
-//! store's unsynced appends risk. A directory is only as durable as its
+//! So the data written under the last seconds' tokens may be lost with a
+//! power loss, as the store's unsynced appends are, but no token repeats.
+//! This mode also trusts the page cache within one boot: a writeback error
+//! the kernel reports to no one (an `fdatasync` would have) can drop a
+//! record back to the disk's older copy while processes run, the same loss
+//! the store's unsynced appends risk. A directory is only as durable as its
 //! least durable instance: run every instance on it with one setting.
 //!
 //! # Tokens above a floor
@@ -407,6 +411,9 @@ pub struct FlockLeaseBuilder {
     token_reservation: u64,
     refuse_volatile: bool,
     durability: Durability,
+    /// The host's boot id; read from the kernel unless a test boots a host
+    /// of its own.
+    boot_id: Option<[u8; 16]>,
 }
 
 /// Whether a lease file's token record is made durable before its token is
@@ -418,10 +425,11 @@ pub enum Durability {
     /// rise across power losses on their own. The default.
     #[default]
     Synced,
-    /// Nothing is synced: a record lives in the page cache until the kernel
-    /// writes it back. For processes whose store does not sync its writes
-    /// either and that acquire above the store's high-water mark when a
-    /// token is refused.
+    /// Nothing is synced but one count per boot of the host: a record lives
+    /// in the page cache until the kernel writes it back, and every token
+    /// lies above this boot's floor, so tokens still rise across a power
+    /// loss that takes records back. For processes whose store does not
+    /// sync its writes either.
     Unsynced,
 }
 
@@ -504,6 +512,14 @@ impl FlockLeaseBuilder {
         self
     }
 
+    /// Opens as a host whose boot id is `id`: a simulated reboot is a new
+    /// id.
+    #[cfg(test)]
+    pub(crate) fn boot_id(mut self, id: [u8; 16]) -> Self {
+        self.boot_id = Some(id);
+        self
+    }
+
     /// Opens the directory — creating it with mode 0700 when absent — and
     /// checks it: a symlink or a non-directory is refused with
     /// [`LeaseFileError::DirSymlink`] / [`LeaseFileError::NotADirectory`]
@@ -535,6 +551,9 @@ impl FlockLeaseBuilder {
                 dir_check_interval: self.dir_check_interval,
                 reservation: self.token_reservation,
                 durability: self.durability,
+                boot_id: self
+                    .boot_id
+                    .unwrap_or_else(store::clock_domain::read_boot_id),
             },
         )?;
         if let (Some(fs), true) = (store.volatile, self.refuse_volatile) {
@@ -563,6 +582,7 @@ impl FlockLease {
             token_reservation: DEFAULT_TOKEN_RESERVATION,
             refuse_volatile: false,
             durability: Durability::Synced,
+            boot_id: None,
         }
     }
 
@@ -725,8 +745,12 @@ impl fmt::Debug for FlockLease {
 impl SessionLease for FlockLease {
     async fn acquire(&self, session: &SessionId, owner: &OwnerId) -> Result<Lease, LeaseError> {
         granted(
-            self.run(Op::Acquire(session.clone(), owner.clone(), 0))
-                .await?,
+            self.run(Op::Acquire(
+                session.clone(),
+                owner.clone(),
+                self.store.boot_floor,
+            ))
+            .await?,
         )
     }
 
@@ -744,8 +768,12 @@ impl SessionLease for FlockLease {
     ) -> Result<Lease, LeaseError> {
         floor.check_floor()?;
         granted(
-            self.run(Op::Acquire(session.clone(), owner.clone(), floor.get()))
-                .await?,
+            self.run(Op::Acquire(
+                session.clone(),
+                owner.clone(),
+                floor.get().max(self.store.boot_floor),
+            ))
+            .await?,
         )
     }
 

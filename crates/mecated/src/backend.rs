@@ -119,11 +119,11 @@ impl StoreChoice {
         })
     }
 
-    /// How durable file leases beside this store need to be: as durable as
-    /// the store's own writes. A store that syncs nothing gains nothing from
-    /// synced lease files: after a machine crash that loses one, the store
-    /// refuses the token that comes back at or below its mark and the claim
-    /// acquires above it (see flocklease's "Unsynced lease files").
+    /// How durable file leases used with this store need to be: as durable
+    /// as the store's own writes. A store that syncs nothing gains nothing
+    /// from synced lease files; unsynced ones still never repeat a token,
+    /// as each boot's tokens lie above the last boot's (see flocklease's
+    /// "Unsynced lease files").
     pub fn lease_durability(&self) -> Durability {
         match self {
             StoreChoice::Jsonl { fsync: false, .. } => Durability::Unsynced,

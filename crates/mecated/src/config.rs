@@ -383,10 +383,11 @@ pub struct ServeArgs {
 
     /// When the store syncs appends to disk: `always` (before a write is
     /// acknowledged) or `never` (left to the kernel; a machine crash may lose
-    /// recent events, a process crash does not). File leases beside the
-    /// store follow it: with `never` their files are not synced either, and
-    /// a token a crash took back is refused by the store's mark and leased
-    /// again above it.
+    /// recent events, a process crash does not). File leases follow it:
+    /// with `never` their files are not synced either, but the lease
+    /// directory counts the host's boots (one sync per boot), so no fencing
+    /// token is ever issued twice, even after a power loss took back both
+    /// a lease file and the events written under its token.
     #[arg(long, env = "MECATED_STORE_FSYNC", value_enum, default_value_t = FsyncChoice::Always)]
     pub store_fsync: FsyncChoice,
 

@@ -118,7 +118,7 @@ fn time_namespace() -> Option<u64> {
 
 /// This boot's id, from `/proc/sys/kernel/random/boot_id` (a UUID); all
 /// zero when it cannot be read.
-fn read_boot_id() -> [u8; 16] {
+pub(crate) fn read_boot_id() -> [u8; 16] {
     let mut id = [0u8; 16];
     let Ok(text) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") else {
         return id;

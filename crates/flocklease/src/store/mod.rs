@@ -7,6 +7,7 @@
 //! time-namespace monotonic clock), [`owner_lock`], [`file_lock`], and
 //! [`decision`], the pure decision taken under the lock.
 
+pub(crate) mod boot_epoch;
 pub(crate) mod clock_domain;
 pub(crate) mod decision;
 pub(crate) mod directory;
@@ -40,6 +41,9 @@ pub(crate) struct Store {
     /// How many tokens one synced reservation covers (≥ 1).
     pub(crate) reservation: u64,
     pub(crate) durability: Durability,
+    /// Every token this instance issues exceeds it: this boot's floor
+    /// ([`boot_epoch`]) when unsynced, 0 when synced.
+    pub(crate) boot_floor: u64,
     /// The in-memory file system (tmpfs, ramfs) the directory is on.
     pub(crate) volatile: Option<&'static str>,
     /// This process's monotonic clock and its domain; see [`clock_domain`].
@@ -62,6 +66,9 @@ pub(crate) struct Settings {
     pub(crate) dir_check_interval: Duration,
     pub(crate) reservation: u64,
     pub(crate) durability: Durability,
+    /// The host's boot id as this instance sees it (all zero when
+    /// unknown); only tests set another.
+    pub(crate) boot_id: [u8; 16],
 }
 
 /// The most sessions an instance keeps armed; past it the set is cleared,
@@ -75,7 +82,12 @@ impl Store {
         file_lock::probe_locks(dir.path(), dir.fd())?;
         let domain = ClockDomain::of_this_process(dir.path())?;
         let volatile = directory::volatile_fs(dir.path(), dir.fd())?;
+        let boot_floor = match settings.durability {
+            Durability::Synced => 0,
+            Durability::Unsynced => boot_epoch::floor_of_this_boot(&dir, settings.boot_id)?,
+        };
         Ok(Store {
+            boot_floor,
             dir,
             ttl: settings.ttl,
             clock: settings.clock,

@@ -1,0 +1,213 @@
+//! The token floor of this boot, for unsynced lease files.
+//!
+//! Unsynced, a power loss may take back a lease file (and the store's
+//! writes under its tokens), and the next boot would then issue the same
+//! tokens again. Within the store that harms nobody, but a token is also
+//! what outside systems key effects on: the same (session, token) must
+//! never name two runs. So every boot of the host gets an epoch, counted
+//! in `.boot-epoch` and synced before any token of that boot is issued,
+//! and every token an unsynced instance issues lies above
+//! `epoch << EPOCH_SHIFT`. One sync per boot per directory buys what a
+//! sync per session would.
+
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use nix::fcntl::{Flock, FlockArg, OFlag};
+use nix::sys::stat::Mode;
+
+use super::directory::Directory;
+use crate::LeaseFileError;
+
+/// The file, in the lease directory, counting the host's boots.
+pub(crate) const BOOT_EPOCH_FILE: &str = ".boot-epoch";
+
+/// Tokens one session can be issued in one boot before it would reach the
+/// next boot's floor: four billion.
+pub(crate) const EPOCH_SHIFT: u32 = 32;
+
+/// The record's fixed length: written whole at offset 0, it fits one
+/// sector, which a power loss leaves old or new, never torn.
+const RECORD_LEN: usize = 64;
+
+/// `epoch` and `boot` as the file holds them.
+fn encode(epoch: u64, boot: [u8; 16]) -> [u8; RECORD_LEN] {
+    let hex: String = boot.iter().map(|b| format!("{b:02x}")).collect();
+    let text = format!("mecatl-boot-epoch 1 {epoch} {hex}");
+    let mut out = [b' '; RECORD_LEN];
+    out[..text.len()].copy_from_slice(text.as_bytes());
+    out[RECORD_LEN - 1] = b'\n';
+    out
+}
+
+/// The epoch and boot id `bytes` hold; `None` for an empty file.
+fn decode(path: &Path, bytes: &[u8]) -> Result<Option<(u64, [u8; 16])>, LeaseFileError> {
+    if bytes.is_empty() {
+        return Ok(None);
+    }
+    let bad = |detail: &str| LeaseFileError::BootEpoch {
+        path: path.to_path_buf(),
+        detail: detail.to_owned(),
+    };
+    let text = std::str::from_utf8(bytes).map_err(|_| bad("not text"))?;
+    let mut words = text.split_ascii_whitespace();
+    if (words.next(), words.next()) != (Some("mecatl-boot-epoch"), Some("1")) {
+        return Err(bad("no `mecatl-boot-epoch 1` header"));
+    }
+    let epoch = words
+        .next()
+        .and_then(|w| w.parse::<u64>().ok())
+        .filter(|e| *e < 1 << (64 - EPOCH_SHIFT - 1))
+        .ok_or_else(|| bad("no epoch, or one past the token range"))?;
+    let hex = words.next().filter(|h| h.len() == 32);
+    let mut boot = [0u8; 16];
+    for (i, pair) in hex
+        .ok_or_else(|| bad("no boot id"))?
+        .as_bytes()
+        .chunks(2)
+        .enumerate()
+    {
+        let pair = std::str::from_utf8(pair).map_err(|_| bad("a boot id that is not hex"))?;
+        boot[i] = u8::from_str_radix(pair, 16).map_err(|_| bad("a boot id that is not hex"))?;
+    }
+    if words.next().is_some() {
+        return Err(bad("words after the boot id"));
+    }
+    Ok(Some((epoch, boot)))
+}
+
+/// This boot's floor for the directory: every token an unsynced instance
+/// issues must exceed it. The first instance of a boot counts the boot
+/// (under the file's lock, so racing instances agree) and syncs the count
+/// and its name before answering. `boot` is this boot's id; all zero when
+/// it cannot be read, and then every instance counts a boot of its own,
+/// as it cannot tell a reboot from a restart. An epoch file that is lost
+/// restarts past every epoch the directory's lease files show.
+pub(crate) fn floor_of_this_boot(dir: &Directory, boot: [u8; 16]) -> Result<u64, LeaseFileError> {
+    let path = dir.file_path(BOOT_EPOCH_FILE);
+    let flags = OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let fd: OwnedFd = nix::fcntl::openat(
+        dir.fd(),
+        BOOT_EPOCH_FILE,
+        flags,
+        Mode::S_IRUSR | Mode::S_IWUSR,
+    )
+    .map_err(|e| LeaseFileError::io("opening", path.clone(), e))?;
+    let file = Flock::lock(File::from(fd), FlockArg::LockExclusive)
+        .map_err(|(_, e)| LeaseFileError::io("locking", path.clone(), e))?;
+    let mut bytes = vec![0u8; RECORD_LEN + 1];
+    let n = file
+        .read_at(&mut bytes, 0)
+        .map_err(|e| LeaseFileError::io("reading", path.clone(), e))?;
+    let epoch = match decode(&path, &bytes[..n])? {
+        Some((epoch, seen)) if seen == boot && boot != [0; 16] => return Ok(epoch << EPOCH_SHIFT),
+        Some((epoch, _)) => epoch + 1,
+        None => 1 + highest_epoch_in_use(dir.path())?,
+    };
+    file.write_all_at(&encode(epoch, boot), 0)
+        .map_err(|e| LeaseFileError::io("writing", path.clone(), e))?;
+    file.sync_data()
+        .map_err(|e| LeaseFileError::io("syncing", path.clone(), e))?;
+    // The file's name too: a count that a power loss could take back
+    // with its name would let the next boot count this one again.
+    dir.sync()?;
+    Ok(epoch << EPOCH_SHIFT)
+}
+
+/// The highest epoch of any token recorded in the directory's lease files
+/// (0 when none): where a count that was lost starts again above.
+fn highest_epoch_in_use(dir: &Path) -> Result<u64, LeaseFileError> {
+    let entries = crate::inspect::list_leases(dir, std::time::SystemTime::now()).map_err(|e| {
+        LeaseFileError::BootEpoch {
+            path: dir.join(BOOT_EPOCH_FILE),
+            detail: format!("it is missing, and the lease files cannot be read to recount: {e}"),
+        }
+    })?;
+    Ok(entries
+        .iter()
+        .filter_map(|e| e.lease.as_ref().ok())
+        .flat_map(|l| [l.token, l.reserved])
+        .flatten()
+        .map(|t| t.get() >> EPOCH_SHIFT)
+        .max()
+        .unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn open(dir: &Path) -> Directory {
+        Directory::open(dir.to_path_buf(), Duration::from_secs(1)).unwrap()
+    }
+
+    const BOOT_A: [u8; 16] = *b"boot-a-boot-a-aa";
+    const BOOT_B: [u8; 16] = *b"boot-b-boot-b-bb";
+
+    #[test]
+    fn one_epoch_per_boot_counted_once_and_rising() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = open(tmp.path());
+        let first = floor_of_this_boot(&dir, BOOT_A).unwrap();
+        assert_eq!(first, 1 << EPOCH_SHIFT);
+        assert_eq!(
+            floor_of_this_boot(&open(tmp.path()), BOOT_A).unwrap(),
+            first
+        );
+        let next = floor_of_this_boot(&dir, BOOT_B).unwrap();
+        assert_eq!(next, 2 << EPOCH_SHIFT);
+        // Back to an earlier boot's id (a restored file, a reused id):
+        // counted again, never back.
+        assert_eq!(floor_of_this_boot(&dir, BOOT_A).unwrap(), 3 << EPOCH_SHIFT);
+    }
+
+    #[test]
+    fn an_unknown_boot_counts_every_instance() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = open(tmp.path());
+        let a = floor_of_this_boot(&dir, [0; 16]).unwrap();
+        let b = floor_of_this_boot(&dir, [0; 16]).unwrap();
+        assert!(b > a, "{b} after {a}");
+    }
+
+    #[test]
+    fn racing_instances_of_one_boot_agree() {
+        let tmp = tempfile::tempdir().unwrap();
+        let floors: Vec<u64> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| s.spawn(|| floor_of_this_boot(&open(tmp.path()), BOOT_A).unwrap()))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(floors.iter().all(|f| *f == 1 << EPOCH_SHIFT), "{floors:?}");
+    }
+
+    #[test]
+    fn a_damaged_count_is_refused_with_its_path() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = open(tmp.path());
+        floor_of_this_boot(&dir, BOOT_A).unwrap();
+        let path = tmp.path().join(BOOT_EPOCH_FILE);
+        for bad in [
+            &b"garbage"[..],
+            b"mecatl-boot-epoch 1 x 00",
+            b"mecatl-boot-epoch 1 9999999999999 00000000000000000000000000000000",
+        ] {
+            std::fs::write(&path, bad).unwrap();
+            let e = floor_of_this_boot(&dir, BOOT_B).unwrap_err();
+            assert!(matches!(e, LeaseFileError::BootEpoch { .. }), "{e:?}");
+            assert!(e.to_string().contains(BOOT_EPOCH_FILE), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_record_reads_back() {
+        let path = Path::new("/x/.boot-epoch");
+        assert_eq!(decode(path, &encode(7, BOOT_B)).unwrap(), Some((7, BOOT_B)));
+        assert_eq!(decode(path, b"").unwrap(), None);
+    }
+}
