@@ -19,7 +19,7 @@ use crate::error::{Failure, Target, Verb, foreign_object, rewound};
 use crate::expiry::ExpiryJudgement;
 use crate::name::{AUTHORITY_OBJECT, object_name};
 use crate::observe::{Observations, Observed};
-use crate::owner::{Fresh, Liveness, Owners, Proof};
+use crate::owner::{Fresh, Liveness, OWNER_PREFIX, Owners, Proof};
 use crate::record::{self, StoredToken};
 
 /// The TTL when none is set: client-go leader election's default duration.
@@ -41,6 +41,18 @@ const MAX_ROUNDS: usize = 16;
 /// server failing every write is reported soon, not after every round.
 const MAX_FAULT_ROUNDS: usize = 6;
 
+/// Requests about sessions' objects (acquires, releases, reads) one client
+/// has in flight at once: fewer than the connections a client of
+/// [`client_from_config`](crate::client_from_config) keeps by default, so
+/// two stay free for the requests that keep every session held.
+const SESSION_REQUESTS_IN_FLIGHT: usize = crate::DEFAULT_MAX_CONNECTIONS - 2;
+
+tokio::task_local! {
+    /// Set while a renewal runs: its requests, whatever object they are
+    /// about, keep sessions held and never wait for a turn.
+    static RENEWING: ();
+}
+
 /// Leases on sessions as `coordination.k8s.io/v1` Lease objects in one
 /// namespace. Cheap to clone; clones share one connection pool and one
 /// memory of the objects seen (see [`ExpiryJudgement::SkewSafe`]).
@@ -59,6 +71,9 @@ pub(crate) struct Inner {
     pub(crate) seen: Observations,
     /// This client's owner leases, one per owner id it acts for.
     pub(crate) owners: Owners,
+    /// Requests about sessions' objects in flight, at most
+    /// [`SESSION_REQUESTS_IN_FLIGHT`]; see [`K8sLease::call`].
+    session_requests: tokio::sync::Semaphore,
     /// See [`Builder::broken_trust_remembered_owner_lease`].
     #[cfg(feature = "broken")]
     pub(crate) trust_remembered: bool,
@@ -183,6 +198,7 @@ impl Builder {
                 clock: self.clock.unwrap_or_else(|| Arc::new(SystemClock)),
                 seen: Observations::default(),
                 owners: Owners::default(),
+                session_requests: tokio::sync::Semaphore::new(SESSION_REQUESTS_IN_FLIGHT),
                 #[cfg(feature = "broken")]
                 trust_remembered: self.trust_remembered,
                 authority: OnceLock::new(),
@@ -307,13 +323,31 @@ impl K8sLease {
         }
     }
 
-    /// Runs one request under the request timeout.
+    /// Runs one request under the request timeout. Requests about
+    /// sessions' objects take turns, a few at a time: the owner lease's
+    /// renewal and the list proving its sessions — what keeps every
+    /// session held — then find a connection free in a pool of
+    /// [`DEFAULT_MAX_CONNECTIONS`](crate::DEFAULT_MAX_CONNECTIONS) however
+    /// many acquires are waiting, instead of queueing behind them past
+    /// their deadline.
     pub(crate) async fn call<T>(
         &self,
         target: Target<'_>,
         request: impl Future<Output = Result<T, kube::Error>>,
     ) -> Result<T, Failure> {
-        match tokio::time::timeout(self.inner.request_timeout, request).await {
+        let keeps_sessions = RENEWING.try_with(|()| ()).is_ok()
+            || target.verb == Verb::List
+            || target.name.starts_with(OWNER_PREFIX);
+        let turn = async {
+            let _turn = if keeps_sessions {
+                None
+            } else {
+                // Never closed: the semaphore lives as long as the client.
+                self.inner.session_requests.acquire().await.ok()
+            };
+            request.await
+        };
+        match tokio::time::timeout(self.inner.request_timeout, turn).await {
             Err(_) => Err(Failure::TimedOut),
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(target.classify(e)),
@@ -1102,7 +1136,7 @@ impl SessionLease for K8sLease {
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Lease, LeaseError> {
-        self.renew_one(lease).await
+        RENEWING.scope((), self.renew_one(lease)).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), LeaseError> {
@@ -1115,7 +1149,7 @@ impl SessionLease for K8sLease {
     /// whatever the number of leases and calls; see the crate docs, "Owner
     /// leases".
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LeaseError>> {
-        self.renew_batch(leases).await
+        RENEWING.scope((), self.renew_batch(leases)).await
     }
 
     fn renews_in_batches(&self) -> bool {

@@ -346,6 +346,18 @@
 //! each. A client built some other way (`kube::Client::try_from`) is used
 //! as it is, unbounded.
 //!
+//! Renewals come first. A [`K8sLease`] sends at most six requests about
+//! sessions' objects (acquires, releases, reads) at once; the rest wait
+//! their turn, within their request timeout. The requests that keep every
+//! session held — the owner lease's renewal, the list proving its
+//! sessions, and every request of a `renew` — never wait for a turn, so a
+//! burst of thousands of acquires cannot hold a renewal back past its
+//! deadline: with the default bound, two connections stay free for it.
+//! Several `K8sLease`s on clones of one client each take six turns, so
+//! that guarantee holds for one `K8sLease` per client (as `mecated` and
+//! `mecak8s` build them); give several a larger bound (`client_from_config`)
+//! of at least six per instance and two more.
+//!
 //! # Errors
 //!
 //! | cause | kind |

@@ -113,3 +113,51 @@ async fn a_chosen_bound_holds_and_zero_is_refused() {
         failed.first()
     );
 }
+
+/// A burst of acquires fills every connection of the pool and queues far
+/// past the request timeout; renewals of a session held meanwhile still
+/// get through, since requests about sessions' objects take turns a few
+/// at a time and leave connections for the owner lease's renewal and
+/// list. (Before, the renewal queued behind the burst and timed out.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn renewals_are_not_starved_by_a_burst_of_acquires() {
+    let cluster = Cluster::emulated().await;
+    let client = cluster.kube().await;
+    let leases = K8sLease::builder(client, &cluster.namespace)
+        .ttl(Duration::from_secs(15))
+        .request_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let owner = OwnerId::new("pod-a").unwrap();
+    let mut lease = leases
+        .acquire(&SessionId::new("held").unwrap(), &owner)
+        .await
+        .unwrap();
+    // Every request answered 20 ms late: a thousand acquires (two requests
+    // each at least) over eight connections queue for seconds.
+    cluster
+        .emulator()
+        .faults()
+        .set_latency(Duration::from_millis(20));
+    let mut burst = tokio::task::JoinSet::new();
+    for i in 0..1000 {
+        let (leases, owner) = (leases.clone(), owner.clone());
+        burst.spawn(async move {
+            let s = SessionId::new(format!("burst-{i}")).unwrap();
+            leases.acquire(&s, &owner).await.map(drop)
+        });
+    }
+    let mut renewals = 0;
+    while !burst.is_empty() {
+        lease = leases
+            .renew(&lease)
+            .await
+            .unwrap_or_else(|e| panic!("renewal {renewals} during the burst: {e}"));
+        renewals += 1;
+        while burst.try_join_next().is_some() {}
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(renewals >= 2, "the burst ended after {renewals} renewals");
+    cluster.emulator().faults().set_latency(Duration::ZERO);
+    leases.release(&lease).await.unwrap();
+}
