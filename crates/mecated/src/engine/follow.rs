@@ -2,10 +2,11 @@
 //! position, then each new one as any process appends it, until the run
 //! that was live ends.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -15,7 +16,7 @@ use lease_keeper::LeaseGuard;
 use lease_port::{FencingToken, SessionId};
 use serde_json::json;
 use session_store::StoredEvent;
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::broadcast;
 use tracing::warn;
 
 use super::replicas::LiveRun;
@@ -169,14 +170,14 @@ impl Engine {
         resuming: bool,
     ) -> Result<Follow, EngineError> {
         self.inner.store.read(&session, 1, 1).await?;
-        let (tx, items) = mpsc::channel(FOLLOW_BUFFER);
-        let engine = self.clone();
+        let items = Arc::new(Outbox::default());
+        let (tx, engine) = (Arc::clone(&items), self.clone());
         let driver = async move {
             if let Some(end) = engine
                 .follow_until_end(&session, after_seq, resuming, &tx)
                 .await
             {
-                let _ = tx.send(FollowItem::End(end)).await;
+                tx.send(FollowItem::End(end)).await;
             }
         };
         Ok(Follow {
@@ -185,14 +186,13 @@ impl Engine {
         })
     }
 
-    /// Sends events until the live run ends; the reason, or `None` when
-    /// the client left.
+    /// Sends events until the live run ends; the reason.
     async fn follow_until_end(
         &self,
         session: &SessionId,
         after_seq: u64,
         resuming: bool,
-        tx: &mpsc::Sender<FollowItem>,
+        tx: &Outbox,
     ) -> Option<FollowEnd> {
         // Asked before reading, so a run that ends meanwhile has its end
         // event in what is read next.
@@ -276,7 +276,7 @@ impl Engine {
         tail: &mut broadcast::Receiver<TailItem>,
         pos: &mut u64,
         followed: Followed,
-        tx: &mpsc::Sender<FollowItem>,
+        tx: &Outbox,
     ) -> FromTail {
         loop {
             let event = match tail.recv().await {
@@ -292,9 +292,8 @@ impl Engine {
             if event.seq > pos.saturating_add(1) {
                 return FromTail::Gap;
             }
-            match deliver(&event, pos, followed, tx).await {
-                Ok(None) => {}
-                Ok(Some(end)) | Err(end) => return FromTail::End(end),
+            if let Some(end) = deliver(&event, pos, followed, tx).await {
+                return FromTail::End(end);
             }
         }
     }
@@ -330,7 +329,7 @@ impl Engine {
         session: &SessionId,
         pos: &mut u64,
         followed: Followed,
-        tx: &mpsc::Sender<FollowItem>,
+        tx: &Outbox,
     ) -> Result<Option<FollowEnd>, FollowEnd> {
         loop {
             let page = self
@@ -340,7 +339,7 @@ impl Engine {
                 .await
                 .map_err(|e| FollowEnd::Failed(error_chain(&e)))?;
             for event in page.events {
-                if let Some(end) = deliver(&Arc::new(event), pos, followed, tx).await? {
+                if let Some(end) = deliver(&Arc::new(event), pos, followed, tx).await {
                     return Ok(Some(end));
                 }
             }
@@ -367,18 +366,50 @@ async fn deliver(
     event: &Arc<StoredEvent>,
     pos: &mut u64,
     followed: Followed,
-    tx: &mpsc::Sender<FollowItem>,
-) -> Result<Option<FollowEnd>, FollowEnd> {
+    tx: &Outbox,
+) -> Option<FollowEnd> {
     let end = ends(event, followed);
     if end == Some(FollowEnd::RunGone) {
         // A later run's start is not part of the followed run.
-        return Ok(end);
+        return end;
     }
     *pos = event.seq;
-    if tx.send(FollowItem::Event(Arc::clone(event))).await.is_err() {
-        return Err(FollowEnd::Failed("the client left".into()));
+    tx.send(FollowItem::Event(Arc::clone(event))).await;
+    end
+}
+
+/// What a follow has read and its reader not yet taken, at most
+/// [`FOLLOW_BUFFER`]. The follow and its reader run in one task, so
+/// neither wakes the other: a wake-up would only poll that same task once
+/// more for every event. The follow waits while the queue is full, and
+/// the reader, which takes an item before it waits, polls the follow
+/// again each time it asks for the next.
+#[derive(Debug, Default)]
+struct Outbox(Mutex<VecDeque<FollowItem>>);
+
+impl Outbox {
+    fn queue(&self) -> std::sync::MutexGuard<'_, VecDeque<FollowItem>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
-    Ok(end)
+
+    /// Queues `item` once there is room.
+    async fn send(&self, item: FollowItem) {
+        let mut item = Some(item);
+        std::future::poll_fn(|_| {
+            let mut queue = self.queue();
+            if queue.len() >= FOLLOW_BUFFER {
+                // No waker: the reader polls the follow after each take.
+                return Poll::Pending;
+            }
+            queue.extend(item.take());
+            Poll::Ready(())
+        })
+        .await;
+    }
+
+    fn take(&self) -> Option<FollowItem> {
+        self.queue().pop_front()
+    }
 }
 
 /// A follow of a session: its stored events in order, then one
@@ -391,14 +422,14 @@ pub struct Follow {
     driver: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
     /// Queued ahead of the reader, at most [`FOLLOW_BUFFER`]: a reader
     /// that stops reading holds the follow there.
-    items: mpsc::Receiver<FollowItem>,
+    items: Arc<Outbox>,
 }
 
 impl fmt::Debug for Follow {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Follow")
             .field("running", &self.driver.is_some())
-            .field("queued", &self.items.len())
+            .field("queued", &self.items.queue().len())
             .finish()
     }
 }
@@ -411,14 +442,19 @@ impl Follow {
 
     fn poll_item(&mut self, cx: &mut Context<'_>) -> Poll<Option<FollowItem>> {
         // The driver first, so what it can read now is queued before the
-        // queue is asked; when the queue is full it waits on this same
-        // task, woken as the reader takes an item.
+        // queue is asked. It is pending either on what it reads (whose
+        // wake-up polls this task) or on a full queue, which this take
+        // empties by one before the reader comes back.
         if let Some(driver) = self.driver.as_mut()
             && driver.as_mut().poll(cx).is_ready()
         {
             self.driver = None;
         }
-        self.items.poll_recv(cx)
+        match self.items.take() {
+            Some(item) => Poll::Ready(Some(item)),
+            None if self.driver.is_none() => Poll::Ready(None),
+            None => Poll::Pending,
+        }
     }
 }
 

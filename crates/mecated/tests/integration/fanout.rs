@@ -208,3 +208,67 @@ async fn waiting_runs_try_the_lease_when_a_run_ends_not_on_an_interval() {
         "{attempts} acquire attempts for {WAITERS} waiters"
     );
 }
+
+/// A reader slower than its follow: far more events than the follow
+/// queues ahead of it, appended while it follows and taken a few at a
+/// time with pauses between. The follow waits for the reader each time its
+/// queue is full, and the reader still receives every event once, in
+/// order, then the run's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reader_receives_every_event_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(
+        JsonlStore::open(
+            dir.path().join("sessions"),
+            JsonlOptions::default().fsync(FsyncPolicy::Never),
+        )
+        .unwrap(),
+    );
+    let ttl = Duration::from_secs(10);
+    let backend = Arc::new(FlockLease::open(dir.path().join("leases"), ttl).unwrap());
+    let metrics = Arc::new(Metrics::default());
+    let keeper = LeaseKeeper::builder(backend, OwnerId::new("slow").unwrap(), ttl)
+        .metrics(metrics.clone())
+        .build()
+        .unwrap();
+    let agent = Arc::new(EchoAgent::new(Duration::from_secs(1), 500));
+    let engine = Engine::new(
+        store.clone() as Arc<dyn SessionStore>,
+        keeper,
+        agent,
+        metrics,
+        Exclusivity::Leased,
+    );
+    let session = SessionId::new("long").unwrap();
+    store.create(&session).await.unwrap();
+    let mut run = engine
+        .start_run(session.clone(), json!("go"))
+        .await
+        .unwrap();
+    // Joined with a backlog of more than the follow queues ahead.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut follow = engine.follow(session.clone(), 0).await.unwrap();
+    let mut seqs = Vec::new();
+    let end = loop {
+        match follow.recv().await.expect("the follow ends with an End") {
+            FollowItem::Event(e) => seqs.push(e.seq),
+            FollowItem::End(end) => break end,
+        }
+        if seqs.len() % 37 == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    assert!(follow.recv().await.is_none(), "an item after the end");
+    while run.events.recv().await.is_some() {}
+    let log: Vec<u64> = store
+        .read(&session, 1, 1000)
+        .await
+        .unwrap()
+        .events
+        .iter()
+        .map(|e| e.seq)
+        .collect();
+    assert!(log.len() > 500, "{} events", log.len());
+    assert_eq!(seqs, log, "the slow reader missed or repeated events");
+    assert_eq!(end, FollowEnd::RunEnded);
+}
