@@ -9,12 +9,20 @@
 //! [`FALLBACK_READ`]: a lost message delays it by at most that, and never
 //! loses an append.
 //!
+//! Waiters for cancel requests, one per run held (ten thousand on a busy
+//! process), read only on the caller's own slow schedule while the
+//! subscription is up ([`Waiter::subscribed`]): a subscription that comes
+//! back after a gap wakes every waiter, which covers what the gap lost,
+//! and a waiter that sees the subscription change state reads at once and
+//! falls back to [`FALLBACK_READ`] until it is up again.
+//!
 //! The subscription runs on a thread of its own with a small runtime of
 //! its own, started by the first waiter: it keeps running whatever becomes
 //! of the runtime that waiter ran on, and it ends when the store is
 //! dropped.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -53,6 +61,8 @@ struct Shared {
     /// The waiters' signals by what they wait on; an entry goes with its
     /// last waiter.
     waiters: Mutex<HashMap<Topic, Weak<Notify>>>,
+    /// Counts the subscription's changes of state: odd while it is up.
+    subscription: AtomicU64,
 }
 
 /// What a waiter waits on: a session's appends, or its cancel requests.
@@ -82,6 +92,19 @@ impl Waiter {
     pub(crate) fn notify(&self) -> &Notify {
         &self.notify
     }
+
+    /// The subscription's state now: `Some(generation)` while it is up
+    /// (every message since that generation began was heard, or the next
+    /// generation's start wakes this waiter), `None` while it is not.
+    pub(crate) fn subscribed(&self) -> Option<u64> {
+        let generation = self.shared.subscription.load(Ordering::Acquire);
+        (generation % 2 == 1).then_some(generation)
+    }
+
+    /// Whether the subscription is still in `generation`.
+    pub(crate) fn still(&self, generation: u64) -> bool {
+        self.shared.subscription.load(Ordering::Acquire) == generation
+    }
 }
 
 impl Drop for Waiter {
@@ -110,6 +133,7 @@ impl Appends {
                 channel,
                 connect_timeout,
                 waiters: Mutex::new(HashMap::new()),
+                subscription: AtomicU64::new(0),
             }),
             listener: Mutex::new(Listener::NotStarted),
         }
@@ -199,6 +223,16 @@ impl Shared {
         }
     }
 
+    /// The subscription came up (`up`) or went down: the state changes,
+    /// and every waiter reads again.
+    fn changed(&self, up: bool) {
+        let now = self.subscription.load(Ordering::Acquire);
+        if (now % 2 == 1) != up {
+            self.subscription.fetch_add(1, Ordering::AcqRel);
+        }
+        self.wake_all();
+    }
+
     /// After a gap in the subscription every waiter reads again.
     fn wake_all(&self) {
         for n in lock(&self.waiters).values().filter_map(Weak::upgrade) {
@@ -257,7 +291,7 @@ async fn listen(shared: Weak<Shared>) {
         pause = Duration::from_millis(100);
         warned = false;
         // Appends made before this subscription took effect were not heard.
-        s.wake_all();
+        s.changed(true);
         drop(s);
         let mut messages = pubsub.into_on_message();
         while let Some(msg) = messages.next().await {
@@ -266,7 +300,11 @@ async fn listen(shared: Weak<Shared>) {
                 s.wake(&session);
             }
         }
-        // The connection ended: subscribe again.
+        // The connection ended: waiters fall back to reading, and it
+        // subscribes again.
+        if let Some(s) = shared.upgrade() {
+            s.changed(false);
+        }
     }
 }
 

@@ -1013,13 +1013,33 @@ impl SessionStore for RedisStore {
         timeout: Duration,
     ) -> Result<Option<CancelRequest>, StoreError> {
         let waiter = self.inner.appends.register_cancels(session);
-        session_store::wait_notified(Some(waiter.notify()), timeout, FALLBACK_READ, || async {
-            Ok(self
-                .cancel_request(session)
-                .await?
-                .filter(|r| r.serial > after_serial))
-        })
-        .await
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            // Subscribed, the notification is the wake-up and `timeout` the
+            // safety read; a change of the subscription's state ends this
+            // round, and the next one reads on the new state's schedule.
+            let subscribed = waiter.subscribed();
+            let recheck = subscribed.map_or(FALLBACK_READ, |_| timeout);
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let seen =
+                session_store::wait_notified(Some(waiter.notify()), left, recheck, || async {
+                    if subscribed.is_some_and(|g| !waiter.still(g)) {
+                        return Ok(Some(None));
+                    }
+                    Ok(self
+                        .cancel_request(session)
+                        .await?
+                        .filter(|r| r.serial > after_serial)
+                        .map(Some))
+                })
+                .await?;
+            match seen {
+                Some(Some(request)) => return Ok(Some(request)),
+                None => return Ok(None),
+                Some(None) if left.is_zero() => return Ok(None),
+                Some(None) => {}
+            }
+        }
     }
 }
 

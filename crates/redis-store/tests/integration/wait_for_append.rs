@@ -67,6 +67,19 @@ impl Probe {
             .unwrap_or_else(|| panic!("INFO {section} reports no {field}: {info}"))
     }
 
+    /// Scripts run so far (every read of the store is one).
+    async fn script_calls(&mut self) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut self.0)
+            .await
+            .unwrap();
+        info.lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .filter_map(|l| l.split_once("calls=")?.1.split(',').next()?.parse::<u64>().ok())
+            .sum()
+    }
+
     /// Subscribers of the stores' appends channel under prefix `w:`.
     async fn subscribers(&mut self) -> u64 {
         let counts: Vec<redis::Value> = redis::cmd("PUBSUB")
@@ -359,4 +372,61 @@ async fn woke(
         .expect("the waiter was never woken")
         .unwrap()
         .unwrap()
+}
+
+/// Waiters for cancel requests (one per run a process holds) read once,
+/// then rely on the subscription: twenty of them waiting three seconds
+/// send Redis a handful of commands, not one read each per second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_waiters_read_once_while_subscribed() {
+    let redis = RedisServer::start().unwrap();
+    let store = open(&redis).await;
+    let mut probe = Probe::new(&redis).await;
+    const WAITERS: u64 = 20;
+    let mut waiters = Vec::new();
+    for i in 0..WAITERS {
+        let s = sid(&format!("held-{i}"));
+        store.create(&s).await.unwrap();
+        let store = store.clone();
+        waiters.push(tokio::spawn(async move {
+            store.wait_for_cancel_request(&s, 0, NEVER).await
+        }));
+    }
+    probe.until_subscribers(1).await;
+    // Every waiter has made its first read.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = probe.script_calls().await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let reads = probe.script_calls().await - before;
+    // Reading each second would be 60.
+    assert!(
+        reads < WAITERS,
+        "{reads} script calls in 3 s from {WAITERS} idle cancel waiters"
+    );
+    assert!(waiters.iter().all(|w| !w.is_finished()));
+
+    // A request made while the subscription is down is not published to
+    // anyone; the subscription coming back wakes the waiter, which finds it.
+    let other = open(&redis).await;
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut probe.0)
+        .await
+        .unwrap();
+    assert_eq!(killed, 1, "the store's one subscription");
+    other
+        .request_cancel(&sid("held-0"), FencingToken::new(1))
+        .await
+        .unwrap();
+    let found = tokio::time::timeout(NEVER, waiters.remove(0))
+        .await
+        .expect("the waiter was woken")
+        .unwrap()
+        .unwrap();
+    assert_eq!(found.map(|r| r.run), Some(FencingToken::new(1)));
+    for w in waiters {
+        w.abort();
+    }
 }
