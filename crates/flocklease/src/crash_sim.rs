@@ -585,6 +585,15 @@ mod tests {
         }
     }
 
+    /// Unsynced leases in `dir` on `clock`, three tokens a reservation.
+    fn unsynced(dir: &Path, clock: &ManualClock) -> crate::FlockLeaseBuilder {
+        FlockLease::builder(dir)
+            .ttl(TTL)
+            .clock(Arc::new(clock.clone()))
+            .token_reservation(3)
+            .durability(crate::Durability::Unsynced)
+    }
+
     /// Unsynced: no sync at all, tokens still rising within the boot; and
     /// whatever a power loss leaves of the file (nothing, or any record
     /// ever written), an acquire above the store's surviving mark is above
@@ -594,15 +603,7 @@ mod tests {
         let rt = rt();
         let dir = tempfile::tempdir().unwrap();
         let clock = ManualClock::new();
-        let open = || {
-            FlockLease::builder(dir.path())
-                .ttl(TTL)
-                .clock(Arc::new(clock.clone()))
-                .token_reservation(3)
-                .durability(crate::Durability::Unsynced)
-                .open()
-                .unwrap()
-        };
+        let open = || unsynced(dir.path(), &clock).open().unwrap();
         let path = dir
             .path()
             .join(file_name(&SessionId::new("sync/count").unwrap()));
@@ -663,11 +664,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let clock = ManualClock::new();
         let boot = |id: u8| {
-            FlockLease::builder(dir.path())
-                .ttl(TTL)
-                .clock(Arc::new(clock.clone()))
-                .token_reservation(3)
-                .durability(crate::Durability::Unsynced)
+            unsynced(dir.path(), &clock)
                 .boot_id([id; 16])
                 .open()
                 .unwrap()

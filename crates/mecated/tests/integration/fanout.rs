@@ -22,6 +22,18 @@ use session_store::{FsyncPolicy, JsonlOptions, JsonlStore, SessionStore};
 const FOLLOWERS: u64 = 100;
 const STEPS: u32 = 20;
 
+/// An engine on `store` with file leases in `dir`, running `agent`.
+fn leased_engine(dir: &std::path::Path, store: Arc<dyn SessionStore>, agent: EchoAgent) -> Engine {
+    let ttl = Duration::from_secs(10);
+    let backend = Arc::new(FlockLease::open(dir.join("leases"), ttl).unwrap());
+    let metrics = Arc::new(Metrics::default());
+    let keeper = LeaseKeeper::builder(backend, OwnerId::new("fanout").unwrap(), ttl)
+        .metrics(metrics.clone())
+        .build()
+        .unwrap();
+    Engine::new(store, keeper, Arc::new(agent), metrics, Exclusivity::Leased)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_followers_share_one_reader_and_each_receives_every_event() {
     let dir = tempfile::tempdir().unwrap();
@@ -32,22 +44,9 @@ async fn a_hundred_followers_share_one_reader_and_each_receives_every_event() {
         )
         .unwrap(),
     ));
-    let ttl = Duration::from_secs(10);
-    let backend = Arc::new(FlockLease::open(dir.path().join("leases"), ttl).unwrap());
-    let metrics = Arc::new(Metrics::default());
-    let keeper = LeaseKeeper::builder(backend, OwnerId::new("fanout").unwrap(), ttl)
-        .metrics(metrics.clone())
-        .build()
-        .unwrap();
     // A progress event every 50 ms: followers wait between events.
-    let agent = Arc::new(EchoAgent::new(Duration::from_millis(50) * STEPS, STEPS));
-    let engine = Engine::new(
-        store.clone() as Arc<dyn SessionStore>,
-        keeper,
-        agent,
-        metrics,
-        Exclusivity::Leased,
-    );
+    let agent = EchoAgent::new(Duration::from_millis(50) * STEPS, STEPS);
+    let engine = leased_engine(dir.path(), store.clone(), agent);
     let session = SessionId::new("watched").unwrap();
     store.create(&session).await.unwrap();
     let mut run = engine
@@ -224,21 +223,8 @@ async fn a_slow_reader_receives_every_event_in_order() {
         )
         .unwrap(),
     );
-    let ttl = Duration::from_secs(10);
-    let backend = Arc::new(FlockLease::open(dir.path().join("leases"), ttl).unwrap());
-    let metrics = Arc::new(Metrics::default());
-    let keeper = LeaseKeeper::builder(backend, OwnerId::new("slow").unwrap(), ttl)
-        .metrics(metrics.clone())
-        .build()
-        .unwrap();
-    let agent = Arc::new(EchoAgent::new(Duration::from_secs(1), 500));
-    let engine = Engine::new(
-        store.clone() as Arc<dyn SessionStore>,
-        keeper,
-        agent,
-        metrics,
-        Exclusivity::Leased,
-    );
+    let agent = EchoAgent::new(Duration::from_secs(1), 500);
+    let engine = leased_engine(dir.path(), store.clone(), agent);
     let session = SessionId::new("long").unwrap();
     store.create(&session).await.unwrap();
     let mut run = engine
