@@ -36,6 +36,9 @@ impl StoreCore {
         &self,
         session: &SessionId,
     ) -> Result<Option<CancelRequest>, StoreError> {
+        #[cfg(test)]
+        self.cancel_reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let path = self.cancel_path(session);
         let mut text = String::new();
         match OpenOptions::new()

@@ -129,6 +129,9 @@ struct StoreCore {
     /// by a process killed right after its change.
     #[cfg(test)]
     skip_outcomes: std::sync::atomic::AtomicBool,
+    /// Test hook: how many times cancel requests were read.
+    #[cfg(test)]
+    cancel_reads: std::sync::atomic::AtomicU64,
 }
 
 /// Numbers the temporary files of this process: one counter for every
@@ -207,6 +210,8 @@ impl JsonlStore {
                 fail_syncs: std::sync::atomic::AtomicU32::new(0),
                 #[cfg(test)]
                 skip_outcomes: std::sync::atomic::AtomicBool::new(false),
+                #[cfg(test)]
+                cancel_reads: std::sync::atomic::AtomicU64::new(0),
             }),
         };
         if store.core.opts.generation != GenerationCheck::Off {

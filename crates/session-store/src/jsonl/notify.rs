@@ -11,10 +11,14 @@ use super::hub::{Subscription, Topic};
 use crate::port::{APPEND_POLL_INTERVAL, has_event_after, wait_notified};
 use crate::{StoreError, poll_for_append};
 
-/// How often a woken-by-watch waiter reads anyway: the watch wakes on
-/// every change, so this only bounds the harm of an event the kernel did
-/// not deliver (it never drops one silently; it reports an overflow,
-/// which wakes everyone).
+/// How often a woken-by-watch waiter reads anyway, unless its caller
+/// waits longer: the watch wakes on every change, so this only bounds the
+/// harm of an event the kernel did not deliver (it never drops one
+/// silently; it reports an overflow, which wakes everyone). A caller that
+/// waits longer in one call (a run's cancel watch, whose own interval is
+/// the safety read, one per run held) reads once and then on the watch
+/// alone: ten thousand runs would otherwise read two thousand times a
+/// second for nothing.
 const SAFETY_READ: Duration = Duration::from_secs(5);
 
 impl JsonlStore {
@@ -71,18 +75,23 @@ where
     Fut: Future<Output = Result<Option<T>, StoreError>>,
 {
     let deadline = tokio::time::Instant::now() + timeout;
-    let watched = wait_notified(Some(watch.notify()), timeout, SAFETY_READ, || {
-        let live = watch.live();
-        let checked = check();
-        async move {
-            match checked.await? {
-                Some(found) => Ok(Some(Some(found))),
-                // Done with the watch: the rest of the wait polls.
-                None if !live => Ok(Some(None)),
-                None => Ok(None),
+    let watched = wait_notified(
+        Some(watch.notify()),
+        timeout,
+        SAFETY_READ.max(timeout),
+        || {
+            let live = watch.live();
+            let checked = check();
+            async move {
+                match checked.await? {
+                    Some(found) => Ok(Some(Some(found))),
+                    // Done with the watch: the rest of the wait polls.
+                    None if !live => Ok(Some(None)),
+                    None => Ok(None),
+                }
             }
-        }
-    })
+        },
+    )
     .await?;
     match watched {
         Some(Some(found)) => Ok(Some(found)),

@@ -139,3 +139,48 @@ fn fsync_always_runs_off_the_executor_and_persists() {
     );
     assert!(!observe(FsyncPolicy::Never).1);
 }
+
+/// A run's cancel watch (one per run a process holds) reads the session's
+/// cancel requests once, then waits on the directory's watch: ten waiters
+/// idle for six seconds read ten times, not once more each per safety
+/// read. A request still wakes its waiter at once.
+#[cfg(feature = "cancel-requests")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_cancel_waiters_read_once_and_wake_on_a_request() {
+    use std::time::Duration;
+    const WAITERS: u64 = 10;
+    let dir = tempfile::tempdir().unwrap();
+    let store = JsonlStore::open(dir.path(), JsonlOptions::default()).unwrap();
+    let mut waiters = Vec::new();
+    for i in 0..WAITERS {
+        let s = SessionId::new(format!("held-{i}")).unwrap();
+        store.create(&s).await.unwrap();
+        let store = store.clone();
+        waiters.push(tokio::spawn(async move {
+            store
+                .wait_for_cancel_request(&s, 0, Duration::from_secs(60))
+                .await
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let reads = store.core.cancel_reads.load(Ordering::Relaxed);
+    // Reading again at each 5 s safety read would be 20.
+    assert!(
+        reads < 2 * WAITERS,
+        "{reads} reads by {WAITERS} idle waiters"
+    );
+    let first = SessionId::new("held-0").unwrap();
+    store
+        .request_cancel(&first, FencingToken::new(3))
+        .await
+        .unwrap();
+    let found = tokio::time::timeout(Duration::from_secs(60), waiters.remove(0))
+        .await
+        .expect("woken by the request")
+        .unwrap()
+        .unwrap();
+    assert_eq!(found.map(|r| r.run), Some(FencingToken::new(3)));
+    for w in waiters {
+        w.abort();
+    }
+}
