@@ -694,4 +694,72 @@ mod tests {
             issued.extend(after);
         }
     }
+
+    /// A boot whose tokens reach the next boot's floor (here through
+    /// reservations of 2^31 tokens) counts itself further first: after a
+    /// reboot that lost the lease file, the next token is still above
+    /// every one before.
+    #[test]
+    fn a_boot_whose_tokens_reach_the_next_floor_counts_itself_further() {
+        let rt = rt();
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new();
+        let boot = |id: u8| {
+            unsynced(dir.path(), &clock)
+                .token_reservation(1 << 31)
+                .boot_id([id; 16])
+                .open()
+                .unwrap()
+        };
+        let path = dir
+            .path()
+            .join(file_name(&SessionId::new("sync/count").unwrap()));
+        // Each instance reserves anew: 2^31 further each time.
+        let issued: Vec<u64> = (0..4).flat_map(|_| takeovers(&boot(1), &rt, 1)).collect();
+        assert!(
+            issued.last().unwrap() >> 32 > 1,
+            "{issued:x?} stayed in one epoch"
+        );
+        std::fs::remove_file(&path).unwrap();
+        clock.advance(TTL * 2);
+        let after = takeovers(&boot(2), &rt, 1);
+        assert!(
+            after[0] > *issued.iter().max().unwrap(),
+            "{after:x?} after {issued:x?}"
+        );
+    }
+
+    /// A synced instance on a directory unsynced ones used keeps above
+    /// what they may have issued and lost: a record they wrote that is
+    /// rolled back does not make it repeat their tokens.
+    #[test]
+    fn a_synced_instance_keeps_above_the_unsynced_ones_boot() {
+        let rt = rt();
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new();
+        let path = dir
+            .path()
+            .join(file_name(&SessionId::new("sync/count").unwrap()));
+        let issued = takeovers(
+            &unsynced(dir.path(), &clock)
+                .boot_id([1; 16])
+                .open()
+                .unwrap(),
+            &rt,
+            3,
+        );
+        std::fs::remove_file(&path).unwrap();
+        clock.advance(TTL * 2);
+        let synced = FlockLease::builder(dir.path())
+            .ttl(TTL)
+            .clock(Arc::new(clock.clone()))
+            .boot_id([1; 16])
+            .open()
+            .unwrap();
+        let after = takeovers(&synced, &rt, 1);
+        assert!(
+            after[0] > *issued.iter().max().unwrap(),
+            "{after:x?} after {issued:x?}"
+        );
+    }
 }

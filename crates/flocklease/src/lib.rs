@@ -214,10 +214,14 @@
 //! with them some of its high-water marks. A token must still never name
 //! two owners — outside systems key effects on (session, token) — so the
 //! directory counts the host's boots in `.boot-epoch`: the first unsynced
-//! instance of a boot counts it and syncs the count (one `fdatasync` and
-//! one directory `fsync` per boot, not per session), and every token of
-//! that boot lies above `count × 2³²`. Whatever a power loss took back,
-//! the next boot's tokens are above every token of the boots before it.
+//! instance of a boot counts it, and every instance syncs the count itself
+//! when it opens (one `fdatasync` and one directory `fsync` per instance,
+//! not per session); every token of that boot lies above `count × 2³²`.
+//! A boot whose tokens reach the next boot's floor (billions of takeovers
+//! of one session, or a floor from a store's mark) counts itself further,
+//! synced, before the token is returned. Whatever a power loss took back,
+//! the next boot's tokens are above every token of the boots before it. A
+//! synced instance on such a directory keeps above the last count too.
 //! When the boot id cannot be read (`/proc/sys/kernel/random/boot_id`),
 //! every instance counts a boot of its own. A damaged `.boot-epoch` is
 //! refused at start-up ([`LeaseFileError::BootEpoch`]) rather than

@@ -78,42 +78,156 @@ fn decode(path: &Path, bytes: &[u8]) -> Result<Option<(u64, [u8; 16])>, LeaseFil
     Ok(Some((epoch, boot)))
 }
 
-/// This boot's floor for the directory: every token an unsynced instance
-/// issues must exceed it. The first instance of a boot counts the boot
-/// (under the file's lock, so racing instances agree) and syncs the count
-/// and its name before answering. `boot` is this boot's id; all zero when
-/// it cannot be read, and then every instance counts a boot of its own,
-/// as it cannot tell a reboot from a restart. An epoch file that is lost
-/// restarts past every epoch the directory's lease files show.
-pub(crate) fn floor_of_this_boot(dir: &Directory, boot: [u8; 16]) -> Result<u64, LeaseFileError> {
+/// The highest epoch: `(MAX_EPOCH + 1) << EPOCH_SHIFT` is 2^63, the top
+/// of the token range.
+const MAX_EPOCH: u64 = (1 << (63 - EPOCH_SHIFT)) - 1;
+
+/// What the count says for one unsynced instance: its tokens lie above
+/// `floor`, and must stay below `limit` unless the count is raised first
+/// ([`raise_to_cover`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BootCount {
+    pub(crate) floor: u64,
+    pub(crate) limit: u64,
+}
+
+fn bounds(epoch: u64) -> BootCount {
+    BootCount {
+        floor: epoch << EPOCH_SHIFT,
+        limit: (epoch + 1) << EPOCH_SHIFT,
+    }
+}
+
+/// The count's file, locked (exclusively to write it); `None` when it does
+/// not exist and `create` is false.
+fn open_locked(
+    dir: &Directory,
+    create: bool,
+    exclusive: bool,
+) -> Result<Option<Flock<File>>, LeaseFileError> {
     let path = dir.file_path(BOOT_EPOCH_FILE);
-    let flags = OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    let fd: OwnedFd = nix::fcntl::openat(
+    let mut flags = OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    flags |= if create {
+        OFlag::O_RDWR | OFlag::O_CREAT
+    } else {
+        OFlag::O_RDONLY
+    };
+    let fd: OwnedFd = match nix::fcntl::openat(
         dir.fd(),
         BOOT_EPOCH_FILE,
         flags,
         Mode::S_IRUSR | Mode::S_IWUSR,
-    )
-    .map_err(|e| LeaseFileError::io("opening", path.clone(), e))?;
-    let file = Flock::lock(File::from(fd), FlockArg::LockExclusive)
-        .map_err(|(_, e)| LeaseFileError::io("locking", path.clone(), e))?;
+    ) {
+        Ok(fd) => fd,
+        Err(nix::errno::Errno::ENOENT) if !create => return Ok(None),
+        Err(e) => return Err(LeaseFileError::io("opening", path, e)),
+    };
+    let how = if exclusive {
+        FlockArg::LockExclusive
+    } else {
+        FlockArg::LockShared
+    };
+    Flock::lock(File::from(fd), how)
+        .map(Some)
+        .map_err(|(_, e)| LeaseFileError::io("locking", path, e))
+}
+
+/// The count's file, created when absent, locked exclusively.
+fn open_to_write(dir: &Directory) -> Result<Flock<File>, LeaseFileError> {
+    open_locked(dir, true, true)?.ok_or_else(|| {
+        LeaseFileError::io(
+            "creating",
+            dir.file_path(BOOT_EPOCH_FILE),
+            std::io::Error::from(std::io::ErrorKind::NotFound),
+        )
+    })
+}
+
+fn read_count(dir: &Directory, file: &File) -> Result<Option<(u64, [u8; 16])>, LeaseFileError> {
+    let path = dir.file_path(BOOT_EPOCH_FILE);
     let mut bytes = vec![0u8; RECORD_LEN + 1];
     let n = file
         .read_at(&mut bytes, 0)
         .map_err(|e| LeaseFileError::io("reading", path.clone(), e))?;
-    let epoch = match decode(&path, &bytes[..n])? {
-        Some((epoch, seen)) if seen == boot && boot != [0; 16] => return Ok(epoch << EPOCH_SHIFT),
-        Some((epoch, _)) => epoch + 1,
-        None => 1 + highest_epoch_in_use(dir.path())?,
-    };
+    decode(&path, &bytes[..n])
+}
+
+/// Writes the count and makes it, and its file's name, durable by this
+/// instance's own syncs: a count another instance wrote but that was
+/// never seen synced (it died first, or its sync failed with the page
+/// still cached) could be taken back by a power loss.
+fn write_synced(
+    dir: &Directory,
+    file: &File,
+    epoch: u64,
+    boot: [u8; 16],
+) -> Result<(), LeaseFileError> {
+    let path = dir.file_path(BOOT_EPOCH_FILE);
+    if epoch > MAX_EPOCH {
+        return Err(LeaseFileError::BootEpoch {
+            path,
+            detail: format!("the count would pass {MAX_EPOCH}, the top of the token range"),
+        });
+    }
     file.write_all_at(&encode(epoch, boot), 0)
         .map_err(|e| LeaseFileError::io("writing", path.clone(), e))?;
     file.sync_data()
-        .map_err(|e| LeaseFileError::io("syncing", path.clone(), e))?;
+        .map_err(|e| LeaseFileError::io("syncing", path, e))?;
     // The file's name too: a count that a power loss could take back
     // with its name would let the next boot count this one again.
-    dir.sync()?;
-    Ok(epoch << EPOCH_SHIFT)
+    dir.sync()
+}
+
+/// This boot's bounds for the directory, for an unsynced instance: every
+/// token it issues must exceed the floor. The first instance of a boot
+/// counts the boot (under the file's lock, so racing instances agree);
+/// every instance syncs the count itself before answering. `boot` is this
+/// boot's id; all zero when it cannot be read, and then every instance
+/// counts a boot of its own, as it cannot tell a reboot from a restart. An
+/// epoch file that is lost restarts past every epoch the directory's lease
+/// files show.
+pub(crate) fn count_this_boot(
+    dir: &Directory,
+    boot: [u8; 16],
+) -> Result<BootCount, LeaseFileError> {
+    let file = open_to_write(dir)?;
+    let epoch = match read_count(dir, &file)? {
+        Some((epoch, seen)) if seen == boot && boot != [0; 16] => epoch,
+        Some((epoch, _)) => epoch + 1,
+        None => 1 + highest_epoch_in_use(dir.path())?,
+    };
+    write_synced(dir, &file, epoch, boot)?;
+    Ok(bounds(epoch))
+}
+
+/// Raises the count so that `token` lies below this boot's limit, and
+/// returns the new bounds: a boot whose tokens (a long uptime's
+/// reservations, a floor from a store's mark) reach the next boot's floor
+/// counts itself further first, so the next boot still starts above them.
+pub(crate) fn raise_to_cover(
+    dir: &Directory,
+    boot: [u8; 16],
+    token: u64,
+) -> Result<BootCount, LeaseFileError> {
+    let file = open_to_write(dir)?;
+    let needed = token >> EPOCH_SHIFT;
+    let epoch = read_count(dir, &file)?.map_or(0, |(e, _)| e);
+    if epoch >= needed {
+        return Ok(bounds(epoch));
+    }
+    write_synced(dir, &file, needed, boot)?;
+    Ok(bounds(needed))
+}
+
+/// The floor a synced instance keeps on a directory unsynced instances
+/// also use: the limit of the last boot counted, above every token they
+/// may have issued and lost, this boot or an earlier one. Reads only; 0
+/// where no unsynced instance ever counted a boot.
+pub(crate) fn floor_for_synced(dir: &Directory) -> Result<u64, LeaseFileError> {
+    let Some(file) = open_locked(dir, false, false)? else {
+        return Ok(0);
+    };
+    Ok(read_count(dir, &file)?.map_or(0, |(epoch, _)| bounds(epoch.min(MAX_EPOCH)).limit))
 }
 
 /// The highest epoch of any token recorded in the directory's lease files
@@ -152,25 +266,28 @@ mod tests {
     fn one_epoch_per_boot_counted_once_and_rising() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = open(tmp.path());
-        let first = floor_of_this_boot(&dir, BOOT_A).unwrap();
+        let first = count_this_boot(&dir, BOOT_A).unwrap().floor;
         assert_eq!(first, 1 << EPOCH_SHIFT);
         assert_eq!(
-            floor_of_this_boot(&open(tmp.path()), BOOT_A).unwrap(),
+            count_this_boot(&open(tmp.path()), BOOT_A).unwrap().floor,
             first
         );
-        let next = floor_of_this_boot(&dir, BOOT_B).unwrap();
+        let next = count_this_boot(&dir, BOOT_B).unwrap().floor;
         assert_eq!(next, 2 << EPOCH_SHIFT);
         // Back to an earlier boot's id (a restored file, a reused id):
         // counted again, never back.
-        assert_eq!(floor_of_this_boot(&dir, BOOT_A).unwrap(), 3 << EPOCH_SHIFT);
+        assert_eq!(
+            count_this_boot(&dir, BOOT_A).unwrap().floor,
+            3 << EPOCH_SHIFT
+        );
     }
 
     #[test]
     fn an_unknown_boot_counts_every_instance() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = open(tmp.path());
-        let a = floor_of_this_boot(&dir, [0; 16]).unwrap();
-        let b = floor_of_this_boot(&dir, [0; 16]).unwrap();
+        let a = count_this_boot(&dir, [0; 16]).unwrap().floor;
+        let b = count_this_boot(&dir, [0; 16]).unwrap().floor;
         assert!(b > a, "{b} after {a}");
     }
 
@@ -179,7 +296,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let floors: Vec<u64> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..8)
-                .map(|_| s.spawn(|| floor_of_this_boot(&open(tmp.path()), BOOT_A).unwrap()))
+                .map(|_| s.spawn(|| count_this_boot(&open(tmp.path()), BOOT_A).unwrap().floor))
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
@@ -190,7 +307,7 @@ mod tests {
     fn a_damaged_count_is_refused_with_its_path() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = open(tmp.path());
-        floor_of_this_boot(&dir, BOOT_A).unwrap();
+        count_this_boot(&dir, BOOT_A).unwrap();
         let path = tmp.path().join(BOOT_EPOCH_FILE);
         for bad in [
             &b"garbage"[..],
@@ -198,7 +315,7 @@ mod tests {
             b"mecatl-boot-epoch 1 9999999999999 00000000000000000000000000000000",
         ] {
             std::fs::write(&path, bad).unwrap();
-            let e = floor_of_this_boot(&dir, BOOT_B).unwrap_err();
+            let e = count_this_boot(&dir, BOOT_B).unwrap_err();
             assert!(matches!(e, LeaseFileError::BootEpoch { .. }), "{e:?}");
             assert!(e.to_string().contains(BOOT_EPOCH_FILE), "{e}");
         }

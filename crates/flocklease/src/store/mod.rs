@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -41,9 +41,14 @@ pub(crate) struct Store {
     /// How many tokens one synced reservation covers (≥ 1).
     pub(crate) reservation: u64,
     pub(crate) durability: Durability,
-    /// Every token this instance issues exceeds it: this boot's floor
-    /// ([`boot_epoch`]) when unsynced, 0 when synced.
+    /// Every token this instance issues exceeds it ([`boot_epoch`]): this
+    /// boot's floor when unsynced; when synced, the limit of the last boot
+    /// an unsynced instance counted here (0 if none ever did).
     pub(crate) boot_floor: u64,
+    /// Unsynced: tokens of this boot stay below it, the next boot's floor
+    /// as the count stands; a grant reaching it raises the count first.
+    boot_limit: AtomicU64,
+    boot_id: [u8; 16],
     /// The in-memory file system (tmpfs, ramfs) the directory is on.
     pub(crate) volatile: Option<&'static str>,
     /// This process's monotonic clock and its domain; see [`clock_domain`].
@@ -82,12 +87,17 @@ impl Store {
         file_lock::probe_locks(dir.path(), dir.fd())?;
         let domain = ClockDomain::of_this_process(dir.path())?;
         let volatile = directory::volatile_fs(dir.path(), dir.fd())?;
-        let boot_floor = match settings.durability {
-            Durability::Synced => 0,
-            Durability::Unsynced => boot_epoch::floor_of_this_boot(&dir, settings.boot_id)?,
+        let (boot_floor, boot_limit) = match settings.durability {
+            Durability::Synced => (boot_epoch::floor_for_synced(&dir)?, u64::MAX),
+            Durability::Unsynced => {
+                let count = boot_epoch::count_this_boot(&dir, settings.boot_id)?;
+                (count.floor, count.limit)
+            }
         };
         Ok(Store {
             boot_floor,
+            boot_limit: AtomicU64::new(boot_limit),
+            boot_id: settings.boot_id,
             dir,
             ttl: settings.ttl,
             clock: settings.clock,
@@ -160,6 +170,13 @@ impl Store {
             mono: self.domain.mono_nanos(self.clock.instant()),
         };
         let mut plan = decision::decide(&self.terms(), read, self.armed_ceiling(name), op, now)?;
+        if let Some(record) = &plan.write {
+            let highest = record.token.max(record.reserved);
+            if highest >= self.boot_limit.load(Ordering::Acquire) {
+                let count = boot_epoch::raise_to_cover(&self.dir, self.boot_id, highest)?;
+                self.boot_limit.fetch_max(count.limit, Ordering::AcqRel);
+            }
+        }
         if self.durability == Durability::Unsynced {
             // The reservation is still written and armed: within one boot
             // the page cache every process shares is the record, and a
