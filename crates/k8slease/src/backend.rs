@@ -19,7 +19,7 @@ use crate::error::{Failure, Target, Verb, foreign_object, rewound};
 use crate::expiry::ExpiryJudgement;
 use crate::name::{AUTHORITY_OBJECT, object_name};
 use crate::observe::{Observations, Observed};
-use crate::owner::{Fresh, Liveness, OWNER_PREFIX, Owners, Proof};
+use crate::owner::{Fresh, Liveness, Owners, Proof};
 use crate::record::{self, StoredToken};
 
 /// The TTL when none is set: client-go leader election's default duration.
@@ -48,9 +48,10 @@ const MAX_FAULT_ROUNDS: usize = 6;
 const SESSION_REQUESTS_IN_FLIGHT: usize = crate::DEFAULT_MAX_CONNECTIONS - 2;
 
 tokio::task_local! {
-    /// Set while a renewal runs: its requests, whatever object they are
-    /// about, keep sessions held and never wait for a turn.
-    static RENEWING: ();
+    /// Set while a renewal, or this client's own owner lease being made
+    /// or renewed, runs: its requests, whatever object they are about,
+    /// keep sessions held and never wait for a turn.
+    pub(crate) static RENEWING: ();
 }
 
 /// Leases on sessions as `coordination.k8s.io/v1` Lease objects in one
@@ -323,10 +324,10 @@ impl K8sLease {
         }
     }
 
-    /// Runs one request under the request timeout. Requests about
-    /// sessions' objects take turns, a few at a time: the owner lease's
-    /// renewal and the list proving its sessions — what keeps every
-    /// session held — then find a connection free in a pool of
+    /// Runs one request under the request timeout. Requests take turns, a
+    /// few at a time, except those of a renewal or of this client's own
+    /// owner lease — what keeps every session held — which then find a
+    /// connection free in a pool of
     /// [`DEFAULT_MAX_CONNECTIONS`](crate::DEFAULT_MAX_CONNECTIONS) however
     /// many acquires are waiting, instead of queueing behind them past
     /// their deadline.
@@ -335,19 +336,16 @@ impl K8sLease {
         target: Target<'_>,
         request: impl Future<Output = Result<T, kube::Error>>,
     ) -> Result<T, Failure> {
-        let keeps_sessions = RENEWING.try_with(|()| ()).is_ok()
-            || target.verb == Verb::List
-            || target.name.starts_with(OWNER_PREFIX);
-        let turn = async {
-            let _turn = if keeps_sessions {
-                None
-            } else {
-                // Never closed: the semaphore lives as long as the client.
-                self.inner.session_requests.acquire().await.ok()
-            };
-            request.await
+        // The turn is waited for before the request's time starts: a
+        // request that never left the queue was not sent, and must not
+        // count as a write that may have landed.
+        let _turn = if RENEWING.try_with(|()| ()).is_ok() {
+            None
+        } else {
+            // Never closed: the semaphore lives as long as the client.
+            self.inner.session_requests.acquire().await.ok()
         };
-        match tokio::time::timeout(self.inner.request_timeout, turn).await {
+        match tokio::time::timeout(self.inner.request_timeout, request).await {
             Err(_) => Err(Failure::TimedOut),
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(target.classify(e)),

@@ -346,12 +346,13 @@
 //! each. A client built some other way (`kube::Client::try_from`) is used
 //! as it is, unbounded.
 //!
-//! Renewals come first. A [`K8sLease`] sends at most six requests about
-//! sessions' objects (acquires, releases, reads) at once; the rest wait
-//! their turn, within their request timeout. The requests that keep every
-//! session held — the owner lease's renewal, the list proving its
-//! sessions, and every request of a `renew` — never wait for a turn, so a
-//! burst of thousands of acquires cannot hold a renewal back past its
+//! Renewals come first. A [`K8sLease`] sends at most six other requests
+//! (acquires, releases, reads) at once; the rest wait their turn before
+//! their request timeout starts, so a request that never left the queue
+//! is never taken for one that may have landed. The requests that keep
+//! every session held — every request of a `renew`, and making or renewing
+//! this client's own owner lease, whoever asks — never wait for a turn, so
+//! a burst of thousands of acquires cannot hold a renewal back past its
 //! deadline: with the default bound, two connections stay free for it.
 //! Several `K8sLease`s on clones of one client each take six turns, so
 //! that guarantee holds for one `K8sLease` per client (as `mecated` and

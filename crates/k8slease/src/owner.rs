@@ -172,6 +172,14 @@ impl K8sLease {
         owner: &OwnerId,
         began: u64,
     ) -> Result<Fresh, LeaseError> {
+        // Whoever asks (an acquire too), this renews every session on the
+        // owner lease: its requests go first.
+        crate::backend::RENEWING
+            .scope((), self.fresh_owner_lease(owner, began))
+            .await
+    }
+
+    async fn fresh_owner_lease(&self, owner: &OwnerId, began: u64) -> Result<Fresh, LeaseError> {
         let inner = &self.inner;
         let mut owners = inner.owners.by_owner.lock().await;
         if let Some(state) = owners.get_mut(owner.as_str()) {
