@@ -14,7 +14,10 @@
 //! subscription is up ([`Waiter::subscribed`]): a subscription that comes
 //! back after a gap wakes every waiter, which covers what the gap lost,
 //! and a waiter that sees the subscription change state reads at once and
-//! falls back to [`FALLBACK_READ`] until it is up again.
+//! falls back to [`FALLBACK_READ`] until it is up again. "Up" is proven,
+//! not assumed: the subscription publishes a heartbeat to itself every
+//! [`HEARTBEAT`], and one not heard for [`HEARTBEAT_DEADLINE`] (a
+//! connection dead without knowing it) counts as a gap.
 //!
 //! The subscription runs on a thread of its own with a small runtime of
 //! its own, started by the first waiter: it keeps running whatever becomes
@@ -33,6 +36,23 @@ use tracing::warn;
 
 /// How often a waiter reads its session when no message woke it.
 pub(crate) const FALLBACK_READ: Duration = Duration::from_secs(1);
+
+/// How often the subscription publishes a heartbeat to itself.
+const HEARTBEAT: Duration = Duration::from_secs(1);
+
+/// How long the subscription may go without hearing its own heartbeat
+/// before it is taken for dead: waiters then read each second again, and
+/// it subscribes anew.
+const HEARTBEAT_DEADLINE: Duration = Duration::from_secs(3);
+
+/// A heartbeat no other subscription sends: a control character first, so
+/// no process takes it for a session's id.
+fn heartbeat_payload() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    format!("\u{2}heartbeat {:016x}", h.finish())
+}
 
 /// The longest pause between two attempts to subscribe.
 const MOST_BETWEEN_ATTEMPTS: Duration = Duration::from_secs(2);
@@ -288,20 +308,59 @@ async fn listen(shared: Weak<Shared>) {
                 continue;
             }
         };
+        // The connection its heartbeats are published on: a subscription
+        // that hears nothing may be dead without knowing it (a failover
+        // behind one address, a dropped NAT entry), and only hearing its
+        // own heartbeat proves it is not.
+        let publisher = tokio::time::timeout(
+            s.connect_timeout,
+            s.client.get_multiplexed_async_connection(),
+        )
+        .await;
+        let Ok(Ok(mut publisher)) = publisher else {
+            drop(s);
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(MOST_BETWEEN_ATTEMPTS);
+            continue;
+        };
         pause = Duration::from_millis(100);
         warned = false;
+        let beat = heartbeat_payload();
+        let channel = s.channel.clone();
         // Appends made before this subscription took effect were not heard.
         s.changed(true);
         drop(s);
         let mut messages = pubsub.into_on_message();
-        while let Some(msg) = messages.next().await {
-            let Some(s) = shared.upgrade() else { return };
-            if let Ok(session) = msg.get_payload::<String>() {
-                s.wake(&session);
+        let mut ticks = tokio::time::interval(HEARTBEAT);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut heard = tokio::time::Instant::now();
+        loop {
+            tokio::select! {
+                msg = messages.next() => {
+                    let Some(msg) = msg else { break };
+                    let Some(s) = shared.upgrade() else { return };
+                    match msg.get_payload::<String>() {
+                        Ok(payload) if payload == beat => heard = tokio::time::Instant::now(),
+                        Ok(session) => s.wake(&session),
+                        Err(_) => {}
+                    }
+                }
+                _ = ticks.tick() => {
+                    if heard.elapsed() > HEARTBEAT_DEADLINE {
+                        warn!(channel = %channel, "the appends subscription stopped hearing its own heartbeat; subscribing again");
+                        break;
+                    }
+                    // Unanswered, the deadline above ends the subscription.
+                    let _ = tokio::time::timeout(
+                        HEARTBEAT,
+                        redis::cmd("PUBLISH").arg(&channel).arg(&beat).exec_async(&mut publisher),
+                    )
+                    .await;
+                }
             }
         }
-        // The connection ended: waiters fall back to reading, and it
-        // subscribes again.
+        // The connection ended or went deaf: waiters fall back to reading,
+        // and it subscribes again.
         if let Some(s) = shared.upgrade() {
             s.changed(false);
         }

@@ -76,7 +76,14 @@ impl Probe {
             .unwrap();
         info.lines()
             .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-            .filter_map(|l| l.split_once("calls=")?.1.split(',').next()?.parse::<u64>().ok())
+            .filter_map(|l| {
+                l.split_once("calls=")?
+                    .1
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
             .sum()
     }
 
@@ -204,10 +211,15 @@ async fn many_waiters_share_one_subscription_and_dropped_ones_leave_nothing() {
         let s = &sessions[i % sessions.len()];
         waiters.push(spawn_waiter(&mut probe, &store, s, 0, NEVER).await);
     }
-    // Fifty waiters on five sessions: one more connection, the store's
-    // subscription, where a blocked read each would hold fifty.
+    // Fifty waiters on five sessions: two more connections, the store's
+    // subscription and the one its heartbeat is published on, where a
+    // blocked read each would hold fifty.
     assert_eq!(probe.subscribers().await, 1);
-    assert_eq!(probe.clients("connected_clients").await, connected + 1);
+    probe
+        .until("connected_clients", "no heartbeat connection", |n| {
+            n == connected + 2
+        })
+        .await;
 
     // Each append wakes the waiters of its session and no other.
     writer
@@ -233,7 +245,7 @@ async fn many_waiters_share_one_subscription_and_dropped_ones_leave_nothing() {
         assert!(w.await.unwrap_err().is_cancelled());
     }
     // Dropped waiters hold nothing; the subscription stays for the next.
-    assert_eq!(probe.clients("connected_clients").await, connected + 1);
+    assert_eq!(probe.clients("connected_clients").await, connected + 2);
     assert_eq!(probe.clients("blocked_clients").await, 0);
     drop(store);
     probe.until_subscribers(0).await;
@@ -429,4 +441,34 @@ async fn cancel_waiters_read_once_while_subscribed() {
     for w in waiters {
         w.abort();
     }
+}
+
+/// A subscription that goes deaf without its connection closing (Redis
+/// behind a proxy or a NAT that stops forwarding) is found out by its own
+/// heartbeat, no longer heard, and dropped: its waiters fall back to
+/// reading until it is back, instead of trusting a silent channel. Redis
+/// sees the old subscription go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deaf_subscription_is_dropped_when_its_heartbeat_stops() {
+    let redis = RedisServer::start().unwrap();
+    let proxy = test_services::FaultProxy::start(redis.addr()).unwrap();
+    let store = RedisStore::builder(format!("redis://{}", proxy.addr()))
+        .prefix("w:")
+        .connect()
+        .await
+        .unwrap();
+    let mut probe = Probe::new(&redis).await;
+    let s = sid("deaf");
+    store.create(&s).await.unwrap();
+    let waiter = {
+        let (store, s) = (store.clone(), s.clone());
+        tokio::spawn(async move { store.wait_for_cancel_request(&s, 0, NEVER).await })
+    };
+    probe.until_subscribers(1).await;
+    // Nothing forwarded either way; every connection stays open.
+    proxy.set_mode(test_services::ProxyMode::Blackhole);
+    probe.until_subscribers(0).await;
+    proxy.set_mode(test_services::ProxyMode::Pass);
+    probe.until_subscribers(1).await;
+    waiter.abort();
 }
