@@ -317,7 +317,7 @@ async fn listen(shared: Weak<Shared>) {
             s.client.get_multiplexed_async_connection(),
         )
         .await;
-        let Ok(Ok(mut publisher)) = publisher else {
+        let Ok(Ok(publisher)) = publisher else {
             drop(s);
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(MOST_BETWEEN_ATTEMPTS);
@@ -325,44 +325,58 @@ async fn listen(shared: Weak<Shared>) {
         };
         pause = Duration::from_millis(100);
         warned = false;
-        let beat = heartbeat_payload();
         let channel = s.channel.clone();
         // Appends made before this subscription took effect were not heard.
         s.changed(true);
         drop(s);
-        let mut messages = pubsub.into_on_message();
-        let mut ticks = tokio::time::interval(HEARTBEAT);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut heard = tokio::time::Instant::now();
-        loop {
-            tokio::select! {
-                msg = messages.next() => {
-                    let Some(msg) = msg else { break };
-                    let Some(s) = shared.upgrade() else { return };
-                    match msg.get_payload::<String>() {
-                        Ok(payload) if payload == beat => heard = tokio::time::Instant::now(),
-                        Ok(session) => s.wake(&session),
-                        Err(_) => {}
-                    }
-                }
-                _ = ticks.tick() => {
-                    if heard.elapsed() > HEARTBEAT_DEADLINE {
-                        warn!(channel = %channel, "the appends subscription stopped hearing its own heartbeat; subscribing again");
-                        break;
-                    }
-                    // Unanswered, the deadline above ends the subscription.
-                    let _ = tokio::time::timeout(
-                        HEARTBEAT,
-                        redis::cmd("PUBLISH").arg(&channel).arg(&beat).exec_async(&mut publisher),
-                    )
-                    .await;
-                }
-            }
+        if !hear(&shared, pubsub, publisher, &channel).await {
+            return;
         }
         // The connection ended or went deaf: waiters fall back to reading,
         // and it subscribes again.
         if let Some(s) = shared.upgrade() {
             s.changed(false);
+        }
+    }
+}
+
+/// Wakes waiters from `pubsub`'s messages and publishes its heartbeat on
+/// `publisher`, until the connection ends or goes deaf (its heartbeat not
+/// heard for [`HEARTBEAT_DEADLINE`]). False when the store was dropped.
+async fn hear(
+    shared: &Weak<Shared>,
+    pubsub: redis::aio::PubSub,
+    mut publisher: redis::aio::MultiplexedConnection,
+    channel: &str,
+) -> bool {
+    let beat = heartbeat_payload();
+    let mut messages = pubsub.into_on_message();
+    let mut ticks = tokio::time::interval(HEARTBEAT);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut heard = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            msg = messages.next() => {
+                let Some(msg) = msg else { return true };
+                let Some(s) = shared.upgrade() else { return false };
+                match msg.get_payload::<String>() {
+                    Ok(payload) if payload == beat => heard = tokio::time::Instant::now(),
+                    Ok(session) => s.wake(&session),
+                    Err(_) => {}
+                }
+            }
+            _ = ticks.tick() => {
+                if heard.elapsed() > HEARTBEAT_DEADLINE {
+                    warn!(channel = %channel, "the appends subscription stopped hearing its own heartbeat; subscribing again");
+                    return true;
+                }
+                // Unanswered, the deadline above ends the subscription.
+                let _ = tokio::time::timeout(
+                    HEARTBEAT,
+                    redis::cmd("PUBLISH").arg(channel).arg(&beat).exec_async(&mut publisher),
+                )
+                .await;
+            }
         }
     }
 }
