@@ -37,6 +37,29 @@ async fn raw(url: &str) -> tokio_postgres::Client {
     c
 }
 
+/// Until `n` statements of the database wait for a lock (30 s at most, so a
+/// statement that never blocks fails the test instead of hanging it).
+async fn until_waiting_on_locks(watcher: &tokio_postgres::Client, n: i64) {
+    let patience = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let row = watcher
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap();
+        if row.get::<_, i64>(0) >= n {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < patience,
+            "fewer than {n} statements ever waited for a lock"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 // ---------------------------------------------------------------- 1a
 /// Two first-ever acquires of a session race: the loser's `prev` CTE saw no
 /// row and its DO UPDATE's WHERE is false, so the statement returns no row.
@@ -592,13 +615,17 @@ async fn a_client_s_own_reacquire_racing_its_renew_is_not_a_rewind() {
         .unwrap();
     let c1 = c.clone();
     let floor = old.token();
+    let watcher = raw(&url).await;
     let up = tokio::spawn(async move { c1.acquire_above(&sid("s"), &oid("a"), floor).await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The order the row lock is granted in is the order the statements
+    // queued for it, so each must be queued before the next is sent.
+    until_waiting_on_locks(&watcher, 1).await;
     let (c2, old2) = (c.clone(), old.clone());
     let renew = tokio::spawn(async move { c2.renew(&old2).await });
+    until_waiting_on_locks(&watcher, 2).await;
     let (c3, old3) = (c.clone(), old.clone());
     let release = tokio::spawn(async move { c3.release(&old3).await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    until_waiting_on_locks(&watcher, 3).await;
     blocker.batch_execute("COMMIT").await.unwrap();
     let up = up.await.unwrap();
     let renew = renew.await.unwrap();
