@@ -321,6 +321,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         agent,
         max_body_bytes: args.max_body_bytes,
         transcript_cache_bytes: args.transcript_cache_bytes,
+        drain_timeout: args.drain_timeout,
         shutdown_timeout: args.shutdown_timeout,
         allow_volatile_lease_dir: args.allow_volatile_lease_dir,
     };
@@ -332,10 +333,16 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
     let mut int = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
     tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        _ = term.recv() => tracing::info!("SIGTERM: draining, then shutting down (a second signal cancels the runs in progress)"),
+        _ = int.recv() => tracing::info!("SIGINT: draining, then shutting down (a second signal cancels the runs in progress)"),
     }
-    if server.shutdown().await {
+    let second_signal = async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    };
+    if server.drain(second_signal).await {
         tracing::info!("shut down cleanly; every lease released");
         Ok(())
     } else {

@@ -409,7 +409,16 @@ pub struct ServeArgs {
     #[arg(long, env = "MECATED_ALLOW_VOLATILE_LEASE_DIR")]
     pub allow_volatile_lease_dir: bool,
 
-    /// How long shutdown waits for runs to finish and leases to be released.
+    /// On the first SIGTERM or SIGINT, how long the runs in progress may go
+    /// on to their ends while the server refuses new ones (`/readyz` 503,
+    /// runs answered 503 `draining`). A second signal, or this timeout,
+    /// ends the drain; the shutdown that follows cancels what still runs.
+    /// 0s cancels at once.
+    #[arg(long, env = "MECATED_DRAIN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
+
+    /// After the drain, how long shutdown waits for the runs it cancels to
+    /// end and for leases to be released.
     #[arg(long, env = "MECATED_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,
 }

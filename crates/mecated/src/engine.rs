@@ -50,6 +50,13 @@ pub enum EngineError {
     /// Shutdown began: no new runs or deletions.
     #[error("the server is shutting down")]
     ShuttingDown,
+    /// The server is draining before it shuts down: the runs in progress
+    /// finish, no new one starts here. Nothing was done.
+    #[error(
+        "this server is draining before it shuts down and starts no new runs: nothing was \
+         done; send the run again (another replica takes it)"
+    )]
+    Draining,
     /// Unleased, and another process holds the store's single-process lock.
     #[error(
         "this deployment runs unleased and another process holds <STORE_DIR>/.mecated.lock: \
@@ -93,6 +100,9 @@ struct EngineInner {
     /// session reads only what is new.
     transcripts: TranscriptCache,
     tasks: TaskTracker,
+    /// Fires when draining begins (and at the latest when shutdown does):
+    /// no new runs from then on.
+    draining: CancellationToken,
     shutting_down: CancellationToken,
     leased: bool,
     single_process: bool,
@@ -244,6 +254,7 @@ impl Engine {
                 runs: Mutex::default(),
                 transcripts: TranscriptCache::new(DEFAULT_TRANSCRIPT_CACHE_BYTES),
                 tasks: TaskTracker::new(),
+                draining: CancellationToken::new(),
                 shutting_down: CancellationToken::new(),
                 leased: exclusivity == Exclusivity::Leased,
                 single_process: exclusivity == Exclusivity::ProvenSingleProcess,
@@ -355,6 +366,35 @@ impl Engine {
         self.inner.shutting_down.clone()
     }
 
+    /// True once draining (or shutdown) began: no new runs start here.
+    pub fn is_draining(&self) -> bool {
+        self.inner.draining.is_cancelled()
+    }
+
+    /// Stops taking runs, and lets the runs in progress go on: new runs
+    /// (and runs waiting for their session, `?wait`) are refused as
+    /// [`EngineError::Draining`]; reads, follows and cancels keep working.
+    /// [`runs_drained`](Self::runs_drained) tells when the last run ended.
+    pub fn begin_drain(&self) {
+        self.inner.draining.cancel();
+        // Run tasks are spawned only by starts that passed the check
+        // above; closing lets `wait` end once the last of them has.
+        self.inner.tasks.close();
+    }
+
+    /// Runs in progress in this process (claimed and not yet ended).
+    pub fn runs_in_progress(&self) -> usize {
+        self.runs().len()
+    }
+
+    /// Resolves once draining began and no run is in progress or starting
+    /// here: every run has ended and given its lease back (or left it to
+    /// lapse, when a write outlived the keeper's wait).
+    pub async fn runs_drained(&self) {
+        self.inner.draining.cancelled().await;
+        self.inner.tasks.wait().await;
+    }
+
     fn runs(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, CancellationToken>> {
         self.inner
             .runs
@@ -379,6 +419,9 @@ impl Engine {
     ) -> Result<StartedRun, EngineError> {
         if self.is_shutting_down() {
             return Err(EngineError::ShuttingDown);
+        }
+        if self.is_draining() {
+            return Err(EngineError::Draining);
         }
         self.require_exclusive_if_unleased()?;
         // Fail fast on unknown sessions before touching the lease backend.
@@ -756,6 +799,7 @@ impl Engine {
     /// until `deadline`, then releases every lease still held (the keeper
     /// bounds that by its own shutdown timeout, set from the same budget).
     pub async fn shutdown(&self, deadline: tokio::time::Instant) -> bool {
+        self.inner.draining.cancel();
         self.inner.shutting_down.cancel();
         for cancel in self.runs().values() {
             cancel.cancel();

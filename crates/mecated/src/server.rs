@@ -18,6 +18,12 @@ use crate::engine::Engine;
 use crate::lease_view::LeaseView;
 use crate::metrics::Metrics;
 
+/// How long a draining server lets its runs in progress finish, unless
+/// told otherwise (`--drain-timeout`). With the shutdown bound that follows
+/// (10 s) and a preStop pause of a few seconds, it fits inside the grace
+/// period of the Kubernetes manifests (60 s).
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Everything the server needs, independent of how it was given.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -37,6 +43,9 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// Memory bound of the transcripts kept between runs; 0 keeps none.
     pub transcript_cache_bytes: usize,
+    /// How long [`Server::drain`] lets the runs in progress finish before
+    /// it shuts down (which cancels the rest).
+    pub drain_timeout: Duration,
     /// Bound on graceful shutdown.
     pub shutdown_timeout: Duration,
     /// Accept a lease directory on tmpfs or ramfs (lost on reboot).
@@ -58,6 +67,7 @@ impl ServerConfig {
             agent: Arc::new(EchoAgent::default()),
             max_body_bytes: 1 << 20,
             transcript_cache_bytes: crate::transcript::DEFAULT_TRANSCRIPT_CACHE_BYTES,
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             shutdown_timeout: Duration::from_secs(10),
             allow_volatile_lease_dir: false,
         }
@@ -220,6 +230,7 @@ pub struct Server {
     app: Engine,
     addr: SocketAddr,
     serve: JoinHandle<std::io::Result<()>>,
+    drain_timeout: Duration,
     shutdown_timeout: Duration,
     /// The single-process lock (unleased) or the owner lock (file leases),
     /// held for the server's life.
@@ -330,6 +341,7 @@ impl Server {
             app,
             addr,
             serve,
+            drain_timeout: config.drain_timeout,
             shutdown_timeout: config.shutdown_timeout,
             _process_locks: process_locks,
             advancing,
@@ -342,9 +354,47 @@ impl Server {
         self.addr
     }
 
-    /// Graceful shutdown: stop accepting, cancel runs, release every lease,
-    /// all within the configured bound. True when everything finished in
+    /// The server's state and run engine.
+    pub fn engine(&self) -> &Engine {
+        &self.app
+    }
+
+    /// Drains, then shuts down: what a rolling deploy's SIGTERM asks for.
+    ///
+    /// From the call on, `/readyz` answers 503 (so a load balancer stops
+    /// sending runs here) and new runs are refused as `draining` (503,
+    /// `Retry-After`), while the runs in progress go on to their ends, each
+    /// releasing its session as it ends, so a run sent to another replica
+    /// takes the session then. Reads, follows and cancels keep working.
+    /// Once no run is left, or after the drain timeout, or as soon as
+    /// `cut_short` resolves (a second signal), [`shutdown`](Self::shutdown)
+    /// cancels what is still running. True when everything finished in
     /// time.
+    pub async fn drain(self, cut_short: impl std::future::Future<Output = ()>) -> bool {
+        self.app.begin_drain();
+        let running = self.app.runs_in_progress();
+        info!(
+            runs = running,
+            timeout = ?self.drain_timeout,
+            "draining: new runs are refused, the runs in progress may finish"
+        );
+        tokio::select! {
+            () = self.app.runs_drained() => info!("drained: no run in progress"),
+            () = tokio::time::sleep(self.drain_timeout) => info!(
+                runs = self.app.runs_in_progress(),
+                "the drain timeout passed; cancelling the runs still in progress"
+            ),
+            () = cut_short => info!(
+                runs = self.app.runs_in_progress(),
+                "draining cut short; cancelling the runs still in progress"
+            ),
+        }
+        self.shutdown().await
+    }
+
+    /// Graceful shutdown without a drain: stop accepting, cancel runs,
+    /// release every lease, all within the configured bound. True when
+    /// everything finished in time.
     pub async fn shutdown(self) -> bool {
         let start = tokio::time::Instant::now();
         let clean = self.app.shutdown(start + self.shutdown_timeout / 2).await;

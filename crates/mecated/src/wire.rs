@@ -370,6 +370,11 @@ pub enum ErrorCode {
     SessionExists,
     /// 503: the server is shutting down; retry on another process.
     ShuttingDown,
+    /// 503: the server is draining before it shuts down: its runs in
+    /// progress finish, and it starts no new one. Nothing was done; send
+    /// the run again (`Retry-After`), and a load balancer that has seen
+    /// `/readyz` fail sends it to another replica.
+    Draining,
     /// 409: unleased, and another process holds the store's lock.
     UnleasedNotExclusive,
     /// 409: unleased, and the session has fenced writes.

@@ -204,8 +204,8 @@ pub(super) fn write(table: &str, window: Duration, repeats: usize, built: &Built
          HTTP through a proxy that counts the requests; a renewal period is a \
          third of the TTL. Takeover: the holder killed or stopped half a TTL into a run, the \
          time until another replica (asking with `?wait`) started its run; median of {}. \
-         A stopped holder cancels its runs at once and releases their leases \
-         (`--shutdown-timeout` {} s, the default, bounds it). Followers: idle SSE \
+         A stopped holder cancels its runs at once (`--drain-timeout 0s`) and releases \
+         their leases (`--shutdown-timeout` {} s, the default, bounds it). Followers: idle SSE \
          followers of live runs on file leases, spread evenly over the sessions, each \
          a connection of its own; CPU over the same window. CPU is read in clock \
          ticks: 0.05 % of a core is one tick in 20 s. Load average when the run \

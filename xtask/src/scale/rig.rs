@@ -221,6 +221,10 @@ impl Rig {
             "1".into(),
             "--shutdown-timeout".into(),
             secs(plan.shutdown_timeout),
+            // A stopped holder cancels its runs at once: what is measured
+            // is the hand-over, not how long a run may drain.
+            "--drain-timeout".into(),
+            "0s".into(),
         ]);
         if self.flags.first().is_some_and(|f| f == "--store-dir") {
             // Run starts cost fsyncs a held run never repeats.

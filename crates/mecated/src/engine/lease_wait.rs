@@ -56,7 +56,16 @@ impl Engine {
     ) -> Result<StartedRun, EngineError> {
         let deadline = Instant::now() + wait.min(MAX_RUN_WAIT);
         let queue = self.run_queue(&session);
-        let Ok(_turn) = tokio::time::timeout_at(deadline, queue.lock()).await else {
+        let draining = self.inner.draining.clone();
+        // A server that begins to drain answers its waiters at once, so
+        // they go to a replica that will still run them. Only the waits are
+        // cut short: a start in flight is never dropped, since its run may
+        // already be claimed.
+        let turn = tokio::select! {
+            () = draining.cancelled() => return Err(EngineError::Draining),
+            turn = tokio::time::timeout_at(deadline, queue.lock()) => turn,
+        };
+        let Ok(_turn) = turn else {
             // Out of time before its turn: answered as a run that does
             // not wait.
             return self.start_run(session, input).await;
@@ -85,18 +94,21 @@ impl Engine {
             }
             // Nothing logged since the end: its run is still releasing.
             if releasing.is_some_and(|(until, end)| now < until && pos <= end) {
-                tokio::time::sleep(RUN_WAIT_RETRY).await;
-                continue;
+                tokio::select! {
+                    () = draining.cancelled() => return Err(EngineError::Draining),
+                    () = tokio::time::sleep(RUN_WAIT_RETRY) => continue,
+                }
             }
             // Never less than a retry's pause: a refusal saying the hold
             // ends now would otherwise make the wait end at once, again
             // and again.
             let expiry = refusal.retry_after().unwrap_or(RUN_WAIT_SAFETY);
             let until = deadline.min(now + expiry.clamp(RUN_WAIT_RETRY, RUN_WAIT_SAFETY));
-            releasing = self
-                .wait_for_run_end(&session, pos, until)
-                .await
-                .map(|end| (Instant::now() + RELEASE_GRACE, end));
+            let ended = tokio::select! {
+                () = draining.cancelled() => return Err(EngineError::Draining),
+                ended = self.wait_for_run_end(&session, pos, until) => ended,
+            };
+            releasing = ended.map(|end| (Instant::now() + RELEASE_GRACE, end));
         }
     }
 

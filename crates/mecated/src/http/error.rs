@@ -83,6 +83,7 @@ fn status_of(code: ErrorCode) -> StatusCode {
         | ErrorCode::UnfencedWriteRefused => StatusCode::CONFLICT,
         ErrorCode::LeaseUnavailable
         | ErrorCode::ShuttingDown
+        | ErrorCode::Draining
         | ErrorCode::StoreBusy
         | ErrorCode::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         ErrorCode::Internal | ErrorCode::StateRewound => StatusCode::INTERNAL_SERVER_ERROR,
@@ -110,6 +111,13 @@ impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
         match e {
             EngineError::ShuttingDown => Self::new(ErrorCode::ShuttingDown, e.to_string()),
+            // Not retryable here (this replica will not take it), but
+            // nothing was done: a client sending it again a second later
+            // reaches a replica still in the load balancer's rotation.
+            EngineError::Draining => Self {
+                retry_after: Some(1),
+                ..Self::new(ErrorCode::Draining, e.to_string())
+            },
             EngineError::NotExclusive => Self::new(ErrorCode::UnleasedNotExclusive, e.to_string()),
             EngineError::Lease(e) => e.into(),
             EngineError::Store(e) => e.into(),
@@ -167,6 +175,7 @@ mod tests {
             (UnfencedWriteRefused, 409, false),
             (LeaseUnavailable, 503, true),
             (ShuttingDown, 503, false),
+            (Draining, 503, false),
             (StoreBusy, 503, true),
             (StoreUnavailable, 503, true),
             (StateRewound, 500, false),

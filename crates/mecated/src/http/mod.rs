@@ -443,7 +443,10 @@ pub(crate) async fn get_lease(State(engine): State<Engine>, Id(id): Id) -> Json<
         (status = 500, description = "`internal`: a storage or lease backend fault", body = ErrorBody),
         (status = 503, description = "`lease_unavailable` (the lease backend failed; retry), `store_busy` (another process \
                                       holds the session's file; retry), `store_unavailable` (the store could not be reached or \
-                                      refused before acting: nothing was done; retry) or `shutting_down`", body = ErrorBody),
+                                      refused before acting: nothing was done; retry), `draining` (this server is draining \
+                                      before it shuts down: its runs in progress finish, it starts no new one, and a \
+                                      run waiting for its session is answered at once; nothing was done; send it again \
+                                      after `Retry-After`, to another replica) or `shutting_down`", body = ErrorBody),
     )
 )]
 pub(crate) async fn start_run(
@@ -656,12 +659,14 @@ pub(crate) async fn healthz() -> &'static str {
     summary = "Readiness",
     responses(
         (status = 200, description = "Ready: the text `ready`", body = String, content_type = "text/plain"),
-        (status = 503, description = "Not ready: the text `shutting down`; `lease backend failing: ` and why, while the lease backend's calls fail (until one succeeds); or `session store state went back: ` and why, while the store refuses as `state_rewound` (until it answers again)", body = String, content_type = "text/plain"),
+        (status = 503, description = "Not ready: the text `shutting down`; `draining` (from the first SIGTERM or SIGINT until the runs in progress have ended or `--drain-timeout` has passed; reads, follows and cancels still work, new runs are refused); `lease backend failing: ` and why, while the lease backend's calls fail (until one succeeds); or `session store state went back: ` and why, while the store refuses as `state_rewound` (until it answers again)", body = String, content_type = "text/plain"),
     )
 )]
 pub(crate) async fn readyz(State(engine): State<Engine>) -> Response {
     if engine.is_shutting_down() {
         (StatusCode::SERVICE_UNAVAILABLE, "shutting down").into_response()
+    } else if engine.is_draining() {
+        (StatusCode::SERVICE_UNAVAILABLE, "draining").into_response()
     } else if let Some(fault) = engine.lease_backend_fault() {
         (
             StatusCode::SERVICE_UNAVAILABLE,

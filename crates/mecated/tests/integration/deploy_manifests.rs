@@ -148,13 +148,16 @@ fn the_rendered_deployment_is_what_mecak8s_needs() {
     };
     assert_eq!(path(&container.readiness_probe).as_deref(), Some("/readyz"));
     assert_eq!(path(&container.liveness_probe).as_deref(), Some("/healthz"));
-    let shutdown = env
-        .iter()
-        .find(|e| e.name == "MECATED_SHUTDOWN_TIMEOUT")
-        .and_then(|e| e.value.as_deref())
-        .and_then(|v| v.strip_suffix('s'))
-        .and_then(|v| v.parse::<i64>().ok())
-        .expect("the shutdown bound is stated in seconds");
+    let seconds = |name: &str| {
+        env.iter()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value.as_deref())
+            .and_then(|v| v.strip_suffix('s'))
+            .and_then(|v| v.parse::<i64>().ok())
+            .unwrap_or_else(|| panic!("{name} is stated in seconds"))
+    };
+    let drain = seconds("MECATED_DRAIN_TIMEOUT");
+    let shutdown = seconds("MECATED_SHUTDOWN_TIMEOUT");
     let pre_stop = container
         .lifecycle
         .as_ref()
@@ -165,8 +168,15 @@ fn the_rendered_deployment_is_what_mecak8s_needs() {
         .termination_grace_period_seconds
         .expect("a grace period");
     assert!(
-        grace > shutdown + pre_stop,
-        "grace {grace}s must exceed the shutdown bound {shutdown}s plus the preStop pause {pre_stop}s"
+        grace > pre_stop + drain + shutdown,
+        "grace {grace}s must exceed the preStop pause {pre_stop}s, the drain {drain}s and \
+         the shutdown bound {shutdown}s together"
+    );
+    // The default drain is what the manifest states, so a deployment that
+    // drops the variable still fits its grace period.
+    assert_eq!(
+        std::time::Duration::from_secs(drain.unsigned_abs()),
+        mecated::server::DEFAULT_DRAIN_TIMEOUT
     );
 
     // The disruption budget covers these pods.

@@ -191,10 +191,13 @@ async fn sigterm_releases_leases_so_the_next_process_acquires_at_once() {
     let dir = tempfile::tempdir().unwrap();
     // A long TTL: if A did not release, B would be refused for a minute.
     let ttl = ["--session-lease-ttl", "60s"];
+    // No drain: the run in progress is cancelled at once (`drain` tests
+    // the drain).
+    let slow = ["--echo-delay", "30s", "--echo-steps", "30"];
     let mut a = Mecated::start(
         dir.path(),
         "proc-a",
-        &[&ttl[..], &["--echo-delay", "30s", "--echo-steps", "30"]].concat(),
+        &[&ttl[..], &slow, &["--drain-timeout", "0s"]].concat(),
     );
     let b = Mecated::start(dir.path(), "proc-b", &ttl);
     create(&a, "t").await;

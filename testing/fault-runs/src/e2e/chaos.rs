@@ -82,7 +82,7 @@ impl ReplicaChaos {
             rec.heal(fault);
         } else {
             let fault = rec.fault(FaultKind::ServiceRestart, &name);
-            block_in_place(|| replicas.stop(i, Duration::from_secs(15)))?;
+            block_in_place(|| replicas.stop(i, Duration::from_secs(20)))?;
             block_in_place(|| replicas.start_again(i))?;
             rec.heal(fault);
         }

@@ -46,6 +46,8 @@ const ETCD_TTL: Duration = Duration::from_secs(2);
 /// A run: four progress steps over 400 ms, then its message.
 const ECHO_DELAY: &str = "400ms";
 const ECHO_STEPS: &str = "4";
+/// How long a replica stopped with SIGTERM lets its runs finish.
+const DRAIN_TIMEOUT: &str = "5s";
 const REDIS_PREFIX: &str = "mecatl:";
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

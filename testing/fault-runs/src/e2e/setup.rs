@@ -10,8 +10,8 @@ use test_services::{EtcdCluster, FaultProxy, PostgresServer, RedisServer};
 
 use super::replicas::Launch;
 use super::{
-    ECHO_DELAY, ECHO_STEPS, ETCD_TTL, Plan, REDIS_PREFIX, REPLICAS, TTL, binary, lock,
-    share_session_files, store,
+    DRAIN_TIMEOUT, ECHO_DELAY, ECHO_STEPS, ETCD_TTL, Plan, REDIS_PREFIX, REPLICAS, TTL, binary,
+    lock, share_session_files, store,
 };
 use crate::injectors::Action;
 use crate::rigs::service_actions;
@@ -100,6 +100,11 @@ fn common(ttl: Duration, owner: Option<&str>) -> Vec<String> {
         ECHO_DELAY,
         "--echo-steps",
         ECHO_STEPS,
+        // A restart drains: runs in progress may finish (they take 1.6 s)
+        // while new ones go to the other replicas; a run stuck on a faulted
+        // service is cancelled after this.
+        "--drain-timeout",
+        DRAIN_TIMEOUT,
     ]
     .map(String::from)
     .to_vec();
