@@ -16,7 +16,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lease_keeper::{KeeperError, KeeperErrorKind, LeaseGuard, LeaseKeeper, LossReason, WriteGate};
 use lease_port::{FencingToken, SessionId};
-use serde_json::{Value, json};
+use serde_json::Value;
 use session_store::{
     AppendReceipt, ListCursor, Page, SessionPage, SessionStore, StoreError, StoreErrorKind,
     StoredEvent, WriteFence,
@@ -33,6 +33,7 @@ use crate::metrics::{Metrics, RunOutcome};
 use crate::transcript::{DEFAULT_TRANSCRIPT_CACHE_BYTES, Transcript, TranscriptCache};
 
 mod follow;
+mod interrupted;
 mod lease_wait;
 mod remote_cancel;
 mod replicas;
@@ -41,6 +42,7 @@ mod tails;
 mod transcript_read;
 
 pub use follow::{FOLLOW_QUIET_CHECK, Follow, FollowEnd, FollowItem, RUN_ENDED};
+pub use interrupted::{INTERRUPTED, TAKEOVER};
 pub use lease_wait::{MAX_RUN_WAIT, RUN_WAIT_RETRY, RUN_WAIT_SAFETY};
 pub use remote_cancel::{CANCEL_SAFETY_READ, CancelOutcome};
 
@@ -522,36 +524,6 @@ impl Engine {
         }
     }
 
-    /// Claims the session in the store before anything else: the first
-    /// write raises the high-water mark to our token, so from here on no
-    /// earlier owner can write, whether or not our agent ever emits. The
-    /// claim's sequence number.
-    ///
-    /// The claim records the run's input: the user's side of the turn is
-    /// part of the session, in the transcript of every later run, and
-    /// another process can learn what an interrupted run was asked.
-    async fn write_claim(
-        &self,
-        session: &SessionId,
-        guard: &LeaseGuard,
-        input: &Value,
-    ) -> Result<u64, EngineError> {
-        let claim = json!({
-            "type": "run_started",
-            "owner": self.inner.keeper.owner().as_str(),
-            "token": guard.token().map(|t| t.get()),
-            "input": input,
-        });
-        let write = tracked_append(
-            &guard.write_gate(),
-            Arc::clone(&self.inner.store),
-            session.clone(),
-            self.fence(guard),
-            claim,
-        )?;
-        Ok(write.await?.first_seq)
-    }
-
     /// Leases and claims the session, answers `started`, then drives the
     /// run to its end. Runs on a task of the engine's, never on a caller's.
     async fn claim_and_drive(
@@ -880,7 +852,7 @@ impl EventSink for StoreSink {
             Arc::clone(&self.store),
             self.session.clone(),
             self.fence.clone(),
-            event,
+            vec![event],
         ) {
             Ok(write) => write,
             Err(e) => {
@@ -962,13 +934,11 @@ fn tracked_append(
     store: Arc<dyn SessionStore>,
     session: SessionId,
     fence: WriteFence,
-    event: Value,
+    events: Vec<Value>,
 ) -> Result<Detached<Result<AppendReceipt, StoreError>>, KeeperError> {
     let permit = gate.begin()?;
     Ok(Detached::new(async move {
-        let result = store
-            .append(&session, fence, std::slice::from_ref(&event))
-            .await;
+        let result = store.append(&session, fence, &events).await;
         drop(permit);
         result
     }))

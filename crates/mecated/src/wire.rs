@@ -201,7 +201,12 @@ impl From<&engine::SessionInfo> for SessionInfo {
 pub struct Event {
     /// The event, as the agent wrote it, or the server for a run's claim
     /// (`run_started`: its owner, its token and the run's input, as the
-    /// client sent it) and its end (`run_ended`).
+    /// client sent it) and its end (`run_ended`). A run whose process died
+    /// before recording its end is ended by the session's next owner,
+    /// before that owner's own claim: a `takeover` (its owner and token:
+    /// from here the earlier owner cannot write), then a `run_ended` with
+    /// status `interrupted`, the interrupted run's `run_seq` (its
+    /// `run_started`) and `run_token`, written under the new owner's token.
     #[schema(value_type = Value)]
     pub payload: Value,
     /// Position in the session, from 1, strictly increasing, never reused.
@@ -492,8 +497,9 @@ pub struct FollowEnd {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub error: Option<String>,
-    /// `run_ended` (the followed run recorded its end, the event just
-    /// sent), `no_live_run` (no run was live: every stored event was sent),
+    /// `run_ended` (the followed run's end was recorded, the event just
+    /// sent: by the run, or as `interrupted` by the session's next owner
+    /// when the run's process died), `no_live_run` (no run was live: every stored event was sent),
     /// `run_gone` (the run stopped without recording its end: its lease
     /// lapsed or a later run took over) or `failed`.
     pub reason: String,

@@ -4,7 +4,11 @@
 //!
 //! A session server (`mecated`) writes every run as a `run_started` event
 //! (naming its owner and token), the agent's events (`progress` steps
-//! counted from 1, then a `message`) and a `run_ended`. Clients record
+//! counted from 1, then a `message`) and a `run_ended`. A run left without
+//! an end (its process died) is ended by the session's next owner, before
+//! that owner's own run: a `takeover` under the new token, then a
+//! `run_ended` with status `interrupted` naming the run (`run_seq`,
+//! `run_token`). Clients record
 //! every HTTP request with its invocation and completion and, for runs
 //! and follows, the events they received. [`check_server`] then verifies,
 //! per session:
@@ -258,6 +262,18 @@ fn kind(payload: &Value) -> &str {
     payload["type"].as_str().unwrap_or("")
 }
 
+/// The end a run's next owner records for it when it recorded none.
+fn is_interrupted_end(payload: &Value) -> bool {
+    kind(payload) == "run_ended" && payload["status"] == "interrupted"
+}
+
+/// Whether `e`, in a run a client saw end, is the close of that run by its
+/// next owner: its `takeover` or the `interrupted` end naming the run.
+fn closes_run(e: &StoredEvent, run_token: Option<u64>) -> bool {
+    kind(&e.payload) == "takeover"
+        || (is_interrupted_end(&e.payload) && e.payload["run_token"].as_u64() == run_token)
+}
+
 /// Same writer, where incarnations of one owner id count as different
 /// writers (`owner#incarnation`).
 fn token_writer_conflict(known: &Option<Arc<str>>, writer: &Option<Arc<str>>) -> bool {
@@ -405,6 +421,49 @@ fn check_log(session: &Arc<str>, log: &[StoredEvent], found: &mut Vec<Found>) {
             }
         }
 
+        if kind(&e.payload) == "takeover" {
+            // A new owner fencing out the owner of a run left without an
+            // end, before it ends that run: its own, naming its token.
+            if e.payload["token"].as_u64() != e.token {
+                push(
+                    Property::LogIntegrity,
+                    e,
+                    vec![e.seq],
+                    format!(
+                        "takeover at seq {} names token {:?} but was written under {:?}",
+                        e.seq, e.payload["token"], e.token
+                    ),
+                );
+            }
+            continue;
+        }
+        if is_interrupted_end(&e.payload) {
+            // The next owner's end of the last run: open, named, and
+            // written under a greater token than that run's.
+            match runs.last_mut() {
+                Some(r)
+                    if !r.ended
+                        && e.payload["run_seq"].as_u64() == Some(r.start_seq)
+                        && e.payload["run_token"].as_u64() == r.token
+                        && (e.token > r.token || e.token.is_none()) =>
+                {
+                    r.ended = true;
+                }
+                last => {
+                    let last = last.map_or("none".into(), |r| r.describe());
+                    push(
+                        Property::LogIntegrity,
+                        e,
+                        vec![e.seq],
+                        format!(
+                            "seq {} ends run {} (token {}) as interrupted, but the last run is {last}",
+                            e.seq, e.payload["run_seq"], e.payload["run_token"]
+                        ),
+                    );
+                }
+            }
+            continue;
+        }
         if kind(&e.payload) == "run_started" {
             let named = e.payload["token"].as_u64();
             if named != e.token {
@@ -569,6 +628,7 @@ fn check_request(h: &ServerHistory, r: &Request, found: &mut Vec<Found>) {
         }
         if let Some(stored) = by_seq.get(&seen.seq)
             && stored.token != run.token
+            && !closes_run(stored, run.token)
         {
             push(
                 vec![first.seq, seen.seq],

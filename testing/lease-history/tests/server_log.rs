@@ -254,3 +254,70 @@ fn the_timeline_of_a_violation_is_drawn() {
         "the violation is not outlined"
     );
 }
+
+fn takeover(token: u64, owner: &str) -> Value {
+    json!({"type": "takeover", "owner": owner, "token": token})
+}
+
+fn interrupted(run_seq: u64, run_token: u64) -> Value {
+    json!({"type": "run_ended", "status": "interrupted", "run_seq": run_seq, "run_token": run_token})
+}
+
+/// A run left open (its process died), then the next owner's takeover,
+/// its `interrupted` end of that run, and its own run.
+fn interrupted_log() -> Log {
+    let mut log = Log::new();
+    log.push(Some(3), "a#1", started(3, "a#1"))
+        .push(Some(3), "a#1", progress(1, 4))
+        .push(Some(7), "b#1", takeover(7, "b"))
+        .push(Some(7), "b#1", interrupted(1, 3))
+        .run(7, "b#1", 1, "next");
+    log
+}
+
+#[test]
+fn a_run_ended_as_interrupted_by_the_next_owner_is_clean() {
+    let log = interrupted_log();
+    let mut h = history(&log);
+    // A follower of the first run saw it to its interrupted end.
+    let mut seen = acked(&log, 1, 1..=4, 3);
+    seen.kind = RequestKind::Follow;
+    h.requests.push(seen);
+    let v = check_server(&h);
+    assert!(v.is_clean(), "{v}");
+}
+
+#[test]
+fn an_interrupted_end_of_a_run_that_ended_is_a_second_end() {
+    let mut log = Log::new();
+    log.run(3, "a#1", 1, "done")
+        .push(Some(7), "b#1", takeover(7, "b"))
+        .push(Some(7), "b#1", interrupted(1, 3))
+        .run(7, "b#1", 1, "next");
+    let v = check_server(&history(&log));
+    assert_eq!(v.count(Property::LogIntegrity), 1, "{v}");
+    assert!(v.first.unwrap().message.contains("as interrupted"));
+}
+
+#[test]
+fn an_interrupted_end_naming_another_run_or_under_a_lower_token_is_caught() {
+    for bad in [interrupted(2, 3), interrupted(1, 4)] {
+        let mut log = interrupted_log();
+        log.events[3].payload = bad;
+        let v = check_server(&history(&log));
+        assert_eq!(v.count(Property::LogIntegrity), 1, "{v}");
+    }
+    let mut log = interrupted_log();
+    log.events[3].token = Some(3);
+    log.events[3].writer = Some("a#1".into());
+    let v = check_server(&history(&log));
+    assert!(v.count(Property::LogIntegrity) >= 1, "{v}");
+}
+
+#[test]
+fn the_run_after_an_interrupted_one_ending_twice_is_caught() {
+    let mut log = interrupted_log();
+    log.push(Some(7), "b#1", ended("completed"));
+    let v = check_server(&history(&log));
+    assert_eq!(v.count(Property::LogIntegrity), 1, "{v}");
+}

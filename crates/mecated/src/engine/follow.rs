@@ -94,7 +94,9 @@ fn ends(event: &StoredEvent, followed: Followed) -> Option<FollowEnd> {
     };
     let after_start = followed.started_at.is_none_or(|s| event.seq > s);
     match event.payload.get("type").and_then(|t| t.as_str()) {
-        Some(RUN_ENDED) if event.token == token && after_start => Some(FollowEnd::RunEnded),
+        Some(RUN_ENDED) if after_start && super::interrupted::run_of_end(event) == token => {
+            Some(FollowEnd::RunEnded)
+        }
         Some("run_started") if event.token > token => Some(FollowEnd::RunGone),
         Some("run_started") if followed.started_at.is_some() && after_start => {
             Some(FollowEnd::RunGone)
@@ -134,7 +136,7 @@ impl Engine {
             Arc::clone(&self.inner.store),
             session.clone(),
             self.fence(guard),
-            end,
+            vec![end],
         );
         let result = match write {
             Ok(write) => write.await.map(|_| ()).map_err(|e| error_chain(&e)),

@@ -97,12 +97,25 @@ async fn a_second_incarnation_under_one_owner_id_cannot_write_beside_the_first()
 
     let store = JsonlStore::open(dir.path(), JsonlOptions::default()).unwrap();
     let log = store.read(&s, 1, 100).await.unwrap().events;
+    // The second incarnation's first write fences the first one out; it
+    // then ends the first one's run, as interrupted, and claims.
     let takeover = log
         .iter()
-        .position(|e| {
-            e.payload["type"] == "run_started" && e.token.map(|t| t.get()) == Some(second_token)
-        })
-        .expect("the second incarnation's claim");
+        .position(|e| e.token.map(|t| t.get()) == Some(second_token))
+        .expect("the second incarnation's writes");
+    let kinds: Vec<_> = log[takeover..takeover + 3]
+        .iter()
+        .map(|e| (e.payload["type"].as_str(), e.payload["status"].as_str()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            (Some("takeover"), None),
+            (Some("run_ended"), Some("interrupted")),
+            (Some("run_started"), None)
+        ],
+        "{log:#?}"
+    );
     assert!(
         log[..takeover]
             .iter()

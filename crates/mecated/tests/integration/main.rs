@@ -1,7 +1,8 @@
 //! mecated's integration tests, one binary. Most start the built `mecated`
 //! (or `mecak8s`) as real processes on temporary store directories, driven
 //! over HTTP and stopped with real signals (`support`): two servers on one
-//! store (`processes`); a SIGTERM that drains (`drain`); replicas behind a round-robin proxy (`replicas`,
+//! store (`processes`); a SIGTERM that drains (`drain`); a killed run
+//! ended as interrupted by the next owner (`interrupted`); replicas behind a round-robin proxy (`replicas`,
 //! `replica_edge_cases`); leases from etcd (`etcd_leases`, with the `etcd`
 //! feature), from the Kubernetes API emulator (`k8s_leases`, with `k8s`),
 //! from a gRPC lease service (`lease_service`); sessions and leases in
@@ -30,6 +31,7 @@ mod drain;
 mod etcd_leases;
 mod fanout;
 mod incarnations;
+mod interrupted;
 mod k8s_leases;
 mod lease_service;
 mod leases_cli;

@@ -17,7 +17,7 @@ use lease_keeper::{KeeperErrorKind, LeaseKeeper};
 use lease_port::FencingToken;
 use lease_port::{OwnerId, SessionId, SessionLease};
 use mecated::agent::{Agent, AgentError, CHECKPOINT_TYPE, EventSink, TranscriptScope, Turn};
-use mecated::engine::{Engine, EngineError, Exclusivity, RunStatus};
+use mecated::engine::{Engine, EngineError, Exclusivity, RUN_ENDED, RunStatus};
 use mecated::metrics::Metrics;
 use memlease::MemLease;
 use serde_json::{Value, json};
@@ -256,7 +256,8 @@ async fn a_cache_too_small_for_the_session_keeps_nothing_and_runs_stay_right() {
 
 /// Writes `n` events to `session` under token 0 (below every token the
 /// leases hand out), a checkpoint at each position of `checkpoints`
-/// (1-based); the sequence numbers of those checkpoints.
+/// (1-based), then an end, as an earlier run's; the sequence numbers of
+/// those checkpoints.
 async fn seed(p: &Process, session: &SessionId, n: usize, checkpoints: &[usize]) -> Vec<u64> {
     p.engine.create_session(session).await.unwrap();
     let events: Vec<Value> = (1..=n)
@@ -267,6 +268,7 @@ async fn seed(p: &Process, session: &SessionId, n: usize, checkpoints: &[usize])
                 json!({"type": "message", "content": format!("earlier {i}")})
             }
         })
+        .chain([json!({"type": RUN_ENDED, "status": "completed"})])
         .collect();
     let fence = WriteFence::new(FencingToken::new(0), OwnerId::new("seed").unwrap());
     let mut seqs = Vec::new();
@@ -345,7 +347,7 @@ async fn an_agent_reading_since_its_checkpoint_reads_no_further_back_uncached() 
     seed(&p, &plain, 600, &[]).await;
     let (seen, claim) = p.run(&plain, "x").await;
     assert_eq!(seen, stored_from(&p, &plain, 1, claim).await);
-    assert_eq!(seen.len(), 601);
+    assert_eq!(seen.len(), 602, "600 seeded, their end and the claim");
     p.engine.delete_session(&s).await.unwrap();
     p.engine.create_session(&s).await.unwrap();
     let (seen, _) = p.run(&s, "reborn").await;
@@ -433,9 +435,11 @@ async fn an_old_cache_entry_is_not_read_forward_past_a_newer_checkpoint() {
     // Another owner writes 3,000 events, summed up near their end.
     let mark = p.store.high_water(&s).await.unwrap().unwrap().get();
     let other = WriteFence::new(FencingToken::new(mark + 1), OwnerId::new("other").unwrap());
+    // Their run ended, as runs do: its end is what the next claim reads.
     let events: Vec<Value> = (0..3_000)
         .map(|i| match i {
             2_990 => json!({"type": CHECKPOINT_TYPE, "summary": "theirs"}),
+            2_999 => json!({"type": RUN_ENDED, "status": "completed"}),
             _ => json!({"type": "message", "content": format!("theirs {i}")}),
         })
         .collect();
