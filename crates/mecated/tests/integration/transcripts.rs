@@ -462,3 +462,49 @@ async fn an_old_cache_entry_is_not_read_forward_past_a_newer_checkpoint() {
         seen.len()
     );
 }
+
+/// The earlier owner's end was on its way when the next owner read the
+/// log (a holder paused between its lease check and its write): it lands
+/// before the next owner's first write. That first write is a `takeover`
+/// that fences the earlier owner out, and only then is the earlier run
+/// judged: it ended, so it is not ended a second time as interrupted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_earlier_owners_end_landing_late_is_not_followed_by_a_second_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let leases = MemLease::new(TTL);
+    let p = process(dir.path(), &leases, "p", 0);
+    let s = SessionId::new("late").unwrap();
+    p.engine.create_session(&s).await.unwrap();
+    let old = WriteFence::new(FencingToken::new(0), OwnerId::new("old").unwrap());
+    let opened = [
+        json!({"type": "run_started", "owner": "old", "token": 0, "input": "x"}),
+        json!({"type": "progress", "step": 1, "of": 2}),
+    ];
+    p.store
+        .inner
+        .append(&s, old.clone(), &opened)
+        .await
+        .unwrap();
+    p.store
+        .append_before_next_append(old, vec![json!({"type": RUN_ENDED, "status": "completed"})]);
+    p.run(&s, "next").await;
+
+    let log = p.stored(&s, u64::MAX).await;
+    let kinds: Vec<_> = log
+        .iter()
+        .map(|e| (e["type"].as_str().unwrap(), e["status"].as_str()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("run_started", None),
+            ("progress", None),
+            ("run_ended", Some("completed")),
+            ("takeover", None),
+            ("run_started", None),
+            ("message", None),
+            ("run_ended", Some("completed")),
+        ],
+        "{log:#?}"
+    );
+}

@@ -19,6 +19,8 @@ pub(crate) struct CountingStore {
     pub(crate) waits: AtomicU64,
     /// Appended, once, just before the next read of more than one event.
     before_read: Mutex<Option<(WriteFence, Vec<Value>)>>,
+    /// Appended, once, just before the next append.
+    before_append: Mutex<Option<(WriteFence, Vec<Value>)>>,
 }
 
 impl CountingStore {
@@ -29,6 +31,7 @@ impl CountingStore {
             events_read: AtomicU64::new(0),
             waits: AtomicU64::new(0),
             before_read: Mutex::new(None),
+            before_append: Mutex::new(None),
         }
     }
 
@@ -36,6 +39,12 @@ impl CountingStore {
     /// than one event (a transcript's, not an existence check's).
     pub(crate) fn append_before_next_read(&self, fence: WriteFence, events: Vec<Value>) {
         *self.before_read.lock().unwrap() = Some((fence, events));
+    }
+
+    /// Appends `events` under `fence` just before the next append: a write
+    /// an earlier owner sent before its lease ran out, landing late.
+    pub(crate) fn append_before_next_append(&self, fence: WriteFence, events: Vec<Value>) {
+        *self.before_append.lock().unwrap() = Some((fence, events));
     }
 
     /// Events returned by reads so far.
@@ -61,6 +70,10 @@ impl SessionStore for CountingStore {
         fence: WriteFence,
         events: &[Value],
     ) -> Result<AppendReceipt, StoreError> {
+        let injected = self.before_append.lock().unwrap().take();
+        if let Some((fence, events)) = injected {
+            self.inner.append(session, fence, &events).await?;
+        }
         self.inner.append(session, fence, events).await
     }
     async fn read(&self, session: &SessionId, from: u64, limit: usize) -> Result<Page, StoreError> {
