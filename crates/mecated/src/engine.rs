@@ -419,6 +419,10 @@ impl Engine {
         session: SessionId,
         input: Value,
     ) -> Result<StartedRun, EngineError> {
+        // Counted as a run task from before the drain check until the run's
+        // task is spawned: a drain that begins meanwhile waits for this
+        // start too, rather than count the engine drained while it reads.
+        let starting = self.inner.tasks.token();
         if self.is_shutting_down() {
             return Err(EngineError::ShuttingDown);
         }
@@ -435,6 +439,7 @@ impl Engine {
         self.inner.tasks.spawn(
             async move { app.claim_and_drive(session, input, started_tx).await }.instrument(span),
         );
+        drop(starting);
         // The task answers before anything else can end it; it can only
         // vanish unanswered when the runtime drops it on the way down.
         started.await.unwrap_or(Err(EngineError::ShuttingDown))
@@ -534,6 +539,16 @@ impl Engine {
     ) {
         // Cancel requests recorded before this run began are not for it.
         let cancels_before = self.cancel_baseline(&session).await;
+        // A drain that began while this start read the session: nothing is
+        // claimed yet, so the client is sent elsewhere.
+        if self.is_draining() {
+            let _ = started.send(Err(if self.is_shutting_down() {
+                EngineError::ShuttingDown
+            } else {
+                EngineError::Draining
+            }));
+            return;
+        }
         let (guard, token, first_seq) = match self.claim(&session, &input, &started).await {
             Ok(Some(claimed)) => claimed,
             Ok(None) => return,

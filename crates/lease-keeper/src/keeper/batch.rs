@@ -238,7 +238,10 @@ async fn renew_batch(core: Arc<KeeperCore>, mut members: Vec<Member>) {
         }
         match settle(&core, &m.run, &m.lease, answer, latency) {
             Settled::Renewed => back.push(BatchSlot {
-                run: m.run,
+                run: {
+                    m.run.renewed_at(&core, sent);
+                    m.run
+                },
                 deadline: sent + core.ttl,
                 // One jitter draw per batch: its members stay together in
                 // later batches, while separate keepers still drift apart.

@@ -106,6 +106,12 @@ impl LeaseGuard {
         Ok(WriteTask::new(task))
     }
 
+    /// How long from now the lease is safely held (see
+    /// [`WriteGate::safe_for`]): zero once lost, `None` when unleased.
+    pub fn safe_for(&self) -> Option<std::time::Duration> {
+        self.run.safe_for()
+    }
+
     /// True when the run holds a lease; false when the backend answered
     /// `Unsupported` and the keeper runs unleased.
     pub fn is_leased(&self) -> bool {

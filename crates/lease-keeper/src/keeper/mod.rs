@@ -478,12 +478,14 @@ impl LeaseKeeper {
             state: Mutex::new(RunState {
                 current: lease.clone(),
                 loss: None,
+                deadline: lease.as_ref().and(sent).map(|sent| sent + core.ttl),
             }),
             renew_task: Mutex::new(None),
             release_started: AtomicBool::new(false),
             counted: AtomicBool::new(false),
             lease_tx,
             writes: WriteTracker::default(),
+            margin: core.effect_margin(),
         });
         let handle = Handle::current();
         let leased = lease.is_some();

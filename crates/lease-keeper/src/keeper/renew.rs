@@ -90,6 +90,7 @@ async fn renew_loop(core: Arc<KeeperCore>, run: Arc<Run>, sent: Instant) {
         };
         match settle(&core, &run, &current, answer, latency) {
             Settled::Renewed => {
+                run.renewed_at(&core, t0);
                 deadline = t0 + core.ttl;
                 next = t0 + core.next_interval();
             }

@@ -3,10 +3,12 @@
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use lease_port::{Lease, LeaseErrorKind, OwnerId, SessionId};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
@@ -57,6 +59,9 @@ pub(super) struct Run {
     pub(super) lease_tx: watch::Sender<Option<Lease>>,
     /// The run's writes in flight; closed when its release begins.
     pub(super) writes: WriteTracker,
+    /// What [`safe_for`](Self::safe_for) keeps back from the time left
+    /// ([`KeeperCore::effect_margin`]).
+    pub(super) margin: Duration,
 }
 
 /// The part of a run that changes: its newest lease value and, once lost,
@@ -64,6 +69,10 @@ pub(super) struct Run {
 pub(super) struct RunState {
     pub(super) current: Option<Lease>,
     pub(super) loss: Option<LossReason>,
+    /// When the lease is taken to run out, on the monotonic clock: `ttl`
+    /// after the call that granted or last renewed it was sent. `None`
+    /// when unleased.
+    pub(super) deadline: Option<Instant>,
 }
 
 impl Run {
@@ -93,6 +102,29 @@ impl Run {
         st.current = Some(renewed.clone());
         self.lease_tx.send_replace(Some(renewed));
         true
+    }
+
+    /// Moves the deadline on after a renewal sent at `sent`; never back (a
+    /// late answer to an earlier call).
+    pub(super) fn renewed_at(&self, core: &KeeperCore, sent: Instant) {
+        let mut st = lock(&self.state);
+        let deadline = sent + core.ttl;
+        if st.deadline.is_none_or(|d| d < deadline) {
+            st.deadline = Some(deadline);
+        }
+    }
+
+    /// How long from now the lease is safely held: until its deadline less
+    /// the margin; zero once lost, released or within the margin, `None`
+    /// when unleased.
+    pub(super) fn safe_for(&self) -> Option<Duration> {
+        let st = lock(&self.state);
+        let deadline = st.deadline?;
+        if st.loss.is_some() || self.stop.is_cancelled() {
+            return Some(Duration::ZERO);
+        }
+        let safe_until = deadline.checked_sub(self.margin).unwrap_or(deadline);
+        Some(safe_until.saturating_duration_since(Instant::now()))
     }
 
     pub(super) fn uncount(&self, core: &KeeperCore) {

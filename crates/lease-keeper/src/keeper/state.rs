@@ -168,6 +168,15 @@ impl KeeperCore {
         }
     }
 
+    /// What [`LeaseGuard::safe_for`](super::LeaseGuard::safe_for) keeps
+    /// back from a lease's remaining time: one renewal interval. An effect
+    /// started while time is left then has at least that long to land
+    /// before the lease could lapse, and a lease whose renewals stopped
+    /// answers zero an interval before its deadline.
+    pub(super) fn effect_margin(&self) -> Duration {
+        self.interval
+    }
+
     /// The next renewal interval: the configured share of the TTL, scaled
     /// by a random factor in `1 ± jitter`.
     pub(super) fn next_interval(&self) -> Duration {

@@ -13,6 +13,7 @@
 //! task, or a future that hands itself to a task when dropped).
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use lease_port::SessionId;
 use tokio::sync::Notify;
@@ -102,6 +103,20 @@ impl std::fmt::Debug for WriteGate {
 }
 
 impl WriteGate {
+    /// How long from now the run's lease is safely held, on the monotonic
+    /// clock: the time until the keeper would count it lost (a TTL after
+    /// the call that last renewed it was sent) less one renewal interval,
+    /// so an effect begun now has at least that interval to land. Zero
+    /// once the lease is lost or the run's release began; `None` when the
+    /// run is unleased, where no lease bounds it.
+    ///
+    /// Check it before each side effect outside the session's store (a
+    /// mail sent, a card charged): the store fences the run's own writes,
+    /// nothing fences those. See [`LeaseGuard::safe_for`].
+    pub fn safe_for(&self) -> Option<Duration> {
+        self.run.safe_for()
+    }
+
     /// A permit for one write. Errors with
     /// [`RunEnded`](crate::KeeperErrorKind::RunEnded) once the run lost its
     /// lease (or shutdown ended it) or its release has begun.

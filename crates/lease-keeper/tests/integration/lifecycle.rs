@@ -930,3 +930,62 @@ async fn an_unleased_run_holds_the_session_until_its_writes_end() {
     .expect("free once the write ended")
     .unwrap();
 }
+
+/// The time an agent may still start a side effect in: a TTL from the
+/// last renewal's send, less one renewal interval; it moves on with each
+/// renewal, runs down when renewals stop answering (to zero an interval
+/// before the loss), and is zero once the lease is lost.
+#[tokio::test(start_paused = true)]
+async fn safe_time_is_the_deadline_less_an_interval_and_zero_once_lost() {
+    let w = world();
+    // The first renewal (at TTL/3) succeeds; every later one fails.
+    w.probe.faults.lock().unwrap().renew_ok_then = Some((1, LeaseErrorKind::Transient));
+    let k = keeper(&w, 0.0);
+    let guard = k.acquire(&sid("s")).await.unwrap();
+    let interval = TTL / 3;
+    assert_eq!(guard.safe_for(), Some(TTL - interval));
+    let gate = guard.write_gate();
+    sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        gate.safe_for(),
+        Some(TTL - interval - Duration::from_secs(5))
+    );
+    // Renewed at TTL/3: the deadline is a TTL from then.
+    w.clock.advance(interval);
+    sleep(interval - Duration::from_secs(5) + Duration::from_millis(1)).await;
+    let renewed_at = Instant::now() - Duration::from_millis(1);
+    assert_eq!(
+        gate.safe_for(),
+        Some(renewed_at + TTL - interval - Instant::now())
+    );
+    // Renewals fail from now on: the safe time reaches zero an interval
+    // before the loss, and stays there.
+    sleep_until_safe_time_is_zero(&gate).await;
+    assert_eq!(Instant::now(), renewed_at + TTL - interval);
+    assert!(!guard.is_lost());
+    timeout(TTL, guard.lost()).await.expect("loss fires");
+    assert_eq!(Instant::now(), renewed_at + TTL);
+    assert_eq!(gate.safe_for(), Some(Duration::ZERO));
+    drop(guard);
+
+    // Unleased, nothing bounds a run.
+    let w = world();
+    w.probe.faults.lock().unwrap().acquire = Some(LeaseErrorKind::Unsupported);
+    let unleased = LeaseKeeper::builder(Arc::new(w.probe.clone()), owner("u"), TTL)
+        .allow_unleased(true)
+        .build()
+        .unwrap();
+    let guard = unleased.acquire(&sid("s")).await.unwrap();
+    assert!(!guard.is_leased());
+    assert_eq!(guard.safe_for(), None);
+}
+
+async fn sleep_until_safe_time_is_zero(gate: &lease_keeper::WriteGate) {
+    loop {
+        match gate.safe_for() {
+            Some(d) if d.is_zero() => return,
+            Some(d) => sleep(d).await,
+            None => panic!("leased"),
+        }
+    }
+}

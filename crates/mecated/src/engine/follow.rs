@@ -316,12 +316,20 @@ impl Engine {
             .read(session, seq, 1)
             .await
             .map_err(|e| FollowEnd::Failed(error_chain(&e)))?;
-        Ok(page
-            .events
-            .first()
-            .filter(|e| e.seq == seq)
-            .filter(|e| e.payload.get("type").and_then(|t| t.as_str()) != Some(RUN_ENDED))
-            .map(|e| e.token))
+        let Some(event) = page.events.first().filter(|e| e.seq == seq) else {
+            return Ok(None);
+        };
+        match event.payload.get("type").and_then(|t| t.as_str()) {
+            Some(RUN_ENDED) => Ok(None),
+            // The next owner's, sent to the followers of the run it is
+            // about to end: the run in progress is that earlier one.
+            Some(super::TAKEOVER) => self
+                .open_run_before(session, seq)
+                .await
+                .map(|open| open.map(|run| run.token))
+                .map_err(|e| FollowEnd::Failed(error_chain(&e))),
+            _ => Ok(Some(event.token)),
+        }
     }
 
     /// Sends every stored event after `pos`, advancing it; stops early at

@@ -37,9 +37,9 @@ const LOOK_BACK_PAGE: usize = 256;
 
 /// A run whose start is in the log and whose end is not.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct OpenRun {
+pub(super) struct OpenRun {
     start_seq: u64,
-    token: Option<FencingToken>,
+    pub(super) token: Option<FencingToken>,
     owner: Option<String>,
 }
 
@@ -143,7 +143,7 @@ impl Engine {
     /// `run_started` with no end after it. Reads back from `before`, a
     /// page at a time, as far as the open run's start (its length, not the
     /// log's).
-    async fn open_run_before(
+    pub(super) async fn open_run_before(
         &self,
         session: &SessionId,
         before: u64,

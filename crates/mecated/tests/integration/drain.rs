@@ -1,7 +1,8 @@
-//! A rolling deploy's SIGTERM, with real processes: the replica drains.
-//! Its run in progress finishes, new runs are refused so that they go to
-//! another replica, reads and follows keep working, and the session passes
-//! to the other replica as soon as the run releases it.
+//! A rolling deploy's SIGTERM, with real processes (and one race, in
+//! process): the replica drains. Its run in progress finishes, new runs
+//! are refused so that they go to another replica, reads and follows keep
+//! working, and the session passes to the other replica as soon as the run
+//! releases it.
 
 use std::time::{Duration, Instant};
 
@@ -181,4 +182,66 @@ async fn a_run_waiting_on_a_draining_replica_is_answered_at_once() {
         StatusCode::OK,
         "the session was not released: {body}"
     );
+}
+
+/// A run start that passed the drain check just before the drain began,
+/// and was still reading its session: the drain waits for it, and it is
+/// refused as `draining` (nothing claimed) rather than started and then
+/// cancelled by the shutdown that follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_in_flight_when_the_drain_begins_is_refused_and_waited_for() {
+    use std::sync::Arc;
+
+    use lease_keeper::LeaseKeeper;
+    use lease_port::{OwnerId, SessionId, SessionLease};
+    use mecated::agent::EchoAgent;
+    use mecated::engine::{Engine, EngineError, Exclusivity};
+    use mecated::metrics::Metrics;
+    use memlease::MemLease;
+    use session_store::{FsyncPolicy, JsonlOptions, JsonlStore, SessionStore};
+
+    use crate::support::counting_store::CountingStore;
+
+    let dir = tempfile::tempdir().unwrap();
+    let options = JsonlOptions::default().fsync(FsyncPolicy::Never);
+    let store = Arc::new(CountingStore::new(
+        JsonlStore::open(dir.path(), options).unwrap(),
+    ));
+    let ttl = Duration::from_secs(5);
+    let backend: Arc<dyn SessionLease> = Arc::new(MemLease::new(ttl));
+    let keeper = LeaseKeeper::builder(backend, OwnerId::new("p").unwrap(), ttl)
+        .build()
+        .unwrap();
+    let engine = Engine::new(
+        Arc::clone(&store) as Arc<dyn SessionStore>,
+        keeper,
+        Arc::new(EchoAgent::default()),
+        Arc::new(Metrics::default()),
+        Exclusivity::Leased,
+    );
+    let s = SessionId::new("s").unwrap();
+    engine.create_session(&s).await.unwrap();
+
+    let held = store.hold_next_existence_check();
+    let starting = tokio::spawn({
+        let (engine, s) = (engine.clone(), s.clone());
+        async move { engine.start_run(s, json!("late")).await }
+    });
+    held.entered.notified().await;
+    engine.begin_drain();
+    let mut drained = Box::pin(engine.runs_drained());
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), &mut drained)
+            .await
+            .is_err(),
+        "counted drained while a start was in flight"
+    );
+    held.release.notify_one();
+    let refused = starting.await.unwrap().unwrap_err();
+    assert!(matches!(refused, EngineError::Draining), "{refused}");
+    tokio::time::timeout(PATIENCE, drained)
+        .await
+        .expect("drained once the start was refused");
+    let log = store.inner.read(&s, 1, 10).await.unwrap();
+    assert!(log.events.is_empty(), "{:?}", log.events);
 }

@@ -113,3 +113,74 @@ async fn an_unleased_server_restarted_after_a_crash_ends_the_run_it_left() {
     assert_eq!(runs[0].1["payload"]["run_seq"], started["seq"]);
     assert!(log.iter().all(|e| kind(e) != "takeover"), "{log:#?}");
 }
+
+/// A follower of the interrupted run is sent the next owner's `takeover`
+/// before the run's end. Its stream breaking right there and resuming from
+/// the takeover (`Last-Event-ID`), it still follows the interrupted run to
+/// that end, not the new owner's run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follow_resumed_from_the_takeover_ends_with_the_interrupted_run() {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use lease_keeper::LeaseKeeper;
+    use lease_port::{FencingToken, OwnerId, SessionId, SessionLease};
+    use mecated::agent::EchoAgent;
+    use mecated::engine::{Engine, Exclusivity, FollowEnd, FollowItem};
+    use mecated::metrics::Metrics;
+    use memlease::MemLease;
+    use session_store::{FsyncPolicy, JsonlOptions, JsonlStore, SessionStore, WriteFence};
+
+    let dir = tempfile::tempdir().unwrap();
+    let options = JsonlOptions::default().fsync(FsyncPolicy::Never);
+    let store = Arc::new(JsonlStore::open(dir.path(), options).unwrap());
+    let s = SessionId::new("s").unwrap();
+    store.create(&s).await.unwrap();
+    let a = WriteFence::new(FencingToken::new(5), OwnerId::new("a#1").unwrap());
+    let b = WriteFence::new(FencingToken::new(6), OwnerId::new("b#1").unwrap());
+    let log = [
+        (
+            &a,
+            json!({"type": "run_started", "owner": "a", "token": 5, "input": "x"}),
+        ),
+        (&a, json!({"type": "progress", "step": 1, "of": 3})),
+        (&b, json!({"type": "takeover", "owner": "b", "token": 6})),
+        (
+            &b,
+            json!({"type": "run_ended", "status": "interrupted", "run_seq": 1, "run_token": 5}),
+        ),
+        (
+            &b,
+            json!({"type": "run_started", "owner": "b", "token": 6, "input": "y"}),
+        ),
+        (&b, json!({"type": "message", "content": "y"})),
+        (&b, json!({"type": "run_ended", "status": "completed"})),
+    ];
+    for (fence, event) in log {
+        store.append(&s, fence.clone(), &[event]).await.unwrap();
+    }
+    let backend: Arc<dyn SessionLease> = Arc::new(MemLease::new(Duration::from_secs(5)));
+    let keeper = LeaseKeeper::builder(backend, OwnerId::new("c").unwrap(), Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let engine = Engine::new(
+        store,
+        keeper,
+        Arc::new(EchoAgent::default()),
+        Arc::new(Metrics::default()),
+        Exclusivity::Leased,
+    );
+    for last_seen in [2, 3] {
+        let mut follow = engine.resume(s.clone(), last_seen).await.unwrap();
+        let mut sent = Vec::new();
+        let end = loop {
+            match tokio::time::timeout(PATIENCE, follow.recv()).await.unwrap() {
+                Some(FollowItem::Event(e)) => sent.push(e.seq),
+                Some(FollowItem::End(end)) => break end,
+                None => panic!("the follow closed without its end"),
+            }
+        };
+        assert_eq!(end, FollowEnd::RunEnded, "from {last_seen}: {sent:?}");
+        assert_eq!(sent.last(), Some(&4), "from {last_seen}: {sent:?}");
+    }
+}

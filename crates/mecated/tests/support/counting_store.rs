@@ -3,14 +3,24 @@
 //! to what a claim about cost allows. It can also let another writer in
 //! just before a read, as a holder paused between two steps would.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use lease_port::{AuthorityId, FencingToken, SessionId};
 use serde_json::Value;
 use session_store::{AppendReceipt, JsonlStore, Page, SessionStore, StoreError, WriteFence};
+use tokio::sync::Notify;
+
+/// A read held until the test lets it go.
+#[derive(Default)]
+pub(crate) struct HeldRead {
+    /// Notified when the read arrives.
+    pub(crate) entered: Notify,
+    /// Notify to let it go on.
+    pub(crate) release: Notify,
+}
 
 pub(crate) struct CountingStore {
     pub(crate) inner: JsonlStore,
@@ -21,6 +31,8 @@ pub(crate) struct CountingStore {
     before_read: Mutex<Option<(WriteFence, Vec<Value>)>>,
     /// Appended, once, just before the next append.
     before_append: Mutex<Option<(WriteFence, Vec<Value>)>>,
+    /// Holds, once, the next existence check (a read of event 1 alone).
+    held: Mutex<Option<Arc<HeldRead>>>,
 }
 
 impl CountingStore {
@@ -32,6 +44,7 @@ impl CountingStore {
             waits: AtomicU64::new(0),
             before_read: Mutex::new(None),
             before_append: Mutex::new(None),
+            held: Mutex::new(None),
         }
     }
 
@@ -45,6 +58,14 @@ impl CountingStore {
     /// an earlier owner sent before its lease ran out, landing late.
     pub(crate) fn append_before_next_append(&self, fence: WriteFence, events: Vec<Value>) {
         *self.before_append.lock().unwrap() = Some((fence, events));
+    }
+
+    /// Holds the next existence check (a read of one event from the first,
+    /// as a run's start makes) until the test releases it.
+    pub(crate) fn hold_next_existence_check(&self) -> Arc<HeldRead> {
+        let held = Arc::new(HeldRead::default());
+        *self.held.lock().unwrap() = Some(Arc::clone(&held));
+        held
     }
 
     /// Events returned by reads so far.
@@ -78,6 +99,14 @@ impl SessionStore for CountingStore {
     }
     async fn read(&self, session: &SessionId, from: u64, limit: usize) -> Result<Page, StoreError> {
         self.reads.fetch_add(1, Ordering::Relaxed);
+        let held = match (from, limit) {
+            (1, 1) => self.held.lock().unwrap().take(),
+            _ => None,
+        };
+        if let Some(held) = held {
+            held.entered.notify_one();
+            held.release.notified().await;
+        }
         let injected = match limit > 1 {
             true => self.before_read.lock().unwrap().take(),
             false => None,
