@@ -28,6 +28,10 @@
 //! - Runs that outlive a request (an agent working in the background, as
 //!   `mecated` runs them) acquire through the keeper themselves, and can
 //!   still answer their refusals with [`HttpError`].
+//! - You run a service that a session's runs call for their side effects
+//!   (mail, payments, tickets): keep an [`EffectFence`], and it refuses a
+//!   request from an owner that lost the session (its token below the
+//!   highest seen) and a repeat of an effect key ([`effect_fence`]).
 //!
 //! # Example
 //!
@@ -172,12 +176,14 @@
 //! [`LeaseGuard::spawn_write`]: lease_keeper::LeaseGuard::spawn_write
 
 mod code;
+pub mod effect_fence;
 mod error;
 mod extract;
 mod mapping;
 mod state;
 
 pub use code::ErrorCode;
+pub use effect_fence::{Admission, EffectClaim, EffectFence};
 pub use error::{ErrorBody, ErrorDetail, HttpError};
 pub use extract::{Leased, SESSION_PARAM, SessionPath};
 pub use mapping::{

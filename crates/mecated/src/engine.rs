@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, Span, field, info, info_span, warn};
 
-use crate::agent::{Agent, AgentError, EventSink, SinkError, TranscriptScope, Turn};
+use crate::agent::{Agent, AgentError, EventSink, RunLease, SinkError, TranscriptScope, Turn};
 use crate::error::error_chain;
 use crate::metrics::{Metrics, RunOutcome};
 use crate::transcript::{DEFAULT_TRANSCRIPT_CACHE_BYTES, Transcript, TranscriptCache};
@@ -587,6 +587,7 @@ impl Engine {
                     .drive(
                         Run {
                             session,
+                            first_seq,
                             guard,
                             input,
                             cancel,
@@ -601,6 +602,7 @@ impl Engine {
         };
         let run = Run {
             session,
+            first_seq,
             guard,
             input,
             cancel,
@@ -625,6 +627,7 @@ impl Engine {
     async fn drive(&self, run: Run, transcript: Result<Transcript, String>) {
         let Run {
             session,
+            first_seq,
             guard,
             input,
             cancel,
@@ -650,6 +653,11 @@ impl Engine {
                     session_id: session.to_string(),
                     transcript,
                     input,
+                    run: RunLease {
+                        run_id: first_seq,
+                        token: token.map(|t| t.get()),
+                        safe_for: guard.safe_for(),
+                    },
                 };
                 self.run_agent(&guard, &cancel, turn, &mut sink).await
             }
@@ -833,6 +841,8 @@ fn loss_message(session: &SessionId, loss: Option<&LossReason>) -> String {
 /// Everything a run task owns.
 struct Run {
     session: SessionId,
+    /// Where its claim is in the session's log: the run's id.
+    first_seq: u64,
     guard: LeaseGuard,
     input: Value,
     cancel: CancellationToken,
@@ -885,6 +895,17 @@ impl EventSink for StoreSink {
         self.last_seq = Some(receipt.last_seq);
         self.forward(receipt.first_seq).await;
         Ok(())
+    }
+
+    fn lease_check(&self) -> Result<Option<Duration>, SinkError> {
+        match self.gate.safe_for() {
+            Some(left) if left.is_zero() || self.fenced => Err(SinkError(format!(
+                "the run's lease on session {} is lost or about to lapse: start no effect \
+                 outside the session, another process may own it by the time it lands",
+                self.session
+            ))),
+            left => Ok(left),
+        }
     }
 }
 

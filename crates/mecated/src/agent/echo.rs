@@ -63,6 +63,7 @@ mod tests {
             session_id: "s".into(),
             transcript: Default::default(),
             input,
+            run: Default::default(),
         }
     }
 

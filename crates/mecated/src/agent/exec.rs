@@ -1,10 +1,22 @@
 //! `exec`: runs a user's command for every turn.
 //!
 //! Protocol: the command gets the turn as one JSON object on stdin
-//! (`{"session_id", "transcript", "input"}`, then EOF) and writes its events
+//! (`{"session_id", "transcript", "input", "run_id", "token",
+//! "lease_safe_ms", "effect_key_prefix"}`, then EOF) and writes its events
 //! as JSON objects, one per line, on stdout. A zero exit ends the run; a
 //! non-zero exit, or a line that is not a JSON object, fails it with the
-//! tail of stderr. The child is killed when the run is cancelled.
+//! tail of stderr. The child is killed when the run is cancelled, or when
+//! the run loses its lease.
+//!
+//! For its side effects outside the session, the command is also given
+//! the run in its environment: `MECATL_SESSION_ID`, `MECATL_RUN_ID`,
+//! `MECATL_EFFECT_KEY_PREFIX` and, when leased, `MECATL_FENCING_TOKEN` and
+//! `MECATL_LEASE_SAFE_MS` (how long the lease was safely held when the
+//! command started, on the monotonic clock: a command should start no
+//! effect once that much time has passed). Send the token and the key
+//! prefix with a step name appended (see `Turn::effect_key`) to the
+//! service the effect goes to, which can then refuse a stale owner and a
+//! repeat (`lease_http::EffectFence`).
 //!
 //! The transcript is the whole session unless the agent is set to another
 //! [`TranscriptScope`]: a command that writes `{"type": "checkpoint", …}`
@@ -59,6 +71,10 @@ struct Request<'a> {
     session_id: &'a str,
     transcript: &'a super::Transcript,
     input: &'a Value,
+    run_id: u64,
+    token: Option<u64>,
+    lease_safe_ms: Option<u128>,
+    effect_key_prefix: &'a str,
 }
 
 fn failed(msg: impl Into<String>) -> AgentError {
@@ -72,8 +88,25 @@ impl Agent for ExecAgent {
     }
 
     async fn run(&self, turn: Turn, sink: &mut dyn EventSink) -> Result<(), AgentError> {
-        let mut child = Command::new(&self.program)
+        let key_prefix = super::effect_key_prefix(&turn.session_id, &turn.run);
+        let safe_ms = turn.run.safe_for.map(|d| d.as_millis());
+        let mut command = Command::new(&self.program);
+        command
             .args(&self.args)
+            .env("MECATL_SESSION_ID", &turn.session_id)
+            .env("MECATL_RUN_ID", turn.run.run_id.to_string())
+            .env("MECATL_EFFECT_KEY_PREFIX", &key_prefix);
+        // Never inherited from the server's own environment: an unleased
+        // run has no token and no bound.
+        match turn.run.token {
+            Some(token) => command.env("MECATL_FENCING_TOKEN", token.to_string()),
+            None => command.env_remove("MECATL_FENCING_TOKEN"),
+        };
+        match safe_ms {
+            Some(ms) => command.env("MECATL_LEASE_SAFE_MS", ms.to_string()),
+            None => command.env_remove("MECATL_LEASE_SAFE_MS"),
+        };
+        let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -95,6 +128,10 @@ impl Agent for ExecAgent {
             session_id: &turn.session_id,
             transcript: &turn.transcript,
             input: &turn.input,
+            run_id: turn.run.run_id,
+            token: turn.run.token,
+            lease_safe_ms: safe_ms,
+            effect_key_prefix: &key_prefix,
         };
         let body = serde_json::to_vec(&request).map_err(|e| failed(e.to_string()))?;
         let feed = tokio::spawn(async move {
@@ -176,7 +213,34 @@ mod tests {
             session_id: "s-1".into(),
             transcript: vec![json!({"type": "message", "content": "earlier"})].into(),
             input: json!("hello"),
+            run: crate::agent::RunLease {
+                run_id: 7,
+                token: Some(3),
+                safe_for: Some(std::time::Duration::from_millis(4_500)),
+            },
         }
+    }
+
+    #[tokio::test]
+    async fn child_is_told_its_run_and_lease_on_stdin_and_in_its_environment() {
+        let mut sink = VecSink::default();
+        sh(r#"read -r req; printf '{"req":%s,"env":["%s","%s","%s","%s","%s"]}
+' "$req"               "$MECATL_SESSION_ID" "$MECATL_RUN_ID" "$MECATL_FENCING_TOKEN"               "$MECATL_LEASE_SAFE_MS" "$MECATL_EFFECT_KEY_PREFIX""#)
+        .run(turn(), &mut sink)
+        .await
+        .unwrap();
+        let got = &sink.events[0];
+        let prefix = turn().effect_key("");
+        assert_eq!(got["env"], json!(["s-1", "7", "3", "4500", prefix]));
+        assert_eq!(got["req"]["run_id"], 7);
+        assert_eq!(got["req"]["token"], 3);
+        assert_eq!(got["req"]["lease_safe_ms"], 4500);
+        assert_eq!(got["req"]["effect_key_prefix"], prefix);
+        assert_eq!(
+            format!("{prefix}mail-1"),
+            turn().effect_key("mail-1"),
+            "a step appended to the prefix is the run's key"
+        );
     }
 
     #[tokio::test]

@@ -11,6 +11,7 @@ mod echo;
 mod exec;
 
 use std::fmt;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::Value;
@@ -27,6 +28,15 @@ pub use crate::transcript::Transcript;
 pub trait EventSink: Send {
     /// Records one event of the run.
     async fn emit(&mut self, event: Value) -> Result<(), SinkError>;
+
+    /// Asked before each side effect outside the session (a mail sent, a
+    /// card charged, a ticket opened), which the store's fence does not
+    /// cover: how long from now the run's lease is safely held, so the
+    /// effect has that long to land. `Ok(None)` when the run is unleased.
+    /// Refused once the lease is lost, the run is ending, or the time left
+    /// is within the keeper's margin: the effect must not start, since
+    /// another process may own the session by the time it lands.
+    fn lease_check(&self) -> Result<Option<Duration>, SinkError>;
 }
 
 /// Why an event could not be recorded; the run stops.
@@ -46,6 +56,51 @@ pub struct Turn {
     pub transcript: Transcript,
     /// The run's input as the client sent it.
     pub input: Value,
+    /// The run, and the lease it runs under.
+    pub run: RunLease,
+}
+
+/// The run a [`Turn`] belongs to and the lease it runs under: what an agent
+/// needs to fence the side effects that the session's store cannot.
+///
+/// The store refuses a stale owner's writes to the session; nothing refuses
+/// its calls to other services. An agent that calls out checks
+/// [`EventSink::lease_check`] before each effect and sends the run's
+/// token and an [effect key](Turn::effect_key) with it, so the service can
+/// refuse a token below the highest it has seen for the session and a key
+/// it has already acted on (`lease_http::EffectFence` does both).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunLease {
+    /// The run's id within its session: the sequence number of its claim
+    /// (`run_started`) in the session's log.
+    pub run_id: u64,
+    /// The fencing token the run's writes carry; `None` when unleased.
+    pub token: Option<u64>,
+    /// How long the lease was safely held when the turn was handed over,
+    /// on the monotonic clock: the time until the keeper would count it
+    /// lost, less one renewal interval. `None` when unleased.
+    pub safe_for: Option<Duration>,
+}
+
+impl Turn {
+    /// The idempotency key of effect `step` of this run: the same for a
+    /// retry of that effect within the run, different for every other
+    /// session, token, run and step. `step` names the effect (`"mail-1"`,
+    /// a tool call's id); the key is opaque to the service that receives
+    /// it, which only compares keys for equality.
+    pub fn effect_key(&self, step: &str) -> String {
+        format!("{}{step}", effect_key_prefix(&self.session_id, &self.run))
+    }
+}
+
+/// What every effect key of a run begins with: the session's id with its
+/// length (so no id's end is read as the next field), the token and the
+/// run id. A step name appended makes the key.
+pub fn effect_key_prefix(session_id: &str, run: &RunLease) -> String {
+    let token = run
+        .token
+        .map_or_else(|| "unleased".to_owned(), |t| t.to_string());
+    format!("{}:{session_id}/{token}/{}/", session_id.len(), run.run_id)
 }
 
 /// Why a run failed.
@@ -129,5 +184,48 @@ pub(crate) mod testing {
             self.events.push(event);
             Ok(())
         }
+
+        fn lease_check(&self) -> Result<Option<Duration>, SinkError> {
+            Ok(None)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn turn(session: &str, token: Option<u64>, run_id: u64) -> Turn {
+        Turn {
+            session_id: session.into(),
+            transcript: Default::default(),
+            input: Value::Null,
+            run: RunLease {
+                run_id,
+                token,
+                safe_for: None,
+            },
+        }
+    }
+
+    #[test]
+    fn effect_keys_differ_for_every_session_token_run_and_step() {
+        let keys = [
+            turn("a", Some(1), 1).effect_key("x"),
+            turn("a", Some(1), 1).effect_key("y"),
+            turn("a", Some(1), 2).effect_key("x"),
+            turn("a", Some(2), 1).effect_key("x"),
+            turn("a", None, 1).effect_key("x"),
+            turn("b", Some(1), 1).effect_key("x"),
+            // An id ending like another's fields is still another session.
+            turn("a/1", Some(1), 1).effect_key("x"),
+            turn("a", Some(1), 1).effect_key("1/1/x"),
+        ];
+        let distinct: std::collections::HashSet<_> = keys.iter().collect();
+        assert_eq!(distinct.len(), keys.len(), "{keys:?}");
+        assert_eq!(
+            turn("a", Some(1), 1).effect_key("x"),
+            turn("a", Some(1), 1).effect_key("x")
+        );
     }
 }

@@ -67,9 +67,11 @@ struct Running {
 
 /// What the reading thread and the waiters share.
 struct Shared {
+    #[cfg(feature = "cancel-requests")]
     dir: PathBuf,
     waiters: Mutex<HashMap<Topic, Weak<Notify>>>,
     /// The cancel requests' directory's watch, once that directory exists.
+    #[cfg(feature = "cancel-requests")]
     cancel_watch: Mutex<Option<WatchDescriptor>>,
     /// Set by the store's drop: the thread ends at its next wake-up.
     stopping: AtomicBool,
@@ -243,8 +245,10 @@ fn start(dir: &Path) -> Result<Running, Errno> {
     let inotify = Arc::new(Inotify::init(InitFlags::IN_CLOEXEC)?);
     let dir_watch = inotify.add_watch(dir, dir_mask())?;
     let shared = Arc::new(Shared {
+        #[cfg(feature = "cancel-requests")]
         dir: dir.to_owned(),
         waiters: Mutex::new(HashMap::new()),
+        #[cfg(feature = "cancel-requests")]
         cancel_watch: Mutex::new(None),
         stopping: AtomicBool::new(false),
         ended: AtomicBool::new(false),
