@@ -21,7 +21,8 @@
 //! - **log integrity** ([`Property::LogIntegrity`]) — sequence numbers
 //!   start at 1 and follow each other, every event belongs to a run that
 //!   started before it and fits that run's shape, a run's events carry the
-//!   token its `run_started` names, and every run a client saw end, and
+//!   token its `run_started` names, every run ends (once) before the next
+//!   one starts, and every run a client saw end, and
 //!   every event a client received, is stored exactly as the client saw it.
 //!
 //! [`server_timeline`] turns the record into a [`History`] that
@@ -474,6 +475,19 @@ fn check_log(session: &Arc<str>, log: &[StoredEvent], found: &mut Vec<Found>) {
                     format!(
                         "run_started at seq {} names token {named:?} but was written under {:?}",
                         e.seq, e.token
+                    ),
+                );
+            }
+            if let Some(open) = runs.last().filter(|r| !r.ended) {
+                push(
+                    Property::LogIntegrity,
+                    e,
+                    vec![open.start_seq, e.seq],
+                    format!(
+                        "a run starts at seq {} while {} has no end: a run whose process \
+                         died is ended, as interrupted, before the next one starts",
+                        e.seq,
+                        open.describe()
                     ),
                 );
             }

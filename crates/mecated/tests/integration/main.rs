@@ -2,7 +2,8 @@
 //! (or `mecak8s`) as real processes on temporary store directories, driven
 //! over HTTP and stopped with real signals (`support`): two servers on one
 //! store (`processes`); a SIGTERM that drains (`drain`); a killed run
-//! ended as interrupted by the next owner (`interrupted`); replicas behind a round-robin proxy (`replicas`,
+//! ended as interrupted by the next owner (`interrupted`); side effects
+//! fenced at their destination (`effects`); replicas behind a round-robin proxy (`replicas`,
 //! `replica_edge_cases`); leases from etcd (`etcd_leases`, with the `etcd`
 //! feature), from the Kubernetes API emulator (`k8s_leases`, with `k8s`),
 //! from a gRPC lease service (`lease_service`); sessions and leases in
@@ -28,6 +29,7 @@ mod support;
 
 mod deploy_manifests;
 mod drain;
+mod effects;
 mod etcd_leases;
 mod fanout;
 mod incarnations;
