@@ -58,6 +58,20 @@ pub enum ErrorCode {
     /// 500: a fault of the server or its storage. A write may or may not
     /// have been made: read the session before writing again.
     Internal,
+    /// 409, from a service receiving a run's side effects
+    /// ([`EffectFence`](crate::EffectFence)): a later owner of the session
+    /// has been seen, so this request comes from an owner that lost it.
+    /// The effect was not performed; the run must not act for the session.
+    StaleFencingToken,
+    /// 409, from a service receiving a run's side effects: this effect
+    /// key's effect was performed already under the same token; it is not
+    /// performed again.
+    RepeatedEffect,
+    /// 409, from a service receiving a run's side effects: this effect
+    /// key's effect is being performed by another request right now.
+    /// Retryable, with `Retry-After`: asked again, it is either done
+    /// (`repeated_effect`) or admitted.
+    EffectInProgress,
 }
 
 impl ErrorCode {
@@ -78,6 +92,9 @@ impl ErrorCode {
             ErrorCode::StoreBusy => "store_busy",
             ErrorCode::StoreUnavailable => "store_unavailable",
             ErrorCode::Internal => "internal",
+            ErrorCode::StaleFencingToken => "stale_fencing_token",
+            ErrorCode::RepeatedEffect => "repeated_effect",
+            ErrorCode::EffectInProgress => "effect_in_progress",
         }
     }
 
@@ -91,7 +108,10 @@ impl ErrorCode {
             | ErrorCode::LeaseLost
             | ErrorCode::SessionExists
             | ErrorCode::WriteFenced
-            | ErrorCode::UnfencedWriteRefused => StatusCode::CONFLICT,
+            | ErrorCode::UnfencedWriteRefused
+            | ErrorCode::StaleFencingToken
+            | ErrorCode::RepeatedEffect
+            | ErrorCode::EffectInProgress => StatusCode::CONFLICT,
             ErrorCode::LeaseUnavailable
             | ErrorCode::ShuttingDown
             | ErrorCode::StoreBusy
@@ -102,7 +122,7 @@ impl ErrorCode {
 
     /// True when the same request may succeed later on the same process,
     /// having certainly done nothing: `session_busy`, `lease_unavailable`,
-    /// `store_busy`, `store_unavailable`.
+    /// `store_busy`, `store_unavailable`, `effect_in_progress`.
     ///
     /// A session leased elsewhere is not: it is another process's until
     /// its holder lets go (`Retry-After` says when that may be). Nor is a
@@ -114,6 +134,7 @@ impl ErrorCode {
                 | ErrorCode::LeaseUnavailable
                 | ErrorCode::StoreBusy
                 | ErrorCode::StoreUnavailable
+                | ErrorCode::EffectInProgress
         )
     }
 }

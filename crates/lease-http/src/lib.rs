@@ -183,7 +183,7 @@ mod mapping;
 mod state;
 
 pub use code::ErrorCode;
-pub use effect_fence::{Admission, EffectClaim, EffectFence};
+pub use effect_fence::{EffectClaim, EffectFence, EffectTicket, Refusal};
 pub use error::{ErrorBody, ErrorDetail, HttpError};
 pub use extract::{Leased, SESSION_PARAM, SessionPath};
 pub use mapping::{

@@ -113,6 +113,13 @@ impl WriteGate {
     /// Check it before each side effect outside the session's store (a
     /// mail sent, a card charged): the store fences the run's own writes,
     /// nothing fences those. See [`LeaseGuard::safe_for`].
+    ///
+    /// It holds as the keeper's loss signal does: the backend keeps a
+    /// grant at least a TTL from when it was asked (the keeper checks a
+    /// granted TTL a backend reports), and this host's monotonic clock runs
+    /// no faster than the backend's; the interval kept back absorbs a drift
+    /// between the two, not a suspended host (the monotonic clock stops
+    /// while the backend's does not).
     pub fn safe_for(&self) -> Option<Duration> {
         self.run.safe_for()
     }

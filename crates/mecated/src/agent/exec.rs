@@ -5,18 +5,23 @@
 //! "lease_safe_ms", "effect_key_prefix"}`, then EOF) and writes its events
 //! as JSON objects, one per line, on stdout. A zero exit ends the run; a
 //! non-zero exit, or a line that is not a JSON object, fails it with the
-//! tail of stderr. The child is killed when the run is cancelled, or when
-//! the run loses its lease.
+//! tail of stderr. The command runs in a process group of its own, and the
+//! whole group is killed when the run is cancelled or loses its lease
+//! while the command runs. A run whose lease is already lost starts no
+//! command.
 //!
 //! For its side effects outside the session, the command is also given
 //! the run in its environment: `MECATL_SESSION_ID`, `MECATL_RUN_ID`,
-//! `MECATL_EFFECT_KEY_PREFIX` and, when leased, `MECATL_FENCING_TOKEN` and
+//! `MECATL_EFFECT_KEY_PREFIX` and, when leased, `MECATL_FENCING_TOKEN`,
 //! `MECATL_LEASE_SAFE_MS` (how long the lease was safely held when the
-//! command started, on the monotonic clock: a command should start no
-//! effect once that much time has passed). Send the token and the key
-//! prefix with a step name appended (see `Turn::effect_key`) to the
-//! service the effect goes to, which can then refuse a stale owner and a
-//! repeat (`lease_http::EffectFence`).
+//! command was started) and `MECATL_LEASE_SAFE_UNTIL_MONOTONIC_MS` (the
+//! same as a deadline on `CLOCK_MONOTONIC`, in milliseconds: Python's
+//! `time.monotonic()`, for one, reads that clock). A command starts no
+//! effect past the deadline: the deadline, unlike a count of milliseconds,
+//! holds even if the server paused before the command read it. Send the
+//! token and the key prefix with a step name appended (see
+//! `Turn::effect_key`) to the service the effect goes to, which can then
+//! refuse a stale owner and a repeat (`lease_http::EffectFence`).
 //!
 //! The transcript is the whole session unless the agent is set to another
 //! [`TranscriptScope`]: a command that writes `{"type": "checkpoint", …}`
@@ -81,6 +86,34 @@ fn failed(msg: impl Into<String>) -> AgentError {
     AgentError::Failed(msg.into())
 }
 
+/// `now + left` on `CLOCK_MONOTONIC`, in milliseconds: what a command
+/// compares with its own reading of that clock.
+fn monotonic_deadline_ms(left: std::time::Duration) -> Option<u128> {
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).ok()?;
+    let now = std::time::Duration::new(
+        u64::try_from(now.tv_sec()).ok()?,
+        u32::try_from(now.tv_nsec()).ok()?,
+    );
+    Some((now + left).as_millis())
+}
+
+/// Kills the command's process group when dropped before the command was
+/// reaped: a run cancelled, or one whose lease was lost, mid-command.
+/// Until then the group's id is the unreaped leader's pid, so it cannot
+/// name anyone else's processes.
+struct GroupKill(Option<i32>);
+
+impl Drop for GroupKill {
+    fn drop(&mut self) {
+        if let Some(pgid) = self.0 {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pgid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
 #[async_trait]
 impl Agent for ExecAgent {
     fn transcript_scope(&self) -> TranscriptScope {
@@ -89,7 +122,13 @@ impl Agent for ExecAgent {
 
     async fn run(&self, turn: Turn, sink: &mut dyn EventSink) -> Result<(), AgentError> {
         let key_prefix = super::effect_key_prefix(&turn.session_id, &turn.run);
-        let safe_ms = turn.run.safe_for.map(|d| d.as_millis());
+        // Asked now, not when the turn was made: the command counts from
+        // its own start. Its deadline goes with it on the monotonic clock
+        // too, which a pause of this server before the command reads it
+        // cannot stretch.
+        let safe = sink.lease_check()?;
+        let safe_ms = safe.map(|d| d.as_millis());
+        let safe_until = safe.and_then(monotonic_deadline_ms);
         let mut command = Command::new(&self.program);
         command
             .args(&self.args)
@@ -106,6 +145,13 @@ impl Agent for ExecAgent {
             Some(ms) => command.env("MECATL_LEASE_SAFE_MS", ms.to_string()),
             None => command.env_remove("MECATL_LEASE_SAFE_MS"),
         };
+        match safe_until {
+            Some(ms) => command.env("MECATL_LEASE_SAFE_UNTIL_MONOTONIC_MS", ms.to_string()),
+            None => command.env_remove("MECATL_LEASE_SAFE_UNTIL_MONOTONIC_MS"),
+        };
+        // A group of its own: a cancelled or lease-lost run stops what the
+        // command started too, not the command alone.
+        command.process_group(0);
         let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -113,6 +159,7 @@ impl Agent for ExecAgent {
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| failed(format!("cannot start {}: {e}", self.program.display())))?;
+        let mut group = GroupKill(child.id().and_then(|id| i32::try_from(id).ok()));
         let mut stdin = child.stdin.take().ok_or_else(|| failed("no stdin pipe"))?;
         let stdout = child
             .stdout
@@ -177,6 +224,8 @@ impl Agent for ExecAgent {
             .wait()
             .await
             .map_err(|e| failed(format!("waiting for the command: {e}")))?;
+        // Reaped: its group id may be reused from here on.
+        group.0 = None;
         let _ = feed.await;
         let stderr = drain.await.unwrap_or_default();
         if status.success() {
@@ -223,12 +272,20 @@ mod tests {
 
     #[tokio::test]
     async fn child_is_told_its_run_and_lease_on_stdin_and_in_its_environment() {
-        let mut sink = VecSink::default();
-        sh(r#"read -r req; printf '{"req":%s,"env":["%s","%s","%s","%s","%s"]}
-' "$req"               "$MECATL_SESSION_ID" "$MECATL_RUN_ID" "$MECATL_FENCING_TOKEN"               "$MECATL_LEASE_SAFE_MS" "$MECATL_EFFECT_KEY_PREFIX""#)
+        let mut sink = VecSink {
+            safe: Some(std::time::Duration::from_millis(4_500)),
+            ..VecSink::default()
+        };
+        let before = monotonic_deadline_ms(std::time::Duration::ZERO).unwrap();
+        sh(r#"read -r req
+printf '{"req":%s,"env":["%s","%s","%s","%s","%s"],"until":%s}\n' "$req" \
+  "$MECATL_SESSION_ID" "$MECATL_RUN_ID" "$MECATL_FENCING_TOKEN" \
+  "$MECATL_LEASE_SAFE_MS" "$MECATL_EFFECT_KEY_PREFIX" \
+  "$MECATL_LEASE_SAFE_UNTIL_MONOTONIC_MS""#)
         .run(turn(), &mut sink)
         .await
         .unwrap();
+        let after = monotonic_deadline_ms(std::time::Duration::ZERO).unwrap();
         let got = &sink.events[0];
         let prefix = turn().effect_key("");
         assert_eq!(got["env"], json!(["s-1", "7", "3", "4500", prefix]));
@@ -236,11 +293,37 @@ mod tests {
         assert_eq!(got["req"]["token"], 3);
         assert_eq!(got["req"]["lease_safe_ms"], 4500);
         assert_eq!(got["req"]["effect_key_prefix"], prefix);
+        // The deadline on the monotonic clock: the safe time from when the
+        // command was started.
+        let until = u128::from(got["until"].as_u64().unwrap());
+        assert!(until >= before + 4_500 && until <= after + 4_500, "{until}");
         assert_eq!(
             format!("{prefix}mail-1"),
             turn().effect_key("mail-1"),
             "a step appended to the prefix is the run's key"
         );
+    }
+
+    #[tokio::test]
+    async fn a_run_whose_lease_is_lost_starts_no_command() {
+        struct Lost;
+        #[async_trait]
+        impl EventSink for Lost {
+            async fn emit(&mut self, _: Value) -> Result<(), crate::agent::SinkError> {
+                unreachable!("nothing may be emitted")
+            }
+            fn lease_check(&self) -> Result<Option<std::time::Duration>, crate::agent::SinkError> {
+                Err(crate::agent::SinkError("lost".into()))
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("ran");
+        let err = sh(&format!("touch {}", marker.display()))
+            .run(turn(), &mut Lost)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, AgentError::Sink(_)), "{err}");
+        assert!(!marker.exists(), "the command ran");
     }
 
     #[tokio::test]
@@ -290,32 +373,8 @@ mod tests {
         assert!(err.to_string().contains("cannot start"));
     }
 
-    #[tokio::test]
-    async fn dropping_the_run_kills_the_child() {
-        let dir = std::env::temp_dir().join(format!("mecated-exec-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let pidfile = dir.join("pid");
-        let agent = sh(&format!("echo $$ > {}; exec sleep 30", pidfile.display()));
-        let mut sink = VecSink::default();
-        let run = agent.run(turn(), &mut sink);
-        let started = async {
-            while std::fs::read_to_string(&pidfile).map_or(true, |s| !s.ends_with('\n')) {
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-            }
-        };
-        // Once the child is running, cancel the run by dropping its future.
-        tokio::select! {
-            r = run => panic!("the run ended on its own: {r:?}"),
-            () = started => {}
-        }
-        let pid: i32 = std::fs::read_to_string(&pidfile)
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
-        // kill_on_drop sends SIGKILL; reap-free check: the process must be
-        // gone or a zombie shortly after.
-        let mut gone = false;
+    /// Whether `pid` is gone, or a zombie, within 10 s.
+    async fn gone_soon(pid: i32) -> bool {
         for _ in 0..500 {
             let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
             let field = state
@@ -325,12 +384,62 @@ mod tests {
                 .split_whitespace()
                 .next();
             if state.is_empty() || field == Some("Z") {
-                gone = true;
-                break;
+                return true;
             }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
-        std::fs::remove_dir_all(&dir).ok();
-        assert!(gone, "child {pid} survived the cancelled run");
+        false
+    }
+
+    /// Runs `script` (which writes a pid, then a newline, to the file named
+    /// by its first argument) until that pid is written, then drops the run:
+    /// the pid.
+    async fn pid_of_a_dropped_run(script: &str) -> i32 {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("pid");
+        let agent = ExecAgent::new(
+            "/bin/sh",
+            vec![
+                "-c".into(),
+                script.into(),
+                "sh".into(),
+                pidfile.display().to_string(),
+            ],
+        );
+        let mut sink = VecSink::default();
+        let run = agent.run(turn(), &mut sink);
+        let started = async {
+            while std::fs::read_to_string(&pidfile).map_or(true, |s| !s.ends_with('\n')) {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        };
+        // Once it is running, cancel the run by dropping its future.
+        tokio::select! {
+            r = run => panic!("the run ended on its own: {r:?}"),
+            () = started => {}
+        }
+        std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn dropping_the_run_kills_the_child() {
+        let pid = pid_of_a_dropped_run(r#"echo $$ > "$1"; exec sleep 30"#).await;
+        assert!(
+            gone_soon(pid).await,
+            "child {pid} survived the cancelled run"
+        );
+    }
+
+    #[tokio::test]
+    async fn dropping_the_run_kills_what_the_child_started() {
+        let pid = pid_of_a_dropped_run(r#"sleep 30 & echo $! > "$1"; wait"#).await;
+        assert!(
+            gone_soon(pid).await,
+            "the child's own child {pid} survived the cancelled run"
+        );
     }
 }

@@ -169,10 +169,12 @@ pub(crate) mod testing {
     use super::*;
 
     /// Collects events in memory; fails after `fail_after` events when set.
+    /// Answers `lease_check` with `safe`.
     #[derive(Default)]
     pub(crate) struct VecSink {
         pub(crate) events: Vec<Value>,
         pub(crate) fail_after: Option<usize>,
+        pub(crate) safe: Option<Duration>,
     }
 
     #[async_trait]
@@ -186,7 +188,7 @@ pub(crate) mod testing {
         }
 
         fn lease_check(&self) -> Result<Option<Duration>, SinkError> {
-            Ok(None)
+            Ok(self.safe)
         }
     }
 }

@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use lease_http::{Admission, EffectClaim, EffectFence};
+use lease_http::{EffectClaim, EffectFence, EffectTicket, HttpError, Refusal};
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 
@@ -47,19 +47,17 @@ esac
 #[derive(Default)]
 struct Downstream {
     fence: EffectFence,
-    seen: Mutex<Vec<(EffectClaim, Admission)>>,
+    seen: Mutex<Vec<(EffectClaim, Result<(), Refusal>)>>,
 }
 
-async fn effect(State(d): State<Arc<Downstream>>, headers: HeaderMap) -> Response {
-    let claim = match EffectClaim::from_headers(&headers) {
-        Ok(claim) => claim,
-        Err(e) => return e.into_response(),
-    };
-    let admission = d.fence.admit(&claim);
-    d.seen.lock().unwrap().push((claim, admission));
-    admission
-        .refusal()
-        .unwrap_or_else(|| StatusCode::OK.into_response())
+async fn effect(State(d): State<Arc<Downstream>>, claim: EffectClaim) -> Response {
+    // The effect itself is instant here: admitted is performed.
+    let outcome = d.fence.admit(&claim).map(EffectTicket::done);
+    d.seen.lock().unwrap().push((claim, outcome));
+    match outcome {
+        Ok(()) => StatusCode::OK.into_response(),
+        Err(refused) => HttpError::from(refused).into_response(),
+    }
 }
 
 async fn downstream() -> (Arc<Downstream>, u16) {
@@ -166,9 +164,9 @@ async fn a_paused_holders_late_effect_is_refused_and_the_new_owners_lands_once()
     assert_eq!(
         judged,
         [
-            (b_token, Admission::Admitted),
-            (b_token, Admission::Repeat),
-            (a_token, Admission::Stale { highest: b_token }),
+            (b_token, Ok(())),
+            (b_token, Err(Refusal::Repeat)),
+            (a_token, Err(Refusal::Stale { highest: b_token })),
         ],
         "{seen:?}"
     );
