@@ -158,11 +158,23 @@ async fn assert_clean_takeover(
         .iter()
         .find(|e| e["token"].as_u64() == Some(b_token))
         .expect("B's run is in the log");
-    assert!(
-        is_run_started_by(&b.owner)(b_first),
-        "B's first event is its run_started: {b_first}"
-    );
+    // A's run recorded no end (its lease was gone): B fences A out, ends
+    // A's run as interrupted, then claims.
     let b_first_seq = b_first["seq"].as_u64().unwrap();
+    let at = |seq: u64| log.iter().find(|e| e["seq"].as_u64() == Some(seq));
+    assert!(
+        b_first["payload"]["type"] == "takeover"
+            && is_owner(&b_first["payload"]["owner"], &b.owner),
+        "B's first event is its takeover: {b_first}"
+    );
+    let ended = at(b_first_seq + 1).expect("A's run's end");
+    assert_eq!(ended["payload"]["status"], "interrupted", "{ended}");
+    assert_eq!(ended["payload"]["run_token"], a_token, "{ended}");
+    let claim = at(b_first_seq + 2).expect("B's claim");
+    assert!(
+        is_run_started_by(&b.owner)(claim),
+        "B's claim follows: {claim}"
+    );
     for e in &log {
         if e["token"].as_u64() == Some(a_token) {
             assert!(
