@@ -22,7 +22,7 @@ pub(crate) const ALLOWED: &[(&str, &str, usize)] = &[
     ("testing/k8s-emulator/src/store.rs", "update", 113),
     ("testing/lease-history/src/check.rs", "store_fencing", 129),
     ("testing/lease-history/src/runner.rs", "worker", 126),
-    ("testing/lease-history/src/server_log.rs", "check_log", 149),
+    ("testing/lease-history/src/server_log.rs", "check_log", 129),
     ("testing/lease-history/src/server_log.rs", "context", 101),
     ("testing/lease-history/src/timeline.rs", "render_svg", 256),
     ("crates/session-store/src/jsonl/generation.rs", "claim", 139),

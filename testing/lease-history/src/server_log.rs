@@ -422,86 +422,10 @@ fn check_log(session: &Arc<str>, log: &[StoredEvent], found: &mut Vec<Found>) {
             }
         }
 
-        if kind(&e.payload) == "takeover" {
-            // A new owner fencing out the owner of a run left without an
-            // end, before it ends that run: its own, naming its token.
-            if e.payload["token"].as_u64() != e.token {
-                push(
-                    Property::LogIntegrity,
-                    e,
-                    vec![e.seq],
-                    format!(
-                        "takeover at seq {} names token {:?} but was written under {:?}",
-                        e.seq, e.payload["token"], e.token
-                    ),
-                );
+        if let Some(problems) = run_boundary(e, &mut runs) {
+            for (seqs, message) in problems {
+                push(Property::LogIntegrity, e, seqs, message);
             }
-            continue;
-        }
-        if is_interrupted_end(&e.payload) {
-            // The next owner's end of the last run: open, named, and
-            // written under a greater token than that run's.
-            match runs.last_mut() {
-                Some(r)
-                    if !r.ended
-                        && e.payload["run_seq"].as_u64() == Some(r.start_seq)
-                        && e.payload["run_token"].as_u64() == r.token
-                        && (e.token > r.token || e.token.is_none()) =>
-                {
-                    r.ended = true;
-                }
-                last => {
-                    let last = last.map_or("none".into(), |r| r.describe());
-                    push(
-                        Property::LogIntegrity,
-                        e,
-                        vec![e.seq],
-                        format!(
-                            "seq {} ends run {} (token {}) as interrupted, but the last run is {last}",
-                            e.seq, e.payload["run_seq"], e.payload["run_token"]
-                        ),
-                    );
-                }
-            }
-            continue;
-        }
-        if kind(&e.payload) == "run_started" {
-            let named = e.payload["token"].as_u64();
-            if named != e.token {
-                push(
-                    Property::LogIntegrity,
-                    e,
-                    vec![e.seq],
-                    format!(
-                        "run_started at seq {} names token {named:?} but was written under {:?}",
-                        e.seq, e.token
-                    ),
-                );
-            }
-            if let Some(open) = runs.last().filter(|r| !r.ended) {
-                push(
-                    Property::LogIntegrity,
-                    e,
-                    vec![open.start_seq, e.seq],
-                    format!(
-                        "a run starts at seq {} while {} has no end: a run whose process \
-                         died is ended, as interrupted, before the next one starts",
-                        e.seq,
-                        open.describe()
-                    ),
-                );
-            }
-            runs.push(LoggedRun {
-                index: runs.len(),
-                start_seq: e.seq,
-                token: e.token,
-                writer: e.writer.clone(),
-                owner: e.payload["owner"].as_str().map(str::to_owned),
-                next_step: 1,
-                of: None,
-                messaged: false,
-                ended: false,
-            });
             continue;
         }
         let Some(current) = runs.last_mut() else {
@@ -553,6 +477,89 @@ fn check_log(session: &Arc<str>, log: &[StoredEvent], found: &mut Vec<Found>) {
             ),
         }
     }
+}
+
+/// The events the server writes about runs themselves (a `takeover`, an
+/// `interrupted` end, a `run_started`), taken into `runs`: `None` when `e`
+/// is none of those, else the log-integrity problems it shows (seqs
+/// involved, what is wrong).
+fn run_boundary(e: &StoredEvent, runs: &mut Vec<LoggedRun>) -> Option<Vec<(Vec<u64>, String)>> {
+    let mut problems = Vec::new();
+    if kind(&e.payload) == "takeover" {
+        // A new owner fencing out the owner of a run left without an
+        // end, before it ends that run: its own, naming its token.
+        if e.payload["token"].as_u64() != e.token {
+            problems.push((
+                vec![e.seq],
+                format!(
+                    "takeover at seq {} names token {:?} but was written under {:?}",
+                    e.seq, e.payload["token"], e.token
+                ),
+            ));
+        }
+        return Some(problems);
+    }
+    if is_interrupted_end(&e.payload) {
+        // The next owner's end of the last run: open, named, and
+        // written under a greater token than that run's.
+        match runs.last_mut() {
+            Some(r)
+                if !r.ended
+                    && e.payload["run_seq"].as_u64() == Some(r.start_seq)
+                    && e.payload["run_token"].as_u64() == r.token
+                    && (e.token > r.token || e.token.is_none()) =>
+            {
+                r.ended = true;
+            }
+            last => {
+                let last = last.map_or("none".into(), |r| r.describe());
+                problems.push((
+                    vec![e.seq],
+                    format!(
+                        "seq {} ends run {} (token {}) as interrupted, but the last run is {last}",
+                        e.seq, e.payload["run_seq"], e.payload["run_token"]
+                    ),
+                ));
+            }
+        }
+        return Some(problems);
+    }
+    if kind(&e.payload) == "run_started" {
+        let named = e.payload["token"].as_u64();
+        if named != e.token {
+            problems.push((
+                vec![e.seq],
+                format!(
+                    "run_started at seq {} names token {named:?} but was written under {:?}",
+                    e.seq, e.token
+                ),
+            ));
+        }
+        if let Some(open) = runs.last().filter(|r| !r.ended) {
+            problems.push((
+                vec![open.start_seq, e.seq],
+                format!(
+                    "a run starts at seq {} while {} has no end: a run whose process \
+                         died is ended, as interrupted, before the next one starts",
+                    e.seq,
+                    open.describe()
+                ),
+            ));
+        }
+        runs.push(LoggedRun {
+            index: runs.len(),
+            start_seq: e.seq,
+            token: e.token,
+            writer: e.writer.clone(),
+            owner: e.payload["owner"].as_str().map(str::to_owned),
+            next_step: 1,
+            of: None,
+            messaged: false,
+            ended: false,
+        });
+        return Some(problems);
+    }
+    None
 }
 
 /// What a client received must be what the store holds; a run it saw end

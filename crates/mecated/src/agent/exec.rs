@@ -67,6 +67,39 @@ impl ExecAgent {
         self.scope = scope;
         self
     }
+
+    /// The command for `turn`, its environment telling it the run and the
+    /// lease, in a process group of its own: a cancelled or lease-lost run
+    /// stops what the command started too, not the command alone.
+    fn command(
+        &self,
+        turn: &Turn,
+        key_prefix: &str,
+        safe_ms: Option<u128>,
+        safe_until: Option<u128>,
+    ) -> Command {
+        let mut command = Command::new(&self.program);
+        command
+            .args(&self.args)
+            .env("MECATL_SESSION_ID", &turn.session_id)
+            .env("MECATL_RUN_ID", turn.run.run_id.to_string())
+            .env("MECATL_EFFECT_KEY_PREFIX", key_prefix)
+            .process_group(0);
+        // Never inherited from the server's own environment: an unleased
+        // run has no token and no bound.
+        let optional = [
+            ("MECATL_FENCING_TOKEN", turn.run.token.map(u128::from)),
+            ("MECATL_LEASE_SAFE_MS", safe_ms),
+            ("MECATL_LEASE_SAFE_UNTIL_MONOTONIC_MS", safe_until),
+        ];
+        for (name, value) in optional {
+            match value {
+                Some(v) => command.env(name, v.to_string()),
+                None => command.env_remove(name),
+            };
+        }
+        command
+    }
 }
 
 /// What the command reads on stdin. Borrowed, so the transcript is
@@ -129,29 +162,7 @@ impl Agent for ExecAgent {
         let safe = sink.lease_check()?;
         let safe_ms = safe.map(|d| d.as_millis());
         let safe_until = safe.and_then(monotonic_deadline_ms);
-        let mut command = Command::new(&self.program);
-        command
-            .args(&self.args)
-            .env("MECATL_SESSION_ID", &turn.session_id)
-            .env("MECATL_RUN_ID", turn.run.run_id.to_string())
-            .env("MECATL_EFFECT_KEY_PREFIX", &key_prefix);
-        // Never inherited from the server's own environment: an unleased
-        // run has no token and no bound.
-        match turn.run.token {
-            Some(token) => command.env("MECATL_FENCING_TOKEN", token.to_string()),
-            None => command.env_remove("MECATL_FENCING_TOKEN"),
-        };
-        match safe_ms {
-            Some(ms) => command.env("MECATL_LEASE_SAFE_MS", ms.to_string()),
-            None => command.env_remove("MECATL_LEASE_SAFE_MS"),
-        };
-        match safe_until {
-            Some(ms) => command.env("MECATL_LEASE_SAFE_UNTIL_MONOTONIC_MS", ms.to_string()),
-            None => command.env_remove("MECATL_LEASE_SAFE_UNTIL_MONOTONIC_MS"),
-        };
-        // A group of its own: a cancelled or lease-lost run stops what the
-        // command started too, not the command alone.
-        command.process_group(0);
+        let mut command = self.command(&turn, &key_prefix, safe_ms, safe_until);
         let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -231,20 +242,19 @@ impl Agent for ExecAgent {
         if status.success() {
             Ok(())
         } else {
-            let tail: String = stderr
-                .chars()
-                .rev()
-                .take(2000)
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-                .collect();
             Err(failed(format!(
                 "command exited with {status}: {}",
-                tail.trim()
+                tail(&stderr).trim()
             )))
         }
     }
+}
+
+/// The last 2,000 characters of a command's stderr: where its error is.
+fn tail(stderr: &str) -> String {
+    let mut tail: Vec<char> = stderr.chars().rev().take(2000).collect();
+    tail.reverse();
+    tail.into_iter().collect()
 }
 
 #[cfg(test)]

@@ -10,38 +10,12 @@ use nix::sys::signal::Signal;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::support::sse::SseReader;
+use crate::support::sse::{follow_from, payloads_to_end};
 use crate::support::*;
 
 /// A lease TTL no test waits out: had a replica not released its session,
 /// the other would be refused for a minute.
 const LONG_TTL: [&str; 2] = ["--session-lease-ttl", "60s"];
-
-async fn follow(m: &Mecated, id: &str) -> SseReader {
-    let r = client()
-        .get(m.url(&format!("/v1/sessions/{id}/events")))
-        .header("accept", "text/event-stream")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::OK);
-    SseReader::new(r)
-}
-
-/// Every payload a follow delivers until its end.
-async fn payloads_to_end(stream: &mut SseReader) -> Vec<Value> {
-    let mut payloads = Vec::new();
-    loop {
-        let m = tokio::time::timeout(PATIENCE, stream.next())
-            .await
-            .expect("the follow never ended")
-            .expect("the stream broke before its end");
-        if m.event == "end" {
-            return payloads;
-        }
-        payloads.push(m.data["payload"].clone());
-    }
-}
 
 /// Until `/readyz` answers 503 with `body`.
 async fn until_not_ready(m: &Mecated, body: &str) {
@@ -67,7 +41,7 @@ async fn sigterm_mid_run_drains_it_and_hands_the_session_over_when_it_ends() {
     create(&a, "other").await;
     let a_run = run_in_background(&a, "t", json!("finish me"));
     wait_for_event(&a, "t", is_run_started_by("proc-a")).await;
-    let mut follower = follow(&a, "t").await;
+    let mut follower = follow_from(&a, "t", None).await;
     // Sent to the other replica while the session is held: it waits.
     let b_url = b.url("/v1/sessions/t/runs?wait=50s");
     let b_run = tokio::spawn(async move {
@@ -100,7 +74,7 @@ async fn sigterm_mid_run_drains_it_and_hands_the_session_over_when_it_ends() {
     // The run in progress finishes, as do its followers.
     let done = a_run.await.unwrap().unwrap();
     assert_eq!(done["status"], "completed", "{done}");
-    let followed = payloads_to_end(&mut follower).await;
+    let (followed, _) = payloads_to_end(&mut follower).await;
     assert!(
         followed
             .iter()

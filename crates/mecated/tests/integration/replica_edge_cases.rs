@@ -8,35 +8,8 @@ use std::time::Instant;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::support::sse::SseReader;
+use crate::support::sse::{follow_from, payloads_to_end};
 use crate::support::*;
-
-async fn follow_from(m: &Mecated, id: &str, last_event_id: Option<u64>) -> SseReader {
-    let mut req = client()
-        .get(m.url(&format!("/v1/sessions/{id}/events")))
-        .header("accept", "text/event-stream");
-    if let Some(last) = last_event_id {
-        req = req.header("last-event-id", last.to_string());
-    }
-    let r = req.send().await.unwrap();
-    assert_eq!(r.status(), StatusCode::OK);
-    SseReader::new(r)
-}
-
-/// Reads a follow to its end: the payloads of its events and the end's data.
-async fn payloads_to_end(stream: &mut SseReader) -> (Vec<Value>, Value) {
-    let mut payloads = Vec::new();
-    loop {
-        let m = tokio::time::timeout(PATIENCE, stream.next())
-            .await
-            .expect("the follow never ended")
-            .expect("the stream broke before its end");
-        if m.event == "end" {
-            return (payloads, m.data);
-        }
-        payloads.push(m.data["payload"].clone());
-    }
-}
 
 /// One unleased server whose runs take `delay`, in three steps.
 fn unleased_echo(store: &std::path::Path, delay: &str) -> Mecated {

@@ -9,7 +9,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::support::proxy::RoundRobin;
-use crate::support::sse::{SseMessage, SseReader};
+use crate::support::sse::{SseMessage, SseReader, follow_url};
 use crate::support::*;
 
 /// Slow runs, so that following and cancelling happen mid-run: 20 steps
@@ -59,15 +59,8 @@ fn run_through(
 }
 
 async fn follow(proxy: &RoundRobin, id: &str, last_event_id: Option<u64>) -> SseReader {
-    let mut req = fresh_client()
-        .get(proxy.url(&format!("/v1/sessions/{id}/events")))
-        .header("accept", "text/event-stream");
-    if let Some(last) = last_event_id {
-        req = req.header("last-event-id", last.to_string());
-    }
-    let r = req.send().await.unwrap();
-    assert_eq!(r.status(), StatusCode::OK);
-    SseReader::new(r)
+    let url = proxy.url(&format!("/v1/sessions/{id}/events"));
+    follow_url(&fresh_client(), url, last_event_id).await
 }
 
 fn seq_of(m: &SseMessage) -> u64 {

@@ -2,7 +2,10 @@
 //! `data` of each message, comments (keep-alives) skipped.
 
 use futures_util::StreamExt;
+use reqwest::StatusCode;
 use serde_json::Value;
+
+use super::{Mecated, PATIENCE, client};
 
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct SseMessage {
@@ -73,4 +76,41 @@ fn parse(block: &str) -> Option<SseMessage> {
         event,
         data: serde_json::from_str(&data).unwrap_or(Value::String(data)),
     })
+}
+
+/// Follows `id` on `m` (from `last_event_id`, as `Last-Event-ID`, when
+/// given): the stream, once the server said 200.
+pub(crate) async fn follow_from(m: &Mecated, id: &str, last_event_id: Option<u64>) -> SseReader {
+    let url = m.url(&format!("/v1/sessions/{id}/events"));
+    follow_url(&client(), url, last_event_id).await
+}
+
+/// Follows the session event stream at `url` with `client`.
+pub(crate) async fn follow_url(
+    client: &reqwest::Client,
+    url: String,
+    last_event_id: Option<u64>,
+) -> SseReader {
+    let mut req = client.get(url).header("accept", "text/event-stream");
+    if let Some(last) = last_event_id {
+        req = req.header("last-event-id", last.to_string());
+    }
+    let r = req.send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    SseReader::new(r)
+}
+
+/// Reads a follow to its end: the payloads of its events and the end's data.
+pub(crate) async fn payloads_to_end(stream: &mut SseReader) -> (Vec<Value>, Value) {
+    let mut payloads = Vec::new();
+    loop {
+        let m = tokio::time::timeout(PATIENCE, stream.next())
+            .await
+            .expect("the follow never ended")
+            .expect("the stream broke before its end");
+        if m.event == "end" {
+            return (payloads, m.data);
+        }
+        payloads.push(m.data["payload"].clone());
+    }
 }
