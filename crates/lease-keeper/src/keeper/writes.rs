@@ -112,7 +112,7 @@ impl WriteGate {
     ///
     /// Check it before each side effect outside the session's store (a
     /// mail sent, a card charged): the store fences the run's own writes,
-    /// nothing fences those. See [`LeaseGuard::safe_for`].
+    /// nothing fences those. See [`LeaseGuard::safe_for`](super::LeaseGuard::safe_for).
     ///
     /// It holds as the keeper's loss signal does: the backend keeps a
     /// grant at least a TTL from when it was asked (the keeper checks a
