@@ -354,11 +354,6 @@ impl Server {
         self.addr
     }
 
-    /// The server's state and run engine.
-    pub fn engine(&self) -> &Engine {
-        &self.app
-    }
-
     /// Drains, then shuts down: what a rolling deploy's SIGTERM asks for.
     ///
     /// From the call on, `/readyz` answers 503 (so a load balancer stops

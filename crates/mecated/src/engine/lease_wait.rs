@@ -56,16 +56,10 @@ impl Engine {
     ) -> Result<StartedRun, EngineError> {
         let deadline = Instant::now() + wait.min(MAX_RUN_WAIT);
         let queue = self.run_queue(&session);
-        let draining = self.inner.draining.clone();
-        // A server that begins to drain answers its waiters at once, so
-        // they go to a replica that will still run them. Only the waits are
-        // cut short: a start in flight is never dropped, since its run may
-        // already be claimed.
-        let turn = tokio::select! {
-            () = draining.cancelled() => return Err(EngineError::Draining),
-            turn = tokio::time::timeout_at(deadline, queue.lock()) => turn,
-        };
-        let Ok(_turn) = turn else {
+        let Ok(_turn) = self
+            .unless_draining(tokio::time::timeout_at(deadline, queue.lock()))
+            .await?
+        else {
             // Out of time before its turn: answered as a run that does
             // not wait.
             return self.start_run(session, input).await;
@@ -94,21 +88,34 @@ impl Engine {
             }
             // Nothing logged since the end: its run is still releasing.
             if releasing.is_some_and(|(until, end)| now < until && pos <= end) {
-                tokio::select! {
-                    () = draining.cancelled() => return Err(EngineError::Draining),
-                    () = tokio::time::sleep(RUN_WAIT_RETRY) => continue,
-                }
+                self.unless_draining(tokio::time::sleep(RUN_WAIT_RETRY))
+                    .await?;
+                continue;
             }
             // Never less than a retry's pause: a refusal saying the hold
             // ends now would otherwise make the wait end at once, again
             // and again.
             let expiry = refusal.retry_after().unwrap_or(RUN_WAIT_SAFETY);
             let until = deadline.min(now + expiry.clamp(RUN_WAIT_RETRY, RUN_WAIT_SAFETY));
-            let ended = tokio::select! {
-                () = draining.cancelled() => return Err(EngineError::Draining),
-                ended = self.wait_for_run_end(&session, pos, until) => ended,
-            };
+            let ended = self
+                .unless_draining(self.wait_for_run_end(&session, pos, until))
+                .await?;
             releasing = ended.map(|end| (Instant::now() + RELEASE_GRACE, end));
+        }
+    }
+
+    /// `wait`'s output, or [`EngineError::Draining`] as soon as the server
+    /// begins to drain: its waiters are answered at once, so they go to a
+    /// replica that will still run them. Only waits go through here: a
+    /// start in flight is never dropped, since its run may already be
+    /// claimed.
+    async fn unless_draining<T>(
+        &self,
+        wait: impl std::future::Future<Output = T>,
+    ) -> Result<T, EngineError> {
+        tokio::select! {
+            () = self.inner.draining.cancelled() => Err(EngineError::Draining),
+            out = wait => Ok(out),
         }
     }
 
