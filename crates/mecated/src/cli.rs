@@ -322,6 +322,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         max_body_bytes: args.max_body_bytes,
         transcript_cache_bytes: args.transcript_cache_bytes,
         drain_timeout: args.drain_timeout,
+        resume_interrupted: args.resume_interrupted.then_some(args.resume_max_attempts),
         shutdown_timeout: args.shutdown_timeout,
         allow_volatile_lease_dir: args.allow_volatile_lease_dir,
     };

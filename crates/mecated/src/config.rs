@@ -11,6 +11,7 @@ use lease_backends::{
 };
 
 use crate::backend::{LeaseChoice, StoreChoice};
+use crate::engine::DEFAULT_RESUME_ATTEMPTS;
 use crate::transcript::DEFAULT_TRANSCRIPT_CACHE_BYTES;
 
 /// mecated: a session server whose every run is owned by one process at a
@@ -416,6 +417,22 @@ pub struct ServeArgs {
     /// 0s cancels at once.
     #[arg(long, env = "MECATED_DRAIN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub drain_timeout: Duration,
+
+    /// Run the input of a run that recorded no end (its process died or
+    /// lost its lease mid-run) again, instead of only ending it as
+    /// `interrupted` and waiting for a client to send it again. The next
+    /// owner does it: a replica with a follower of the session, one a
+    /// follower reaches, or any replica at its start, once per
+    /// interruption. The agent may so see an input twice: fence its side
+    /// effects with the run's token and effect key.
+    #[arg(long, env = "MECATED_RESUME_INTERRUPTED")]
+    pub resume_interrupted: bool,
+
+    /// With `--resume-interrupted`, how many times one input is run again
+    /// after interruptions; past it the run is only ended, so an input
+    /// that kills its process cannot take every replica down in turn.
+    #[arg(long, env = "MECATED_RESUME_MAX_ATTEMPTS", default_value_t = DEFAULT_RESUME_ATTEMPTS, value_parser = clap::value_parser!(u32).range(1..))]
+    pub resume_max_attempts: u32,
 
     /// After the drain, how long shutdown waits for the runs it cancels to
     /// end and for leases to be released.

@@ -37,14 +37,18 @@ mod interrupted;
 mod lease_wait;
 mod remote_cancel;
 mod replicas;
+mod resume;
 mod store_watch;
 mod tails;
 mod transcript_read;
 
 pub use follow::{FOLLOW_QUIET_CHECK, Follow, FollowEnd, FollowItem, RUN_ENDED};
+use interrupted::{ClaimFor, ClaimWritten, Claimed};
 pub use interrupted::{INTERRUPTED, TAKEOVER};
 pub use lease_wait::{MAX_RUN_WAIT, RUN_WAIT_RETRY, RUN_WAIT_SAFETY};
+use remote_cancel::CancelBaseline;
 pub use remote_cancel::{CANCEL_SAFETY_READ, CancelOutcome};
+pub use resume::{DEFAULT_RESUME_ATTEMPTS, Resumption, SweepReport};
 
 /// Why an engine operation was refused or failed.
 #[derive(Debug, thiserror::Error)]
@@ -115,6 +119,8 @@ struct EngineInner {
     tails: tails::Tails,
     /// The turns of runs waiting for a session (`?wait`), by session.
     run_queues: Mutex<HashMap<SessionId, std::sync::Weak<tokio::sync::Mutex<()>>>>,
+    /// How many times one interrupted input is run again; 0: never.
+    resume_attempts: std::sync::atomic::AtomicU32,
 }
 
 /// How the process proved, or failed to prove, that it alone serves its
@@ -263,6 +269,7 @@ impl Engine {
                 replicas: replicas::Replicas::default(),
                 tails: tails::Tails::default(),
                 run_queues: Mutex::default(),
+                resume_attempts: std::sync::atomic::AtomicU32::new(0),
             }),
         }
     }
@@ -457,9 +464,9 @@ impl Engine {
     async fn claim(
         &self,
         session: &SessionId,
-        input: &Value,
-        started: &oneshot::Sender<Result<StartedRun, EngineError>>,
-    ) -> Result<Option<(LeaseGuard, Option<FencingToken>, u64)>, EngineError> {
+        what: &ClaimFor,
+        started: Option<&oneshot::Sender<Result<StartedRun, EngineError>>>,
+    ) -> Result<Option<(LeaseGuard, ClaimWritten)>, EngineError> {
         let mut again: Option<Option<FencingToken>> = None;
         loop {
             // A run of this session already in this process: answer at
@@ -485,7 +492,7 @@ impl Engine {
                     }
                 }
             };
-            if started.is_closed() {
+            if started.is_some_and(oneshot::Sender::is_closed) {
                 // The client went away before anything was claimed: give
                 // the session back rather than start a run nobody waits for.
                 // (From the claim on, the run is ours whatever the client
@@ -495,8 +502,8 @@ impl Engine {
             }
             let token = guard.token();
             Span::current().record("token", token.map(|t| t.get()));
-            match self.write_claim(session, &guard, input).await {
-                Ok(first_seq) => return Ok(Some((guard, token, first_seq))),
+            match self.write_claim(session, &guard, what).await {
+                Ok(written) => return Ok(Some((guard, written))),
                 Err(EngineError::Store(StoreError::Fenced {
                     presented,
                     high_water,
@@ -549,16 +556,40 @@ impl Engine {
             }));
             return;
         }
-        let (guard, token, first_seq) = match self.claim(&session, &input, &started).await {
-            Ok(Some(claimed)) => claimed,
+        let what = ClaimFor::Client(input);
+        let (guard, claimed) = match self.claim(&session, &what, Some(&started)).await {
+            Ok(Some((guard, ClaimWritten::Run(claimed)))) => (guard, claimed),
+            Ok(Some((guard, _))) => {
+                // A client's claim always starts its run; nothing else is
+                // written for it.
+                let _ = guard.finish().await;
+                return;
+            }
             Ok(None) => return,
             Err(e) => {
                 let _ = started.send(Err(e));
                 return;
             }
         };
-        // From here the run is claimed: it runs to an outcome whatever
-        // happens to the client.
+        self.run_claimed(session, guard, claimed, cancels_before, Some(started))
+            .await;
+    }
+
+    /// Drives a run whose claim is in the log, answering `started` (when a
+    /// client waits) once it is under way. From the claim on, the run runs
+    /// to an outcome whatever happens to the client.
+    async fn run_claimed(
+        &self,
+        session: SessionId,
+        guard: LeaseGuard,
+        claimed: Claimed,
+        cancels_before: CancelBaseline,
+        started: Option<oneshot::Sender<Result<StartedRun, EngineError>>>,
+    ) {
+        let Claimed {
+            first_seq, input, ..
+        } = claimed;
+        let token = guard.token();
         let metrics = &self.inner.metrics;
         metrics.run_started();
         let cancel = CancellationToken::new();
@@ -567,56 +598,49 @@ impl Engine {
         self.register_local_run(&session, token, first_seq, watch);
         let (tx, events) = mpsc::channel(STREAM_BUFFER);
         let (end_tx, end) = oneshot::channel();
-        let (transcript, lagged) = match self.transcript(&session, first_seq).await {
-            Ok((transcript, claimed)) => {
-                // The claim was just read back with the transcript: forward
-                // it as stored. It is there, since our token fences everyone
-                // else off.
-                let lagged = match claimed {
-                    Some(e) => tx.try_send(e).is_err(),
-                    None => true,
-                };
-                (Ok(transcript), lagged)
-            }
-            Err(e) => {
-                // The client hears the store's error; the run, claimed,
-                // still ends as a failure that is logged and counted.
-                let message = format!("reading the transcript: {}", error_chain(&e));
-                let _ = started.send(Err(EngineError::FailedAfterClaim(e)));
-                return self
-                    .drive(
-                        Run {
-                            session,
-                            first_seq,
-                            guard,
-                            input,
-                            cancel,
-                            tx: None,
-                            lagged: true,
-                            end: end_tx,
-                        },
-                        Err(message),
-                    )
-                    .await;
-            }
-        };
-        let run = Run {
+        let mut run = Run {
             session,
             first_seq,
             guard,
             input,
             cancel,
-            tx: (!lagged).then_some(tx),
-            lagged,
+            tx: None,
+            lagged: true,
             end: end_tx,
         };
+        let transcript = match self.transcript(&run.session, first_seq).await {
+            Ok((transcript, claimed)) => {
+                // The claim was just read back with the transcript: forward
+                // it as stored. It is there, since our token fences everyone
+                // else off.
+                if let Some(e) = claimed
+                    && started.is_some()
+                    && tx.try_send(e).is_ok()
+                {
+                    run.tx = Some(tx);
+                    run.lagged = false;
+                }
+                Ok(transcript)
+            }
+            Err(e) => {
+                // The client hears the store's error; the run, claimed,
+                // still ends as a failure that is logged and counted.
+                let message = format!("reading the transcript: {}", error_chain(&e));
+                if let Some(started) = started {
+                    let _ = started.send(Err(EngineError::FailedAfterClaim(e)));
+                }
+                return self.drive(run, Err(message)).await;
+            }
+        };
         // The client may be gone by now; the run goes on regardless.
-        let _ = started.send(Ok(StartedRun {
-            token: token.map(|t| t.get()),
-            first_seq,
-            events,
-            end,
-        }));
+        if let Some(started) = started {
+            let _ = started.send(Ok(StartedRun {
+                token: token.map(|t| t.get()),
+                first_seq,
+                events,
+                end,
+            }));
+        }
         self.drive(run, transcript).await;
     }
 

@@ -34,6 +34,8 @@ pub enum RunOutcome {
 pub struct Metrics {
     runs_active: AtomicU64,
     runs: [AtomicU64; 4],
+    resumed: AtomicU64,
+    resume_sweeps: AtomicU64,
     held: AtomicU64,
     acquisitions: AtomicU64,
     acquire_failures: [AtomicU64; 5],
@@ -56,6 +58,16 @@ impl Metrics {
     pub fn run_ended(&self, outcome: RunOutcome) {
         self.runs_active.fetch_sub(1, Relaxed);
         self.runs[outcome as usize].fetch_add(1, Relaxed);
+    }
+
+    /// A run of an interrupted run's input started.
+    pub fn run_resumed(&self) {
+        self.resumed.fetch_add(1, Relaxed);
+    }
+
+    /// A look through the store for interrupted runs to resume ended.
+    pub fn resume_sweep_done(&self) {
+        self.resume_sweeps.fetch_add(1, Relaxed);
     }
 
     /// Lease losses so far.
@@ -90,6 +102,18 @@ impl Metrics {
             "counter",
             "Runs finished, by outcome.",
             &runs,
+        );
+        metric(
+            "mecated_runs_resumed_total",
+            "counter",
+            "Runs started to run an interrupted run's input again.",
+            &[(String::new(), g(&self.resumed))],
+        );
+        metric(
+            "mecated_resume_sweeps_total",
+            "counter",
+            "Looks through the store for interrupted runs to resume that ended (one at start-up).",
+            &[(String::new(), g(&self.resume_sweeps))],
         );
         metric(
             "mecated_session_leases_held",
@@ -224,11 +248,13 @@ mod tests {
         let m = Metrics::default();
         m.run_started();
         m.run_ended(RunOutcome::LeaseLost);
+        m.run_resumed();
         m.renew_latency(Duration::from_millis(2), RenewOutcome::Renewed);
         m.renew_latency(Duration::from_secs(5), RenewOutcome::Transient);
         let text = m.render();
         assert!(text.contains("mecated_runs_total{outcome=\"lease_lost\"} 1"));
         assert!(text.contains("mecated_runs_active 0"));
+        assert!(text.contains("mecated_runs_resumed_total 1"));
         assert!(text.contains("mecated_session_lease_renew_seconds_bucket{le=\"0.0025\"} 1"));
         assert!(text.contains("mecated_session_lease_renew_seconds_bucket{le=\"2.5\"} 1"));
         assert!(text.contains("mecated_session_lease_renew_seconds_bucket{le=\"+Inf\"} 2"));

@@ -46,6 +46,11 @@ pub struct ServerConfig {
     /// How long [`Server::drain`] lets the runs in progress finish before
     /// it shuts down (which cancels the rest).
     pub drain_timeout: Duration,
+    /// Run the input of a run that recorded no end again, at most this
+    /// many times per input (see [`Engine::resume_interrupted`]); `None`
+    /// only ends such runs as `interrupted`. With it, the server also looks
+    /// once through the store at start-up for runs left open.
+    pub resume_interrupted: Option<u32>,
     /// Bound on graceful shutdown.
     pub shutdown_timeout: Duration,
     /// Accept a lease directory on tmpfs or ramfs (lost on reboot).
@@ -68,6 +73,7 @@ impl ServerConfig {
             max_body_bytes: 1 << 20,
             transcript_cache_bytes: crate::transcript::DEFAULT_TRANSCRIPT_CACHE_BYTES,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            resume_interrupted: None,
             shutdown_timeout: Duration::from_secs(10),
             allow_volatile_lease_dir: false,
         }
@@ -238,14 +244,17 @@ pub struct Server {
     /// The directory store, its generation advanced while serving (by
     /// `advancing`) and once more at shutdown.
     generations: Option<Arc<JsonlStore>>,
-    advancing: Option<Advancing>,
+    advancing: Option<Background>,
+    /// The start-up look for interrupted runs to resume.
+    _sweeping: Option<Background>,
 }
 
-/// The task advancing the generation; stopped when dropped, so a server
-/// dropped without a shutdown leaves nothing running.
-struct Advancing(JoinHandle<()>);
+/// A task of the server's own (advancing the generation, looking for
+/// interrupted runs); stopped when dropped, so a server dropped without a
+/// shutdown leaves nothing running.
+struct Background(JoinHandle<()>);
 
-impl Drop for Advancing {
+impl Drop for Background {
     fn drop(&mut self) {
         self.0.abort();
     }
@@ -259,8 +268,8 @@ pub const GENERATION_INTERVAL: Duration = Duration::from_secs(60);
 /// Advances the store's generation every [`GENERATION_INTERVAL`]. A store
 /// found gone back under this server refuses every call from then on, and
 /// `/readyz` fails; the next start refuses it until it is adopted.
-fn advance_generations(store: Arc<JsonlStore>, app: Engine) -> Advancing {
-    Advancing(tokio::spawn(async move {
+fn advance_generations(store: Arc<JsonlStore>, app: Engine) -> Background {
+    Background(tokio::spawn(async move {
         let mut every = tokio::time::interval(GENERATION_INTERVAL);
         every.tick().await;
         loop {
@@ -312,7 +321,8 @@ impl Server {
             .build()
             .map_err(StartError::Keeper)?;
         let app = Engine::new(store, keeper, config.agent.clone(), metrics, exclusivity)
-            .with_transcript_cache_bytes(config.transcript_cache_bytes);
+            .with_transcript_cache_bytes(config.transcript_cache_bytes)
+            .with_resumption(config.resume_interrupted.unwrap_or(0));
         app.set_lease_view(view);
 
         let listener =
@@ -337,6 +347,17 @@ impl Server {
         let advancing = generations
             .clone()
             .map(|store| advance_generations(store, app.clone()));
+        let sweeping = config.resume_interrupted.map(|_| {
+            let app = app.clone();
+            Background(tokio::spawn(async move {
+                let report = app.resume_interrupted_runs().await;
+                app.metrics().resume_sweep_done();
+                info!(
+                    ?report,
+                    "looked through the store for interrupted runs to resume"
+                );
+            }))
+        });
         Ok(Self {
             app,
             addr,
@@ -346,6 +367,7 @@ impl Server {
             _process_locks: process_locks,
             advancing,
             generations,
+            _sweeping: sweeping,
         })
     }
 

@@ -21,7 +21,7 @@ use tracing::warn;
 
 use super::replicas::LiveRun;
 use super::tails::TailItem;
-use super::{Engine, EngineError, RunStatus, tracked_append};
+use super::{Engine, EngineError, Resumption, RunStatus, tracked_append};
 use crate::error::error_chain;
 
 /// Events read per page while following.
@@ -213,7 +213,7 @@ impl Engine {
         } else {
             None
         };
-        let followed = match resumed {
+        let mut followed = match resumed {
             Some(token) => Followed {
                 live: LiveRun::Run(token),
                 started_at: Some(after_seq),
@@ -229,13 +229,26 @@ impl Engine {
             Err(e) => return Some(e),
         }
         if live == LiveRun::None {
-            // A resumed run that recorded no end stopped without one.
-            return Some(if resumed.is_some() {
-                FollowEnd::RunGone
-            } else {
-                FollowEnd::NoLiveRun
-            });
+            // A resumed run that recorded no end stopped without one. With
+            // resumption on, this replica ends it (and runs its input
+            // again), and the follow ends at that end; a follower of the
+            // session then follows the resumption.
+            if resumed.is_some() {
+                return Some(self.run_gone(session, &mut pos, followed, tx).await);
+            }
+            match self.resume_interrupted_for_follower(session).await {
+                Some(Resumption::Resumed {
+                    token, first_seq, ..
+                }) => {
+                    followed = Followed {
+                        live: LiveRun::Run(token.map(FencingToken::new)),
+                        started_at: Some(first_seq),
+                    };
+                }
+                _ => return Some(FollowEnd::NoLiveRun),
+            }
         }
+        let live = followed.live;
         let mut tail = self.subscribe_tail(session, pos);
         loop {
             // Subscribed before this read: an event the tail sent before
@@ -263,10 +276,53 @@ impl Engine {
             return Some(
                 match self.send_stored(session, &mut pos, followed, tx).await {
                     Ok(Some(end)) => end,
-                    Ok(None) => FollowEnd::RunGone,
+                    Ok(None) => self.run_gone(session, &mut pos, followed, tx).await,
                     Err(e) => e,
                 },
             );
+        }
+    }
+
+    /// The end of a follow whose run is gone without an end in the log:
+    /// with resumption on, the end this replica records for it as the
+    /// session's next owner, and otherwise [`FollowEnd::RunGone`].
+    async fn run_gone(
+        &self,
+        session: &SessionId,
+        pos: &mut u64,
+        followed: Followed,
+        tx: &Outbox,
+    ) -> FollowEnd {
+        if self
+            .resume_interrupted_for_follower(session)
+            .await
+            .is_some()
+        {
+            // Whoever ended it (here, or a replica that came first), the
+            // end is in the log now, or a later run's start is.
+            match self.send_stored(session, pos, followed, tx).await {
+                Ok(Some(end)) => return end,
+                Ok(None) => {}
+                Err(e) => return e,
+            }
+        }
+        FollowEnd::RunGone
+    }
+
+    /// Resumes the session's interrupted run for a follower: `None` when
+    /// resumption is off, or the run could not be judged (then the
+    /// follow ends as it would without).
+    async fn resume_interrupted_for_follower(&self, session: &SessionId) -> Option<Resumption> {
+        if self.resume_attempts() == 0 {
+            return None;
+        }
+        match self.resume_interrupted(session.clone()).await {
+            Ok(Resumption::Off) => None,
+            Ok(r) => Some(r),
+            Err(e) => {
+                warn!(error = %error_chain(&e), "cannot resume the followed session's interrupted run");
+                None
+            }
         }
     }
 

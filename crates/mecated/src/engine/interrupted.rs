@@ -41,6 +41,40 @@ pub(super) struct OpenRun {
     start_seq: u64,
     pub(super) token: Option<FencingToken>,
     owner: Option<String>,
+    /// The input it was asked to run, when its start recorded one.
+    input: Option<Value>,
+    /// The start of the run whose input this one first ran: its own, or
+    /// for a resumption, the one it resumes.
+    origin_seq: u64,
+    /// How many times the input was re-driven before this run: 0 for a
+    /// client's run.
+    attempt: u32,
+}
+
+impl OpenRun {
+    /// The run `start`, a `run_started` event, begins.
+    fn of(start: &StoredEvent) -> Self {
+        let p = &start.payload;
+        let resumes = p.get("resumes");
+        let field = |name| resumes.and_then(|r| r.get(name)).and_then(Value::as_u64);
+        Self {
+            start_seq: start.seq,
+            token: start.token,
+            owner: p.get("owner").and_then(Value::as_str).map(str::to_owned),
+            input: p.get("input").cloned(),
+            origin_seq: field("run_seq").unwrap_or(start.seq),
+            attempt: field("attempt").map_or(0, |a| u32::try_from(a).unwrap_or(u32::MAX)),
+        }
+    }
+}
+
+/// The broken variant the fault runs must catch (built with the
+/// `broken-variants` feature and asked for with
+/// `MECATED_BROKEN_RESUME_UNGUARDED`): a resumption that does not check
+/// that the run it resumes is still open.
+pub(super) fn resumption_unguarded() -> bool {
+    cfg!(feature = "broken-variants")
+        && std::env::var_os("MECATED_BROKEN_RESUME_UNGUARDED").is_some()
 }
 
 fn kind(event: &StoredEvent) -> Option<&str> {
@@ -60,31 +94,69 @@ pub(super) fn run_of_end(event: &StoredEvent) -> Option<FencingToken> {
     event.token
 }
 
+/// What a claim is for.
+#[derive(Debug, Clone)]
+pub(super) enum ClaimFor {
+    /// A client's run of this input.
+    Client(Value),
+    /// Re-driving the session's interrupted run, if its last run has no
+    /// end, at most this many times per original input.
+    Resumption { max_attempts: u32 },
+}
+
+/// A claim in the log: the run it starts.
+#[derive(Debug, Clone)]
+pub(super) struct Claimed {
+    /// The sequence number of the run's `run_started`.
+    pub(super) first_seq: u64,
+    /// The input the run drives.
+    pub(super) input: Value,
+    /// For a resumption: the how-manieth re-drive of its input (1 for the
+    /// first).
+    pub(super) attempt: Option<u32>,
+}
+
+/// What [`Engine::write_claim`] wrote.
+#[derive(Debug)]
+pub(super) enum ClaimWritten {
+    /// A run's start.
+    Run(Claimed),
+    /// For a resumption: the interrupted run was ended, and is not re-run
+    /// (it recorded no input, or its attempts are used up).
+    Closed { run_seq: u64 },
+    /// For a resumption: the session's last run has an end, so there is
+    /// nothing to resume (another process resumed or ended it first).
+    NothingOpen,
+}
+
 impl Engine {
     /// Claims the session in the store before anything else: the first
     /// write raises the high-water mark to our token, so from here on no
-    /// earlier owner can write, whether or not our agent ever emits. The
-    /// claim's sequence number.
+    /// earlier owner can write, whether or not our agent ever emits.
     ///
     /// The claim records the run's input: the user's side of the turn is
     /// part of the session, in the transcript of every later run, and
     /// another process can learn what an interrupted run was asked. The
-    /// run before, if it recorded no end, is ended as `interrupted` first.
+    /// run before, if it recorded no end, is ended as `interrupted` first;
+    /// a resumption then runs that run's input again, and otherwise writes
+    /// nothing.
     pub(super) async fn write_claim(
         &self,
         session: &SessionId,
         guard: &LeaseGuard,
-        input: &Value,
-    ) -> Result<u64, EngineError> {
-        let claim = json!({
-            "type": "run_started",
-            "owner": self.inner.keeper.owner().as_str(),
-            "token": guard.token().map(|t| t.get()),
-            "input": input,
-        });
+        what: &ClaimFor,
+    ) -> Result<ClaimWritten, EngineError> {
         let last = self.inner.store.last_seq(session).await?;
         if self.last_event_ends_a_run(session, last).await? {
-            let receipt = self.append(session, guard, vec![claim]).await?;
+            let ClaimFor::Client(input) = what else {
+                if resumption_unguarded() {
+                    return self.resume_unguarded(session, guard, last).await;
+                }
+                return Ok(ClaimWritten::NothingOpen);
+            };
+            let receipt = self
+                .append(session, guard, vec![self.run_started(guard, input, None)])
+                .await?;
             if receipt.first_seq != last + 1 {
                 // Written meanwhile, below our token: an earlier owner's
                 // write that was in flight. If it began a run, that run is
@@ -95,11 +167,17 @@ impl Engine {
                     "an earlier owner's writes landed just before this run's claim"
                 );
             }
-            return Ok(receipt.first_seq);
+            return Ok(ClaimWritten::Run(Claimed {
+                first_seq: receipt.first_seq,
+                input: input.clone(),
+                attempt: None,
+            }));
         }
         // Fenced, the earlier owner may still have writes on their way:
         // shut them out before reading how its run left the log. Unleased,
-        // this process alone writes.
+        // this process alone writes. A resumption is judged on what the
+        // log holds after the takeover, never before: that is what makes
+        // two replicas racing for one interrupted run resume it once.
         let from = if guard.token().is_some() {
             let takeover = json!({
                 "type": TAKEOVER,
@@ -110,21 +188,94 @@ impl Engine {
         } else {
             last + 1
         };
+        let open = self.open_run_before(session, from).await?;
         let mut batch = Vec::with_capacity(2);
-        if let Some(open) = self.open_run_before(session, from).await? {
+        let resumed = match (&open, what) {
+            (None, ClaimFor::Resumption { .. }) => return Ok(ClaimWritten::NothingOpen),
+            (None, ClaimFor::Client(input)) => Some((input.clone(), None)),
+            (Some(open), ClaimFor::Client(input)) => {
+                batch.push(self.interrupted_end(open, None));
+                Some((input.clone(), None))
+            }
+            (Some(open), ClaimFor::Resumption { max_attempts }) => {
+                let again = open
+                    .input
+                    .clone()
+                    .filter(|_| open.attempt < *max_attempts)
+                    .map(|input| (input, Some(open.attempt + 1)));
+                batch.push(self.interrupted_end(open, again.as_ref().and_then(|a| a.1)));
+                again
+            }
+        };
+        if let Some(open) = &open {
             info!(
                 run_seq = open.start_seq,
                 run_token = open.token.map(|t| t.get()),
+                resumed = resumed.as_ref().is_some_and(|r| r.1.is_some()),
                 "the session's last run recorded no end; ending it as interrupted"
             );
-            batch.push(self.interrupted_end(&open));
         }
-        batch.push(claim);
-        Ok(self.append(session, guard, batch).await?.last_seq)
+        let Some((input, attempt)) = resumed else {
+            let run_seq = open.map_or(0, |o| o.start_seq);
+            self.append(session, guard, batch).await?;
+            return Ok(ClaimWritten::Closed { run_seq });
+        };
+        let resumes = attempt.zip(open.as_ref()).map(|(attempt, open)| {
+            json!({"run_seq": open.origin_seq, "attempt": attempt, "after_seq": open.start_seq})
+        });
+        batch.push(self.run_started(guard, &input, resumes));
+        Ok(ClaimWritten::Run(Claimed {
+            first_seq: self.append(session, guard, batch).await?.last_seq,
+            input,
+            attempt,
+        }))
+    }
+
+    /// The broken variant's resumption: the session's last run's input
+    /// again, ended or not.
+    async fn resume_unguarded(
+        &self,
+        session: &SessionId,
+        guard: &LeaseGuard,
+        last: u64,
+    ) -> Result<ClaimWritten, EngineError> {
+        let Some(open) = self.run_before(session, last + 1, true).await? else {
+            return Ok(ClaimWritten::NothingOpen);
+        };
+        let Some(input) = open.input.clone() else {
+            return Ok(ClaimWritten::NothingOpen);
+        };
+        let attempt = open.attempt + 1;
+        let resumes =
+            json!({"run_seq": open.origin_seq, "attempt": attempt, "after_seq": open.start_seq});
+        let batch = vec![
+            self.interrupted_end(&open, Some(attempt)),
+            self.run_started(guard, &input, Some(resumes)),
+        ];
+        Ok(ClaimWritten::Run(Claimed {
+            first_seq: self.append(session, guard, batch).await?.last_seq,
+            input,
+            attempt: Some(attempt),
+        }))
+    }
+
+    /// A run's start: who runs it under which token, on which input, and,
+    /// for a resumption, which interrupted input it runs again.
+    fn run_started(&self, guard: &LeaseGuard, input: &Value, resumes: Option<Value>) -> Value {
+        let mut claim = json!({
+            "type": "run_started",
+            "owner": self.inner.keeper.owner().as_str(),
+            "token": guard.token().map(|t| t.get()),
+            "input": input,
+        });
+        if let Some(resumes) = resumes {
+            claim["resumes"] = resumes;
+        }
+        claim
     }
 
     /// Whether the log is empty or its event at `last` is a run's end.
-    async fn last_event_ends_a_run(
+    pub(super) async fn last_event_ends_a_run(
         &self,
         session: &SessionId,
         last: u64,
@@ -148,6 +299,17 @@ impl Engine {
         session: &SessionId,
         before: u64,
     ) -> Result<Option<OpenRun>, StoreError> {
+        self.run_before(session, before, false).await
+    }
+
+    /// The last run started before `before`; with `ended`, whether or
+    /// not it ended.
+    async fn run_before(
+        &self,
+        session: &SessionId,
+        before: u64,
+        ended: bool,
+    ) -> Result<Option<OpenRun>, StoreError> {
         let mut below = before;
         while below > 1 {
             let from = below.saturating_sub(LOOK_BACK_PAGE as u64).max(1);
@@ -158,18 +320,8 @@ impl Engine {
                 .await?;
             for e in page.events.iter().rev().filter(|e| e.seq < below) {
                 match kind(e) {
-                    Some(RUN_ENDED) => return Ok(None),
-                    Some("run_started") => {
-                        return Ok(Some(OpenRun {
-                            start_seq: e.seq,
-                            token: e.token,
-                            owner: e
-                                .payload
-                                .get("owner")
-                                .and_then(Value::as_str)
-                                .map(str::to_owned),
-                        }));
-                    }
+                    Some(RUN_ENDED) if !ended => return Ok(None),
+                    Some("run_started") => return Ok(Some(OpenRun::of(e))),
                     _ => {}
                 }
             }
@@ -178,20 +330,30 @@ impl Engine {
         Ok(None)
     }
 
-    fn interrupted_end(&self, open: &OpenRun) -> Value {
+    /// The `interrupted` end of `open`; `resumed` is the attempt that
+    /// runs its input again right after it, if one does.
+    fn interrupted_end(&self, open: &OpenRun, resumed: Option<u32>) -> Value {
         let owner = open.owner.as_deref().unwrap_or("an unknown owner");
-        json!({
+        let next = if resumed.is_some() {
+            "its input runs again in the next run, which resumes it"
+        } else {
+            "read the session's events to see how far it got before running its input again"
+        };
+        let mut end = json!({
             "type": RUN_ENDED,
             "status": INTERRUPTED,
             "run_seq": open.start_seq,
             "run_token": open.token.map(|t| t.get()),
             "error": format!(
                 "the run stopped without recording an end: {owner}, which ran it, died, lost \
-                 its lease or could not write; {} took the session over. Read the session's \
-                 events to see how far it got before running its input again",
+                 its lease or could not write; {} took the session over: {next}",
                 self.inner.keeper.owner()
             ),
-        })
+        });
+        if let Some(attempt) = resumed {
+            end["resumed"] = json!({ "attempt": attempt });
+        }
+        end
     }
 
     /// One fenced append of the claim's writes, under a write permit of

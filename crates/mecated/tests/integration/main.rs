@@ -45,6 +45,7 @@ mod postgres_store;
 mod processes;
 mod replica_edge_cases;
 mod replicas;
+mod resume;
 mod router;
 mod service_safety;
 mod session_listing;
