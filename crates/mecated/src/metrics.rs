@@ -166,6 +166,13 @@ impl Metrics {
             "Renewal calls that did not extend the lease.",
             &[(String::new(), g(&self.renew_failures))],
         );
+        self.render_renew_histogram(&mut out);
+        out
+    }
+
+    /// The renewal latency histogram, whose samples are not one value per label.
+    fn render_renew_histogram(&self, out: &mut String) {
+        let g = |v: &AtomicU64| v.load(Relaxed);
         let _ = writeln!(
             out,
             "# HELP mecated_session_lease_renew_seconds Latency of renewal calls.\n# TYPE mecated_session_lease_renew_seconds histogram"
@@ -183,7 +190,6 @@ impl Metrics {
             "mecated_session_lease_renew_seconds_bucket{{le=\"+Inf\"}} {total}\nmecated_session_lease_renew_seconds_sum {}\nmecated_session_lease_renew_seconds_count {total}",
             g(&self.renew_sum_nanos) as f64 / 1e9
         );
-        out
     }
 }
 

@@ -216,6 +216,16 @@ struct LoggedRun {
     of: Option<u64>,
     messaged: bool,
     ended: bool,
+    /// The input its `run_started` recorded.
+    input: Value,
+    /// How many times its input was run again before it: 0 for a
+    /// client's run, else its `resumes.attempt`.
+    attempt: u64,
+    /// Its interrupted end, when it has one: that end's seq and the
+    /// attempt the end says runs its input again next, if any.
+    interrupted: Option<(u64, Option<u64>)>,
+    /// Whether a later run resumed it.
+    resumed: bool,
 }
 
 impl LoggedRun {
@@ -510,6 +520,7 @@ fn run_boundary(e: &StoredEvent, runs: &mut Vec<LoggedRun>) -> Option<Vec<(Vec<u
                     && (e.token > r.token || e.token.is_none()) =>
             {
                 r.ended = true;
+                r.interrupted = Some((e.seq, e.payload["resumed"]["attempt"].as_u64()));
             }
             last => {
                 let last = last.map_or("none".into(), |r| r.describe());
@@ -535,6 +546,7 @@ fn run_boundary(e: &StoredEvent, runs: &mut Vec<LoggedRun>) -> Option<Vec<(Vec<u
                 ),
             ));
         }
+        problems.extend(resumption_problems(e, runs));
         if let Some(open) = runs.last().filter(|r| !r.ended) {
             problems.push((
                 vec![open.start_seq, e.seq],
@@ -556,10 +568,70 @@ fn run_boundary(e: &StoredEvent, runs: &mut Vec<LoggedRun>) -> Option<Vec<(Vec<u
             of: None,
             messaged: false,
             ended: false,
+            input: e.payload["input"].clone(),
+            attempt: e.payload["resumes"]["attempt"].as_u64().unwrap_or(0),
+            interrupted: None,
+            resumed: false,
         });
         return Some(problems);
     }
     None
+}
+
+/// The resumption rules, for the `run_started` `e` after `runs`: a run
+/// that resumes an interrupted one (`resumes`) comes right after that
+/// run's interrupted end, which announced it, runs the same input, counts
+/// its attempt on, and is the only one to resume that interruption; an end
+/// that announced a resumption is followed by it.
+fn resumption_problems(e: &StoredEvent, runs: &mut [LoggedRun]) -> Vec<(Vec<u64>, String)> {
+    let resumes = &e.payload["resumes"];
+    let last = runs.last_mut();
+    if resumes.is_null() {
+        return match last {
+            Some(r) if r.interrupted.is_some_and(|(_, next)| next.is_some()) && !r.resumed => {
+                vec![(
+                    vec![r.start_seq, e.seq],
+                    format!(
+                        "the interrupted end of {} announced its resumption, but seq {} \
+                         starts a run that resumes nothing",
+                        r.describe(),
+                        e.seq
+                    ),
+                )]
+            }
+            _ => Vec::new(),
+        };
+    }
+    let attempt = resumes["attempt"].as_u64();
+    let fits = |r: &LoggedRun| {
+        !r.resumed
+            && resumes["after_seq"].as_u64() == Some(r.start_seq)
+            && r.interrupted == Some((e.seq - 1, attempt))
+            && attempt == Some(r.attempt + 1)
+            && e.payload["input"] == r.input
+    };
+    match last {
+        Some(r) if fits(r) => {
+            r.resumed = true;
+            Vec::new()
+        }
+        last => vec![(
+            vec![e.seq],
+            format!(
+                "seq {} resumes the run at seq {} (attempt {}), but the run before it is {}: \
+                 a run is resumed once, right after its interrupted end, on its own input",
+                e.seq,
+                resumes["after_seq"],
+                resumes["attempt"],
+                last.map_or("none".into(), |r| format!(
+                    "{} (interrupted: {:?}, resumed already: {})",
+                    r.describe(),
+                    r.interrupted,
+                    r.resumed
+                ))
+            ),
+        )],
+    }
 }
 
 /// What a client received must be what the store holds; a run it saw end

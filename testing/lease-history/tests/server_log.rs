@@ -138,7 +138,7 @@ fn one_token_written_by_two_writers_is_a_fencing_violation() {
     log.run(5, "a#1", 1, "first").run(5, "a#2", 1, "second");
     let v = check_server(&history(&log));
     assert_eq!(v.count(Property::StoreFencing), 1, "{v}");
-    assert!(v.first.unwrap().message.contains("two writers"));
+    assert!(v.first.as_ref().unwrap().message.contains("two writers"));
 }
 
 #[test]
@@ -296,7 +296,7 @@ fn an_interrupted_end_of_a_run_that_ended_is_a_second_end() {
         .run(7, "b#1", 1, "next");
     let v = check_server(&history(&log));
     assert_eq!(v.count(Property::LogIntegrity), 1, "{v}");
-    assert!(v.first.unwrap().message.contains("as interrupted"));
+    assert!(v.first.as_ref().unwrap().message.contains("as interrupted"));
 }
 
 #[test]
@@ -332,5 +332,83 @@ fn a_run_starting_while_the_last_one_has_no_end_is_caught() {
         .run(7, "b#1", 1, "next");
     let v = check_server(&history(&log));
     assert_eq!(v.count(Property::LogIntegrity), 1, "{v}");
-    assert!(v.first.unwrap().message.contains("has no end"));
+    assert!(v.first.as_ref().unwrap().message.contains("has no end"));
+}
+
+/// A run with `input` left open, then the next owner's takeover and its
+/// interrupted end announcing a resumption, and the resumption: its run
+/// of the same input, to its end.
+fn resumed_log() -> Log {
+    let mut log = Log::new();
+    let mut first = started(3, "a#1");
+    first["input"] = json!("hello");
+    log.push(Some(3), "a#1", first)
+        .push(Some(3), "a#1", progress(1, 4))
+        .push(Some(7), "b#1", takeover(7, "b"));
+    let mut end = interrupted(1, 3);
+    end["resumed"] = json!({"attempt": 1});
+    let mut again = started(7, "b#1");
+    again["input"] = json!("hello");
+    again["resumes"] = json!({"run_seq": 1, "attempt": 1, "after_seq": 1});
+    log.push(Some(7), "b#1", end)
+        .push(Some(7), "b#1", again)
+        .push(Some(7), "b#1", progress(1, 1))
+        .push(Some(7), "b#1", message("hello"))
+        .push(Some(7), "b#1", ended("completed"));
+    log
+}
+
+#[test]
+fn an_interrupted_run_resumed_once_on_its_input_is_clean() {
+    let v = check_server(&history(&resumed_log()));
+    assert!(v.is_clean(), "{v}");
+}
+
+#[test]
+fn a_second_resumption_of_one_interruption_is_caught() {
+    // A second replica that did not check whether the run was still open
+    // ends it again and runs its input a second time.
+    let mut log = resumed_log();
+    let end = log.events[3].payload.clone();
+    let again = log.events[4].payload.clone();
+    log.push(Some(9), "c#1", takeover(9, "c"))
+        .push(Some(9), "c#1", end)
+        .push(Some(9), "c#1", again);
+    let v = check_server(&history(&log));
+    assert!(v.count(Property::LogIntegrity) >= 2, "{v}");
+    assert!(
+        v.first.as_ref().unwrap().message.contains("as interrupted"),
+        "{}",
+        v.first.as_ref().unwrap().message
+    );
+}
+
+#[test]
+fn a_resumption_on_another_input_or_attempt_or_unannounced_is_caught() {
+    let tamper: [fn(&mut Log); 4] = [
+        |log| log.events[4].payload["input"] = json!("other"),
+        |log| log.events[4].payload["resumes"]["attempt"] = json!(2),
+        |log| log.events[4].payload["resumes"]["after_seq"] = json!(2),
+        |log| log.events[3].payload["resumed"] = Value::Null,
+    ];
+    for (i, tamper) in tamper.iter().enumerate() {
+        let mut log = resumed_log();
+        tamper(&mut log);
+        let v = check_server(&history(&log));
+        assert_eq!(v.count(Property::LogIntegrity), 1, "variant {i}: {v}");
+        assert!(
+            v.first.as_ref().unwrap().message.contains("resume"),
+            "variant {i}: {v}"
+        );
+    }
+    // An end that announced a resumption, followed by a run of something
+    // else.
+    let mut log = resumed_log();
+    log.events[4].payload["resumes"] = Value::Null;
+    let v = check_server(&history(&log));
+    assert_eq!(v.count(Property::LogIntegrity), 1, "{v}");
+    assert!(
+        v.first.as_ref().unwrap().message.contains("announced"),
+        "{v}"
+    );
 }
