@@ -42,13 +42,13 @@ mod store_watch;
 mod tails;
 mod transcript_read;
 
-pub use follow::{FOLLOW_QUIET_CHECK, Follow, FollowEnd, FollowItem, RUN_ENDED};
+pub use follow::{FOLLOW_QUIET_CHECK, Follow, FollowEnd, FollowItem, RUN_ENDED, RUN_STARTED};
 use interrupted::{ClaimFor, ClaimWritten, Claimed};
 pub use interrupted::{INTERRUPTED, TAKEOVER};
 pub use lease_wait::{MAX_RUN_WAIT, RUN_WAIT_RETRY, RUN_WAIT_SAFETY};
 use remote_cancel::CancelBaseline;
 pub use remote_cancel::{CANCEL_SAFETY_READ, CancelOutcome};
-pub use resume::{DEFAULT_RESUME_ATTEMPTS, Resumption, SweepReport};
+pub use resume::{DEFAULT_RESUME_ATTEMPTS, Resumption, SWEEP_RUNS, SweepReport};
 
 /// Why an engine operation was refused or failed.
 #[derive(Debug, thiserror::Error)]
@@ -151,10 +151,14 @@ pub enum RunStatus {
     Completed,
     /// The agent failed or an event could not be recorded.
     Failed(String),
-    /// Cancelled by a client or by shutdown.
+    /// Cancelled by a client, or by shutdown when resumption is off.
     Cancelled,
     /// The lease was lost (or a write was fenced off): the run stopped.
     LeaseLost(String),
+    /// Cut off by shutdown with resumption on: no end is recorded, so the
+    /// session's next owner ends the run as `interrupted` and runs its
+    /// input again.
+    Interrupted(String),
 }
 
 impl RunStatus {
@@ -165,13 +169,14 @@ impl RunStatus {
             RunStatus::Failed(_) => "failed",
             RunStatus::Cancelled => "cancelled",
             RunStatus::LeaseLost(_) => "lease_lost",
+            RunStatus::Interrupted(_) => "interrupted",
         }
     }
 
     /// What went wrong, for the statuses that carry it.
     pub fn error(&self) -> Option<&str> {
         match self {
-            RunStatus::Failed(e) | RunStatus::LeaseLost(e) => Some(e),
+            RunStatus::Failed(e) | RunStatus::LeaseLost(e) | RunStatus::Interrupted(e) => Some(e),
             RunStatus::Completed | RunStatus::Cancelled => None,
         }
     }
@@ -692,9 +697,10 @@ impl Engine {
             RunStatus::Failed(_) => RunOutcome::Failed,
             RunStatus::Cancelled => RunOutcome::Cancelled,
             RunStatus::LeaseLost(_) => RunOutcome::LeaseLost,
+            RunStatus::Interrupted(_) => RunOutcome::Interrupted,
         });
         match &status {
-            RunStatus::Failed(e) | RunStatus::LeaseLost(e) => {
+            RunStatus::Failed(e) | RunStatus::LeaseLost(e) | RunStatus::Interrupted(e) => {
                 warn!(status = status.name(), error = %e, "run ended early");
             }
             RunStatus::Completed | RunStatus::Cancelled => {
@@ -753,6 +759,16 @@ impl Engine {
             () = guard.lost() => RunStatus::LeaseLost(
                 loss_message(&sink.session, guard.loss().as_ref()),
             ),
+            // With resumption on, a run cut off by shutdown is not the
+            // client's cancel: it is left open for the next owner to run
+            // again, as if this process had died, only sooner.
+            () = self.inner.shutting_down.cancelled(), if self.resume_attempts() > 0 => {
+                RunStatus::Interrupted(format!(
+                    "the server shut down before the run finished; the next owner of session \
+                     {} ends it as interrupted and runs its input again",
+                    sink.session
+                ))
+            }
             () = cancel.cancelled() => RunStatus::Cancelled,
             result = self.inner.agent.run(turn, sink) => match result {
                 Ok(()) => RunStatus::Completed,
@@ -893,6 +909,18 @@ struct StoreSink {
 #[async_trait]
 impl EventSink for StoreSink {
     async fn emit(&mut self, event: Value) -> Result<(), SinkError> {
+        if let Some(reserved) = event
+            .get("type")
+            .and_then(Value::as_str)
+            .filter(|t| [RUN_STARTED, RUN_ENDED, TAKEOVER].contains(t))
+        {
+            // Runs are told apart by these events alone: one an agent
+            // wrote would end a run early, or make an input run again.
+            return Err(SinkError(format!(
+                "an agent cannot emit an event of type {reserved:?}: the server writes the \
+                 events that start, end and take over runs; name the event otherwise"
+            )));
+        }
         // The store's fence is what makes a stale write impossible; the
         // gate stops a run that already knows it lost sooner, and counts
         // the write so the run's release waits for it.

@@ -23,17 +23,19 @@ pub enum RunOutcome {
     Completed,
     /// The agent or a write failed.
     Failed,
-    /// Cancelled by a client or by shutdown.
+    /// Cancelled by a client, or by shutdown when resumption is off.
     Cancelled,
     /// Stopped because the lease was lost.
     LeaseLost,
+    /// Cut off by shutdown, left for the next owner to run again.
+    Interrupted,
 }
 
 /// Every metric of the process.
 #[derive(Debug, Default)]
 pub struct Metrics {
     runs_active: AtomicU64,
-    runs: [AtomicU64; 4],
+    runs: [AtomicU64; 5],
     resumed: AtomicU64,
     resume_sweeps: AtomicU64,
     held: AtomicU64,
@@ -91,7 +93,13 @@ impl Metrics {
             "Runs in progress.",
             &[(String::new(), g(&self.runs_active))],
         );
-        let outcomes = ["completed", "failed", "cancelled", "lease_lost"];
+        let outcomes = [
+            "completed",
+            "failed",
+            "cancelled",
+            "lease_lost",
+            "interrupted",
+        ];
         let runs: Vec<_> = outcomes
             .iter()
             .zip(&self.runs)

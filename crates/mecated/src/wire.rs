@@ -257,10 +257,14 @@ pub enum RunStatus {
     Completed,
     /// The agent failed or an event could not be recorded.
     Failed,
-    /// Cancelled by a client or by shutdown.
+    /// Cancelled by a client, or by shutdown when resumption is off.
     Cancelled,
     /// The lease was lost (or a write was fenced off): the run stopped.
     LeaseLost,
+    /// The server shut down before the run finished, with
+    /// `--resume-interrupted`: no end is recorded here; the session's next
+    /// owner ends the run as `interrupted` and runs its input again.
+    Interrupted,
 }
 
 impl From<&engine::RunStatus> for RunStatus {
@@ -270,6 +274,7 @@ impl From<&engine::RunStatus> for RunStatus {
             engine::RunStatus::Failed(_) => Self::Failed,
             engine::RunStatus::Cancelled => Self::Cancelled,
             engine::RunStatus::LeaseLost(_) => Self::LeaseLost,
+            engine::RunStatus::Interrupted(_) => Self::Interrupted,
         }
     }
 }
@@ -279,7 +284,7 @@ impl From<&engine::RunStatus> for RunStatus {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RunEnd {
-    /// What went wrong; present for `failed` and `lease_lost` only.
+    /// What went wrong; present for `failed`, `lease_lost` and `interrupted` only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub error: Option<String>,
@@ -314,7 +319,7 @@ impl From<&engine::RunEnd> for RunEnd {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RunResult {
-    /// What went wrong; present for `failed` and `lease_lost` only.
+    /// What went wrong; present for `failed`, `lease_lost` and `interrupted` only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub error: Option<String>,
@@ -530,7 +535,10 @@ pub struct CancelResult {
     #[schema(required = true)]
     pub live: Option<bool>,
     /// The lease token of the run asked to stop: a later run (a greater
-    /// token) is never stopped by this request.
+    /// token) is never stopped by this request. With
+    /// `--resume-interrupted`, `live` false and a token name a run left
+    /// open by a process that died: it is ended by the session's next
+    /// owner and, so asked, does not run again.
     #[schema(required = true)]
     pub token: Option<u64>,
 }

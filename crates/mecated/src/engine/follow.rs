@@ -76,6 +76,9 @@ impl FollowEnd {
 /// The payload type of the event a run records when it ends.
 pub const RUN_ENDED: &str = "run_ended";
 
+/// The payload type of a run's claim, its first event.
+pub const RUN_STARTED: &str = "run_started";
+
 /// The run a follow waits to end: its token, and where it started in the
 /// log when this process runs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,8 +100,8 @@ fn ends(event: &StoredEvent, followed: Followed) -> Option<FollowEnd> {
         Some(RUN_ENDED) if after_start && super::interrupted::run_of_end(event) == token => {
             Some(FollowEnd::RunEnded)
         }
-        Some("run_started") if event.token > token => Some(FollowEnd::RunGone),
-        Some("run_started") if followed.started_at.is_some() && after_start => {
+        Some(RUN_STARTED) if event.token > token => Some(FollowEnd::RunGone),
+        Some(RUN_STARTED) if followed.started_at.is_some() && after_start => {
             Some(FollowEnd::RunGone)
         }
         _ => None,
@@ -117,7 +120,9 @@ impl Engine {
         session: &SessionId,
         status: &RunStatus,
     ) {
-        if matches!(status, RunStatus::LeaseLost(_)) {
+        // A lost lease cannot write; a run cut off for resumption must
+        // not: its end is the next owner's, with the run of its input.
+        if matches!(status, RunStatus::LeaseLost(_) | RunStatus::Interrupted(_)) {
             return;
         }
         // The agent is gone, but a write it started may still be running

@@ -18,10 +18,10 @@ use std::sync::Arc;
 use lease_keeper::LeaseGuard;
 use lease_port::{FencingToken, SessionId};
 use serde_json::{Value, json};
-use session_store::{AppendReceipt, StoreError, StoredEvent};
+use session_store::{AppendReceipt, StoreError, StoreErrorKind, StoredEvent};
 use tracing::{info, warn};
 
-use super::follow::RUN_ENDED;
+use super::follow::{RUN_ENDED, RUN_STARTED};
 use super::{Engine, EngineError, tracked_append};
 
 /// The `status` of the end the next owner records for a run that recorded
@@ -55,15 +55,24 @@ impl OpenRun {
     /// The run `start`, a `run_started` event, begins.
     fn of(start: &StoredEvent) -> Self {
         let p = &start.payload;
-        let resumes = p.get("resumes");
+        let resumes = p.get("resumes").filter(|r| !r.is_null());
         let field = |name| resumes.and_then(|r| r.get(name)).and_then(Value::as_u64);
+        // A resumption whose attempt cannot be read counts as the last
+        // allowed: better a session left for its client than an input
+        // run again without bound.
+        let attempt = match resumes {
+            None => 0,
+            Some(_) => field("attempt")
+                .and_then(|a| u32::try_from(a).ok())
+                .unwrap_or(u32::MAX),
+        };
         Self {
             start_seq: start.seq,
             token: start.token,
             owner: p.get("owner").and_then(Value::as_str).map(str::to_owned),
             input: p.get("input").cloned(),
             origin_seq: field("run_seq").unwrap_or(start.seq),
-            attempt: field("attempt").map_or(0, |a| u32::try_from(a).unwrap_or(u32::MAX)),
+            attempt,
         }
     }
 }
@@ -114,6 +123,28 @@ pub(super) struct Claimed {
     /// For a resumption: the how-manieth re-drive of its input (1 for the
     /// first).
     pub(super) attempt: Option<u32>,
+}
+
+/// Whether an interrupted run's input runs again right after its end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Resumed {
+    /// As this attempt (1 for the first).
+    Yes(u32),
+    /// No: it was cancelled.
+    Cancelled,
+    /// No: a client's run comes next, resumption is off, the input is
+    /// missing or its attempts are used up.
+    No,
+}
+
+impl Resumed {
+    fn new(attempt: Option<u32>, cancelled: bool) -> Self {
+        match attempt {
+            Some(attempt) => Self::Yes(attempt),
+            None if cancelled => Self::Cancelled,
+            None => Self::No,
+        }
+    }
 }
 
 /// What [`Engine::write_claim`] wrote.
@@ -194,16 +225,18 @@ impl Engine {
             (None, ClaimFor::Resumption { .. }) => return Ok(ClaimWritten::NothingOpen),
             (None, ClaimFor::Client(input)) => Some((input.clone(), None)),
             (Some(open), ClaimFor::Client(input)) => {
-                batch.push(self.interrupted_end(open, None));
+                batch.push(self.interrupted_end(open, Resumed::No));
                 Some((input.clone(), None))
             }
             (Some(open), ClaimFor::Resumption { max_attempts }) => {
+                let cancelled = self.cancel_was_asked(session, open).await?;
                 let again = open
                     .input
                     .clone()
-                    .filter(|_| open.attempt < *max_attempts)
+                    .filter(|_| !cancelled && open.attempt < *max_attempts)
                     .map(|input| (input, Some(open.attempt + 1)));
-                batch.push(self.interrupted_end(open, again.as_ref().and_then(|a| a.1)));
+                let resumed = again.as_ref().and_then(|a| a.1);
+                batch.push(self.interrupted_end(open, Resumed::new(resumed, cancelled)));
                 again
             }
         };
@@ -249,7 +282,7 @@ impl Engine {
         let resumes =
             json!({"run_seq": open.origin_seq, "attempt": attempt, "after_seq": open.start_seq});
         let batch = vec![
-            self.interrupted_end(&open, Some(attempt)),
+            self.interrupted_end(&open, Resumed::Yes(attempt)),
             self.run_started(guard, &input, Some(resumes)),
         ];
         Ok(ClaimWritten::Run(Claimed {
@@ -263,7 +296,7 @@ impl Engine {
     /// for a resumption, which interrupted input it runs again.
     fn run_started(&self, guard: &LeaseGuard, input: &Value, resumes: Option<Value>) -> Value {
         let mut claim = json!({
-            "type": "run_started",
+            "type": RUN_STARTED,
             "owner": self.inner.keeper.owner().as_str(),
             "token": guard.token().map(|t| t.get()),
             "input": input,
@@ -321,7 +354,7 @@ impl Engine {
             for e in page.events.iter().rev().filter(|e| e.seq < below) {
                 match kind(e) {
                     Some(RUN_ENDED) if !ended => return Ok(None),
-                    Some("run_started") => return Ok(Some(OpenRun::of(e))),
+                    Some(RUN_STARTED) => return Ok(Some(OpenRun::of(e))),
                     _ => {}
                 }
             }
@@ -330,14 +363,37 @@ impl Engine {
         Ok(None)
     }
 
-    /// The `interrupted` end of `open`; `resumed` is the attempt that
-    /// runs its input again right after it, if one does.
-    fn interrupted_end(&self, open: &OpenRun, resumed: Option<u32>) -> Value {
+    /// Whether a client asked, through the store, to cancel the open run:
+    /// a request naming its token or a later one. Such a run is ended and
+    /// never run again. A request for an earlier run that reused the
+    /// token (the same owner acquiring again) also counts: a session left
+    /// for its client is the safe side of that doubt.
+    async fn cancel_was_asked(
+        &self,
+        session: &SessionId,
+        open: &OpenRun,
+    ) -> Result<bool, StoreError> {
+        let Some(token) = open.token else {
+            // Unleased runs are cancelled in their own process only.
+            return Ok(false);
+        };
+        match self.inner.store.cancel_request(session).await {
+            Ok(request) => Ok(request.is_some_and(|r| r.run >= token)),
+            Err(e) if e.kind() == StoreErrorKind::Unsupported => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The `interrupted` end of `open`, and whether the next run resumes
+    /// it.
+    fn interrupted_end(&self, open: &OpenRun, resumed: Resumed) -> Value {
         let owner = open.owner.as_deref().unwrap_or("an unknown owner");
-        let next = if resumed.is_some() {
-            "its input runs again in the next run, which resumes it"
-        } else {
-            "read the session's events to see how far it got before running its input again"
+        let next = match resumed {
+            Resumed::Yes(_) => "its input runs again in the next run, which resumes it",
+            Resumed::Cancelled => "a cancel was asked for it, so its input does not run again",
+            Resumed::No => {
+                "read the session's events to see how far it got before running its input again"
+            }
         };
         let mut end = json!({
             "type": RUN_ENDED,
@@ -350,7 +406,7 @@ impl Engine {
                 self.inner.keeper.owner()
             ),
         });
-        if let Some(attempt) = resumed {
+        if let Resumed::Yes(attempt) = resumed {
             end["resumed"] = json!({ "attempt": attempt });
         }
         end

@@ -54,6 +54,9 @@ impl Engine {
         }
         self.inner.store.read(session, 1, 1).await?;
         let (live, token) = match self.live_run(session).await {
+            LiveRun::None if self.resume_attempts() > 0 => {
+                return self.cancel_interrupted(session).await;
+            }
             LiveRun::None | LiveRun::Run(None) => {
                 return Ok(CancelOutcome {
                     live: Some(false),
@@ -78,6 +81,28 @@ impl Engine {
         Ok(CancelOutcome {
             live,
             token: Some(token.get()),
+            here: false,
+        })
+    }
+
+    /// With resumption on, a cancel of a session whose run is open but not
+    /// live: recorded against the open run's token, so that whoever ends
+    /// that run as interrupted does not run its input again.
+    async fn cancel_interrupted(&self, session: &SessionId) -> Result<CancelOutcome, EngineError> {
+        let last = self.inner.store.last_seq(session).await?;
+        let open = if self.last_event_ends_a_run(session, last).await? {
+            None
+        } else {
+            self.open_run_before(session, last + 1).await?
+        };
+        let token = open.and_then(|open| open.token);
+        if let Some(token) = token {
+            info!(%token, "cancel of an interrupted run recorded: it will not run again");
+            self.inner.store.request_cancel(session, token).await?;
+        }
+        Ok(CancelOutcome {
+            live: Some(false),
+            token: token.map(|t| t.get()),
             here: false,
         })
     }

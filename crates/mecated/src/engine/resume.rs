@@ -24,12 +24,13 @@
 //! turn. The agent may so see an input twice (at least once): what it
 //! does outside the log is fenced with the run's token and effect keys.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use lease_keeper::KeeperErrorKind;
 use lease_port::SessionId;
 use session_store::{ListCursor, StoreErrorKind};
-use tokio::sync::oneshot;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tracing::{Instrument, field, info, info_span, warn};
 
 use super::interrupted::{ClaimFor, ClaimWritten, resumption_unguarded};
@@ -44,9 +45,12 @@ pub const DEFAULT_RESUME_ATTEMPTS: u32 = 3;
 const SWEEP_PAGE: usize = 256;
 
 /// How many times the start-up look comes back to a session whose lease
-/// was held, a TTL apart: a holder that died just before this process
-/// started holds it until its lease runs out.
-const SWEEP_HELD_ROUNDS: u32 = 3;
+/// was held or that it could not judge, a TTL apart: a holder that died
+/// just before this process started holds it until its lease runs out.
+const SWEEP_AGAIN_ROUNDS: u32 = 3;
+
+/// The most runs the start-up look keeps running at once.
+pub const SWEEP_RUNS: usize = 64;
 
 /// What [`Engine::resume_interrupted`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +81,21 @@ pub enum Resumption {
     Off,
 }
 
+/// What the start-up look did with one session.
+enum Swept {
+    Done,
+    /// Looked at again after a while.
+    Again(Again),
+    /// The server drains: the look ends.
+    Stop,
+}
+
+/// Why a session is looked at again.
+enum Again {
+    Held,
+    Failed(String),
+}
+
 /// What one look through the store found (see
 /// [`Engine::resume_interrupted_runs`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -89,7 +108,8 @@ pub struct SweepReport {
     pub closed: u64,
     /// Sessions still held after the last round: live runs.
     pub held: u64,
-    /// Sessions that could not be judged (the error is logged).
+    /// Sessions that could not be judged by the last round (the error is
+    /// logged).
     pub failed: u64,
 }
 
@@ -120,6 +140,16 @@ impl Engine {
     /// Dropping this future does not half-resume: the lease, the claim and
     /// the run are taken on a task of their own.
     pub async fn resume_interrupted(&self, session: SessionId) -> Result<Resumption, EngineError> {
+        self.resume_with(session, None).await
+    }
+
+    /// [`resume_interrupted`](Self::resume_interrupted), holding `permit`
+    /// for as long as the resumed run runs.
+    async fn resume_with(
+        &self,
+        session: SessionId,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> Result<Resumption, EngineError> {
         let max_attempts = self.resume_attempts();
         if max_attempts == 0 {
             return Ok(Resumption::Off);
@@ -138,15 +168,24 @@ impl Engine {
         // Judged without the lease first: the common answer, an ended run,
         // costs no lease call.
         let last = self.inner.store.last_seq(&session).await?;
-        if self.last_event_ends_a_run(&session, last).await? && !resumption_unguarded() {
+        if !resumption_unguarded()
+            && (self.last_event_ends_a_run(&session, last).await?
+                || self.open_run_before(&session, last + 1).await?.is_none())
+        {
+            // Nothing to resume, and nothing written: a log whose last
+            // event is not an end, with no open run behind it, must not
+            // cost a takeover each time a follower looks.
             return Ok(Resumption::NothingOpen);
         }
         let (answer, answered) = oneshot::channel();
         let app = self.clone();
         let span = info_span!("resume", session = %session, token = field::Empty);
         self.inner.tasks.spawn(
-            async move { app.resume_and_drive(session, max_attempts, answer).await }
-                .instrument(span),
+            async move {
+                app.resume_and_drive(session, max_attempts, answer).await;
+                drop(permit);
+            }
+            .instrument(span),
         );
         drop(starting);
         answered.await.unwrap_or(Err(EngineError::ShuttingDown))
@@ -214,14 +253,18 @@ impl Engine {
     }
 
     /// Looks once through every session of the store and resumes the
-    /// interrupted runs whose leases are free; comes back to those held,
-    /// a TTL apart, a few times (a holder that died just before holds its
-    /// lease until it runs out). What a server does once at start-up with
-    /// resumption on: its cost is one read of each session's last event.
-    /// Stops early when the server drains.
+    /// interrupted runs whose leases are free; comes back to those held or
+    /// that could not be judged, a TTL apart, a few times (a holder that
+    /// died just before holds its lease until it runs out; a store may be
+    /// briefly down). What a server does once at start-up with resumption
+    /// on: its cost is one read of each session's last event. At most
+    /// [`SWEEP_RUNS`] resumed runs run at once, so a store full of
+    /// interrupted runs does not start them all together. Stops early when
+    /// the server drains.
     pub async fn resume_interrupted_runs(&self) -> SweepReport {
         let mut report = SweepReport::default();
-        let mut held = Vec::new();
+        let runs = Arc::new(Semaphore::new(SWEEP_RUNS));
+        let mut again = Vec::new();
         let mut after: Option<ListCursor> = None;
         loop {
             let page = match self.inner.store.list_page(after.as_ref(), SWEEP_PAGE).await {
@@ -234,8 +277,10 @@ impl Engine {
             };
             for session in page.sessions {
                 report.sessions += 1;
-                if !self.sweep_one(session, &mut report, &mut held).await {
-                    return report;
+                match self.sweep_one(&runs, &session, &mut report).await {
+                    Swept::Done => {}
+                    Swept::Again(why) => again.push((session, why)),
+                    Swept::Stop => return report,
                 }
             }
             match page.next {
@@ -243,8 +288,8 @@ impl Engine {
                 None => break,
             }
         }
-        for _ in 0..SWEEP_HELD_ROUNDS {
-            if held.is_empty() {
+        for _ in 0..SWEEP_AGAIN_ROUNDS {
+            if again.is_empty() {
                 break;
             }
             let wait = self.inner.keeper.ttl() + Duration::from_millis(100);
@@ -252,36 +297,47 @@ impl Engine {
                 () = tokio::time::sleep(wait) => {}
                 () = self.inner.draining.cancelled() => return report,
             }
-            for session in std::mem::take(&mut held) {
-                if !self.sweep_one(session, &mut report, &mut held).await {
-                    return report;
+            for (session, _) in std::mem::take(&mut again) {
+                match self.sweep_one(&runs, &session, &mut report).await {
+                    Swept::Done => {}
+                    Swept::Again(why) => again.push((session, why)),
+                    Swept::Stop => return report,
                 }
             }
         }
-        report.held = held.len() as u64;
+        for (session, why) in again {
+            match why {
+                Again::Held => report.held += 1,
+                Again::Failed(e) => {
+                    report.failed += 1;
+                    warn!(session = %session, error = %e, "cannot resume the session's interrupted run");
+                }
+            }
+        }
         report
     }
 
-    /// One session of the start-up look; `false` once the server drains.
+    /// One session of the start-up look.
     async fn sweep_one(
         &self,
-        session: SessionId,
+        runs: &Arc<Semaphore>,
+        session: &SessionId,
         report: &mut SweepReport,
-        held: &mut Vec<SessionId>,
-    ) -> bool {
-        match self.resume_interrupted(session.clone()).await {
+    ) -> Swept {
+        let permit = tokio::select! {
+            permit = Arc::clone(runs).acquire_owned() => permit.ok(),
+            () = self.inner.draining.cancelled() => return Swept::Stop,
+        };
+        match self.resume_with(session.clone(), permit).await {
             Ok(Resumption::Resumed { .. }) => report.resumed += 1,
             Ok(Resumption::Closed { .. }) => report.closed += 1,
-            Ok(Resumption::Held) => held.push(session),
+            Ok(Resumption::Held) => return Swept::Again(Again::Held),
             Ok(Resumption::NothingOpen | Resumption::Off) => {}
-            Err(EngineError::Draining | EngineError::ShuttingDown) => return false,
+            Err(EngineError::Draining | EngineError::ShuttingDown) => return Swept::Stop,
             // Deleted meanwhile: nothing to resume.
             Err(EngineError::Store(e)) if e.kind() == StoreErrorKind::NotFound => {}
-            Err(e) => {
-                report.failed += 1;
-                warn!(session = %session, error = %error_chain(&e), "cannot resume the session's interrupted run");
-            }
+            Err(e) => return Swept::Again(Again::Failed(error_chain(&e))),
         }
-        true
+        Swept::Done
     }
 }

@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
+use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::support::sse::{follow_from, payloads_to_end};
@@ -208,4 +209,136 @@ async fn an_input_interrupted_past_its_attempts_is_only_ended() {
     assert!(ends[1]["payload"]["resumed"].is_null(), "{log:#?}");
     assert_eq!(resumptions(&log).len(), 1, "{log:#?}");
     assert_eq!(log.last().unwrap(), ends[1], "{log:#?}");
+}
+
+/// A run a client asked to cancel is never run again: its holder, paused
+/// when the request came through another replica, dies before it could
+/// stop; the replica that ends the run records why and starts nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_cancelled_before_its_holder_died_is_closed_not_resumed() {
+    let dir = tempfile::tempdir().unwrap();
+    let resume = ["--resume-interrupted"];
+    let (a, b, _pending, started) = mid_run(dir.path(), &resume, "s", "30s", json!("first")).await;
+    wait_for_sweep(&b).await;
+    a.signal(Signal::SIGSTOP);
+    let r = client()
+        .delete(b.url("/v1/sessions/s/runs/current"))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{:?}", r.text().await);
+    a.signal(Signal::SIGKILL);
+    let mut on_b = follow_from(&b, "s", None).await;
+    let (_, end) = payloads_to_end(&mut on_b).await;
+    assert_eq!(end["reason"], "run_ended", "{end}");
+    let log = wait_for_log(&b, "s", |log| !interrupted(log).is_empty()).await;
+    let ends = interrupted(&log);
+    assert_eq!(ends.len(), 1, "{log:#?}");
+    assert_eq!(ends[0]["payload"]["run_seq"], started["seq"]);
+    assert!(ends[0]["payload"]["resumed"].is_null(), "{log:#?}");
+    let why = ends[0]["payload"]["error"].as_str().unwrap();
+    assert!(why.contains("cancel was asked"), "{why}");
+    assert!(resumptions(&log).is_empty(), "{log:#?}");
+    assert_eq!(log.last().unwrap(), ends[0], "{log:#?}");
+}
+
+/// A cancel of a run left open by a dead holder, asked before anyone
+/// ended it, keeps its input from running again when a follower later
+/// gets the run ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_of_an_interrupted_run_keeps_it_from_running_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let resume = ["--resume-interrupted"];
+    let (a, b, _pending, started) = mid_run(dir.path(), &resume, "s", "30s", json!("first")).await;
+    wait_for_sweep(&b).await;
+    a.signal(Signal::SIGKILL);
+    drop(a);
+    // Past the 1 s lease: the run is open and no longer live.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let r = client()
+        .delete(b.url("/v1/sessions/s/runs/current"))
+        .send()
+        .await
+        .unwrap();
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["live"], false, "{body}");
+    assert_eq!(body["token"], started["token"], "{body}");
+    let mut on_b = follow_from(&b, "s", None).await;
+    payloads_to_end(&mut on_b).await;
+    let log = wait_for_log(&b, "s", |log| !interrupted(log).is_empty()).await;
+    assert!(resumptions(&log).is_empty(), "{log:#?}");
+    let why = interrupted(&log)[0]["payload"]["error"].as_str().unwrap();
+    assert!(why.contains("cancel was asked"), "{why}");
+    // The session is not stuck: a client's next run runs, and the cancel
+    // recorded before it does not stop it.
+    let (status, body) = run(&b, "s", json!("again, by hand")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["status"], "completed", "{body}");
+}
+
+/// With resumption on, a run the drain could not wait for is not
+/// cancelled: the draining replica leaves it open and releases the lease,
+/// and the replica its follower reconnects to runs its input again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_cut_off_by_shutdown_is_resumed_by_the_next_owner() {
+    let dir = tempfile::tempdir().unwrap();
+    let flags = ["--resume-interrupted", "--drain-timeout", "500ms"];
+    let (mut a, b, pending, started) =
+        mid_run(dir.path(), &flags, "s", "30s", json!("first")).await;
+    wait_for_sweep(&b).await;
+    let mut on_b = follow_from(&b, "s", None).await;
+    a.signal(Signal::SIGTERM);
+    assert!(a.wait_exit().success(), "mecated did not exit 0 on SIGTERM");
+    let cut = pending.await.unwrap().unwrap();
+    assert_eq!(cut["status"], "interrupted", "{cut}");
+    let (_, end) = payloads_to_end(&mut on_b).await;
+    assert!(
+        end["reason"] == "run_ended" || end["reason"] == "run_gone",
+        "{end}"
+    );
+    let log = wait_for_log(&b, "s", |log| {
+        log.last()
+            .is_some_and(|e| e["payload"]["status"] == "completed")
+    })
+    .await;
+    assert!(
+        log.iter().all(|e| e["payload"]["status"] != "cancelled"),
+        "{log:#?}"
+    );
+    let resumed = assert_resumed_once(&log, &started, 1);
+    assert!(is_owner(&resumed["payload"]["owner"], "proc-b"));
+}
+
+/// An agent cannot write the events that tell runs apart: one that emits
+/// a `run_ended` fails its run, and the log holds only the server's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_emitting_a_run_boundary_fails_its_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("agent.sh");
+    std::fs::write(
+        &script,
+        "read -r _\nprintf '{\"type\":\"note\"}\\n{\"type\":\"run_ended\",\"status\":\"completed\"}\\n'\n",
+    )
+    .unwrap();
+    let store = dir.path().join("store");
+    let flags = [
+        "--resume-interrupted",
+        "--agent",
+        "exec",
+        "--agent-command",
+        "/bin/bash",
+        "--agent-arg",
+        script.to_str().unwrap(),
+    ];
+    let a = Mecated::start(&store, "proc-a", &flags);
+    create(&a, "s").await;
+    let (status, body) = run(&a, "s", json!("hi")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["status"], "failed", "{body}");
+    let error = body["error"].as_str().unwrap();
+    assert!(error.contains("cannot emit"), "{error}");
+    let log = events(&a, "s").await;
+    let kinds: Vec<_> = log.iter().map(kind).collect();
+    assert_eq!(kinds, ["run_started", "note", "run_ended"], "{log:#?}");
+    assert_eq!(log[2]["payload"]["status"], "failed", "{log:#?}");
 }
