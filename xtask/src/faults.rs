@@ -92,6 +92,11 @@ pub(crate) fn faults(args: &[String]) -> Result {
                 "--package",
                 "mecated",
                 "--bins",
+                // The broken variants are asked for by environment, in
+                // their runs alone; without it the binary behaves as one
+                // built without the feature.
+                "--features",
+                "broken-variants",
             ]),
         )?;
         let bin = target_dir()?.join("debug");

@@ -204,7 +204,7 @@ fn main() -> ExitCode {
     let mut errors = Vec::new();
     for &backend in &args.backends {
         if e2e::BACKENDS.contains(&backend) {
-            match runtime.block_on(run_e2e(backend, &args, false)) {
+            match runtime.block_on(run_e2e(backend, &args, None)) {
                 Ok(row) => rows.push(row),
                 Err(e) => errors.push(format!("{backend}: {e}")),
             }
@@ -231,9 +231,11 @@ fn main() -> ExitCode {
     }
     // With the session server's run, or with the broken variants alone.
     if args.broken && (args.backends.contains(&"mecated") || args.backends.is_empty()) {
-        match runtime.block_on(run_e2e("mecated", &args, true)) {
-            Ok(row) => rows.push(row),
-            Err(e) => errors.push(format!("mecated unleased: {e}")),
+        for breakage in e2e::Breakage::ALL {
+            match runtime.block_on(run_e2e("mecated", &args, Some(breakage))) {
+                Ok(row) => rows.push(row),
+                Err(e) => errors.push(format!("mecated {}: {e}", breakage.name())),
+            }
         }
     }
     print_table(&rows, args.seed);
@@ -288,14 +290,17 @@ async fn run_backend(name: &'static str, ops: u64, args: &Args) -> Result<Row, S
     })
 }
 
-/// The session server end to end ([`e2e`]); `broken`: its broken variant,
-/// which must show two runs interleaved.
-async fn run_e2e(name: &'static str, args: &Args, broken: bool) -> Result<Row, String> {
+/// The session server end to end ([`e2e`]); `broken`: one of its broken
+/// variants, which the checker must catch.
+async fn run_e2e(
+    name: &'static str,
+    args: &Args,
+    broken: Option<e2e::Breakage>,
+) -> Result<Row, String> {
     let plan = e2e::Plan::new(args.profile == Profile::Long, args.ops, args.seed, broken);
-    let label = if broken {
-        format!("broken-{name}-unleased-replicas")
-    } else {
-        name.to_owned()
+    let label = match broken {
+        Some(b) => format!("broken-{name}-{}", b.name()),
+        None => name.to_owned(),
     };
     println!(
         "\n== {label}: {} requests (at most {}s), seed {}",
@@ -305,18 +310,17 @@ async fn run_e2e(name: &'static str, args: &Args, broken: bool) -> Result<Row, S
     );
     let finished = e2e::run(name, &plan).await?;
     e2e::write_report(&finished, &args.out.join(&label))?;
-    let must_break: &'static [Property] = if broken { &[Property::RunOrder] } else { &[] };
-    if broken {
+    let must_break: &'static [Property] = broken.map_or(&[], e2e::Breakage::must_break);
+    if broken.is_some() {
         match caught(&finished.verdict, must_break) {
             Some((p, n)) => println!("  caught: first {p} violation after {n} requests"),
             None => println!("  NOT caught: no {} violation", either(must_break)),
         }
     }
     Ok(Row {
-        name: if broken {
-            format!("broken: {name} unleased replicas")
-        } else {
-            name.into()
+        name: match broken {
+            Some(b) => format!("broken: {name} {}", b.name().replace('-', " ")),
+            None => name.into(),
         },
         ops: finished.requests,
         elapsed: finished.elapsed,

@@ -156,6 +156,13 @@ fn the_rendered_deployment_is_what_mecak8s_needs() {
             .and_then(|v| v.parse::<i64>().ok())
             .unwrap_or_else(|| panic!("{name} is stated in seconds"))
     };
+    // A rolling deploy loses no run: what the drain cannot wait for runs
+    // again on the next owner.
+    assert!(
+        env.iter()
+            .any(|e| e.name == "MECATED_RESUME_INTERRUPTED" && e.value.as_deref() == Some("true")),
+        "the pods resume interrupted runs"
+    );
     let drain = seconds("MECATED_DRAIN_TIMEOUT");
     let shutdown = seconds("MECATED_SHUTDOWN_TIMEOUT");
     let pre_stop = container

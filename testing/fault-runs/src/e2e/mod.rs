@@ -26,7 +26,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::injectors::Chaos;
 use lease_history::server_log::StoredEvent;
-use lease_history::{Recorder, ServerHistory, Verdict, check_server, server_timeline, write_svg};
+use lease_history::{
+    Property, Recorder, ServerHistory, Verdict, check_server, server_timeline, write_svg,
+};
 use lease_port::SessionId;
 use replicas::Replicas;
 use session_store::{JsonlOptions, JsonlStore, SessionStore};
@@ -65,12 +67,45 @@ pub(crate) struct Plan {
     /// Stop sending at this age of the run even if requests are left.
     pub(crate) longest: Duration,
     pub(crate) seed: u64,
-    /// The broken variant: unleased replicas, each with a store directory
-    /// of its own whose session files are hard links of one shared set, so
-    /// the single-process lock that stops a second unleased server from
+    /// The broken variant to run, if one.
+    pub(crate) broken: Option<Breakage>,
+}
+
+/// A way to break the replicas that the checker must catch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Breakage {
+    /// Unleased replicas, each with a store directory of its own whose
+    /// session files are hard links of one shared set, so the
+    /// single-process lock that stops a second unleased server from
     /// writing does not see the others: two replicas run one session at
     /// once.
-    pub(crate) broken: bool,
+    UnleasedReplicas,
+    /// Replicas whose resumption of interrupted runs does not check that
+    /// the run is still open (`MECATED_BROKEN_RESUME_UNGUARDED`): a
+    /// restarted replica runs inputs of ended runs again.
+    ResumptionUnguarded,
+}
+
+impl Breakage {
+    /// Every variant, in the order they run.
+    pub(crate) const ALL: [Breakage; 2] =
+        [Breakage::UnleasedReplicas, Breakage::ResumptionUnguarded];
+
+    /// The name in reports and directories.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Breakage::UnleasedReplicas => "unleased-replicas",
+            Breakage::ResumptionUnguarded => "resumption-unguarded",
+        }
+    }
+
+    /// What the checker must find.
+    pub(crate) fn must_break(self) -> &'static [Property] {
+        match self {
+            Breakage::UnleasedReplicas => &[Property::RunOrder],
+            Breakage::ResumptionUnguarded => &[Property::LogIntegrity],
+        }
+    }
 }
 
 /// What the caller reports.
@@ -94,7 +129,7 @@ fn binary(name: &str, env: &str) -> Result<PathBuf, String> {
         Some(p) if p.is_file() => Ok(p),
         _ => Err(format!(
             "{name} not found: set {env}, or run `cargo xtask faults`, which builds it \
-             (cargo build -p mecated --bins)"
+             (cargo build -p mecated --bins --features broken-variants)"
         )),
     }
 }
@@ -117,7 +152,7 @@ pub(crate) async fn run(name: &str, plan: &Plan) -> Result<Finished, String> {
         .pool_max_idle_per_host(0)
         .build()
         .map_err(|e| e.to_string())?;
-    if !plan.broken {
+    if !plan.unleased() {
         let base = replicas.any_base().ok_or("no replica up")?;
         for s in &sessions {
             create(&http, &base, s).await?;
@@ -367,8 +402,13 @@ async fn share_session_files(dirs: &[PathBuf], sessions: &[String]) -> Result<()
 
 impl Plan {
     /// The profile's size: the short one bounded to about a minute.
-    pub(crate) fn new(long: bool, requests: Option<u64>, seed: u64, broken: bool) -> Plan {
-        let (default, longest) = match (long, broken) {
+    pub(crate) fn new(
+        long: bool,
+        requests: Option<u64>,
+        seed: u64,
+        broken: Option<Breakage>,
+    ) -> Plan {
+        let (default, longest) = match (long, broken.is_some()) {
             (false, false) => (600, Duration::from_secs(75)),
             (false, true) => (300, Duration::from_secs(40)),
             (true, false) => (100_000, Duration::from_secs(4 * 3600)),
@@ -380,5 +420,10 @@ impl Plan {
             seed,
             broken,
         }
+    }
+
+    /// Whether the replicas run unleased, each on its own directory.
+    pub(crate) fn unleased(&self) -> bool {
+        self.broken == Some(Breakage::UnleasedReplicas)
     }
 }

@@ -10,8 +10,8 @@ use test_services::{EtcdCluster, FaultProxy, PostgresServer, RedisServer};
 
 use super::replicas::Launch;
 use super::{
-    DRAIN_TIMEOUT, ECHO_DELAY, ECHO_STEPS, ETCD_TTL, Plan, REDIS_PREFIX, REPLICAS, TTL, binary,
-    lock, share_session_files, store,
+    Breakage, DRAIN_TIMEOUT, ECHO_DELAY, ECHO_STEPS, ETCD_TTL, Plan, REDIS_PREFIX, REPLICAS, TTL,
+    binary, lock, share_session_files, store,
 };
 use crate::injectors::Action;
 use crate::rigs::service_actions;
@@ -105,6 +105,10 @@ fn common(ttl: Duration, owner: Option<&str>) -> Vec<String> {
         // service is cancelled after this.
         "--drain-timeout",
         DRAIN_TIMEOUT,
+        // A replica killed mid-run leaves its run open: the next owner,
+        // a restarted replica's start-up look, or a follower's replica
+        // ends it and runs its input again.
+        "--resume-interrupted",
     ]
     .map(String::from)
     .to_vec();
@@ -190,7 +194,7 @@ async fn mecated(
         let owner = format!("replica-{i}");
         let mut args = common(setup.ttl, Some(&owner));
         if jsonl {
-            let store = if plan.broken {
+            let store = if plan.unleased() {
                 dir.join(format!("store-{i}"))
             } else {
                 shared.clone()
@@ -200,21 +204,27 @@ async fn mecated(
             args.push(store.display().to_string());
             setup.services.store_dirs.push(store);
         }
-        if plan.broken {
+        if plan.unleased() {
             args.push("--no-session-lease".into());
         }
         args.extend(flags.iter().cloned());
+        let env = match plan.broken {
+            Some(Breakage::ResumptionUnguarded) => {
+                vec![("MECATED_BROKEN_RESUME_UNGUARDED".into(), "1".into())]
+            }
+            _ => Vec::new(),
+        };
         setup.launches.push((
             owner,
             Launch {
                 binary: bin.clone(),
                 log: dir.join(format!("replica-{i}.log")),
                 args,
-                env: Vec::new(),
+                env,
             },
         ));
     }
-    if plan.broken {
+    if plan.unleased() {
         share_session_files(&setup.services.store_dirs, sessions).await?;
     }
     Ok(())
