@@ -8,7 +8,9 @@
 //! an end (its process died) is ended by the session's next owner, before
 //! that owner's own run: a `takeover` under the new token, then a
 //! `run_ended` with status `interrupted` naming the run (`run_seq`,
-//! `run_token`). Clients record
+//! `run_token`); with resumption, that end says `resumed: {attempt}` and
+//! is followed at once by a `run_started` of the same `input` naming what
+//! it `resumes`. Clients record
 //! every HTTP request with its invocation and completion and, for runs
 //! and follows, the events they received. [`check_server`] then verifies,
 //! per session:
@@ -22,7 +24,9 @@
 //!   start at 1 and follow each other, every event belongs to a run that
 //!   started before it and fits that run's shape, a run's events carry the
 //!   token its `run_started` names, every run ends (once) before the next
-//!   one starts, and every run a client saw end, and
+//!   one starts, an input is run again only right after its run's
+//!   interrupted end announced it, once, one attempt further, and every
+//!   run a client saw end, and
 //!   every event a client received, is stored exactly as the client saw it.
 //!
 //! [`server_timeline`] turns the record into a [`History`] that

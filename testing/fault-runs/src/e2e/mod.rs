@@ -325,15 +325,12 @@ fn summary(h: &ServerHistory) -> String {
         };
         *by.entry(format!("{} {answer}", r.kind.name())).or_default() += 1;
     }
-    let runs: usize = h
-        .logs
-        .values()
-        .map(|l| {
-            l.iter()
-                .filter(|e| e.payload["type"] == "run_started")
-                .count()
-        })
-        .sum();
+    let count = |f: &dyn Fn(&StoredEvent) -> bool| -> usize {
+        h.logs.values().flatten().filter(|e| f(e)).count()
+    };
+    let runs = count(&|e| e.payload["type"] == "run_started");
+    let interrupted = count(&|e| e.payload["status"] == "interrupted");
+    let resumed = count(&|e| e.payload["type"] == "run_started" && !e.payload["resumes"].is_null());
     let events: usize = h.logs.values().map(Vec::len).sum();
     let attributed = h
         .logs
@@ -342,7 +339,8 @@ fn summary(h: &ServerHistory) -> String {
         .filter(|e| e.writer.is_some())
         .count();
     let mut s = format!(
-        "stored: {events} events ({attributed} with their writer recorded), {runs} runs\n\
+        "stored: {events} events ({attributed} with their writer recorded), {runs} runs \
+         ({interrupted} ended as interrupted by the next owner, {resumed} resuming one)\n\
          requests by answer:"
     );
     for (k, n) in by {
