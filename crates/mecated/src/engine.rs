@@ -435,13 +435,7 @@ impl Engine {
         // task is spawned: a drain that begins meanwhile waits for this
         // start too, rather than count the engine drained while it reads.
         let starting = self.inner.tasks.token();
-        if self.is_shutting_down() {
-            return Err(EngineError::ShuttingDown);
-        }
-        if self.is_draining() {
-            return Err(EngineError::Draining);
-        }
-        self.require_exclusive_if_unleased()?;
+        self.may_start_runs()?;
         // Fail fast on unknown sessions before touching the lease backend.
         // Nothing is held yet: dropping the caller here leaves nothing.
         self.inner.store.read(&session, 1, 1).await?;
@@ -470,6 +464,7 @@ impl Engine {
         &self,
         session: &SessionId,
         what: &ClaimFor,
+        cancels_before: CancelBaseline,
         started: Option<&oneshot::Sender<Result<StartedRun, EngineError>>>,
     ) -> Result<Option<(LeaseGuard, ClaimWritten)>, EngineError> {
         let mut again: Option<Option<FencingToken>> = None;
@@ -507,7 +502,10 @@ impl Engine {
             }
             let token = guard.token();
             Span::current().record("token", token.map(|t| t.get()));
-            match self.write_claim(session, &guard, what).await {
+            match self
+                .write_claim(session, &guard, what, cancels_before)
+                .await
+            {
                 Ok(written) => return Ok(Some((guard, written))),
                 Err(EngineError::Store(StoreError::Fenced {
                     presented,
@@ -562,7 +560,10 @@ impl Engine {
             return;
         }
         let what = ClaimFor::Client(input);
-        let (guard, claimed) = match self.claim(&session, &what, Some(&started)).await {
+        let (guard, claimed) = match self
+            .claim(&session, &what, cancels_before, Some(&started))
+            .await
+        {
             Ok(Some((guard, ClaimWritten::Run(claimed)))) => (guard, claimed),
             Ok(Some((guard, _))) => {
                 // A client's claim always starts its run; nothing else is
@@ -592,14 +593,21 @@ impl Engine {
         started: Option<oneshot::Sender<Result<StartedRun, EngineError>>>,
     ) {
         let Claimed {
-            first_seq, input, ..
+            first_seq,
+            input,
+            resumes_token,
+            ..
         } = claimed;
         let token = guard.token();
+        // A resumption continues the run it resumes: a cancel asked of
+        // that run, which its resumer may not have seen, stops it too.
+        let watched = resumes_token.or(token);
         let metrics = &self.inner.metrics;
         metrics.run_started();
         let cancel = CancellationToken::new();
         self.runs().insert(session.clone(), cancel.clone());
-        let watch = token.map(|t| self.watch_cancel_requests(&session, t, cancels_before, &cancel));
+        let watch =
+            watched.map(|t| self.watch_cancel_requests(&session, t, cancels_before, &cancel));
         self.register_local_run(&session, token, first_seq, watch);
         let (tx, events) = mpsc::channel(STREAM_BUFFER);
         let (end_tx, end) = oneshot::channel();
@@ -776,6 +784,18 @@ impl Engine {
                 Err(e) => RunStatus::Failed(error_chain(&e)),
             },
         }
+    }
+
+    /// Whether a run may start here now: not draining or shutting down,
+    /// and, unleased, the store's only process.
+    fn may_start_runs(&self) -> Result<(), EngineError> {
+        if self.is_shutting_down() {
+            return Err(EngineError::ShuttingDown);
+        }
+        if self.is_draining() {
+            return Err(EngineError::Draining);
+        }
+        self.require_exclusive_if_unleased()
     }
 
     /// Unleased, only the process holding the store's exclusive lock may

@@ -22,6 +22,7 @@ use session_store::{AppendReceipt, StoreError, StoreErrorKind, StoredEvent};
 use tracing::{info, warn};
 
 use super::follow::{RUN_ENDED, RUN_STARTED};
+use super::remote_cancel::CancelBaseline;
 use super::{Engine, EngineError, tracked_append};
 
 /// The `status` of the end the next owner records for a run that recorded
@@ -49,6 +50,9 @@ pub(super) struct OpenRun {
     /// How many times the input was re-driven before this run: 0 for a
     /// client's run.
     attempt: u32,
+    /// The store's count of cancel requests before the run; `None` when
+    /// its start did not record it.
+    cancel_serial: Option<u64>,
 }
 
 impl OpenRun {
@@ -73,6 +77,7 @@ impl OpenRun {
             input: p.get("input").cloned(),
             origin_seq: field("run_seq").unwrap_or(start.seq),
             attempt,
+            cancel_serial: p.get("cancel_serial").and_then(Value::as_u64),
         }
     }
 }
@@ -123,6 +128,9 @@ pub(super) struct Claimed {
     /// For a resumption: the how-manieth re-drive of its input (1 for the
     /// first).
     pub(super) attempt: Option<u32>,
+    /// For a resumption: the token of the run it resumes, whose cancel
+    /// requests are the resumption's too.
+    pub(super) resumes_token: Option<FencingToken>,
 }
 
 /// Whether an interrupted run's input runs again right after its end.
@@ -176,17 +184,22 @@ impl Engine {
         session: &SessionId,
         guard: &LeaseGuard,
         what: &ClaimFor,
+        cancels_before: CancelBaseline,
     ) -> Result<ClaimWritten, EngineError> {
+        let claim =
+            |input: &Value, resumes| self.run_started(guard, input, resumes, cancels_before);
         let last = self.inner.store.last_seq(session).await?;
         if self.last_event_ends_a_run(session, last).await? {
             let ClaimFor::Client(input) = what else {
                 if resumption_unguarded() {
-                    return self.resume_unguarded(session, guard, last).await;
+                    return self
+                        .resume_unguarded(session, guard, last, cancels_before)
+                        .await;
                 }
                 return Ok(ClaimWritten::NothingOpen);
             };
             let receipt = self
-                .append(session, guard, vec![self.run_started(guard, input, None)])
+                .append(session, guard, vec![claim(input, None)])
                 .await?;
             if receipt.first_seq != last + 1 {
                 // Written meanwhile, below our token: an earlier owner's
@@ -202,6 +215,7 @@ impl Engine {
                 first_seq: receipt.first_seq,
                 input: input.clone(),
                 attempt: None,
+                resumes_token: None,
             }));
         }
         // Fenced, the earlier owner may still have writes on their way:
@@ -256,11 +270,13 @@ impl Engine {
         let resumes = attempt.zip(open.as_ref()).map(|(attempt, open)| {
             json!({"run_seq": open.origin_seq, "attempt": attempt, "after_seq": open.start_seq})
         });
-        batch.push(self.run_started(guard, &input, resumes));
+        batch.push(claim(&input, resumes));
+        let resumes_token = attempt.and(open.as_ref()).and_then(|o| o.token);
         Ok(ClaimWritten::Run(Claimed {
             first_seq: self.append(session, guard, batch).await?.last_seq,
             input,
             attempt,
+            resumes_token,
         }))
     }
 
@@ -271,6 +287,7 @@ impl Engine {
         session: &SessionId,
         guard: &LeaseGuard,
         last: u64,
+        cancels_before: CancelBaseline,
     ) -> Result<ClaimWritten, EngineError> {
         let Some(open) = self.run_before(session, last + 1, true).await? else {
             return Ok(ClaimWritten::NothingOpen);
@@ -283,18 +300,26 @@ impl Engine {
             json!({"run_seq": open.origin_seq, "attempt": attempt, "after_seq": open.start_seq});
         let batch = vec![
             self.interrupted_end(&open, Resumed::Yes(attempt)),
-            self.run_started(guard, &input, Some(resumes)),
+            self.run_started(guard, &input, Some(resumes), cancels_before),
         ];
         Ok(ClaimWritten::Run(Claimed {
             first_seq: self.append(session, guard, batch).await?.last_seq,
             input,
             attempt: Some(attempt),
+            resumes_token: open.token,
         }))
     }
 
-    /// A run's start: who runs it under which token, on which input, and,
-    /// for a resumption, which interrupted input it runs again.
-    fn run_started(&self, guard: &LeaseGuard, input: &Value, resumes: Option<Value>) -> Value {
+    /// A run's start: who runs it under which token, on which input, for
+    /// a resumption which interrupted input it runs again, and how many
+    /// cancel requests the store held before it (a later one is for it).
+    fn run_started(
+        &self,
+        guard: &LeaseGuard,
+        input: &Value,
+        resumes: Option<Value>,
+        cancels_before: CancelBaseline,
+    ) -> Value {
         let mut claim = json!({
             "type": RUN_STARTED,
             "owner": self.inner.keeper.owner().as_str(),
@@ -303,6 +328,9 @@ impl Engine {
         });
         if let Some(resumes) = resumes {
             claim["resumes"] = resumes;
+        }
+        if let CancelBaseline::Known(serial) = cancels_before {
+            claim["cancel_serial"] = json!(serial);
         }
         claim
     }
@@ -363,25 +391,26 @@ impl Engine {
         Ok(None)
     }
 
-    /// Whether a client asked, through the store, to cancel the open run:
-    /// a request naming its token or a later one. Such a run is ended and
-    /// never run again. A request for an earlier run that reused the
-    /// token (the same owner acquiring again) also counts: a session left
-    /// for its client is the safe side of that doubt.
+    /// Whether a client asked to cancel the open run: the store holds a
+    /// request naming its token or a later one (unleased: any), counted
+    /// after the run's start. Such a run is ended and never run again.
+    /// A start that did not record the count is judged on the token
+    /// alone: a session left for its client is the safe side of a
+    /// request that may have been for an earlier run of the same token.
     async fn cancel_was_asked(
         &self,
         session: &SessionId,
         open: &OpenRun,
     ) -> Result<bool, StoreError> {
-        let Some(token) = open.token else {
-            // Unleased runs are cancelled in their own process only.
-            return Ok(false);
+        let request = match self.inner.store.cancel_request(session).await {
+            Ok(request) => request,
+            Err(e) if e.kind() == StoreErrorKind::Unsupported => return Ok(false),
+            Err(e) => return Err(e),
         };
-        match self.inner.store.cancel_request(session).await {
-            Ok(request) => Ok(request.is_some_and(|r| r.run >= token)),
-            Err(e) if e.kind() == StoreErrorKind::Unsupported => Ok(false),
-            Err(e) => Err(e),
-        }
+        Ok(request.is_some_and(|r| {
+            open.token.is_none_or(|token| r.run >= token)
+                && open.cancel_serial.is_none_or(|before| r.serial > before)
+        }))
     }
 
     /// The `interrupted` end of `open`, and whether the next run resumes

@@ -43,6 +43,9 @@ impl Engine {
     /// Cancels the live run of `session`, wherever it runs. `NotFound`
     /// when the session does not exist.
     pub async fn cancel_anywhere(&self, session: &SessionId) -> Result<CancelOutcome, EngineError> {
+        if let Some(token) = self.local_run(session) {
+            self.record_cancel_for_resumption(session, token).await;
+        }
         if let Some(token) = self.local_run(session)
             && self.cancel_run(session)
         {
@@ -85,6 +88,26 @@ impl Engine {
         })
     }
 
+    /// With resumption on, a cancel of a run of this process is recorded
+    /// in the store too, before the run is stopped: were this process to
+    /// die before the run's `cancelled` end is stored, the next owner
+    /// must not run its input again. Unleased runs have no token: theirs
+    /// is recorded under token 0, which only an unleased run can match.
+    /// A store that cannot record it still has the run cancelled here.
+    async fn record_cancel_for_resumption(&self, session: &SessionId, token: Option<FencingToken>) {
+        if self.resume_attempts() == 0 {
+            return;
+        }
+        let token = token.unwrap_or(FencingToken::new(0));
+        match self.inner.store.request_cancel(session, token).await {
+            Ok(()) => {}
+            Err(e) if e.kind() == StoreErrorKind::Unsupported => {}
+            Err(e) => {
+                warn!(error = %error_chain(&e), "cannot record the cancel; should this process die before the run's end is stored, the next owner may run its input again");
+            }
+        }
+    }
+
     /// With resumption on, a cancel of a session whose run is open but not
     /// live: recorded against the open run's token, so that whoever ends
     /// that run as interrupted does not run its input again.
@@ -95,9 +118,19 @@ impl Engine {
         } else {
             self.open_run_before(session, last + 1).await?
         };
-        let token = open.and_then(|open| open.token);
+        let Some(open) = open else {
+            return Ok(CancelOutcome {
+                live: Some(false),
+                token: None,
+                here: false,
+            });
+        };
+        let token = open.token;
         if let Some(token) = token {
             info!(%token, "cancel of an interrupted run recorded: it will not run again");
+            // A replica that resumes the run meanwhile either reads this
+            // request before its claim, or its resumed run's watch counts
+            // it (a resumption takes requests for the run it resumes).
             self.inner.store.request_cancel(session, token).await?;
         }
         Ok(CancelOutcome {

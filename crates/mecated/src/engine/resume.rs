@@ -155,13 +155,7 @@ impl Engine {
             return Ok(Resumption::Off);
         }
         let starting = self.inner.tasks.token();
-        if self.is_shutting_down() {
-            return Err(EngineError::ShuttingDown);
-        }
-        if self.is_draining() {
-            return Err(EngineError::Draining);
-        }
-        self.require_exclusive_if_unleased()?;
+        self.may_start_runs()?;
         if self.local_run(&session).is_some() {
             return Ok(Resumption::Held);
         }
@@ -203,7 +197,7 @@ impl Engine {
             return;
         }
         let what = ClaimFor::Resumption { max_attempts };
-        let (guard, written) = match self.claim(&session, &what, None).await {
+        let (guard, written) = match self.claim(&session, &what, cancels_before, None).await {
             Ok(Some(claimed)) => claimed,
             Ok(None) => {
                 let _ = answer.send(Ok(Resumption::NothingOpen));

@@ -357,14 +357,7 @@ async fn health_readiness_metrics_and_openapi_are_served() {
     create(&a, "m").await;
     let (status, _) = run(&a, "m", json!("x")).await;
     assert_eq!(status, StatusCode::OK);
-    let metrics = c
-        .get(a.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics(&a).await;
     assert!(
         metrics.contains("mecated_runs_total{outcome=\"completed\"} 1"),
         "{metrics}"

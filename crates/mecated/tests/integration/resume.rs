@@ -44,15 +44,7 @@ async fn wait_for_log(m: &Mecated, id: &str, done: impl Fn(&[Value]) -> bool) ->
 async fn wait_for_sweep(m: &Mecated) {
     let start = Instant::now();
     loop {
-        let text = client()
-            .get(m.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        if text.contains("mecated_resume_sweeps_total 1") {
+        if metrics(m).await.contains("mecated_resume_sweeps_total 1") {
             return;
         }
         assert!(start.elapsed() < PATIENCE, "the start-up look never ended");
@@ -341,4 +333,67 @@ async fn an_agent_emitting_a_run_boundary_fails_its_run() {
     let kinds: Vec<_> = log.iter().map(kind).collect();
     assert_eq!(kinds, ["run_started", "note", "run_ended"], "{log:#?}");
     assert_eq!(log[2]["payload"]["status"], "failed", "{log:#?}");
+}
+
+/// A cancel the holder itself answered, whose process dies before the
+/// run's `cancelled` end is stored, still keeps the input from running
+/// again: the holder records the cancel in the store before it stops the
+/// run. A kill right after the answer usually beats the end's write, so
+/// a few tries show it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_answered_by_a_holder_that_then_dies_is_not_resumed() {
+    for _ in 0..4 {
+        let dir = tempfile::tempdir().unwrap();
+        let resume = ["--resume-interrupted"];
+        let (a, b, _pending, _) = mid_run(dir.path(), &resume, "s", "30s", json!("once")).await;
+        wait_for_sweep(&b).await;
+        let mut on_b = follow_from(&b, "s", None).await;
+        let r = client()
+            .delete(a.url("/v1/sessions/s/runs/current"))
+            .send()
+            .await
+            .unwrap();
+        a.signal(Signal::SIGKILL);
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["here"], true, "{body}");
+        payloads_to_end(&mut on_b).await;
+        let log = wait_for_log(&b, "s", |log| {
+            log.last().is_some_and(|e| kind(e) == "run_ended")
+        })
+        .await;
+        assert!(
+            resumptions(&log).is_empty(),
+            "cancelled, yet run again: {log:#?}"
+        );
+    }
+}
+
+/// Unleased, the same: a run cancelled in its process, which dies before
+/// the end is stored, is not run again by the restarted server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unleased_a_cancelled_run_is_not_resumed_after_a_crash() {
+    for _ in 0..4 {
+        let dir = tempfile::tempdir().unwrap();
+        let flags = ["--no-session-lease", "--resume-interrupted"];
+        let slow = [&flags[..], &["--echo-delay", "30s", "--echo-steps", "30"]].concat();
+        let a = Mecated::start(dir.path(), "proc-a", &slow);
+        create(&a, "s").await;
+        let _pending = run_in_background(&a, "s", json!("once"));
+        wait_for_event(&a, "s", |e| kind(e) == "progress").await;
+        let r = client()
+            .delete(a.url("/v1/sessions/s/runs/current"))
+            .send()
+            .await
+            .unwrap();
+        a.signal(Signal::SIGKILL);
+        assert!(r.status().is_success());
+        drop(a);
+        let b = Mecated::start(dir.path(), "proc-b", &flags);
+        wait_for_sweep(&b).await;
+        let log = events(&b, "s").await;
+        assert!(
+            resumptions(&log).is_empty(),
+            "cancelled, yet run again: {log:#?}"
+        );
+    }
 }

@@ -152,6 +152,12 @@ pub(crate) async fn run(m: &Mecated, id: &str, input: Value) -> (StatusCode, Val
     (status, r.json().await.unwrap_or(Value::Null))
 }
 
+/// `m`'s Prometheus text.
+pub(crate) async fn metrics(m: &Mecated) -> String {
+    let r = client().get(m.url("/metrics")).send().await.unwrap();
+    r.text().await.unwrap()
+}
+
 pub(crate) async fn events(m: &Mecated, id: &str) -> Vec<Value> {
     let mut all = Vec::new();
     let mut after = 0;
