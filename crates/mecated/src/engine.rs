@@ -42,7 +42,9 @@ mod store_watch;
 mod tails;
 mod transcript_read;
 
-pub use follow::{FOLLOW_QUIET_CHECK, Follow, FollowEnd, FollowItem, RUN_ENDED, RUN_STARTED};
+pub use follow::{
+    FOLLOW_QUIET_CHECK, Follow, FollowEnd, FollowItem, RUN_CUT_OFF, RUN_ENDED, RUN_STARTED,
+};
 use interrupted::{ClaimFor, ClaimWritten, Claimed};
 pub use interrupted::{INTERRUPTED, TAKEOVER};
 pub use lease_wait::{MAX_RUN_WAIT, RUN_WAIT_RETRY, RUN_WAIT_SAFETY};
@@ -155,9 +157,9 @@ pub enum RunStatus {
     Cancelled,
     /// The lease was lost (or a write was fenced off): the run stopped.
     LeaseLost(String),
-    /// Cut off by shutdown with resumption on: no end is recorded, so the
-    /// session's next owner ends the run as `interrupted` and runs its
-    /// input again.
+    /// Cut off by shutdown with resumption on: no end is recorded (a
+    /// `run_cut_off` says why), so the session's next owner ends the run
+    /// as `interrupted` and runs its input again.
     Interrupted(String),
 }
 
@@ -932,7 +934,7 @@ impl EventSink for StoreSink {
         if let Some(reserved) = event
             .get("type")
             .and_then(Value::as_str)
-            .filter(|t| [RUN_STARTED, RUN_ENDED, TAKEOVER].contains(t))
+            .filter(|t| [RUN_STARTED, RUN_ENDED, RUN_CUT_OFF, TAKEOVER].contains(t))
         {
             // Runs are told apart by these events alone: one an agent
             // wrote would end a run early, or make an input run again.

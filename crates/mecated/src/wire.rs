@@ -207,6 +207,16 @@ pub struct Event {
     /// from here the earlier owner cannot write), then a `run_ended` with
     /// status `interrupted`, the interrupted run's `run_seq` (its
     /// `run_started`) and `run_token`, written under the new owner's token.
+    /// With `--resume-interrupted` that end may say `resumed: {attempt}`,
+    /// and the next event is a `run_started` of the same `input` with
+    /// `resumes: {run_seq, attempt, after_seq}` (the run whose input it
+    /// first ran, the how-manieth run again, the interrupted run; and
+    /// `shutdowns`, how many of those attempts followed a shutdown rather
+    /// than a crash). A run cut off by shutdown ends its events with a
+    /// `run_cut_off` (`reason`, `error`), not an end: the next owner
+    /// writes that. With resumption on, a `run_started` also records
+    /// `cancel_serial`, the store's count of cancel requests before it.
+    /// Agents cannot write these types.
     #[schema(value_type = Value)]
     pub payload: Value,
     /// Position in the session, from 1, strictly increasing, never reused.

@@ -220,6 +220,9 @@ struct LoggedRun {
     of: Option<u64>,
     messaged: bool,
     ended: bool,
+    /// It wrote its `run_cut_off` (shutdown cut it off, its end is the
+    /// next owner's): nothing of its own may follow.
+    cut_off: bool,
     /// The input its `run_started` recorded.
     input: Value,
     /// How many times its input was run again before it: 0 for a
@@ -235,7 +238,7 @@ struct LoggedRun {
 impl LoggedRun {
     /// Whether `e` can be this run's next event.
     fn accepts(&self, e: &StoredEvent) -> bool {
-        if self.ended || e.token != self.token {
+        if self.ended || self.cut_off || e.token != self.token {
             return false;
         }
         if let (Some(w), Some(ew)) = (&self.writer, &e.writer)
@@ -258,6 +261,7 @@ impl LoggedRun {
             }
             "message" => self.messaged = true,
             "run_ended" => self.ended = true,
+            "run_cut_off" => self.cut_off = true,
             _ => {}
         }
     }
@@ -572,6 +576,7 @@ fn run_boundary(e: &StoredEvent, runs: &mut Vec<LoggedRun>) -> Option<Vec<(Vec<u
             of: None,
             messaged: false,
             ended: false,
+            cut_off: false,
             input: e.payload["input"].clone(),
             attempt: e.payload["resumes"]["attempt"].as_u64().unwrap_or(0),
             interrupted: None,

@@ -412,3 +412,33 @@ fn a_resumption_on_another_input_or_attempt_or_unannounced_is_caught() {
         "{v}"
     );
 }
+
+#[test]
+fn a_run_cut_off_by_shutdown_may_be_resumed_but_writes_nothing_after_its_cut() {
+    let cut = json!({"type": "run_cut_off", "reason": "shutdown"});
+    let resumed = |after_cut: bool| {
+        let mut log = Log::new();
+        let mut first = started(3, "a#1");
+        first["input"] = json!("hello");
+        log.push(Some(3), "a#1", first)
+            .push(Some(3), "a#1", progress(1, 4))
+            .push(Some(3), "a#1", cut.clone());
+        if after_cut {
+            log.push(Some(3), "a#1", progress(2, 4));
+        }
+        let mut end = interrupted(1, 3);
+        end["resumed"] = json!({"attempt": 1});
+        let mut again = started(7, "b#1");
+        again["input"] = json!("hello");
+        again["resumes"] = json!({"run_seq": 1, "attempt": 1, "after_seq": 1, "shutdowns": 1});
+        log.push(Some(7), "b#1", takeover(7, "b"))
+            .push(Some(7), "b#1", end)
+            .push(Some(7), "b#1", again)
+            .push(Some(7), "b#1", ended("completed"));
+        log
+    };
+    let v = check_server(&history(&resumed(false)));
+    assert!(v.is_clean(), "{v}");
+    let v = check_server(&history(&resumed(true)));
+    assert_eq!(v.count(Property::LogIntegrity), 1, "{v}");
+}

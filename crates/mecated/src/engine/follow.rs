@@ -79,6 +79,12 @@ pub const RUN_ENDED: &str = "run_ended";
 /// The payload type of a run's claim, its first event.
 pub const RUN_STARTED: &str = "run_started";
 
+/// The payload type of the last event of a run that shutdown cut off with
+/// resumption on: not an end (the next owner writes that, and runs the
+/// input again), and not counted against the input's attempts, which are
+/// for crashes.
+pub const RUN_CUT_OFF: &str = "run_cut_off";
+
 /// The run a follow waits to end: its token, and where it started in the
 /// log when this process runs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,9 +126,7 @@ impl Engine {
         session: &SessionId,
         status: &RunStatus,
     ) {
-        // A lost lease cannot write; a run cut off for resumption must
-        // not: its end is the next owner's, with the run of its input.
-        if matches!(status, RunStatus::LeaseLost(_) | RunStatus::Interrupted(_)) {
+        if matches!(status, RunStatus::LeaseLost(_)) {
             return;
         }
         // The agent is gone, but a write it started may still be running
@@ -132,10 +136,20 @@ impl Engine {
             warn!("the run's writes outlived the write wait; its end is not recorded");
             return;
         }
-        let mut end = json!({ "type": RUN_ENDED, "status": status.name() });
-        if let Some(error) = status.error() {
-            end["error"] = json!(error);
-        }
+        let end = match status {
+            // Not an end: that is the next owner's, with the run of its
+            // input; this says why, so the cut does not count as a crash.
+            RunStatus::Interrupted(why) => {
+                json!({ "type": RUN_CUT_OFF, "reason": "shutdown", "error": why })
+            }
+            _ => {
+                let mut end = json!({ "type": RUN_ENDED, "status": status.name() });
+                if let Some(error) = status.error() {
+                    end["error"] = json!(error);
+                }
+                end
+            }
+        };
         let write = tracked_append(
             &guard.write_gate(),
             Arc::clone(&self.inner.store),

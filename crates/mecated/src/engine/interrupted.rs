@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use session_store::{AppendReceipt, StoreError, StoreErrorKind, StoredEvent};
 use tracing::{info, warn};
 
-use super::follow::{RUN_ENDED, RUN_STARTED};
+use super::follow::{RUN_CUT_OFF, RUN_ENDED, RUN_STARTED};
 use super::remote_cancel::CancelBaseline;
 use super::{Engine, EngineError, tracked_append};
 
@@ -53,6 +53,11 @@ pub(super) struct OpenRun {
     /// The store's count of cancel requests before the run; `None` when
     /// its start did not record it.
     cancel_serial: Option<u64>,
+    /// Of `attempt`, how many followed a shutdown's cut rather than a
+    /// crash.
+    shutdowns: u32,
+    /// Whether shutdown cut this run off (its last event says so).
+    cut_off: bool,
 }
 
 impl OpenRun {
@@ -78,7 +83,28 @@ impl OpenRun {
             origin_seq: field("run_seq").unwrap_or(start.seq),
             attempt,
             cancel_serial: p.get("cancel_serial").and_then(Value::as_u64),
+            // Unreadable counts as none: every attempt a crash.
+            shutdowns: field("shutdowns").map_or(0, |s| u32::try_from(s).unwrap_or(0)),
+            cut_off: false,
         }
+    }
+
+    /// How many crashes have interrupted this input, this run's included
+    /// when it was not cut off by shutdown: what `--resume-max-attempts`
+    /// bounds.
+    fn crashes(&self) -> u32 {
+        self.attempt.saturating_sub(self.shutdowns) + u32::from(!self.cut_off)
+    }
+
+    /// The `resumes` of the run that runs this one's input again.
+    fn resumed_by(&self, attempt: u32) -> Value {
+        let mut resumes =
+            json!({"run_seq": self.origin_seq, "attempt": attempt, "after_seq": self.start_seq});
+        let shutdowns = self.shutdowns + u32::from(self.cut_off);
+        if shutdowns > 0 {
+            resumes["shutdowns"] = json!(shutdowns);
+        }
+        resumes
     }
 }
 
@@ -247,8 +273,8 @@ impl Engine {
                 let again = open
                     .input
                     .clone()
-                    .filter(|_| !cancelled && open.attempt < *max_attempts)
-                    .map(|input| (input, Some(open.attempt + 1)));
+                    .filter(|_| !cancelled && open.crashes() <= *max_attempts)
+                    .map(|input| (input, Some(open.attempt.saturating_add(1))));
                 let resumed = again.as_ref().and_then(|a| a.1);
                 batch.push(self.interrupted_end(open, Resumed::new(resumed, cancelled)));
                 again
@@ -267,9 +293,9 @@ impl Engine {
             self.append(session, guard, batch).await?;
             return Ok(ClaimWritten::Closed { run_seq });
         };
-        let resumes = attempt.zip(open.as_ref()).map(|(attempt, open)| {
-            json!({"run_seq": open.origin_seq, "attempt": attempt, "after_seq": open.start_seq})
-        });
+        let resumes = attempt
+            .zip(open.as_ref())
+            .map(|(attempt, open)| open.resumed_by(attempt));
         batch.push(claim(&input, resumes));
         let resumes_token = attempt.and(open.as_ref()).and_then(|o| o.token);
         Ok(ClaimWritten::Run(Claimed {
@@ -295,9 +321,8 @@ impl Engine {
         let Some(input) = open.input.clone() else {
             return Ok(ClaimWritten::NothingOpen);
         };
-        let attempt = open.attempt + 1;
-        let resumes =
-            json!({"run_seq": open.origin_seq, "attempt": attempt, "after_seq": open.start_seq});
+        let attempt = open.attempt.saturating_add(1);
+        let resumes = open.resumed_by(attempt);
         let batch = vec![
             self.interrupted_end(&open, Resumed::Yes(attempt)),
             self.run_started(guard, &input, Some(resumes), cancels_before),
@@ -311,8 +336,9 @@ impl Engine {
     }
 
     /// A run's start: who runs it under which token, on which input, for
-    /// a resumption which interrupted input it runs again, and how many
-    /// cancel requests the store held before it (a later one is for it).
+    /// a resumption which interrupted input it runs again, and with
+    /// resumption on how many cancel requests the store held before it (a
+    /// later one is for it).
     fn run_started(
         &self,
         guard: &LeaseGuard,
@@ -329,7 +355,10 @@ impl Engine {
         if let Some(resumes) = resumes {
             claim["resumes"] = resumes;
         }
-        if let CancelBaseline::Known(serial) = cancels_before {
+        // Only resumption reads it: without, the log keeps its shape.
+        if let CancelBaseline::Known(serial) = cancels_before
+            && self.resume_attempts() > 0
+        {
             claim["cancel_serial"] = json!(serial);
         }
         claim
@@ -372,6 +401,9 @@ impl Engine {
         ended: bool,
     ) -> Result<Option<OpenRun>, StoreError> {
         let mut below = before;
+        // The token of a `run_cut_off` seen on the way back: the open run
+        // was cut off by shutdown when it is that run's.
+        let mut cut_off = None;
         while below > 1 {
             let from = below.saturating_sub(LOOK_BACK_PAGE as u64).max(1);
             let page = self
@@ -382,7 +414,14 @@ impl Engine {
             for e in page.events.iter().rev().filter(|e| e.seq < below) {
                 match kind(e) {
                     Some(RUN_ENDED) if !ended => return Ok(None),
-                    Some(RUN_STARTED) => return Ok(Some(OpenRun::of(e))),
+                    Some(RUN_CUT_OFF) => {
+                        cut_off.get_or_insert(e.token);
+                    }
+                    Some(RUN_STARTED) => {
+                        let mut open = OpenRun::of(e);
+                        open.cut_off = cut_off == Some(e.token);
+                        return Ok(Some(open));
+                    }
                     _ => {}
                 }
             }
@@ -417,6 +456,11 @@ impl Engine {
     /// it.
     fn interrupted_end(&self, open: &OpenRun, resumed: Resumed) -> Value {
         let owner = open.owner.as_deref().unwrap_or("an unknown owner");
+        let what = if open.cut_off {
+            format!("{owner}, which ran it, shut down before it finished")
+        } else {
+            format!("{owner}, which ran it, died, lost its lease or could not write")
+        };
         let next = match resumed {
             Resumed::Yes(_) => "its input runs again in the next run, which resumes it",
             Resumed::Cancelled => "a cancel was asked for it, so its input does not run again",
@@ -430,8 +474,8 @@ impl Engine {
             "run_seq": open.start_seq,
             "run_token": open.token.map(|t| t.get()),
             "error": format!(
-                "the run stopped without recording an end: {owner}, which ran it, died, lost \
-                 its lease or could not write; {} took the session over: {next}",
+                "the run stopped without recording an end: {what}; {} took the session over: \
+                 {next}",
                 self.inner.keeper.owner()
             ),
         });

@@ -397,3 +397,61 @@ async fn unleased_a_cancelled_run_is_not_resumed_after_a_crash() {
         );
     }
 }
+
+/// Shutdowns are not crashes: an input cut off by two drains in a row,
+/// with `--resume-max-attempts 1`, still runs to its end on the third
+/// replica. Each cut is in the log (`run_cut_off`), and each resumption
+/// counts the shutdowns it followed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdowns_do_not_use_up_the_attempts_meant_for_crashes() {
+    let dir = tempfile::tempdir().unwrap();
+    let flags = [
+        "--session-lease-ttl",
+        "1s",
+        "--resume-interrupted",
+        "--resume-max-attempts",
+        "1",
+        "--drain-timeout",
+        "300ms",
+    ];
+    let slow = [&flags[..], &["--echo-delay", "30s", "--echo-steps", "30"]].concat();
+    let mut a = Mecated::start(dir.path(), "proc-a", &slow);
+    let mut b = Mecated::start(dir.path(), "proc-b", &slow);
+    let c = Mecated::start(dir.path(), "proc-c", &flags);
+    for m in [&b, &c] {
+        wait_for_sweep(m).await;
+    }
+    create(&a, "s").await;
+    let pending = run_in_background(&a, "s", json!("long"));
+    wait_for_event(&a, "s", |e| kind(e) == "progress").await;
+    let mut on_b = follow_from(&b, "s", None).await;
+    a.signal(Signal::SIGTERM);
+    assert!(a.wait_exit().success());
+    assert_eq!(pending.await.unwrap().unwrap()["status"], "interrupted");
+    payloads_to_end(&mut on_b).await;
+    wait_for_log(&b, "s", |log| {
+        resumptions(log).first().is_some_and(|r| {
+            log.iter()
+                .any(|e| kind(e) == "progress" && e["seq"].as_u64() > r["seq"].as_u64())
+        })
+    })
+    .await;
+    let mut on_c = follow_from(&c, "s", None).await;
+    b.signal(Signal::SIGTERM);
+    assert!(b.wait_exit().success());
+    payloads_to_end(&mut on_c).await;
+    let log = wait_for_log(&c, "s", |log| {
+        log.last()
+            .is_some_and(|e| e["payload"]["status"] == "completed")
+    })
+    .await;
+    let cuts = log.iter().filter(|e| kind(e) == "run_cut_off").count();
+    assert_eq!(cuts, 2, "{log:#?}");
+    let resumed = resumptions(&log);
+    assert_eq!(resumed.len(), 2, "{log:#?}");
+    assert_eq!(resumed[1]["payload"]["resumes"]["attempt"], 2);
+    assert_eq!(resumed[1]["payload"]["resumes"]["shutdowns"], 2);
+    assert!(is_owner(&resumed[1]["payload"]["owner"], "proc-c"));
+    let why = interrupted(&log)[0]["payload"]["error"].as_str().unwrap();
+    assert!(why.contains("shut down"), "{why}");
+}
