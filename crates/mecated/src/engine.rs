@@ -46,7 +46,7 @@ pub use follow::{
     FOLLOW_QUIET_CHECK, Follow, FollowEnd, FollowItem, RUN_CUT_OFF, RUN_ENDED, RUN_STARTED,
 };
 use interrupted::{ClaimFor, ClaimWritten, Claimed};
-pub use interrupted::{INTERRUPTED, TAKEOVER};
+pub use interrupted::{INTERRUPTED, MAX_SHUTDOWN_RESUMPTIONS, TAKEOVER};
 pub use lease_wait::{MAX_RUN_WAIT, RUN_WAIT_RETRY, RUN_WAIT_SAFETY};
 use remote_cancel::CancelBaseline;
 pub use remote_cancel::{CANCEL_SAFETY_READ, CancelOutcome};

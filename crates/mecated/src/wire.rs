@@ -209,10 +209,10 @@ pub struct Event {
     /// `run_started`) and `run_token`, written under the new owner's token.
     /// With `--resume-interrupted` that end may say `resumed: {attempt}`,
     /// and the next event is a `run_started` of the same `input` with
-    /// `resumes: {run_seq, attempt, after_seq}` (the run whose input it
-    /// first ran, the how-manieth run again, the interrupted run; and
-    /// `shutdowns`, how many of those attempts followed a shutdown rather
-    /// than a crash). A run cut off by shutdown ends its events with a
+    /// `resumes: {run_seq, attempt, after_seq, run_token}` (the run whose
+    /// input it first ran, the how-manieth run again, the interrupted run
+    /// and its token; and `shutdowns`, how many of those attempts followed
+    /// a shutdown rather than a crash). A run cut off by shutdown ends its events with a
     /// `run_cut_off` (`reason`, `error`), not an end: the next owner
     /// writes that. With resumption on, a `run_started` also records
     /// `cancel_serial`, the store's count of cancel requests before it.

@@ -615,6 +615,7 @@ fn resumption_problems(e: &StoredEvent, runs: &mut [LoggedRun]) -> Vec<(Vec<u64>
     let fits = |r: &LoggedRun| {
         !r.resumed
             && resumes["after_seq"].as_u64() == Some(r.start_seq)
+            && resumes["run_token"].as_u64() == r.token
             && r.interrupted == Some((e.seq - 1, attempt))
             && attempt == Some(r.attempt + 1)
             && e.payload["input"] == r.input

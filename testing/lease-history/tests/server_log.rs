@@ -349,7 +349,7 @@ fn resumed_log() -> Log {
     end["resumed"] = json!({"attempt": 1});
     let mut again = started(7, "b#1");
     again["input"] = json!("hello");
-    again["resumes"] = json!({"run_seq": 1, "attempt": 1, "after_seq": 1});
+    again["resumes"] = json!({"run_seq": 1, "attempt": 1, "after_seq": 1, "run_token": 3});
     log.push(Some(7), "b#1", end)
         .push(Some(7), "b#1", again)
         .push(Some(7), "b#1", progress(1, 1))
@@ -385,8 +385,9 @@ fn a_second_resumption_of_one_interruption_is_caught() {
 
 #[test]
 fn a_resumption_on_another_input_or_attempt_or_unannounced_is_caught() {
-    let tamper: [fn(&mut Log); 4] = [
+    let tamper: [fn(&mut Log); 5] = [
         |log| log.events[4].payload["input"] = json!("other"),
+        |log| log.events[4].payload["resumes"]["run_token"] = json!(2),
         |log| log.events[4].payload["resumes"]["attempt"] = json!(2),
         |log| log.events[4].payload["resumes"]["after_seq"] = json!(2),
         |log| log.events[3].payload["resumed"] = Value::Null,
@@ -430,7 +431,8 @@ fn a_run_cut_off_by_shutdown_may_be_resumed_but_writes_nothing_after_its_cut() {
         end["resumed"] = json!({"attempt": 1});
         let mut again = started(7, "b#1");
         again["input"] = json!("hello");
-        again["resumes"] = json!({"run_seq": 1, "attempt": 1, "after_seq": 1, "shutdowns": 1});
+        again["resumes"] =
+            json!({"run_seq": 1, "attempt": 1, "after_seq": 1, "run_token": 3, "shutdowns": 1});
         log.push(Some(7), "b#1", takeover(7, "b"))
             .push(Some(7), "b#1", end)
             .push(Some(7), "b#1", again)

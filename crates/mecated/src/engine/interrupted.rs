@@ -33,6 +33,10 @@ pub const INTERRUPTED: &str = "interrupted";
 /// owner of a run left without an end, before it judges that run.
 pub const TAKEOVER: &str = "takeover";
 
+/// How many more times than `--resume-max-attempts` an input may run
+/// again when shutdowns, not crashes, cut it off.
+pub const MAX_SHUTDOWN_RESUMPTIONS: u32 = 10;
+
 /// Events read at a time while looking back for the start of a run.
 const LOOK_BACK_PAGE: usize = 256;
 
@@ -56,6 +60,9 @@ pub(super) struct OpenRun {
     /// Of `attempt`, how many followed a shutdown's cut rather than a
     /// crash.
     shutdowns: u32,
+    /// For a resumption, the token of the run it resumes: cancel requests
+    /// for that run are this one's too.
+    resumes_token: Option<FencingToken>,
     /// Whether shutdown cut this run off (its last event says so).
     cut_off: bool,
 }
@@ -85,6 +92,7 @@ impl OpenRun {
             cancel_serial: p.get("cancel_serial").and_then(Value::as_u64),
             // Unreadable counts as none: every attempt a crash.
             shutdowns: field("shutdowns").map_or(0, |s| u32::try_from(s).unwrap_or(0)),
+            resumes_token: field("run_token").map(FencingToken::new),
             cut_off: false,
         }
     }
@@ -93,14 +101,29 @@ impl OpenRun {
     /// when it was not cut off by shutdown: what `--resume-max-attempts`
     /// bounds.
     fn crashes(&self) -> u32 {
-        self.attempt.saturating_sub(self.shutdowns) + u32::from(!self.cut_off)
+        self.attempt
+            .saturating_sub(self.shutdowns)
+            .saturating_add(u32::from(!self.cut_off))
+    }
+
+    /// Whether this run's input may run again: not past `max_attempts`
+    /// crashes, nor past [`MAX_SHUTDOWN_RESUMPTIONS`] more runs in all (an
+    /// input longer than the time between restarts, or one that gets its
+    /// process stopped, is not run again without end either).
+    fn may_run_again(&self, max_attempts: u32) -> bool {
+        self.crashes() <= max_attempts
+            && self.attempt < max_attempts.saturating_add(MAX_SHUTDOWN_RESUMPTIONS)
     }
 
     /// The `resumes` of the run that runs this one's input again.
     fn resumed_by(&self, attempt: u32) -> Value {
-        let mut resumes =
-            json!({"run_seq": self.origin_seq, "attempt": attempt, "after_seq": self.start_seq});
-        let shutdowns = self.shutdowns + u32::from(self.cut_off);
+        let mut resumes = json!({
+            "run_seq": self.origin_seq,
+            "attempt": attempt,
+            "after_seq": self.start_seq,
+            "run_token": self.token.map(|t| t.get()),
+        });
+        let shutdowns = self.shutdowns.saturating_add(u32::from(self.cut_off));
         if shutdowns > 0 {
             resumes["shutdowns"] = json!(shutdowns);
         }
@@ -273,7 +296,7 @@ impl Engine {
                 let again = open
                     .input
                     .clone()
-                    .filter(|_| !cancelled && open.crashes() <= *max_attempts)
+                    .filter(|_| !cancelled && open.may_run_again(*max_attempts))
                     .map(|input| (input, Some(open.attempt.saturating_add(1))));
                 let resumed = again.as_ref().and_then(|a| a.1);
                 batch.push(self.interrupted_end(open, Resumed::new(resumed, cancelled)));
@@ -446,8 +469,11 @@ impl Engine {
             Err(e) if e.kind() == StoreErrorKind::Unsupported => return Ok(false),
             Err(e) => return Err(e),
         };
+        // A resumption's watch took requests for the run it resumes; one
+        // that landed as its process died is still its.
+        let floor = open.resumes_token.or(open.token);
         Ok(request.is_some_and(|r| {
-            open.token.is_none_or(|token| r.run >= token)
+            floor.is_none_or(|token| r.run >= token)
                 && open.cancel_serial.is_none_or(|before| r.serial > before)
         }))
     }
@@ -501,5 +527,49 @@ impl Engine {
             events,
         )?;
         Ok(write.await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn start(resumes: Value) -> StoredEvent {
+        StoredEvent {
+            seq: 5,
+            token: Some(FencingToken::new(9)),
+            at: std::time::UNIX_EPOCH,
+            payload: json!({"type": RUN_STARTED, "input": "x", "resumes": resumes}),
+        }
+    }
+
+    #[test]
+    fn an_unreadable_attempt_counts_as_used_up_without_overflow() {
+        for attempt in [json!("many"), json!(-1), json!(u64::MAX), json!(null)] {
+            let open = OpenRun::of(&start(json!({"run_seq": 1, "attempt": attempt})));
+            assert_eq!(open.attempt, u32::MAX);
+            assert!(!open.may_run_again(u32::MAX), "{attempt}");
+            open.resumed_by(u32::MAX);
+        }
+    }
+
+    #[test]
+    fn shutdowns_do_not_count_as_crashes_but_are_bounded_in_all() {
+        let mut open = OpenRun::of(&start(json!({"run_seq": 1, "attempt": 4, "shutdowns": 4})));
+        open.cut_off = true;
+        assert_eq!(open.crashes(), 0);
+        assert!(open.may_run_again(1));
+        assert_eq!(open.resumed_by(5)["shutdowns"], 5);
+        open.attempt = 1 + MAX_SHUTDOWN_RESUMPTIONS;
+        open.shutdowns = open.attempt;
+        assert!(!open.may_run_again(1), "past the bound in all");
+        open.shutdowns = u32::MAX;
+        assert_eq!(open.resumed_by(1)["shutdowns"], u32::MAX);
+        // A crash after the cuts counts once.
+        let mut open = OpenRun::of(&start(json!({"run_seq": 1, "attempt": 3, "shutdowns": 3})));
+        open.cut_off = false;
+        assert_eq!(open.crashes(), 1);
+        assert!(open.may_run_again(1));
+        assert!(!open.may_run_again(0));
     }
 }

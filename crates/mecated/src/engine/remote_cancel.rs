@@ -43,12 +43,16 @@ impl Engine {
     /// Cancels the live run of `session`, wherever it runs. `NotFound`
     /// when the session does not exist.
     pub async fn cancel_anywhere(&self, session: &SessionId) -> Result<CancelOutcome, EngineError> {
-        if let Some(token) = self.local_run(session) {
+        // The run itself, not whichever run of the session is here once
+        // the record below is written: a new one may have started.
+        let here = self
+            .runs()
+            .get(session)
+            .cloned()
+            .zip(self.local_run(session));
+        if let Some((cancel, token)) = here {
             self.record_cancel_for_resumption(session, token).await;
-        }
-        if let Some(token) = self.local_run(session)
-            && self.cancel_run(session)
-        {
+            cancel.cancel();
             return Ok(CancelOutcome {
                 live: Some(true),
                 token: token.map(|t| t.get()),
@@ -125,14 +129,14 @@ impl Engine {
                 here: false,
             });
         };
+        // A replica that resumes the run meanwhile either reads this
+        // request before its claim, or its resumed run's watch counts it (a
+        // resumption takes requests for the run it resumes). Unleased, the
+        // run has no token: 0 stands for it, as for a local cancel.
         let token = open.token;
-        if let Some(token) = token {
-            info!(%token, "cancel of an interrupted run recorded: it will not run again");
-            // A replica that resumes the run meanwhile either reads this
-            // request before its claim, or its resumed run's watch counts
-            // it (a resumption takes requests for the run it resumes).
-            self.inner.store.request_cancel(session, token).await?;
-        }
+        let named = token.unwrap_or(FencingToken::new(0));
+        info!(token = %named, "cancel of an interrupted run recorded: it will not run again");
+        self.inner.store.request_cancel(session, named).await?;
         Ok(CancelOutcome {
             live: Some(false),
             token: token.map(|t| t.get()),

@@ -327,7 +327,9 @@ impl Engine {
             Ok(Resumption::Closed { .. }) => report.closed += 1,
             Ok(Resumption::Held) => return Swept::Again(Again::Held),
             Ok(Resumption::NothingOpen | Resumption::Off) => {}
-            Err(EngineError::Draining | EngineError::ShuttingDown) => return Swept::Stop,
+            Err(EngineError::Draining | EngineError::ShuttingDown) if self.is_draining() => {
+                return Swept::Stop;
+            }
             // Deleted meanwhile: nothing to resume.
             Err(EngineError::Store(e)) if e.kind() == StoreErrorKind::NotFound => {}
             Err(e) => return Swept::Again(Again::Failed(error_chain(&e))),

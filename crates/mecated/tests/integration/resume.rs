@@ -455,3 +455,164 @@ async fn shutdowns_do_not_use_up_the_attempts_meant_for_crashes() {
     let why = interrupted(&log)[0]["payload"]["error"].as_str().unwrap();
     assert!(why.contains("shut down"), "{why}");
 }
+
+/// Unleased, a cancel of an interrupted run that the start-up look has
+/// not reached yet (it runs at most 64 resumed runs at once) is recorded
+/// (under token 0, unleased runs having none): once the look gets to it,
+/// it only ends the run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unleased_a_cancel_of_a_run_waiting_for_the_start_up_look_holds() {
+    const N: usize = 66;
+    let dir = tempfile::tempdir().unwrap();
+    let slow = [
+        "--no-session-lease",
+        "--echo-delay",
+        "60s",
+        "--echo-steps",
+        "60",
+    ];
+    let a = Mecated::start(dir.path(), "proc-a", &slow);
+    let mut pending = Vec::new();
+    for i in 0..N {
+        let id = format!("s{i:03}");
+        create(&a, &id).await;
+        pending.push(run_in_background(&a, &id, json!(format!("input {i}"))));
+    }
+    for i in 0..N {
+        wait_for_event(&a, &format!("s{i:03}"), |e| kind(e) == "progress").await;
+    }
+    a.signal(Signal::SIGKILL);
+    drop(a);
+    let flags = [
+        "--no-session-lease",
+        "--resume-interrupted",
+        "--echo-delay",
+        "60s",
+        "--echo-steps",
+        "60",
+    ];
+    let b = Mecated::start(dir.path(), "proc-b", &flags);
+    // Wait for the look to have 64 runs going.
+    let start = Instant::now();
+    while !metrics(&b).await.contains("mecated_runs_resumed_total 64") {
+        assert!(start.elapsed() < PATIENCE, "{}", metrics(&b).await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut waiting = Vec::new();
+    let mut running = Vec::new();
+    for i in 0..N {
+        let id = format!("s{i:03}");
+        if resumptions(&events(&b, &id).await).is_empty() {
+            waiting.push(id);
+        } else {
+            running.push(id);
+        }
+    }
+    assert!(!waiting.is_empty());
+    let victim = waiting[0].clone();
+    let r = client()
+        .delete(b.url(&format!("/v1/sessions/{victim}/runs/current")))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    let body: Value = r.json().await.unwrap();
+    assert!(status.is_success());
+    // Free a permit of the look: cancel one resumed run here.
+    for id in &running[..waiting.len()] {
+        let r = client()
+            .delete(b.url(&format!("/v1/sessions/{id}/runs/current")))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success());
+    }
+    let start = Instant::now();
+    let log = loop {
+        let log = events(&b, &victim).await;
+        if log.iter().any(|e| e["payload"]["status"] == "interrupted") {
+            break log;
+        }
+        assert!(start.elapsed() < PATIENCE, "never ended: {log:#?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        resumptions(&log).is_empty(),
+        "cancelled (answered {status} {body}), yet run again: {log:#?}"
+    );
+}
+
+/// A cancel of the interrupted run R1 (token T1) that lands after R2, its
+/// resumption, claimed (what a cancel that read the log before R2's batch
+/// records) is R2's cancel too: R2 watches from T1, and if R2's process
+/// dies before its watch acts, the next owner judges R2 by the token of
+/// the run it resumed, and does not run the input a third time. The late
+/// request is written into the JSONL store by hand (the race's outcome),
+/// while R2's process is stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_cancel_of_the_resumed_run_holds_when_its_resumer_dies() {
+    let dir = tempfile::tempdir().unwrap();
+    let flags = ["--session-lease-ttl", "1s", "--resume-interrupted"];
+    let slow = [&flags[..], &["--echo-delay", "30s", "--echo-steps", "30"]].concat();
+    let a = Mecated::start(dir.path(), "proc-a", &slow);
+    let b = Mecated::start(dir.path(), "proc-b", &slow);
+    let c = Mecated::start(dir.path(), "proc-c", &flags);
+    wait_for_sweep(&b).await;
+    wait_for_sweep(&c).await;
+    create(&a, "s").await;
+    let _pending = run_in_background(&a, "s", json!("once"));
+    let started = wait_for_event(&a, "s", is_run_started_by("proc-a")).await;
+    wait_for_event(&a, "s", |e| kind(e) == "progress").await;
+    let t1 = started["token"].as_u64().unwrap();
+    let mut on_b = follow_from(&b, "s", None).await;
+    a.signal(Signal::SIGKILL);
+    payloads_to_end(&mut on_b).await;
+    let r2 = wait_for_event(&b, "s", |e| {
+        kind(e) == "run_started" && !e["payload"]["resumes"].is_null()
+    })
+    .await;
+    wait_for_event(&b, "s", |e| {
+        kind(e) == "progress" && e["seq"].as_u64() > r2["seq"].as_u64()
+    })
+    .await;
+    b.signal(Signal::SIGSTOP);
+    let requests = dir.path().join(".cancel-requests");
+    std::fs::create_dir_all(&requests).unwrap();
+    let path = requests.join("s");
+    let serial = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|t| {
+            t.split_whitespace()
+                .nth(1)
+                .map(|s| s.parse::<u64>().unwrap())
+        })
+        .unwrap_or(0);
+    let tmp = requests.join(".review-tmp");
+    std::fs::write(&tmp, format!("{t1} {}\n", serial + 1)).unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
+    b.signal(Signal::SIGKILL);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut on_c = follow_from(&c, "s", None).await;
+    payloads_to_end(&mut on_c).await;
+    let start = Instant::now();
+    let log = loop {
+        let log = events(&c, "s").await;
+        let ends = log
+            .iter()
+            .filter(|e| e["payload"]["status"] == "interrupted")
+            .count();
+        if ends >= 2 {
+            break log;
+        }
+        assert!(start.elapsed() < PATIENCE, "{log:#?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let again = resumptions(&log);
+    assert_eq!(
+        again.len(),
+        1,
+        "cancelled while R2 ran, yet run a third time: {:#?}",
+        again.last().map(|r| &r["payload"])
+    );
+}
