@@ -182,6 +182,9 @@ fn main() -> ExitCode {
     if argv.first().map(String::as_str) == Some(holders::HOLDER_PROCESS) {
         return holders::holder_main(&argv[1..]);
     }
+    if argv.first().map(String::as_str) == Some(e2e::agent::AGENT_PROCESS) {
+        return e2e::agent::agent_main(&argv[1..]);
+    }
     let args = match parse(&argv) {
         Ok(a) => a,
         Err(e) => {

@@ -33,6 +33,11 @@ pub enum Property {
     /// once it has, and nothing succeeds while the authority runs with an
     /// evicting memory policy ([`FaultKind::EvictingPolicy`]).
     Rewound,
+    /// (g) Side effects fenced at their destination by the run's token and
+    /// idempotency key: a key is performed at most once, none under a token
+    /// below one performed for its session before, and each names a run the
+    /// session's log holds under that token.
+    EffectFencing,
 }
 
 impl Property {
@@ -45,6 +50,7 @@ impl Property {
             Property::RunOrder => "run-order",
             Property::LogIntegrity => "log-integrity",
             Property::Rewound => "rewound",
+            Property::EffectFencing => "effect-fencing",
         }
     }
 }

@@ -27,7 +27,13 @@
 //!   one starts, an input is run again only right after its run's
 //!   interrupted end announced it, once, one attempt further, and every
 //!   run a client saw end, and
-//!   every event a client received, is stored exactly as the client saw it.
+//!   every event a client received, is stored exactly as the client saw it;
+//! - **effect fencing** ([`Property::EffectFencing`]) — of the side effects
+//!   the runs' agents sent to a service that fences them by token and
+//!   idempotency key ([`EffectAttempt`]), a key is performed at most once,
+//!   none is performed under a token below one performed for its session
+//!   before, and each performed one names a run the log holds under its
+//!   token.
 //!
 //! [`server_timeline`] turns the record into a [`History`] that
 //! [`write_svg`](crate::write_svg) draws: one lane per client and per
@@ -43,6 +49,10 @@ use serde_json::Value;
 
 use crate::check::{Property, Verdict, Violation};
 use crate::history::{Ambiguity, Fault, History, Op, OpKind, Outcome, ms};
+
+mod effects;
+
+pub use effects::EffectAttempt;
 
 /// One event as the store holds it at the end of the run.
 #[derive(Debug, Clone, PartialEq)]
@@ -179,6 +189,9 @@ pub struct ServerHistory {
     pub faults: Vec<Fault>,
     /// Per session, what the store holds at the end, in its order.
     pub logs: BTreeMap<Arc<str>, Vec<StoredEvent>>,
+    /// The effects the runs' agents asked their destination for, in the
+    /// order it judged them (empty when the agents perform none).
+    pub effects: Vec<EffectAttempt>,
 }
 
 /// Ids of the timeline's operations for stored events and runs start here,
@@ -320,6 +333,7 @@ pub fn check_server(h: &ServerHistory) -> Verdict {
     for r in &h.requests {
         check_request(h, r, &mut found);
     }
+    effects::check_effects(&h.effects, &h.logs, &mut found);
 
     let ids = stored_ids(h);
     let mut verdict = Verdict {

@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_history::server_log::{Request, RequestKind, SeenEvent, SeenRun, StoredEvent};
+use lease_history::server_log::{
+    EffectAttempt, Request, RequestKind, SeenEvent, SeenRun, StoredEvent,
+};
 use lease_history::{Property, ServerHistory, check_server, server_timeline, write_svg};
 use serde_json::{Value, json};
 
@@ -64,6 +66,7 @@ fn history(log: &Log) -> ServerHistory {
         requests: Vec::new(),
         faults: Vec::new(),
         logs: BTreeMap::from([(Arc::from("s0"), log.events.clone())]),
+        effects: Vec::new(),
     }
 }
 
@@ -443,4 +446,84 @@ fn a_run_cut_off_by_shutdown_may_be_resumed_but_writes_nothing_after_its_cut() {
     assert!(v.is_clean(), "{v}");
     let v = check_server(&history(&resumed(true)));
     assert_eq!(v.count(Property::LogIntegrity), 1, "{v}");
+}
+
+/// An effect of the run at `run_id` of `s0` under `token`, judged at `at_ms`.
+fn effect(token: u64, run_id: u64, key: &str, at_ms: u64, performed: bool) -> EffectAttempt {
+    EffectAttempt {
+        session: "s0".into(),
+        token,
+        run_id: Some(run_id),
+        key: key.into(),
+        at: Duration::from_millis(at_ms),
+        performed,
+        outcome: if performed { "performed" } else { "stale" }.into(),
+    }
+}
+
+/// Two runs, at seq 1 (token 3) and seq 6 (token 7), and their effects.
+fn two_runs_with(effects: Vec<EffectAttempt>) -> ServerHistory {
+    let mut log = Log::new();
+    log.run(3, "a#1", 2, "one").run(7, "b#1", 2, "two");
+    ServerHistory {
+        effects,
+        ..history(&log)
+    }
+}
+
+fn effect_violations(h: &ServerHistory) -> usize {
+    check_server(h)
+        .violations
+        .get(&Property::EffectFencing)
+        .copied()
+        .unwrap_or(0)
+}
+
+#[test]
+fn effects_fenced_at_their_destination_are_clean() {
+    // Each key once, tokens rising; refused repeats and stale attempts
+    // are what the fence is for, and the late owner's attempt that came
+    // before the new owner's first one is beyond any fence.
+    let h = two_runs_with(vec![
+        effect(3, 1, "k3-a", 10, true),
+        effect(3, 1, "k3-a", 11, false),
+        effect(7, 6, "k7-a", 20, true),
+        effect(3, 1, "k3-b", 21, false),
+        effect(7, 6, "k7-b", 22, true),
+    ]);
+    assert_eq!(effect_violations(&h), 0, "{}", check_server(&h));
+}
+
+#[test]
+fn a_key_performed_twice_is_caught() {
+    let h = two_runs_with(vec![
+        effect(7, 6, "k7-a", 20, true),
+        effect(7, 6, "k7-a", 21, true),
+    ]);
+    let verdict = check_server(&h);
+    assert_eq!(effect_violations(&h), 1, "{verdict}");
+    let first = verdict.first.expect("a violation");
+    assert!(first.message.contains("performed twice"), "{}", first.message);
+}
+
+#[test]
+fn an_effect_of_a_lost_owner_after_a_later_ones_is_caught() {
+    let h = two_runs_with(vec![
+        effect(7, 6, "k7-a", 20, true),
+        effect(3, 1, "k3-b", 21, true),
+    ]);
+    let verdict = check_server(&h);
+    assert_eq!(effect_violations(&h), 1, "{verdict}");
+    let first = verdict.first.expect("a violation");
+    assert!(first.message.contains("after an effect of token 7"), "{}", first.message);
+}
+
+#[test]
+fn an_effect_naming_no_stored_run_is_caught() {
+    // Run 6 holds token 7, not 8; no run starts at seq 2.
+    let h = two_runs_with(vec![
+        effect(8, 6, "k8-a", 20, true),
+        effect(8, 2, "k8-b", 21, true),
+    ]);
+    assert_eq!(effect_violations(&h), 2, "{}", check_server(&h));
 }

@@ -1,6 +1,6 @@
-//! Faults on the replicas (SIGSTOP past the lease TTL, SIGKILL and
-//! restart, clean restart) and, through the rig's own [`Chaos`], on the
-//! services behind them.
+//! Faults on the replicas (SIGSTOP past the lease TTL, of the replica
+//! alone or of it and its agents, SIGKILL and restart, clean restart) and,
+//! through the rig's own [`Chaos`], on the services behind them.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,6 +23,36 @@ pub(crate) struct ReplicaChaos {
     pub(crate) ttl: Duration,
     /// Mean time between faults.
     pub(crate) every: Duration,
+    /// Of every hundred faults on the replicas, how many are of each kind.
+    pub(crate) mix: ReplicaMix,
+}
+
+/// How the faults on the replicas are shared out, in hundredths; restarts
+/// take what is left.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReplicaMix {
+    /// SIGSTOP of the replica alone.
+    pub(crate) pauses: u64,
+    /// The replica frozen with its agents, its agents let go first.
+    pub(crate) freezes: u64,
+    pub(crate) kills: u64,
+}
+
+impl ReplicaMix {
+    /// The mix of every run.
+    pub(crate) const USUAL: ReplicaMix = ReplicaMix {
+        pauses: 25,
+        freezes: 15,
+        kills: 40,
+    };
+    /// Mostly freezes: the one fault that sends a lost owner's effects
+    /// after the next owner's, for the variant whose destination must be
+    /// caught performing them.
+    pub(crate) const FREEZES: ReplicaMix = ReplicaMix {
+        pauses: 10,
+        freezes: 60,
+        kills: 20,
+    };
 }
 
 impl ReplicaChaos {
@@ -66,15 +96,34 @@ impl ReplicaChaos {
         }
         let roll = rng.below(100);
         let replicas = Arc::clone(&self.replicas);
-        if roll < 40 {
+        let ReplicaMix {
+            pauses,
+            freezes,
+            kills,
+        } = self.mix;
+        if roll < pauses {
             // Past the TTL: the session is taken over while the holder
-            // sleeps, and it wakes believing it still holds it.
+            // sleeps, and it wakes believing it still holds it. Its agents
+            // run on meanwhile.
             let fault = rec.fault(FaultKind::ServicePause, &name);
             replicas.pause(i)?;
             sleep(rng.between(self.ttl * 3 / 2, self.ttl * 5 / 2)).await;
             replicas.resume(i)?;
             rec.heal(fault);
-        } else if roll < 80 {
+        } else if roll < pauses + freezes {
+            // Frozen whole past the TTL, then its agents are let go a
+            // moment before the replica: they act on, under the lost
+            // lease, after the next owner's agents have, before their
+            // replica can notice the loss and stop them. Only the effects'
+            // destination can refuse them.
+            let fault = rec.fault(FaultKind::HolderStopped, &format!("{name} with its agents"));
+            let agents = replicas.freeze(i)?;
+            sleep(rng.between(self.ttl * 3 / 2, self.ttl * 5 / 2)).await;
+            Replicas::thaw_agents(&agents);
+            sleep(rng.between(Duration::from_millis(100), Duration::from_millis(400))).await;
+            replicas.resume(i)?;
+            rec.heal(fault);
+        } else if roll < pauses + freezes + kills {
             let fault = rec.fault(FaultKind::ServiceKill, &name);
             block_in_place(|| replicas.kill(i));
             sleep(rng.between(Duration::ZERO, self.ttl)).await;

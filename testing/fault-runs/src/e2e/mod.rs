@@ -7,13 +7,18 @@
 //! past their lease, killed and restarted, the services behind them hurt
 //! too; then what the store holds is checked against the lease rules and
 //! against what the clients were told ([`lease_history::check_server`]).
+//! The runs' agents ([`agent`]) send a side effect at each step to a
+//! downstream service that fences them ([`destination`]), and what it
+//! performed is checked too.
 //!
 //! The server binaries are found through `MECATL_MECATED_BIN` and
 //! `MECATL_MECAK8S_BIN` (`cargo xtask faults` builds them and sets both),
 //! else beside this example's own directory in the target directory.
 
+pub(crate) mod agent;
 mod chaos;
 mod clients;
+mod destination;
 mod replicas;
 mod setup;
 mod store;
@@ -45,9 +50,10 @@ const REPLICAS: usize = 3;
 const TTL: Duration = Duration::from_secs(1);
 /// etcd grants no lease shorter than two seconds.
 const ETCD_TTL: Duration = Duration::from_secs(2);
-/// A run: four progress steps over 400 ms, then its message.
-const ECHO_DELAY: &str = "400ms";
-const ECHO_STEPS: &str = "4";
+/// A run: four progress steps over 400 ms, each with its side effect,
+/// then its message.
+const RUN_STEPS: u32 = 4;
+const RUN_MS: u64 = 400;
 /// How long a replica stopped with SIGTERM lets its runs finish.
 const DRAIN_TIMEOUT: &str = "5s";
 const REDIS_PREFIX: &str = "mecatl:";
@@ -84,18 +90,26 @@ pub(crate) enum Breakage {
     /// the run is still open (`MECATED_BROKEN_RESUME_UNGUARDED`): a
     /// restarted replica runs inputs of ended runs again.
     ResumptionUnguarded,
+    /// The effects' destination asks its fence with every token as 0: it
+    /// still refuses a repeated key, but performs what an owner that lost
+    /// its session sends after the next owner's effects.
+    EffectFenceIgnoresTokens,
 }
 
 impl Breakage {
     /// Every variant, in the order they run.
-    pub(crate) const ALL: [Breakage; 2] =
-        [Breakage::UnleasedReplicas, Breakage::ResumptionUnguarded];
+    pub(crate) const ALL: [Breakage; 3] = [
+        Breakage::UnleasedReplicas,
+        Breakage::ResumptionUnguarded,
+        Breakage::EffectFenceIgnoresTokens,
+    ];
 
     /// The name in reports and directories.
     pub(crate) fn name(self) -> &'static str {
         match self {
             Breakage::UnleasedReplicas => "unleased-replicas",
             Breakage::ResumptionUnguarded => "resumption-unguarded",
+            Breakage::EffectFenceIgnoresTokens => "effect-fence-ignores-tokens",
         }
     }
 
@@ -104,6 +118,7 @@ impl Breakage {
         match self {
             Breakage::UnleasedReplicas => &[Property::RunOrder],
             Breakage::ResumptionUnguarded => &[Property::LogIntegrity],
+            Breakage::EffectFenceIgnoresTokens => &[Property::EffectFencing],
         }
     }
 }
@@ -137,12 +152,19 @@ fn binary(name: &str, env: &str) -> Result<PathBuf, String> {
 pub(crate) async fn run(name: &str, plan: &Plan) -> Result<Finished, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let sessions: Vec<String> = (0..SESSIONS).map(|i| format!("s{i}")).collect();
+    let rec = Recorder::new();
+    let destination = destination::Destination::start(
+        rec.clone(),
+        plan.broken == Some(Breakage::EffectFenceIgnoresTokens),
+    )
+    .await?;
+    let agent = agent::agent_args(destination.addr(), RUN_STEPS, RUN_MS);
     let Setup {
         ttl,
         launches,
         services,
         faults: service_faults,
-    } = setup(name, plan, dir.path(), &sessions).await?;
+    } = setup(name, plan, dir.path(), &sessions, &agent).await?;
 
     let replicas = Arc::new(tokio::task::block_in_place(|| Replicas::start(launches))?);
     let http = reqwest::Client::builder()
@@ -159,7 +181,6 @@ pub(crate) async fn run(name: &str, plan: &Plan) -> Result<Finished, String> {
         }
     }
 
-    let rec = Recorder::new();
     let origin_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
@@ -191,6 +212,10 @@ pub(crate) async fn run(name: &str, plan: &Plan) -> Result<Finished, String> {
         },
         ttl,
         every: Duration::from_millis(1500),
+        mix: match plan.broken {
+            Some(Breakage::EffectFenceIgnoresTokens) => chaos::ReplicaMix::FREEZES,
+            _ => chaos::ReplicaMix::USUAL,
+        },
     };
     // The services' helpers give each process they start a parent-death
     // signal, which Linux ties to the starting *thread*: a Redis restarted
@@ -284,6 +309,7 @@ pub(crate) async fn run(name: &str, plan: &Plan) -> Result<Finished, String> {
         requests: std::mem::take(&mut *lock(&shared.requests)),
         faults: rec.history().faults,
         logs,
+        effects: destination.attempts(),
     };
     let verdict = check_server(&history);
     Ok(Finished {
@@ -341,8 +367,16 @@ fn summary(h: &ServerHistory) -> String {
     let mut s = format!(
         "stored: {events} events ({attributed} with their writer recorded), {runs} runs \
          ({interrupted} ended as interrupted by the next owner, {resumed} resuming one)\n\
-         requests by answer:"
+         effects by answer:"
     );
+    let mut effects: BTreeMap<&str, usize> = BTreeMap::new();
+    for a in &h.effects {
+        *effects.entry(&a.outcome).or_default() += 1;
+    }
+    for (k, n) in effects {
+        s.push_str(&format!("  {k}={n}"));
+    }
+    s.push_str("\nrequests by answer:");
     for (k, n) in by {
         s.push_str(&format!("  {k}={n}"));
     }

@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, kill};
+use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 
 use super::lock_read;
@@ -166,6 +166,32 @@ impl Replicas {
         super::lock(&self.replicas[i]).signal(Signal::SIGCONT)
     }
 
+    /// SIGSTOP to the replica, then to the process group of each agent it
+    /// runs (each runs in a group of its own): the replica frozen whole,
+    /// as a frozen VM or cgroup is. Returns the agents' groups, for
+    /// [`thaw_agents`](Self::thaw_agents).
+    pub(crate) fn freeze(&self, i: usize) -> Result<Vec<Pid>, String> {
+        let r = super::lock(&self.replicas[i]);
+        let Some(pid) = r.pid() else {
+            return Ok(Vec::new());
+        };
+        r.signal(Signal::SIGSTOP)?;
+        // Stopped, it starts no agent while its children are listed.
+        let groups = child_process_groups(pid);
+        for &group in &groups {
+            // An agent that exited meanwhile has nothing to stop.
+            let _ = killpg(group, Signal::SIGSTOP);
+        }
+        Ok(groups)
+    }
+
+    /// SIGCONT to agents' process groups [`freeze`](Self::freeze) stopped.
+    pub(crate) fn thaw_agents(groups: &[Pid]) {
+        for &group in groups {
+            let _ = killpg(group, Signal::SIGCONT);
+        }
+    }
+
     /// SIGKILL, as a crash would; [`start_again`](Self::start_again)
     /// brings it back.
     pub(crate) fn kill(&self, i: usize) {
@@ -225,4 +251,33 @@ impl Replicas {
             let _ = self.stop(i, Duration::from_secs(10));
         }
     }
+}
+
+/// The process groups of `parent`'s children, from `/proc`.
+fn child_process_groups(parent: Pid) -> Vec<Pid> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut groups: Vec<Pid> = entries
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+        .filter_map(|stat| {
+            // "pid (comm) state ppid pgrp …": comm may hold anything but
+            // ends at the last parenthesis.
+            let mut fields = stat.get(stat.rfind(')')? + 1..)?.split_whitespace();
+            let ppid: i32 = fields.nth(1)?.parse().ok()?;
+            let pgrp: i32 = fields.next()?.parse().ok()?;
+            (ppid == parent.as_raw()).then(|| Pid::from_raw(pgrp))
+        })
+        .filter(|group| *group != parent)
+        .collect();
+    groups.sort_unstable();
+    groups.dedup();
+    groups
 }

@@ -10,8 +10,8 @@ use test_services::{EtcdCluster, FaultProxy, PostgresServer, RedisServer};
 
 use super::replicas::Launch;
 use super::{
-    Breakage, DRAIN_TIMEOUT, ECHO_DELAY, ECHO_STEPS, ETCD_TTL, Plan, REDIS_PREFIX, REPLICAS, TTL,
-    binary, lock, share_session_files, store,
+    Breakage, DRAIN_TIMEOUT, ETCD_TTL, Plan, REDIS_PREFIX, REPLICAS, TTL, binary, lock,
+    share_session_files, store,
 };
 use crate::injectors::Action;
 use crate::rigs::service_actions;
@@ -57,12 +57,14 @@ pub(super) struct Setup {
     pub(super) faults: Vec<Action>,
 }
 
-/// Starts the services of run `name` and says how its replicas start.
+/// Starts the services of run `name` and says how its replicas start,
+/// each running the agent `faults effect-agent …` for its turns.
 pub(super) async fn setup(
     name: &str,
     plan: &Plan,
     dir: &Path,
     sessions: &[String],
+    agent: &[String],
 ) -> Result<Setup, String> {
     let mut setup = Setup {
         ttl: if name == "mecated-etcd" {
@@ -79,13 +81,32 @@ pub(super) async fn setup(
         "mecated-etcd" => (etcd(&mut setup)?, true),
         "mecated-postgres" => (postgres(&mut setup, dir)?, false),
         "mecak8s" => {
-            mecak8s(&mut setup, dir).await?;
+            mecak8s(&mut setup, dir, agent).await?;
             return Ok(setup);
         }
         other => return Err(format!("no end-to-end run named {other:?}")),
     };
+    let flags: Vec<String> = flags.into_iter().chain(agent_flags(agent)?).collect();
     mecated(&mut setup, plan, dir, sessions, &flags, jsonl).await?;
     Ok(setup)
+}
+
+/// The flags that make a replica run this executable, with `args`, as
+/// its agent, handed the turn's input alone.
+fn agent_flags(args: &[String]) -> Result<Vec<String>, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("this executable: {e}"))?;
+    let mut flags: Vec<String> = vec![
+        "--agent".into(),
+        "exec".into(),
+        "--agent-command".into(),
+        exe.display().to_string(),
+        "--agent-transcript".into(),
+        "claim-only".into(),
+    ];
+    for arg in args {
+        flags.extend(["--agent-arg".into(), arg.clone()]);
+    }
+    Ok(flags)
 }
 
 /// The flags every replica takes; `owner`, when the server takes it as a
@@ -96,10 +117,6 @@ fn common(ttl: Duration, owner: Option<&str>) -> Vec<String> {
         "127.0.0.1:0",
         "--session-lease-ttl",
         &format!("{}ms", ttl.as_millis()),
-        "--echo-delay",
-        ECHO_DELAY,
-        "--echo-steps",
-        ECHO_STEPS,
         // A restart drains: runs in progress may finish (they take 1.6 s)
         // while new ones go to the other replicas; a run stuck on a faulted
         // service is cancelled after this.
@@ -232,7 +249,7 @@ async fn mecated(
 
 /// Three `mecak8s` replicas on one Redis (their store), with their leases
 /// in the Kubernetes API emulator; faults of both.
-async fn mecak8s(setup: &mut Setup, dir: &Path) -> Result<(), String> {
+async fn mecak8s(setup: &mut Setup, dir: &Path, agent: &[String]) -> Result<(), String> {
     let bin = binary("mecak8s", "MECATL_MECAK8S_BIN")?;
     let redis = tokio::task::block_in_place(RedisServer::start_persistent)
         .map_err(|e| format!("start redis-server: {e}"))?;
@@ -246,6 +263,7 @@ async fn mecak8s(setup: &mut Setup, dir: &Path) -> Result<(), String> {
         let pod = format!("mecak8s-{i}");
         let mut args = common(setup.ttl, None);
         args.extend(["--session-lease-k8s-kubeconfig".into(), kubeconfig.clone()]);
+        args.extend(agent_flags(agent)?);
         setup.launches.push((
             pod.clone(),
             Launch {
