@@ -1046,9 +1046,21 @@ fn tracked_append(
     fence: WriteFence,
     events: Vec<Value>,
 ) -> Result<Detached<Result<AppendReceipt, StoreError>>, KeeperError> {
+    tracked(
+        gate,
+        async move { store.append(&session, fence, &events).await },
+    )
+}
+
+/// `write` as a [`Detached`] future holding a permit of `gate` until it
+/// settles: the keeper gives the lease back only after it.
+fn tracked<T: Send + 'static>(
+    gate: &WriteGate,
+    write: impl Future<Output = T> + Send + 'static,
+) -> Result<Detached<T>, KeeperError> {
     let permit = gate.begin()?;
     Ok(Detached::new(async move {
-        let result = store.append(&session, fence, &events).await;
+        let result = write.await;
         drop(permit);
         result
     }))

@@ -106,7 +106,10 @@ impl Statements {
 /// that suffix is cut to fit, which the last alternative reads).
 /// `FOR SHARE` makes a takeover (an update of the lease row) wait for the
 /// write, and the write wait for a takeover under way, then see its row.
-fn guard(t: &Tables, leases: Option<&str>) -> String {
+///
+/// `position`, when not empty, is one more check after those: an
+/// append's `moved` when the log's last sequence number is not `$12`.
+fn guard(t: &Tables, leases: Option<&str>, position: &str) -> String {
     let sessions = &t.sessions;
     let authority = &t.authority;
     let (lease_cte, lease_check) = match leases {
@@ -155,6 +158,7 @@ fn guard(t: &Tables, leases: Option<&str>) -> String {
                  WHEN s.mark IS NOT NULL AND ($3::numeric < s.mark
                      OR ($3::numeric = s.mark AND s.mark_writer <> $4)) THEN 'fenced'
                  {lease_check}
+                 {position}
                  ELSE 'ok'
              END AS verdict
              FROM (SELECT 1) AS one LEFT JOIN s ON true
@@ -197,7 +201,9 @@ fn raised(col: &str, to: &str) -> String {
 /// number raised by the batch, the mark raised, every event inserted from
 /// `unnest($10)` (the serialised events, with $11 their sizes) under the
 /// numbers that follow the locked row's, and the session's id notified on
-/// the channel. All or nothing: one statement.
+/// the channel. All or nothing: one statement. With `$12` not null, only
+/// onto a log whose last sequence number it is (else `'moved'`, nothing
+/// written).
 fn append(t: &Tables, leases: Option<&str>) -> String {
     let (sessions, events, channel) = (&t.sessions, &t.events, &t.channel);
     format!(
@@ -220,7 +226,11 @@ fn append(t: &Tables, leases: Option<&str>) -> String {
          ),
          note AS MATERIALIZED (SELECT pg_notify('{channel}', $1) FROM up)
          {answer}",
-        guard = guard(t, leases),
+        guard = guard(
+            t,
+            leases,
+            "WHEN $12::int8 IS NOT NULL AND s.last_seq <> $12::int8 THEN 'moved'"
+        ),
         mark = raised("mark", "$3::numeric"),
         writer = raised("mark_writer", "$4"),
         answer = answer(t, leases, "(SELECT count(*) FROM ins)"),
@@ -252,7 +262,7 @@ fn delete(t: &Tables, leases: Option<&str>) -> String {
          ),
          note AS MATERIALIZED (SELECT pg_notify('{channel}', $1) FROM up)
          {answer}",
-        guard = guard(t, leases),
+        guard = guard(t, leases, ""),
         mark = raised("mark", "$3::numeric"),
         writer = raised("mark_writer", "$4"),
         answer = answer(t, leases, "NULL::bigint"),

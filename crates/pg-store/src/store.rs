@@ -23,6 +23,9 @@ use crate::listen::{Appends, CANCEL_MARK, Mode};
 use crate::schema::{self, Tables};
 use crate::sql::Statements;
 
+/// An append's events serialised, and their sizes (`$10`, `$11`).
+type Batch = (Vec<String>, Vec<i32>);
+
 /// Default prefix of the tables' names, the one pglease uses too.
 pub const DEFAULT_TABLE_PREFIX: &str = "mecatl";
 /// The largest event accepted when none is configured, serialised.
@@ -447,7 +450,7 @@ impl PgStore {
 
     /// The events serialised, with their sizes: `Invalid` for an empty
     /// batch or an event over the limit, before anything is sent.
-    fn serialise(&self, events: &[Value]) -> Result<(Vec<String>, Vec<i32>), StoreError> {
+    fn serialise(&self, events: &[Value]) -> Result<Batch, StoreError> {
         if events.is_empty() {
             return Err(invalid("an append needs at least one event"));
         }
@@ -470,6 +473,44 @@ impl PgStore {
         Ok((texts, sizes))
     }
 
+    /// Appends `events`; with `after`, only onto a log whose last seq it
+    /// is (`None` when the log moved past it: nothing written).
+    async fn append_at(
+        &self,
+        session: &SessionId,
+        fence: WriteFence,
+        after: Option<u64>,
+        events: &[Value],
+    ) -> Result<Option<AppendReceipt>, StoreError> {
+        let batch = self.serialise(events)?;
+        let sql = &self.inner.sql.append;
+        // Above i64::MAX no log can be: such an `after` is always moved.
+        let expected = after.map(|a| i64::try_from(a).unwrap_or(-1));
+        let (_, last, written) = self
+            .fenced(
+                session,
+                &fence,
+                "appending to a session",
+                sql,
+                Some((&batch, expected)),
+            )
+            .await?;
+        if after.is_some() && written == Some(0) {
+            return Ok(None);
+        }
+        let n = batch.0.len() as u64;
+        if written != Some(batch.0.len() as i64) || last < n {
+            return Err(corrupt(
+                &self.inner.tables.events,
+                format!("an append of {n} events answered {written:?} written, ending at {last}"),
+            ));
+        }
+        Ok(Some(AppendReceipt {
+            first_seq: last - n + 1,
+            last_seq: last,
+        }))
+    }
+
     /// Runs a fenced statement (append with its batch, or delete) and
     /// judges its answer: the new last sequence number when accepted.
     async fn fenced(
@@ -478,7 +519,7 @@ impl PgStore {
         fence: &WriteFence,
         what: &'static str,
         sql: &str,
-        batch: Option<&(Vec<String>, Vec<i32>)>,
+        batch: Option<(&Batch, Option<i64>)>,
     ) -> Result<(Option<SessionFloor>, u64, Option<i64>), StoreError> {
         let (fenced, token, writer) = match fence {
             WriteFence::Fenced(f) => (
@@ -505,9 +546,10 @@ impl PgStore {
             (&seen_mark, Type::TEXT),
             (&lsn, Type::TEXT),
         ];
-        if let Some((texts, sizes)) = batch {
+        if let Some(((texts, sizes), after)) = &batch {
             params.push((texts, Type::TEXT_ARRAY));
             params.push((sizes, Type::INT4_ARRAY));
+            params.push((after, Type::INT8));
         }
         let table = &self.inner.tables.sessions;
         let rows = self
@@ -561,6 +603,15 @@ impl PgStore {
             ("notfound", _) => Err(StoreError::NotFound {
                 session: session.clone(),
             }),
+            // A conditional append onto a log that moved on: nothing
+            // written, nothing raised.
+            ("moved", _) => {
+                let last = v
+                    .row
+                    .map(|r| r.seq)
+                    .ok_or_else(|| corrupt(table, "a moved log without its row"))?;
+                Ok((v.row, last, Some(0)))
+            }
             ("unfenced", _) => Err(StoreError::Unfenced {
                 session: session.clone(),
                 high_water: mark(),
@@ -782,22 +833,24 @@ impl SessionStore for PgStore {
         fence: WriteFence,
         events: &[Value],
     ) -> Result<AppendReceipt, StoreError> {
-        let batch = self.serialise(events)?;
-        let sql = &self.inner.sql.append;
-        let (_, last, written) = self
-            .fenced(session, &fence, "appending to a session", sql, Some(&batch))
-            .await?;
-        let n = batch.0.len() as u64;
-        if written != Some(batch.0.len() as i64) || last < n {
-            return Err(corrupt(
-                &self.inner.tables.events,
-                format!("an append of {n} events answered {written:?} written, ending at {last}"),
-            ));
-        }
-        Ok(AppendReceipt {
-            first_seq: last - n + 1,
-            last_seq: last,
-        })
+        self.append_at(session, fence, None, events)
+            .await?
+            .ok_or_else(|| {
+                corrupt(
+                    &self.inner.tables.sessions,
+                    "an unconditional append answered that the log moved",
+                )
+            })
+    }
+
+    async fn append_after(
+        &self,
+        session: &SessionId,
+        fence: WriteFence,
+        after: u64,
+        events: &[Value],
+    ) -> Result<Option<AppendReceipt>, StoreError> {
+        self.append_at(session, fence, Some(after), events).await
     }
 
     async fn read(

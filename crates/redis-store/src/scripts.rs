@@ -127,9 +127,10 @@ end
     };
 }
 
-/// Appends ARGV[9..] as events after the fence check, then publishes
+/// Appends ARGV[12..] as events after the fence check, then publishes
 /// ARGV[10] (the session id) on the channel ARGV[9] for the processes
-/// waiting on it. Only the first `XADD` can fail (when the stream's last
+/// waiting on it. With ARGV[11] not empty, only onto a log whose last
+/// sequence number it is: else `moved` and the number, nothing written. Only the first `XADD` can fail (when the stream's last
 /// entry is not the recorded sequence number); it is called with `pcall`
 /// before anything else is written, so such a refusal writes nothing. The
 /// later ones add strictly greater ids and cannot fail. A first `XADD`
@@ -141,9 +142,10 @@ pub(crate) static APPEND: LazyLock<Script> = LazyLock::new(|| {
     clocked(concat!(
         fence_check!(),
         r#"
+if ARGV[11] ~= '' and (r[2] or '0') ~= ARGV[11] then return {'moved', r[2] or '0'} end
 local seq = tonumber(r[2] or '0')
 local first = seq + 1
-for i = 11, #ARGV do
+for i = 12, #ARGV do
   seq = seq + 1
   local id = string.format('%d-0', seq)
   local added
@@ -153,7 +155,7 @@ for i = 11, #ARGV do
     added = redis.pcall('XADD', KEYS[2], id, 'ts', ARGV[6], 'p', ARGV[i])
   end
   if type(added) == 'table' and added.err then
-    if i == 11 and not string.find(added.err, 'equal or smaller', 1, true) then
+    if i == 12 and not string.find(added.err, 'equal or smaller', 1, true) then
       return redis.error_reply(added.err)
     end
     return {'corrupt', added.err, id}

@@ -415,6 +415,17 @@ impl RedisStore {
             "notfound" => Err(StoreError::NotFound {
                 session: session.clone(),
             }),
+            // A conditional append onto a log that moved on: nothing
+            // written, nothing raised.
+            "moved" => {
+                let seq = field(1)
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .ok_or_else(|| {
+                        self.corrupt(&keys.record(session), format!("{op}: reply {parts:?}"))
+                    })?;
+                self.saw(session, SessionFloor { seq, mark: 0 });
+                Ok(Vec::new())
+            }
             "unissued" => {
                 let location = self.inner.conn.location();
                 Err(StoreError::rewound(
@@ -590,6 +601,80 @@ impl RedisStore {
     }
 }
 
+impl RedisStore {
+    /// Appends `events`; with `after`, only onto a log whose last seq it
+    /// is (`None` when the log moved past it: nothing written).
+    async fn append_at(
+        &self,
+        session: &SessionId,
+        fence: WriteFence,
+        after: Option<u64>,
+        events: &[Json],
+    ) -> Result<Option<AppendReceipt>, StoreError> {
+        if events.is_empty() {
+            return Err(invalid("an append needs at least one event"));
+        }
+        let max = self.inner.max_event_bytes;
+        let texts = events
+            .iter()
+            .enumerate()
+            .map(|(i, ev)| {
+                let text = serde_json::to_string(ev)
+                    .map_err(|e| invalid(format!("event {i} cannot be serialised: {e}")))?;
+                if text.len() > max {
+                    return Err(invalid(format!(
+                        "event {i} is {} bytes serialised, the limit is {max}",
+                        text.len()
+                    )));
+                }
+                Ok(text)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let channel = self.inner.conn.keys().appends_channel();
+        let after = after.map_or_else(String::new, |a| a.to_string());
+        let extra: Vec<&str> = [channel.as_str(), session.as_str(), after.as_str()]
+            .into_iter()
+            .chain(texts.iter().map(String::as_str))
+            .collect();
+        let parts = self
+            .fenced(
+                session,
+                &fence,
+                "appending to a session",
+                &scripts::APPEND,
+                None,
+                &extra,
+            )
+            .await?;
+        match parts.as_slice() {
+            [] => Ok(None),
+            [first, last] => match (parse_seq(first), parse_seq(last)) {
+                (Some(first_seq), Some(last_seq)) => {
+                    self.saw(
+                        session,
+                        SessionFloor {
+                            seq: last_seq,
+                            mark: 0,
+                        },
+                    );
+                    Ok(Some(AppendReceipt {
+                        first_seq,
+                        last_seq,
+                    }))
+                }
+                _ => Err(self.corrupt(
+                    &self.inner.conn.keys().record(session),
+                    format!("append: unexpected sequence numbers {parts:?}"),
+                )),
+            },
+            _ => Err(self.corrupt(
+                &self.inner.conn.keys().record(session),
+                format!("append: unexpected reply {parts:?}"),
+            )),
+        }
+    }
+}
+
 #[async_trait]
 impl SessionStore for RedisStore {
     async fn create(&self, session: &SessionId) -> Result<(), StoreError> {
@@ -623,65 +708,24 @@ impl SessionStore for RedisStore {
         fence: WriteFence,
         events: &[Json],
     ) -> Result<AppendReceipt, StoreError> {
-        if events.is_empty() {
-            return Err(invalid("an append needs at least one event"));
-        }
-        let max = self.inner.max_event_bytes;
-        let texts = events
-            .iter()
-            .enumerate()
-            .map(|(i, ev)| {
-                let text = serde_json::to_string(ev)
-                    .map_err(|e| invalid(format!("event {i} cannot be serialised: {e}")))?;
-                if text.len() > max {
-                    return Err(invalid(format!(
-                        "event {i} is {} bytes serialised, the limit is {max}",
-                        text.len()
-                    )));
-                }
-                Ok(text)
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let channel = self.inner.conn.keys().appends_channel();
-        let extra: Vec<&str> = [channel.as_str(), session.as_str()]
-            .into_iter()
-            .chain(texts.iter().map(String::as_str))
-            .collect();
-        let parts = self
-            .fenced(
-                session,
-                &fence,
-                "appending to a session",
-                &scripts::APPEND,
-                None,
-                &extra,
-            )
-            .await?;
-        match parts.as_slice() {
-            [first, last] => match (parse_seq(first), parse_seq(last)) {
-                (Some(first_seq), Some(last_seq)) => {
-                    self.saw(
-                        session,
-                        SessionFloor {
-                            seq: last_seq,
-                            mark: 0,
-                        },
-                    );
-                    Ok(AppendReceipt {
-                        first_seq,
-                        last_seq,
-                    })
-                }
-                _ => Err(self.corrupt(
+        self.append_at(session, fence, None, events)
+            .await?
+            .ok_or_else(|| {
+                self.corrupt(
                     &self.inner.conn.keys().record(session),
-                    format!("append: unexpected sequence numbers {parts:?}"),
-                )),
-            },
-            _ => Err(self.corrupt(
-                &self.inner.conn.keys().record(session),
-                format!("append: unexpected reply {parts:?}"),
-            )),
-        }
+                    "an unconditional append answered that the log moved".into(),
+                )
+            })
+    }
+
+    async fn append_after(
+        &self,
+        session: &SessionId,
+        fence: WriteFence,
+        after: u64,
+        events: &[Json],
+    ) -> Result<Option<AppendReceipt>, StoreError> {
+        self.append_at(session, fence, Some(after), events).await
     }
 
     async fn read(

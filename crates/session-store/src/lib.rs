@@ -72,6 +72,10 @@
 //!    A higher token is accepted and binds the mark to its owner. A mark
 //!    read from lines written before writers were recorded has no owner:
 //!    an equal token is then refused from everyone.
+//!    [`append_after`](SessionStore::append_after) adds one more check
+//!    under the same lock: the batch is written only if the session's last
+//!    sequence number is the one given, and a batch not written raises no
+//!    mark.
 //! 2. **Unfenced writes** ([`WriteFence::Unfenced`], for a deployment whose
 //!    lease backend answered `Unsupported`) are refused with
 //!    [`StoreError::Unfenced`] unless the store is configured to allow them

@@ -39,6 +39,32 @@ pub trait SessionStore: Send + Sync {
         events: &[Value],
     ) -> Result<AppendReceipt, StoreError>;
 
+    /// Appends `events` as [`append`](Self::append) does, but only onto a
+    /// log whose last sequence number is `after` (0 for a session without
+    /// events), judged atomically with the fence: the batch starts at
+    /// `after + 1` or is not written. `Ok(None)` when the log has moved
+    /// past `after`: nothing was written and the mark is unchanged.
+    ///
+    /// For a writer that decided what to write from how the log ended at
+    /// `after`, and must not write it after events it has not seen (an
+    /// earlier owner's write still on its way when it looked).
+    ///
+    /// The default is `Unsupported`: a caller then raises the mark with a
+    /// write of its own before it looks. Every store of this workspace
+    /// offers it.
+    async fn append_after(
+        &self,
+        session: &SessionId,
+        fence: WriteFence,
+        after: u64,
+        events: &[Value],
+    ) -> Result<Option<AppendReceipt>, StoreError> {
+        let _ = (session, fence, after, events);
+        Err(StoreError::Unsupported {
+            what: "appending after a given sequence number",
+        })
+    }
+
     /// Reads at most `limit` (≥ 1) events with `seq >= from_seq`.
     async fn read(
         &self,

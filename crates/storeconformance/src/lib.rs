@@ -95,6 +95,9 @@
 //! [`recreated_session_keeps_mark_and_numbers`](cases::recreated_session_keeps_mark_and_numbers),
 //! [`unfenced_refused_unless_allowed`](cases::unfenced_refused_unless_allowed),
 //! [`unfenced_refused_once_fenced`](cases::unfenced_refused_once_fenced),
+//! [`append_after_writes_only_onto_the_log_it_names`](cases::append_after_writes_only_onto_the_log_it_names)
+//! (a conditional append onto a log that moved writes nothing and raises
+//! no mark),
 //! [`authority_binding`](cases::authority_binding),
 //! [`racing_first_bindings`](cases::racing_first_bindings).
 //!
@@ -174,6 +177,7 @@ macro_rules! __with_cases {
             bad_input_is_invalid
             cancel_requests_wake_the_holder
             last_seq_follows_appends
+            append_after_writes_only_onto_the_log_it_names
         }
     };
 }

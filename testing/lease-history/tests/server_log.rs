@@ -503,7 +503,11 @@ fn a_key_performed_twice_is_caught() {
     let verdict = check_server(&h);
     assert_eq!(effect_violations(&h), 1, "{verdict}");
     let first = verdict.first.expect("a violation");
-    assert!(first.message.contains("performed twice"), "{}", first.message);
+    assert!(
+        first.message.contains("performed twice"),
+        "{}",
+        first.message
+    );
 }
 
 #[test]
@@ -515,7 +519,11 @@ fn an_effect_of_a_lost_owner_after_a_later_ones_is_caught() {
     let verdict = check_server(&h);
     assert_eq!(effect_violations(&h), 1, "{verdict}");
     let first = verdict.first.expect("a violation");
-    assert!(first.message.contains("after an effect of token 7"), "{}", first.message);
+    assert!(
+        first.message.contains("after an effect of token 7"),
+        "{}",
+        first.message
+    );
 }
 
 #[test]

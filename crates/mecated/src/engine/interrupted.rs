@@ -11,7 +11,11 @@
 //! event, which raises the session's mark to its token and fences the
 //! earlier owner out, and only then reads how the earlier run left the
 //! log. When the last event is an end, as after every orderly run, the
-//! claim is one append, as before.
+//! claim is one append, written only onto the log as read
+//! (`SessionStore::append_after`): an earlier owner's write still on its
+//! way then (a new run's start, even) lands before the claim or never, and
+//! if it landed the claim is judged again the long way. A store without
+//! conditional appends always goes the long way.
 
 use std::sync::Arc;
 
@@ -19,11 +23,11 @@ use lease_keeper::LeaseGuard;
 use lease_port::{FencingToken, SessionId};
 use serde_json::{Value, json};
 use session_store::{AppendReceipt, StoreError, StoreErrorKind, StoredEvent};
-use tracing::{info, warn};
+use tracing::info;
 
 use super::follow::{RUN_CUT_OFF, RUN_ENDED, RUN_STARTED};
 use super::remote_cancel::CancelBaseline;
-use super::{Engine, EngineError, tracked_append};
+use super::{Engine, EngineError, tracked, tracked_append};
 
 /// The `status` of the end the next owner records for a run that recorded
 /// none.
@@ -247,25 +251,29 @@ impl Engine {
                 }
                 return Ok(ClaimWritten::NothingOpen);
             };
-            let receipt = self
-                .append(session, guard, vec![claim(input, None)])
-                .await?;
-            if receipt.first_seq != last + 1 {
-                // Written meanwhile, below our token: an earlier owner's
-                // write that was in flight. If it began a run, that run is
-                // left open before our start (its followers end at it).
-                warn!(
-                    expected = last + 1,
-                    claimed = receipt.first_seq,
-                    "an earlier owner's writes landed just before this run's claim"
-                );
+            // Only onto the log as judged: an earlier owner's write still
+            // on its way when we looked (it may begin a run) lands first
+            // or not at all, and if first, the claim below judges it.
+            match self
+                .append_after(session, guard, last, vec![claim(input, None)])
+                .await
+            {
+                Ok(Some(receipt)) => {
+                    return Ok(ClaimWritten::Run(Claimed {
+                        first_seq: receipt.first_seq,
+                        input: input.clone(),
+                        attempt: None,
+                        resumes_token: None,
+                    }));
+                }
+                Ok(None) => info!(
+                    %session,
+                    after = last,
+                    "an earlier owner's write landed as this run was claimed: judging it"
+                ),
+                Err(EngineError::Store(e)) if e.kind() == StoreErrorKind::Unsupported => {}
+                Err(e) => return Err(e),
             }
-            return Ok(ClaimWritten::Run(Claimed {
-                first_seq: receipt.first_seq,
-                input: input.clone(),
-                attempt: None,
-                resumes_token: None,
-            }));
         }
         // Fenced, the earlier owner may still have writes on their way:
         // shut them out before reading how its run left the log. Unleased,
@@ -513,6 +521,26 @@ impl Engine {
 
     /// One fenced append of the claim's writes, under a write permit of
     /// the run.
+    /// [`append`](Self::append) only onto a log whose last seq is `after`:
+    /// `None` when it moved on.
+    async fn append_after(
+        &self,
+        session: &SessionId,
+        guard: &LeaseGuard,
+        after: u64,
+        events: Vec<Value>,
+    ) -> Result<Option<AppendReceipt>, EngineError> {
+        let (store, session, fence) = (
+            Arc::clone(&self.inner.store),
+            session.clone(),
+            self.fence(guard),
+        );
+        let write = tracked(&guard.write_gate(), async move {
+            store.append_after(&session, fence, after, &events).await
+        })?;
+        Ok(write.await?)
+    }
+
     async fn append(
         &self,
         session: &SessionId,

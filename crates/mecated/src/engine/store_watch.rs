@@ -70,6 +70,17 @@ impl SessionStore for WatchedStore {
             .observe(self.inner.append(session, fence, events).await)
     }
 
+    async fn append_after(
+        &self,
+        session: &SessionId,
+        fence: WriteFence,
+        after: u64,
+        events: &[Value],
+    ) -> Result<Option<AppendReceipt>, StoreError> {
+        self.fault
+            .observe(self.inner.append_after(session, fence, after, events).await)
+    }
+
     async fn read(
         &self,
         session: &SessionId,

@@ -70,6 +70,45 @@ enum Signal {
     Ended { accepted: bool },
 }
 
+impl GatedStore {
+    /// The append of `events` (after `after`, if given), held at the gate
+    /// when it is the armed kind.
+    async fn gated_append(
+        &self,
+        session: &SessionId,
+        fence: WriteFence,
+        after: Option<u64>,
+        events: &[Value],
+    ) -> Result<Option<AppendReceipt>, StoreError> {
+        let held = events.first().is_some_and(|e| e["type"] == self.held);
+        let (inner, gate, signals) = (
+            Arc::clone(&self.inner),
+            Arc::clone(&self.gate),
+            self.signals.clone(),
+        );
+        let (session, events) = (session.clone(), events.to_vec());
+        let write = async move |inner: Arc<JsonlStore>| match after {
+            Some(after) => inner.append_after(&session, fence, after, &events).await,
+            None => inner.append(&session, fence, &events).await.map(Some),
+        };
+        if !(held && self.armed.swap(false, Ordering::SeqCst)) {
+            return write(inner).await;
+        }
+        let runtime = tokio::runtime::Handle::current();
+        tokio::task::spawn_blocking(move || {
+            let _ = signals.send(Signal::Entered);
+            gate.wait();
+            let result = runtime.block_on(write(inner));
+            let _ = signals.send(Signal::Ended {
+                accepted: matches!(result, Ok(Some(_))),
+            });
+            result
+        })
+        .await
+        .expect("the blocking write does not panic")
+    }
+}
+
 #[async_trait]
 impl SessionStore for GatedStore {
     async fn create(&self, session: &SessionId) -> Result<(), StoreError> {
@@ -87,28 +126,18 @@ impl SessionStore for GatedStore {
         fence: WriteFence,
         events: &[Value],
     ) -> Result<AppendReceipt, StoreError> {
-        let held = events.first().is_some_and(|e| e["type"] == self.held);
-        if !(held && self.armed.swap(false, Ordering::SeqCst)) {
-            return self.inner.append(session, fence, events).await;
-        }
-        let (inner, gate, signals) = (
-            Arc::clone(&self.inner),
-            Arc::clone(&self.gate),
-            self.signals.clone(),
-        );
-        let (session, events) = (session.clone(), events.to_vec());
-        let runtime = tokio::runtime::Handle::current();
-        tokio::task::spawn_blocking(move || {
-            let _ = signals.send(Signal::Entered);
-            gate.wait();
-            let result = runtime.block_on(inner.append(&session, fence, &events));
-            let _ = signals.send(Signal::Ended {
-                accepted: result.is_ok(),
-            });
-            result
-        })
-        .await
-        .expect("the blocking write does not panic")
+        self.gated_append(session, fence, None, events)
+            .await
+            .map(|r| r.expect("an unconditional append writes"))
+    }
+    async fn append_after(
+        &self,
+        session: &SessionId,
+        fence: WriteFence,
+        after: u64,
+        events: &[Value],
+    ) -> Result<Option<AppendReceipt>, StoreError> {
+        self.gated_append(session, fence, Some(after), events).await
     }
     async fn read(&self, session: &SessionId, from: u64, limit: usize) -> Result<Page, StoreError> {
         self.inner.read(session, from, limit).await

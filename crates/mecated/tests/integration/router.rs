@@ -532,6 +532,16 @@ impl SessionStore for FaultyStore {
         self.fault()?;
         self.inner.append(session, fence, events).await
     }
+    async fn append_after(
+        &self,
+        session: &SessionId,
+        fence: WriteFence,
+        after: u64,
+        events: &[Value],
+    ) -> Result<Option<AppendReceipt>, StoreError> {
+        self.fault()?;
+        self.inner.append_after(session, fence, after, events).await
+    }
     async fn read(&self, session: &SessionId, from: u64, limit: usize) -> Result<Page, StoreError> {
         self.fault()?;
         self.inner.read(session, from, limit).await

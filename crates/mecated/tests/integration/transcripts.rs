@@ -463,6 +463,56 @@ async fn an_old_cache_entry_is_not_read_forward_past_a_newer_checkpoint() {
     );
 }
 
+/// The earlier owner started another run, and its `run_started` was on
+/// its way when the next owner read a log that ended with that owner's
+/// orderly end: it lands just before the next owner's claim. The claim is
+/// written only onto the log as read, so it is not written after the
+/// unseen start; the next owner fences the earlier one out, ends its run
+/// as interrupted, and only then starts its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_earlier_owners_start_landing_late_is_ended_before_the_next_claim() {
+    let dir = tempfile::tempdir().unwrap();
+    let leases = MemLease::new(TTL);
+    let p = process(dir.path(), &leases, "p", 0);
+    let s = SessionId::new("late-start").unwrap();
+    p.engine.create_session(&s).await.unwrap();
+    let old = WriteFence::new(FencingToken::new(0), OwnerId::new("old").unwrap());
+    let ended = [
+        json!({"type": "run_started", "owner": "old", "token": 0, "input": "x"}),
+        json!({"type": "message", "role": "assistant", "content": "x"}),
+        json!({"type": RUN_ENDED, "status": "completed"}),
+    ];
+    p.store.inner.append(&s, old.clone(), &ended).await.unwrap();
+    p.store.append_before_next_append(
+        old,
+        vec![json!({"type": "run_started", "owner": "old", "token": 0, "input": "y"})],
+    );
+    p.run(&s, "next").await;
+
+    let log = p.stored(&s, u64::MAX).await;
+    let kinds: Vec<_> = log
+        .iter()
+        .map(|e| (e["type"].as_str().unwrap(), e["status"].as_str()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("run_started", None),
+            ("message", None),
+            ("run_ended", Some("completed")),
+            ("run_started", None),
+            ("takeover", None),
+            ("run_ended", Some("interrupted")),
+            ("run_started", None),
+            ("message", None),
+            ("run_ended", Some("completed")),
+        ],
+        "{log:#?}"
+    );
+    assert_eq!(log[5]["run_seq"], 4, "{log:#?}");
+    assert_eq!(log[6]["input"], "next", "{log:#?}");
+}
+
 /// The earlier owner's end was on its way when the next owner read the
 /// log (a holder paused between its lease check and its write): it lands
 /// before the next owner's first write. That first write is a `takeover`

@@ -97,6 +97,19 @@ impl SessionStore for CountingStore {
         }
         self.inner.append(session, fence, events).await
     }
+    async fn append_after(
+        &self,
+        session: &SessionId,
+        fence: WriteFence,
+        after: u64,
+        events: &[Value],
+    ) -> Result<Option<AppendReceipt>, StoreError> {
+        let injected = self.before_append.lock().unwrap().take();
+        if let Some((fence, events)) = injected {
+            self.inner.append(session, fence, &events).await?;
+        }
+        self.inner.append_after(session, fence, after, events).await
+    }
     async fn read(&self, session: &SessionId, from: u64, limit: usize) -> Result<Page, StoreError> {
         self.reads.fetch_add(1, Ordering::Relaxed);
         let held = match (from, limit) {

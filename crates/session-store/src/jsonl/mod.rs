@@ -306,7 +306,23 @@ impl SessionStore for JsonlStore {
     ) -> Result<AppendReceipt, StoreError> {
         let payloads = validate_batch(events, self.core.opts.max_event_bytes)?;
         let session = session.clone();
-        self.run(move |core, wait| core.append(&session, &fence, &payloads, wait))
+        let written = self
+            .run(move |core, wait| core.append(&session, &fence, &payloads, None, wait))
+            .await?;
+        // Unconditional, it always writes.
+        written.ok_or_else(|| StoreError::invalid("an unconditional append wrote nothing"))
+    }
+
+    async fn append_after(
+        &self,
+        session: &SessionId,
+        fence: WriteFence,
+        after: u64,
+        events: &[Value],
+    ) -> Result<Option<AppendReceipt>, StoreError> {
+        let payloads = validate_batch(events, self.core.opts.max_event_bytes)?;
+        let session = session.clone();
+        self.run(move |core, wait| core.append(&session, &fence, &payloads, Some(after), wait))
             .await
     }
 

@@ -260,7 +260,13 @@ impl StoreCore {
                     let fence = self.check_fence(session, fence, index)?;
                     self.repair(file, path, index)?;
                     let framing = framing(index);
+                    let end = index.pos;
                     let written = write(file, path, index, &fence_json(fence), framing)?;
+                    // A conditional write that found the log moved wrote
+                    // nothing: the mark stays what the file says.
+                    if index.pos == end {
+                        return Ok(written);
+                    }
                     if let Some((t, owner)) = fence {
                         let before = index.high_water.as_ref().map(|m| m.token);
                         index.raise_mark(t, Some(owner));
@@ -280,18 +286,24 @@ impl StoreCore {
         })
     }
 
+    /// Appends `payloads`; with `after`, only onto a log whose last seq it
+    /// is (`None` returned, nothing written, when the log moved past it).
     pub(super) fn append(
         &self,
         session: &SessionId,
         fence: &WriteFence,
         payloads: &[String],
+        after: Option<u64>,
         wait: Wait,
-    ) -> Result<AppendReceipt, AttemptError> {
+    ) -> Result<Option<AppendReceipt>, AttemptError> {
         self.fenced_write(
             session,
             fence,
             wait,
             |file, path, index, fence_text, mut buf| {
+                if after.is_some_and(|a| index.next_seq != a.saturating_add(1)) {
+                    return Ok(None);
+                }
                 let ts = self.now_ms();
                 let total: usize = payloads.iter().map(|p| p.len() + 64).sum();
                 buf.reserve(total + 64);
@@ -312,10 +324,10 @@ impl StoreCore {
                     });
                 }
                 index.next_seq = first_seq + payloads.len() as u64;
-                Ok(AppendReceipt {
+                Ok(Some(AppendReceipt {
                     first_seq,
                     last_seq: index.next_seq - 1,
-                })
+                }))
             },
         )
     }

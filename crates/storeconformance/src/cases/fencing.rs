@@ -4,8 +4,10 @@
 
 use std::fmt::Debug;
 
+use std::sync::Arc;
+
 use serde_json::json;
-use session_store::{StoreError, StoreErrorKind, WriteFence};
+use session_store::{SessionStore, StoreError, StoreErrorKind, WriteFence};
 
 use crate::StoreFactory;
 use crate::support::{events, fence, must, must_fail, payloads, session, summary, writer};
@@ -531,5 +533,93 @@ pub async fn unfenced_refused_once_fenced<F: StoreFactory>(f: &F) {
         payloads(&events(&*strict, state, &s).await),
         [json!("f1")],
         "{state}: a refused unfenced write changed the session"
+    );
+}
+
+/// A conditional append ([`append_after`](session_store::SessionStore::append_after))
+/// writes only onto the log it names, judged atomically with the fence:
+/// onto a log that moved on it writes nothing and leaves the mark where it
+/// was; the fence is still checked first; and of two clients racing onto
+/// one position, exactly one writes.
+pub async fn append_after_writes_only_onto_the_log_it_names<F: StoreFactory>(f: &F) {
+    let (a, b) = (f.store().await, f.store().await);
+    let s = session("conditional");
+    must_fail(
+        "an append after 0 to a session never created",
+        a.append_after(&s, fence(1, "x"), 0, &[json!("no")]).await,
+        StoreErrorKind::NotFound,
+    );
+    must("create", a.create(&s).await);
+    let first = must(
+        "x appends after 0 to an empty session",
+        a.append_after(&s, fence(1, "x"), 0, &[json!(1), json!(2)])
+            .await,
+    );
+    assert_eq!(
+        first.map(|r| (r.first_seq, r.last_seq)),
+        Some((1, 2)),
+        "an append after 0 onto an empty session writes seqs 1 and 2"
+    );
+
+    let state = "after x appended events 1 and 2 with token 1";
+    for after in [0, 1, 3] {
+        let moved = must(
+            state,
+            b.append_after(&s, fence(5, "y"), after, &[json!("late")])
+                .await,
+        );
+        assert!(
+            moved.is_none(),
+            "{state}: y appends after {after} through another client: expected nothing \
+             written (the log ends at 2), but it wrote {moved:?}"
+        );
+    }
+    // The refused writes carried token 5: had they raised the mark, x's
+    // token 2 would be fenced now.
+    must(
+        &format!(
+            "{state} and y's appends after other positions wrote nothing: x appends with token 2"
+        ),
+        a.append(&s, fence(2, "x"), &[json!(3)]).await,
+    );
+    must_be_fenced(
+        "after x wrote with token 2: x appends with token 1 after 3, the log's end",
+        b.append_after(&s, fence(1, "x"), 3, &[json!("stale")])
+            .await,
+        (1, "x"),
+        (2, "x"),
+    );
+    assert_eq!(
+        payloads(&events(a.as_ref(), "reading the log back", &s).await),
+        [json!(1), json!(2), json!(3)],
+        "after x's events 1 to 3 and refused conditional appends: the log"
+    );
+
+    // Two clients onto one position: one writes, the other is told the
+    // log moved.
+    let race = |store: Arc<dyn SessionStore>, name: &'static str| {
+        let s = s.clone();
+        tokio::spawn(async move {
+            store
+                .append_after(&s, fence(7, name), 3, &[json!(name)])
+                .await
+        })
+    };
+    let (ra, rb) = (race(a.clone(), "p"), race(b.clone(), "q"));
+    let (ra, rb) = (ra.await.expect("no panic"), rb.await.expect("no panic"));
+    let written: Vec<_> = [ra, rb]
+        .into_iter()
+        .filter_map(|r| match r {
+            Ok(Some(receipt)) => Some(Ok(receipt.first_seq)),
+            Ok(None) => None,
+            // The loser may find the winner's equal token first: fenced.
+            Err(e) if e.kind() == StoreErrorKind::Fenced => None,
+            Err(e) => Some(Err(e.kind())),
+        })
+        .collect();
+    assert_eq!(
+        written,
+        [Ok(4)],
+        "p and q, with token 7 each, append after 3 at once: exactly one must write, at 4"
     );
 }

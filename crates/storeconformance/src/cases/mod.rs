@@ -15,9 +15,10 @@ pub use basics::{
     append_and_read_back, bad_input_is_invalid, create_and_exists, session_isolation,
 };
 pub use fencing::{
-    delete_is_fenced, equal_token_from_another_writer_refused, higher_token_binds_its_writer,
-    lower_token_refused, recreated_session_keeps_mark_and_numbers, tokens_compare_exactly,
-    unfenced_refused_once_fenced, unfenced_refused_unless_allowed,
+    append_after_writes_only_onto_the_log_it_names, delete_is_fenced,
+    equal_token_from_another_writer_refused, higher_token_binds_its_writer, lower_token_refused,
+    recreated_session_keeps_mark_and_numbers, tokens_compare_exactly, unfenced_refused_once_fenced,
+    unfenced_refused_unless_allowed,
 };
 pub use follow::{
     cancel_requests_wake_the_holder, last_seq_follows_appends,

@@ -75,6 +75,8 @@ enum Flaw {
     CancelLowersToken,
     /// The last number is one short: a wait from it wakes at once.
     LastSeqOneShort,
+    /// A conditional append writes wherever the log ends.
+    AppendAfterIgnoresPosition,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -306,6 +308,33 @@ impl SessionStore for Broken {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         Ok(receipt.expect("a batch of two or more"))
+    }
+
+    async fn append_after(
+        &self,
+        s: &SessionId,
+        fence: WriteFence,
+        after: u64,
+        events: &[Value],
+    ) -> Result<Option<AppendReceipt>, StoreError> {
+        if self.flaw == Flaw::AppendAfterIgnoresPosition {
+            return self.append(s, fence, events).await.map(Some);
+        }
+        let off = self.offset(s);
+        let written = self
+            .inner
+            .append_after(s, fence.clone(), after.saturating_add(off), events)
+            .await?;
+        if let (Some(_), WriteFence::Fenced(f)) = (&written, &fence) {
+            lock(&self.shared.writers)
+                .entry(s.clone())
+                .or_default()
+                .insert(f.owner().clone());
+        }
+        Ok(written.map(|r| AppendReceipt {
+            first_seq: r.first_seq - off,
+            last_seq: r.last_seq - off,
+        }))
     }
 
     async fn read(&self, s: &SessionId, from_seq: u64, limit: usize) -> Result<Page, StoreError> {
@@ -608,4 +637,6 @@ caught_by! {
     a_cancel_request_lowering_the_token: CancelLowersToken
         => "cancel_requests_wake_the_holder", "a request for run 3 changed the record";
     a_last_number_one_short: LastSeqOneShort => "last_seq_follows_appends", "the last number";
+    a_conditional_append_past_its_position: AppendAfterIgnoresPosition
+        => "append_after_writes_only_onto_the_log_it_names", "expected nothing written";
 }

@@ -153,6 +153,10 @@ pub(crate) async fn run(name: &str, plan: &Plan) -> Result<Finished, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let sessions: Vec<String> = (0..SESSIONS).map(|i| format!("s{i}")).collect();
     let rec = Recorder::new();
+    // The stored events' times on the recorder's timeline.
+    let origin_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
     let destination = destination::Destination::start(
         rec.clone(),
         plan.broken == Some(Breakage::EffectFenceIgnoresTokens),
@@ -181,9 +185,6 @@ pub(crate) async fn run(name: &str, plan: &Plan) -> Result<Finished, String> {
         }
     }
 
-    let origin_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
     let started = Instant::now();
     let shared = Arc::new(clients::Shared {
         rec: rec.clone(),
@@ -287,19 +288,10 @@ pub(crate) async fn run(name: &str, plan: &Plan) -> Result<Finished, String> {
     // and a lease's; give them that before reading the logs.
     tokio::time::sleep(ttl * 3).await;
 
-    let base = replicas.any_base().ok_or("no replica up at the end")?;
-    let mut logs: BTreeMap<Arc<str>, Vec<StoredEvent>> = BTreeMap::new();
-    for s in &sessions {
-        logs.insert(
-            s.as_str().into(),
-            store::read_log(&http, &base, s, origin_ms).await?,
-        );
-    }
-    tokio::task::block_in_place(|| replicas.stop_all());
-    for (s, log) in logs.iter_mut() {
-        let writers = services.writers(s).await?;
-        store::attach_writers(log, &writers);
-    }
+    // Taken before the logs are read: every effect in it is of a run whose
+    // claim is stored, so the logs read next hold its run.
+    let effects = destination.attempts();
+    let logs = final_logs(&http, &replicas, &services, &sessions, origin_ms).await?;
     drop(replicas);
     drop(services);
     let _ = end_tx.send(());
@@ -309,7 +301,7 @@ pub(crate) async fn run(name: &str, plan: &Plan) -> Result<Finished, String> {
         requests: std::mem::take(&mut *lock(&shared.requests)),
         faults: rec.history().faults,
         logs,
-        effects: destination.attempts(),
+        effects,
     };
     let verdict = check_server(&history);
     Ok(Finished {
@@ -318,6 +310,32 @@ pub(crate) async fn run(name: &str, plan: &Plan) -> Result<Finished, String> {
         verdict,
         history,
     })
+}
+
+/// Each session's log as the store holds it at the end, read through a
+/// replica, with each event's writer from the store itself; the replicas
+/// stopped once read.
+async fn final_logs(
+    http: &reqwest::Client,
+    replicas: &Replicas,
+    services: &setup::Services,
+    sessions: &[String],
+    origin_ms: u64,
+) -> Result<BTreeMap<Arc<str>, Vec<StoredEvent>>, String> {
+    let base = replicas.any_base().ok_or("no replica up at the end")?;
+    let mut logs: BTreeMap<Arc<str>, Vec<StoredEvent>> = BTreeMap::new();
+    for s in sessions {
+        logs.insert(
+            s.as_str().into(),
+            store::read_log(http, &base, s, origin_ms).await?,
+        );
+    }
+    tokio::task::block_in_place(|| replicas.stop_all());
+    for (s, log) in logs.iter_mut() {
+        let writers = services.writers(s).await?;
+        store::attach_writers(log, &writers);
+    }
+    Ok(logs)
 }
 
 /// Writes the verdict and the timeline of `finished` under `dir`.

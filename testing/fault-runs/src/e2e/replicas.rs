@@ -176,7 +176,9 @@ impl Replicas {
             return Ok(Vec::new());
         };
         r.signal(Signal::SIGSTOP)?;
-        // Stopped, it starts no agent while its children are listed.
+        // A child it was spawning as the stop landed may not be in a
+        // group of its own yet: only children that lead their group are
+        // its agents (and never ours, nor the replica's).
         let groups = child_process_groups(pid);
         for &group in &groups {
             // An agent that exited meanwhile has nothing to stop.
@@ -253,7 +255,10 @@ impl Replicas {
     }
 }
 
-/// The process groups of `parent`'s children, from `/proc`.
+/// The process groups `parent`'s children lead, from `/proc`: a child
+/// still in its parent's group (an agent spawned a moment ago, before it
+/// moved to its own) is not listed, so a signal to the listed groups never
+/// reaches the parent's group, which is this harness's.
 fn child_process_groups(parent: Pid) -> Vec<Pid> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -270,12 +275,13 @@ fn child_process_groups(parent: Pid) -> Vec<Pid> {
         .filter_map(|stat| {
             // "pid (comm) state ppid pgrp …": comm may hold anything but
             // ends at the last parenthesis.
+            let pid: i32 = stat.split_whitespace().next()?.parse().ok()?;
             let mut fields = stat.get(stat.rfind(')')? + 1..)?.split_whitespace();
             let ppid: i32 = fields.nth(1)?.parse().ok()?;
             let pgrp: i32 = fields.next()?.parse().ok()?;
-            (ppid == parent.as_raw()).then(|| Pid::from_raw(pgrp))
+            (ppid == parent.as_raw() && pgrp == pid).then(|| Pid::from_raw(pgrp))
         })
-        .filter(|group| *group != parent)
+        .filter(|group| *group != parent && *group != nix::unistd::getpgrp())
         .collect();
     groups.sort_unstable();
     groups.dedup();

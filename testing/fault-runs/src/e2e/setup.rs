@@ -117,7 +117,7 @@ fn common(ttl: Duration, owner: Option<&str>) -> Vec<String> {
         "127.0.0.1:0",
         "--session-lease-ttl",
         &format!("{}ms", ttl.as_millis()),
-        // A restart drains: runs in progress may finish (they take 1.6 s)
+        // A restart drains: runs in progress may finish (they take 400 ms)
         // while new ones go to the other replicas; a run stuck on a faulted
         // service is cancelled after this.
         "--drain-timeout",

@@ -20,7 +20,7 @@ pub struct EffectAttempt {
     pub token: u64,
     /// The run's id (the seq of its `run_started`), as the agent sent it.
     pub run_id: Option<u64>,
-    /// The effect's idempotency key.
+    /// The effect's idempotency key; empty when it was sent none.
     pub key: String,
     /// When the service judged it, on the history's timeline.
     pub at: Duration,
@@ -63,7 +63,8 @@ pub(super) fn check_effects(
     let mut performed: HashMap<&str, Duration> = HashMap::new();
     let mut highest: HashMap<&str, (u64, Duration)> = HashMap::new();
     for a in effects.iter().filter(|a| a.performed) {
-        if let Some(first) = performed.insert(&a.key, a.at) {
+        // Without a key only the token is checked, by the destination too.
+        if let Some(first) = performed.insert(&a.key, a.at).filter(|_| !a.key.is_empty()) {
             push(
                 a,
                 format!(
