@@ -26,9 +26,9 @@ pub(crate) const ALLOWED: &[(&str, &str, usize)] = &[
     ("testing/lease-history/src/server_log.rs", "context", 101),
     ("testing/lease-history/src/timeline.rs", "render_svg", 256),
     ("crates/session-store/src/jsonl/generation.rs", "claim", 139),
-    ("crates/redis-store/src/store.rs", "fenced", 169),
+    ("crates/redis-store/src/store.rs", "fenced", 163),
     ("crates/mecated/src/cli.rs", "leases", 136),
-    ("testing/fault-runs/src/e2e/mod.rs", "run", 159),
+    ("testing/fault-runs/src/e2e/mod.rs", "run", 145),
     ("testing/fault-runs/src/injectors.rs", "inject", 138),
 ];
 

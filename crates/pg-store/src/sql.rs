@@ -154,7 +154,7 @@ fn guard(t: &Tables, leases: Option<&str>, position: &str) -> String {
                      THEN 'rewound'
                  WHEN NOT s.live THEN 'notfound'
                  WHEN NOT $2 THEN
-                     CASE WHEN $5 AND s.mark IS NULL THEN 'ok' ELSE 'unfenced' END
+                     CASE WHEN NOT ($5 AND s.mark IS NULL) THEN 'unfenced' {position} ELSE 'ok' END
                  WHEN s.mark IS NOT NULL AND ($3::numeric < s.mark
                      OR ($3::numeric = s.mark AND s.mark_writer <> $4)) THEN 'fenced'
                  {lease_check}

@@ -340,6 +340,32 @@ impl RedisStore {
             .map_or("", |(_, record)| record.as_str())
     }
 
+    /// The refusal of a write whose token the store's own leases never
+    /// issued (`issued` is what their record says).
+    fn never_issued(
+        &self,
+        session: &SessionId,
+        fence: &WriteFence,
+        issued: Option<String>,
+    ) -> StoreError {
+        let location = self.inner.conn.location();
+        StoreError::rewound(
+            location,
+            format!(
+                "token {} was never issued for session {session} by the leases of Redis \
+                 at {location} (their record says {}): Redis lost the grant that issued \
+                 it and could issue it again, or the token came from elsewhere. Nothing \
+                 was done. Restore the newer data if it exists; otherwise restart this \
+                 process to accept the older state",
+                match fence {
+                    WriteFence::Fenced(f) => f.token().get(),
+                    WriteFence::Unfenced => 0,
+                },
+                issued.unwrap_or_default()
+            ),
+        )
+    }
+
     /// Runs a fenced script (append or delete) and turns its refusals into
     /// the store's errors; the `ok` reply's parts on success.
     async fn fenced(
@@ -426,24 +452,7 @@ impl RedisStore {
                 self.saw(session, SessionFloor { seq, mark: 0 });
                 Ok(Vec::new())
             }
-            "unissued" => {
-                let location = self.inner.conn.location();
-                Err(StoreError::rewound(
-                    location,
-                    format!(
-                        "token {} was never issued for session {session} by the leases of Redis \
-                         at {location} (their record says {}): Redis lost the grant that issued \
-                         it and could issue it again, or the token came from elsewhere. Nothing \
-                         was done. Restore the newer data if it exists; otherwise restart this \
-                         process to accept the older state",
-                        match fence {
-                            WriteFence::Fenced(f) => f.token().get(),
-                            WriteFence::Unfenced => 0,
-                        },
-                        field(1).unwrap_or_default()
-                    ),
-                ))
-            }
+            "unissued" => Err(self.never_issued(session, fence, field(1))),
             "rewound" => {
                 let now = record_floor(field(1), field(2)).ok_or_else(|| {
                     self.corrupt(&keys.record(session), format!("{op}: reply {parts:?}"))

@@ -40,9 +40,11 @@ pub trait SessionStore: Send + Sync {
     ) -> Result<AppendReceipt, StoreError>;
 
     /// Appends `events` as [`append`](Self::append) does, but only onto a
-    /// log whose last sequence number is `after` (0 for a session without
-    /// events), judged atomically with the fence: the batch starts at
-    /// `after + 1` or is not written. `Ok(None)` when the log has moved
+    /// log whose last sequence number is `after`, as
+    /// [`last_seq`](Self::last_seq) answers it (numbers go on across a
+    /// deletion, so a session created again is not at 0), judged
+    /// atomically with the fence: the batch starts at `after + 1` or is
+    /// not written. `Ok(None)` when the log has moved
     /// past `after`: nothing was written and the mark is unchanged.
     ///
     /// For a writer that decided what to write from how the log ended at

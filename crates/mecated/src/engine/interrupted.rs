@@ -251,28 +251,14 @@ impl Engine {
                 }
                 return Ok(ClaimWritten::NothingOpen);
             };
-            // Only onto the log as judged: an earlier owner's write still
-            // on its way when we looked (it may begin a run) lands first
-            // or not at all, and if first, the claim below judges it.
-            match self
-                .append_after(session, guard, last, vec![claim(input, None)])
-                .await
-            {
-                Ok(Some(receipt)) => {
-                    return Ok(ClaimWritten::Run(Claimed {
-                        first_seq: receipt.first_seq,
-                        input: input.clone(),
-                        attempt: None,
-                        resumes_token: None,
-                    }));
-                }
-                Ok(None) => info!(
-                    %session,
-                    after = last,
-                    "an earlier owner's write landed as this run was claimed: judging it"
-                ),
-                Err(EngineError::Store(e)) if e.kind() == StoreErrorKind::Unsupported => {}
-                Err(e) => return Err(e),
+            let start = claim(input, None);
+            if let Some(claimed) = self.claim_after(session, guard, last, start).await? {
+                return Ok(ClaimWritten::Run(Claimed {
+                    first_seq: claimed.first_seq,
+                    input: input.clone(),
+                    attempt: None,
+                    resumes_token: None,
+                }));
             }
         }
         // Fenced, the earlier owner may still have writes on their way:
@@ -288,7 +274,8 @@ impl Engine {
             });
             self.append(session, guard, vec![takeover]).await?.first_seq
         } else {
-            last + 1
+            // Read again: a claim that found the log moved read it too early.
+            self.inner.store.last_seq(session).await?.saturating_add(1)
         };
         let open = self.open_run_before(session, from).await?;
         let mut batch = Vec::with_capacity(2);
@@ -519,8 +506,33 @@ impl Engine {
         end
     }
 
-    /// One fenced append of the claim's writes, under a write permit of
-    /// the run.
+    /// The claim `start` written onto the log as judged at `last`: an
+    /// earlier owner's write still on its way when it was read (a new
+    /// run's start, even) lands first or not at all. `None` when one
+    /// landed, or the store cannot append conditionally: the claim is then
+    /// judged again behind a `takeover`.
+    async fn claim_after(
+        &self,
+        session: &SessionId,
+        guard: &LeaseGuard,
+        last: u64,
+        start: Value,
+    ) -> Result<Option<AppendReceipt>, EngineError> {
+        match self.append_after(session, guard, last, vec![start]).await {
+            Ok(Some(receipt)) => Ok(Some(receipt)),
+            Ok(None) => {
+                info!(
+                    %session,
+                    after = last,
+                    "an earlier owner's write landed as this run was claimed: judging it"
+                );
+                Ok(None)
+            }
+            Err(EngineError::Store(e)) if e.kind() == StoreErrorKind::Unsupported => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// [`append`](Self::append) only onto a log whose last seq is `after`:
     /// `None` when it moved on.
     async fn append_after(
@@ -541,6 +553,8 @@ impl Engine {
         Ok(write.await?)
     }
 
+    /// One fenced append of the claim's writes, under a write permit of
+    /// the run.
     async fn append(
         &self,
         session: &SessionId,

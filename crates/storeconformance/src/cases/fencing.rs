@@ -595,6 +595,8 @@ pub async fn append_after_writes_only_onto_the_log_it_names<F: StoreFactory>(f: 
         "after x's events 1 to 3 and refused conditional appends: the log"
     );
 
+    unfenced_append_after_holds_its_position(f).await;
+
     // Two clients onto one position: one writes, the other is told the
     // log moved.
     let race = |store: Arc<dyn SessionStore>, name: &'static str| {
@@ -622,4 +624,34 @@ pub async fn append_after_writes_only_onto_the_log_it_names<F: StoreFactory>(f: 
         [Ok(4)],
         "p and q, with token 7 each, append after 3 at once: exactly one must write, at 4"
     );
+}
+
+/// Unfenced, where the store allows it, a conditional append keeps its
+/// position all the same.
+async fn unfenced_append_after_holds_its_position<F: StoreFactory>(f: &F) {
+    if let Some(lax) = f.unfenced_store().await {
+        let u = session("conditional-unfenced");
+        must("create", lax.create(&u).await);
+        let state = "on a session without a fenced write";
+        let first = must(
+            state,
+            lax.append_after(&u, WriteFence::Unfenced, 0, &[json!(1)])
+                .await,
+        );
+        assert_eq!(
+            first.map(|r| r.first_seq),
+            Some(1),
+            "{state}: an unfenced append after 0"
+        );
+        let moved = must(
+            state,
+            lax.append_after(&u, WriteFence::Unfenced, 0, &[json!("late")])
+                .await,
+        );
+        assert!(
+            moved.is_none(),
+            "{state}: an unfenced append after 0 onto a log ending at 1: expected nothing \
+             written, but it wrote {moved:?}"
+        );
+    }
 }

@@ -253,24 +253,7 @@ pub(crate) async fn run(name: &str, plan: &Plan) -> Result<Finished, String> {
             plan.seed,
         )));
     }
-    let mut last_print = Instant::now();
-    while clients.iter().any(|c| !c.is_finished()) {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        if last_print.elapsed() >= Duration::from_secs(5) {
-            last_print = Instant::now();
-            let done = shared.done();
-            let elapsed = started.elapsed();
-            let rate = done as f64 / elapsed.as_secs_f64().max(1e-9);
-            let by_budget = (plan.requests.saturating_sub(done)) as f64 / rate.max(1e-9);
-            let by_clock = plan.longest.saturating_sub(elapsed).as_secs_f64();
-            println!(
-                "  {name}: {done}/{} requests, {rate:.0} req/s, {} faults so far, ~{:.0}s left",
-                plan.requests,
-                rec.fault_count(),
-                by_budget.min(by_clock)
-            );
-        }
-    }
+    report_progress(name, plan, &shared, &rec, started, &clients).await;
     for c in clients {
         c.await.map_err(|e| format!("a client task failed: {e}"))?;
     }
@@ -310,6 +293,35 @@ pub(crate) async fn run(name: &str, plan: &Plan) -> Result<Finished, String> {
         verdict,
         history,
     })
+}
+
+/// Every five seconds until the clients are done, how far they got.
+async fn report_progress(
+    name: &str,
+    plan: &Plan,
+    shared: &clients::Shared,
+    rec: &Recorder,
+    started: Instant,
+    clients: &[tokio::task::JoinHandle<()>],
+) {
+    let mut last_print = Instant::now();
+    while clients.iter().any(|c| !c.is_finished()) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if last_print.elapsed() >= Duration::from_secs(5) {
+            last_print = Instant::now();
+            let done = shared.done();
+            let elapsed = started.elapsed();
+            let rate = done as f64 / elapsed.as_secs_f64().max(1e-9);
+            let by_budget = (plan.requests.saturating_sub(done)) as f64 / rate.max(1e-9);
+            let by_clock = plan.longest.saturating_sub(elapsed).as_secs_f64();
+            println!(
+                "  {name}: {done}/{} requests, {rate:.0} req/s, {} faults so far, ~{:.0}s left",
+                plan.requests,
+                rec.fault_count(),
+                by_budget.min(by_clock)
+            );
+        }
+    }
 }
 
 /// Each session's log as the store holds it at the end, read through a
