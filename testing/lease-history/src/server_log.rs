@@ -842,6 +842,9 @@ fn context(h: &ServerHistory, v: &Found) -> String {
         };
         let _ = writeln!(text, "{mark} {r}");
     }
+    if v.property == Property::EffectFencing {
+        effects::write_context(&mut text, &h.effects, v);
+    }
     let near: Vec<&Fault> = h
         .faults
         .iter()

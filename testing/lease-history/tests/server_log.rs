@@ -524,6 +524,13 @@ fn an_effect_of_a_lost_owner_after_a_later_ones_is_caught() {
         "{}",
         first.message
     );
+    // Both effects are shown, the stale one marked.
+    assert!(
+        first.context.contains(">>     21.000ms token 3"),
+        "{}",
+        first.context
+    );
+    assert!(first.context.contains("k7-a"), "{}", first.context);
 }
 
 #[test]

@@ -4,10 +4,11 @@
 //! the session's log.
 
 use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Found, StoredEvent, kind};
+use super::{Found, StoredEvent, kind, ms};
 use crate::check::Property;
 
 /// One request an agent sent to the service its effects go to, in the
@@ -70,8 +71,8 @@ pub(super) fn check_effects(
                 format!(
                     "effect key {:?} performed twice: at {:.3} ms and again at {:.3} ms",
                     a.key,
-                    super::ms(first),
-                    super::ms(a.at)
+                    ms(first),
+                    ms(a.at)
                 ),
             );
         }
@@ -84,9 +85,9 @@ pub(super) fn check_effects(
                      of token {} at {:.3} ms: an owner that lost {} acted for it",
                     a.key,
                     a.token,
-                    super::ms(a.at),
+                    ms(a.at),
                     high.0,
-                    super::ms(high.1),
+                    ms(high.1),
                     a.session
                 ),
             );
@@ -113,5 +114,34 @@ pub(super) fn check_effects(
                 ),
             );
         }
+    }
+}
+
+/// Effects of the violation's session shown around it.
+const CONTEXT_EFFECTS: usize = 8;
+
+/// The effects of `v`'s session judged nearest to it, in the order they
+/// were judged, the one at its moment marked `>>`.
+pub(super) fn write_context(text: &mut String, effects: &[EffectAttempt], v: &Found) {
+    let mut near: Vec<(usize, &EffectAttempt)> = effects
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| a.session == v.session)
+        .collect();
+    near.sort_by_key(|(i, a)| (a.at.abs_diff(v.at), *i));
+    near.truncate(CONTEXT_EFFECTS);
+    near.sort_by_key(|(i, _)| *i);
+    let _ = writeln!(text, "effects of {} around it:", v.session);
+    for (_, a) in near {
+        let mark = if a.at == v.at { ">>" } else { "  " };
+        let _ = writeln!(
+            text,
+            "{mark} {:>10.3}ms token {:<5} run {:<6} {:<12} {}",
+            ms(a.at),
+            a.token,
+            a.run_id.map_or("-".into(), |r| r.to_string()),
+            a.outcome,
+            a.key
+        );
     }
 }
