@@ -33,7 +33,8 @@ pub(crate) fn target_dir() -> Result<PathBuf> {
 }
 
 const USAGE: &str = "usage: cargo xtask faults [--backend NAME|all] [--ops N] [--seed S] \
-                     [--profile short|long] [--out DIR] [--skip-broken] [--broken-only]";
+                     [--profile short|long] [--out DIR] [--skip-broken] [--broken-only] \
+                     [--variant NAME]";
 
 /// The session server's end-to-end runs, which start its binaries.
 const SERVERS: &[&str] = &["mecated", "mecated-etcd", "mecated-postgres", "mecak8s"];
@@ -66,7 +67,9 @@ pub(crate) fn faults(args: &[String]) -> Result {
         .map(|i| args.get(i + 1).map(String::as_str).ok_or(USAGE))
         .transpose()?
         .unwrap_or("all");
-    let broken_only = args.iter().any(|a| a == "--broken-only");
+    let broken_only = args
+        .iter()
+        .any(|a| a == "--broken-only" || a == "--variant");
     let mut wanted: Vec<Service> = NEEDS
         .iter()
         .filter(|(name, _)| !broken_only && (backend == "all" || backend == *name))

@@ -22,7 +22,10 @@ use lease_history::{History, Progress, Property, Verdict, Workload, check, run, 
 use lease_port::{Clock, SessionLease};
 
 const USAGE: &str = "usage: faults [--backend NAME|all] [--ops N] [--seed S] \
-                     [--profile short|long] [--out DIR] [--skip-broken] [--broken-only]\n\
+                     [--profile short|long] [--out DIR] [--skip-broken] [--broken-only] \
+                     [--variant NAME]\n\
+                     --variant runs that broken variant alone (a name of the summary, \
+                     e.g. renew-ignores-loss or effect-fence-ignores-tokens)\n\
                      backends: memlease flocklease grpc-memlease grpc-flocklease grpc-etcd etcd redis \
                      postgres k8s etcd-partitions mecated mecated-etcd mecated-postgres mecak8s (the \
                      session server end to end; --ops counts requests)";
@@ -87,6 +90,8 @@ struct Args {
     profile: Profile,
     out: PathBuf,
     broken: bool,
+    /// The one broken variant to run, when asked for.
+    variant: Option<String>,
 }
 
 fn parse(args: &[String]) -> Result<Args, String> {
@@ -97,6 +102,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
         profile: Profile::Short,
         out: std::env::temp_dir().join("mecatl-faults"),
         broken: true,
+        variant: None,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -131,6 +137,16 @@ fn parse(args: &[String]) -> Result<Args, String> {
             "--out" => parsed.out = PathBuf::from(value()?),
             "--skip-broken" => parsed.broken = false,
             "--broken-only" => parsed.backends.clear(),
+            "--variant" => {
+                let name = value()?;
+                let known = VARIANTS.iter().any(|v| v.name == name)
+                    || e2e::Breakage::ALL.iter().any(|b| b.name() == name);
+                if !known {
+                    return Err(format!("unknown broken variant {name:?}\n{USAGE}"));
+                }
+                parsed.variant = Some(name.clone());
+                parsed.backends.clear();
+            }
             "--help" | "-h" => return Err(USAGE.into()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
@@ -224,7 +240,8 @@ fn main() -> ExitCode {
         }
     }
     if args.broken {
-        for variant in VARIANTS {
+        let asked = |name: &str| args.variant.as_deref().is_none_or(|v| v == name);
+        for variant in VARIANTS.iter().filter(|v| asked(v.name)) {
             println!("\n== broken variant: {}", variant.name);
             match runtime.block_on(run_broken(variant, &args)) {
                 Ok(row) => rows.push(row),
@@ -234,7 +251,8 @@ fn main() -> ExitCode {
     }
     // With the session server's run, or with the broken variants alone.
     if args.broken && (args.backends.contains(&"mecated") || args.backends.is_empty()) {
-        for breakage in e2e::Breakage::ALL {
+        let asked = |name: &str| args.variant.as_deref().is_none_or(|v| v == name);
+        for breakage in e2e::Breakage::ALL.into_iter().filter(|b| asked(b.name())) {
             match runtime.block_on(run_e2e("mecated", &args, Some(breakage))) {
                 Ok(row) => rows.push(row),
                 Err(e) => errors.push(format!("mecated {}: {e}", breakage.name())),

@@ -251,7 +251,19 @@ struct LoggedRun {
 impl LoggedRun {
     /// Whether `e` can be this run's next event.
     fn accepts(&self, e: &StoredEvent) -> bool {
-        if self.ended || self.cut_off || e.token != self.token {
+        !self.ended && self.fits(e)
+    }
+
+    /// Whether `e` would be this run's next event had the next owner not
+    /// ended it as interrupted: its owner writing on after the end (which
+    /// a fence refuses; unfenced, nothing does).
+    fn continues_after_interruption(&self, e: &StoredEvent) -> bool {
+        self.interrupted.is_some() && self.fits(e)
+    }
+
+    /// Whether `e` fits this run's token, writer and shape, ended or not.
+    fn fits(&self, e: &StoredEvent) -> bool {
+        if self.cut_off || e.token != self.token {
             return false;
         }
         if let (Some(w), Some(ew)) = (&self.writer, &e.writer)
@@ -478,7 +490,10 @@ fn check_log(session: &Arc<str>, log: &[StoredEvent], found: &mut Vec<Found>) {
         let current_start = current.start_seq;
         let current_desc = current.describe();
         let before = runs.len() - 1;
-        let earlier = runs[..before].iter_mut().rev().find(|r| r.accepts(e));
+        let earlier = runs[..before]
+            .iter_mut()
+            .rev()
+            .find(|r| r.accepts(e) || r.continues_after_interruption(e));
         match earlier {
             Some(r) => {
                 r.take(e);

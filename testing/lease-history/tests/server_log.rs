@@ -290,6 +290,44 @@ fn a_run_ended_as_interrupted_by_the_next_owner_is_clean() {
     assert!(v.is_clean(), "{v}");
 }
 
+/// The owner of a run the next owner ended as interrupted writes on, as
+/// two unfenced (unleased) replicas of one session would: that is an
+/// earlier run's event after a later run started, not an orphan.
+#[test]
+fn an_interrupted_runs_owner_writing_on_is_a_run_order_violation() {
+    let mut log = Log::new();
+    log.push(
+        None,
+        "a#1",
+        json!({"type": "run_started", "owner": "a", "token": null}),
+    )
+    .push(
+        None,
+        "b#1",
+        json!({"type": "run_ended", "status": "interrupted", "run_seq": 1, "run_token": null}),
+    )
+    .push(
+        None,
+        "b#1",
+        json!({"type": "run_started", "owner": "b", "token": null}),
+    )
+    .push(None, "b#1", progress(1, 2))
+    .push(None, "a#1", progress(1, 2));
+    for e in &mut log.events {
+        e.writer = None;
+    }
+    let v = check_server(&history(&log));
+    assert_eq!(v.count(Property::RunOrder), 1, "{v}");
+    assert!(
+        v.first
+            .as_ref()
+            .unwrap()
+            .message
+            .contains("belongs to run 0"),
+        "{v}"
+    );
+}
+
 #[test]
 fn an_interrupted_end_of_a_run_that_ended_is_a_second_end() {
     let mut log = Log::new();

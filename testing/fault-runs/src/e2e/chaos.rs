@@ -49,9 +49,9 @@ impl ReplicaMix {
     /// after the next owner's, for the variant whose destination must be
     /// caught performing them.
     pub(crate) const FREEZES: ReplicaMix = ReplicaMix {
-        pauses: 10,
-        freezes: 60,
-        kills: 20,
+        pauses: 0,
+        freezes: 90,
+        kills: 10,
     };
 }
 
@@ -116,6 +116,16 @@ impl ReplicaChaos {
             // lease, after the next owner's agents have, before their
             // replica can notice the loss and stop them. Only the effects'
             // destination can refuse them.
+            // A replica with a run in progress, when one has: frozen
+            // idle, it has no agent to act late.
+            let busy: Vec<usize> = (0..replicas.len())
+                .filter(|&r| replicas.runs_agents(r))
+                .collect();
+            let i = match busy.len() as u64 {
+                0 => i,
+                n => busy[rng.below(n) as usize],
+            };
+            let name = replicas.name(i);
             let fault = rec.fault(FaultKind::HolderStopped, &format!("{name} with its agents"));
             let agents = replicas.freeze(i)?;
             sleep(rng.between(self.ttl * 3 / 2, self.ttl * 5 / 2)).await;

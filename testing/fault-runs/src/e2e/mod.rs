@@ -212,7 +212,12 @@ pub(crate) async fn run(name: &str, plan: &Plan) -> Result<Finished, String> {
             30
         },
         ttl,
-        every: Duration::from_millis(1500),
+        // The effect-fence variant's one telling fault is a freeze: many,
+        // often, so a short run meets a few mid-run.
+        every: match plan.broken {
+            Some(Breakage::EffectFenceIgnoresTokens) => Duration::from_millis(500),
+            _ => Duration::from_millis(1500),
+        },
         mix: match plan.broken {
             Some(Breakage::EffectFenceIgnoresTokens) => chaos::ReplicaMix::FREEZES,
             _ => chaos::ReplicaMix::USUAL,

@@ -187,6 +187,12 @@ impl Replicas {
         Ok(groups)
     }
 
+    /// Whether the replica runs an agent now (a run in progress).
+    pub(crate) fn runs_agents(&self, i: usize) -> bool {
+        let pid = super::lock(&self.replicas[i]).pid();
+        pid.is_some_and(|pid| !child_process_groups(pid).is_empty())
+    }
+
     /// SIGCONT to agents' process groups [`freeze`](Self::freeze) stopped.
     pub(crate) fn thaw_agents(groups: &[Pid]) {
         for &group in groups {
