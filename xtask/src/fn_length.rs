@@ -23,12 +23,11 @@ pub(crate) const ALLOWED: &[(&str, &str, usize)] = &[
     ("testing/lease-history/src/check.rs", "store_fencing", 129),
     ("testing/lease-history/src/runner.rs", "worker", 126),
     ("testing/lease-history/src/server_log.rs", "check_log", 129),
-    ("testing/lease-history/src/server_log.rs", "context", 101),
     ("testing/lease-history/src/timeline.rs", "render_svg", 256),
     ("crates/session-store/src/jsonl/generation.rs", "claim", 139),
     ("crates/redis-store/src/store.rs", "fenced", 163),
     ("crates/mecated/src/cli.rs", "leases", 136),
-    ("testing/fault-runs/src/e2e/mod.rs", "run", 145),
+    ("testing/fault-runs/src/e2e/mod.rs", "run", 142),
     ("testing/fault-runs/src/injectors.rs", "inject", 138),
 ];
 

@@ -254,11 +254,12 @@ impl LoggedRun {
         !self.ended && self.fits(e)
     }
 
-    /// Whether `e` would be this run's next event had the next owner not
-    /// ended it as interrupted: its owner writing on after the end (which
-    /// a fence refuses; unfenced, nothing does).
-    fn continues_after_interruption(&self, e: &StoredEvent) -> bool {
-        self.interrupted.is_some() && self.fits(e)
+    /// Whether `e`, stored after a later run started, is this run's: its
+    /// next event, or one it would be had the next owner not ended it as
+    /// interrupted (its owner writing on after the end, which a fence
+    /// refuses; unfenced, nothing does).
+    fn owns_late(&self, e: &StoredEvent) -> bool {
+        (!self.ended || self.interrupted.is_some()) && self.fits(e)
     }
 
     /// Whether `e` fits this run's token, writer and shape, ended or not.
@@ -490,10 +491,7 @@ fn check_log(session: &Arc<str>, log: &[StoredEvent], found: &mut Vec<Found>) {
         let current_start = current.start_seq;
         let current_desc = current.describe();
         let before = runs.len() - 1;
-        let earlier = runs[..before]
-            .iter_mut()
-            .rev()
-            .find(|r| r.accepts(e) || r.continues_after_interruption(e));
+        let earlier = runs[..before].iter_mut().rev().find(|r| r.owns_late(e));
         match earlier {
             Some(r) => {
                 r.take(e);
@@ -857,11 +855,14 @@ fn context(h: &ServerHistory, v: &Found) -> String {
         };
         let _ = writeln!(text, "{mark} {r}");
     }
-    if v.property == Property::EffectFencing {
-        effects::write_context(&mut text, &h.effects, v);
-    }
-    let near: Vec<&Fault> = h
-        .faults
+    effects::write_context(&mut text, &h.effects, v);
+    write_faults(&mut text, &h.faults, lo, hi);
+    text
+}
+
+/// The faults that overlap `lo..hi`, or ended up to five seconds before.
+fn write_faults(text: &mut String, faults: &[Fault], lo: Duration, hi: Duration) {
+    let near: Vec<&Fault> = faults
         .iter()
         .filter(|f| f.ended + Duration::from_secs(5) >= lo && f.started <= hi)
         .collect();
@@ -878,7 +879,6 @@ fn context(h: &ServerHistory, v: &Found) -> String {
             );
         }
     }
-    text
 }
 
 /// The record drawn as a lease [`History`], for

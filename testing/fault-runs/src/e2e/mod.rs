@@ -212,16 +212,8 @@ pub(crate) async fn run(name: &str, plan: &Plan) -> Result<Finished, String> {
             30
         },
         ttl,
-        // The effect-fence variant's one telling fault is a freeze: many,
-        // often, so a short run meets a few mid-run.
-        every: match plan.broken {
-            Some(Breakage::EffectFenceIgnoresTokens) => Duration::from_millis(500),
-            _ => Duration::from_millis(1500),
-        },
-        mix: match plan.broken {
-            Some(Breakage::EffectFenceIgnoresTokens) => chaos::ReplicaMix::FREEZES,
-            _ => chaos::ReplicaMix::USUAL,
-        },
+        every: plan.fault_interval(),
+        mix: plan.replica_mix(),
     };
     // The services' helpers give each process they start a parent-death
     // signal, which Linux ties to the starting *thread*: a Redis restarted
@@ -486,6 +478,23 @@ impl Plan {
             longest,
             seed,
             broken,
+        }
+    }
+
+    /// Mean time between faults. The effect-fence variant's one telling
+    /// fault is a freeze: often, so a short run meets a few mid-run.
+    fn fault_interval(&self) -> Duration {
+        match self.broken {
+            Some(Breakage::EffectFenceIgnoresTokens) => Duration::from_millis(500),
+            _ => Duration::from_millis(1500),
+        }
+    }
+
+    /// How the faults on the replicas are shared out.
+    fn replica_mix(&self) -> chaos::ReplicaMix {
+        match self.broken {
+            Some(Breakage::EffectFenceIgnoresTokens) => chaos::ReplicaMix::FREEZES,
+            _ => chaos::ReplicaMix::USUAL,
         }
     }
 

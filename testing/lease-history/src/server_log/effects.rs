@@ -120,9 +120,13 @@ pub(super) fn check_effects(
 /// Effects of the violation's session shown around it.
 const CONTEXT_EFFECTS: usize = 8;
 
-/// The effects of `v`'s session judged nearest to it, in the order they
-/// were judged, the one at its moment marked `>>`.
+/// For an effect-fencing violation `v`, the effects of its session judged
+/// nearest to it, in the order they were judged, the one at its moment
+/// marked `>>`.
 pub(super) fn write_context(text: &mut String, effects: &[EffectAttempt], v: &Found) {
+    if v.property != Property::EffectFencing {
+        return;
+    }
     let mut near: Vec<(usize, &EffectAttempt)> = effects
         .iter()
         .enumerate()
