@@ -463,6 +463,13 @@ async fn an_old_cache_entry_is_not_read_forward_past_a_newer_checkpoint() {
     );
 }
 
+/// Each stored event's type and, for an end, its status.
+fn types_and_statuses(log: &[Value]) -> Vec<(&str, Option<&str>)> {
+    log.iter()
+        .map(|e| (e["type"].as_str().unwrap(), e["status"].as_str()))
+        .collect()
+}
+
 /// The earlier owner started another run, and its `run_started` was on
 /// its way when the next owner read a log that ended with that owner's
 /// orderly end: it lands just before the next owner's claim. The claim is
@@ -490,10 +497,7 @@ async fn an_earlier_owners_start_landing_late_is_ended_before_the_next_claim() {
     p.run(&s, "next").await;
 
     let log = p.stored(&s, u64::MAX).await;
-    let kinds: Vec<_> = log
-        .iter()
-        .map(|e| (e["type"].as_str().unwrap(), e["status"].as_str()))
-        .collect();
+    let kinds = types_and_statuses(&log);
     assert_eq!(
         kinds,
         [
@@ -540,10 +544,7 @@ async fn an_earlier_owners_end_landing_late_is_not_followed_by_a_second_end() {
     p.run(&s, "next").await;
 
     let log = p.stored(&s, u64::MAX).await;
-    let kinds: Vec<_> = log
-        .iter()
-        .map(|e| (e["type"].as_str().unwrap(), e["status"].as_str()))
-        .collect();
+    let kinds = types_and_statuses(&log);
     assert_eq!(
         kinds,
         [

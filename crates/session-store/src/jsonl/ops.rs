@@ -230,15 +230,23 @@ impl StoreCore {
     /// after the fence check (atomic with the write: the lock is held
     /// throughout) and the repair of a torn tail; `write` gets the accepted
     /// fence and the framing the file's tail needs. Raises the mark after a
-    /// write that succeeded. `write` may run again when the session's file
-    /// had to be reopened.
+    /// write that succeeded; `write` answers `None` when it chose to write
+    /// nothing (a conditional append onto a log that moved), and the mark
+    /// then stays what the file says. `write` may run again when the
+    /// session's file had to be reopened.
     fn fenced_write<R>(
         &self,
         session: &SessionId,
         fence: &WriteFence,
         wait: Wait,
-        mut write: impl FnMut(&File, &Path, &mut FileIndex, &str, String) -> Result<R, StoreError>,
-    ) -> Result<R, AttemptError> {
+        mut write: impl FnMut(
+            &File,
+            &Path,
+            &mut FileIndex,
+            &str,
+            String,
+        ) -> Result<Option<R>, StoreError>,
+    ) -> Result<Option<R>, AttemptError> {
         self.with_session(session, wait, |state, path| {
             if !self.ensure_open(state, path)? {
                 return Err(StoreError::NotFound {
@@ -260,13 +268,10 @@ impl StoreCore {
                     let fence = self.check_fence(session, fence, index)?;
                     self.repair(file, path, index)?;
                     let framing = framing(index);
-                    let end = index.pos;
-                    let written = write(file, path, index, &fence_json(fence), framing)?;
-                    // A conditional write that found the log moved wrote
-                    // nothing: the mark stays what the file says.
-                    if index.pos == end {
-                        return Ok(written);
-                    }
+                    let Some(written) = write(file, path, index, &fence_json(fence), framing)?
+                    else {
+                        return Ok(None);
+                    };
                     if let Some((t, owner)) = fence {
                         let before = index.high_water.as_ref().map(|m| m.token);
                         index.raise_mark(t, Some(owner));
@@ -280,7 +285,7 @@ impl StoreCore {
                             index.high_water
                         );
                     }
-                    Ok(written)
+                    Ok(Some(written))
                 },
             )
         })
@@ -354,9 +359,10 @@ impl StoreCore {
                 index.events.clear();
                 // Not written: `?` stays, which listing checks.
                 let _ = self.log_session(session, None, Wait::Once);
-                Ok(())
+                Ok(Some(()))
             },
         )
+        .map(drop)
     }
 
     pub(super) fn read(
