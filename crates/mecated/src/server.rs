@@ -302,6 +302,7 @@ impl Server {
             exclusivity,
             process_locks,
             generations,
+            owner,
         } = backend::open(
             &config.store,
             &config.lease,
@@ -314,7 +315,7 @@ impl Server {
         // Runs finish within the first half of the shutdown budget (they are
         // cancelled at once); releases get the second half.
         let view = LeaseView::new(leases.clone(), lease_dir);
-        let keeper = LeaseKeeper::builder(leases, config.owner.clone(), config.lease_ttl)
+        let keeper = LeaseKeeper::builder(leases, owner.clone(), config.lease_ttl)
             .allow_unleased(exclusivity.may_run_unleased())
             .metrics(metrics.clone())
             .shutdown_timeout(config.shutdown_timeout / 2)
@@ -343,7 +344,7 @@ impl Server {
                 .with_graceful_shutdown(async move { stop.cancelled().await })
                 .await
         });
-        info!(%addr, owner = %config.owner, lease = ?config.lease, "mecated serving");
+        info!(%addr, %owner, lease = ?config.lease, "mecated serving");
         let advancing = generations
             .clone()
             .map(|store| advance_generations(store, app.clone()));
