@@ -95,10 +95,15 @@ pub(crate) struct Cli {
     /// prefixes it may act for (`token chat-a chat-a/ sha256:HEX`, `cert
     /// chat-b chat-b/ uri:spiffe://…`). A call naming an owner outside the
     /// caller's prefixes is refused with PERMISSION_DENIED. Read again on
-    /// SIGHUP and whenever the file changes; a file that is refused keeps
-    /// the identities in force. Beside it, --bearer-token(-file) is one
-    /// more credential, named `bearer`, that acts for any owner.
-    #[arg(long, env = "MECATL_LEASED_IDENTITIES_FILE")]
+    /// SIGHUP and whenever its contents change; a file that is refused
+    /// keeps the identities in force. Not with --bearer-token(-file): a
+    /// token every client shares would act for any owner (list it as
+    /// `token NAME * sha256:…` if that is meant).
+    #[arg(
+        long,
+        env = "MECATL_LEASED_IDENTITIES_FILE",
+        conflicts_with_all = ["bearer_token", "bearer_token_file"]
+    )]
     pub(crate) identities_file: Option<PathBuf>,
 
     /// Who may read a session's holder and token with Get: `everyone`

@@ -37,8 +37,10 @@ fn main() -> ExitCode {
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("MECATL_LEASED_LOG")
         .unwrap_or_else(|_| "info".into());
+    // Colour codes only for a person at a terminal, never into log files.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
@@ -177,8 +179,23 @@ async fn run(cli: Cli) -> Result<(), String> {
         None => None,
     };
 
-    let reloading =
-        identities.map(|store| tokio::spawn(reload::watch_identities(store, stop_rx.clone())));
+    let reloading = match identities {
+        Some(store) => {
+            // Registered before the address is announced: SIGHUP's default
+            // action would end the process.
+            let hangup = signal(SignalKind::hangup())
+                .map_err(
+                    |e| error!(error = %e, "no SIGHUP handler: reloads follow file changes only"),
+                )
+                .ok();
+            Some(tokio::spawn(reload::watch_identities(
+                store,
+                hangup,
+                stop_rx.clone(),
+            )))
+        }
+        None => None,
+    };
 
     // Machine-readable: tests and scripts started with port 0 read it.
     println!("mecatl-leased listening on {addr}");

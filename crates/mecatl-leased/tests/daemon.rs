@@ -456,3 +456,30 @@ async fn replicas_over_one_postgres_share_holds_tokens_and_authority() {
     let lb = c2.acquire(&s, &b).await.unwrap();
     assert!(lb.token() > la.token(), "{la:?} then {lb:?}");
 }
+
+/// A token every client shares would act for any owner: beside per-client
+/// identities it is refused, before anything is served.
+#[test]
+fn a_shared_token_beside_identities_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let identities = dir.path().join("identities");
+    std::fs::write(
+        &identities,
+        format!("token x x/ {}\n", grpcdriver::hash_token("t")),
+    )
+    .unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "shared\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mecatl-leased"))
+        .args(["--listen", "127.0.0.1:0", "--backend", "memory"])
+        .arg("--identities-file")
+        .arg(&identities)
+        .arg("--bearer-token-file")
+        .arg(&token)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(out.stdout.is_empty(), "it served: {out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--bearer-token-file"), "{stderr}");
+}

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Status};
 
-use super::identity::{CertName, ClientIdentity, IdentityStore, OwnerScope};
+use super::identity::{CertName, ClientIdentity, IdentityStore, OwnerScope, token_digest};
 use crate::pb::Reason;
 use crate::status::reason_status;
 
@@ -23,7 +23,8 @@ pub(crate) const SHARED_TOKEN: &str = "bearer";
 enum Presented {
     Nothing,
     SharedToken,
-    Token(String),
+    /// The SHA-256 of the token: the token itself is kept nowhere.
+    Token([u8; 32]),
     Certificate(Vec<CertName>),
 }
 
@@ -103,7 +104,7 @@ impl Authenticator {
             // a shared token is required beside it.
             Some(t) if shared(t) && self.mutual_tls && self.identities.is_none() => by_cert(certs),
             Some(t) if shared(t) => Presented::SharedToken,
-            Some(t) if self.identities.is_some() => Presented::Token(t.to_owned()),
+            Some(t) if self.identities.is_some() => Presented::Token(token_digest(t)),
             Some(_) if self.shared_token.is_some() => {
                 return Err(unauthenticated("the bearer token is not accepted"));
             }
@@ -139,47 +140,76 @@ impl Authenticator {
     fn identify(&self, presented: &Presented) -> Result<Arc<ClientIdentity>, Status> {
         let any = |name: &str| Arc::new(ClientIdentity::new(name, OwnerScope::Any));
         match (presented, &self.identities) {
-            // A shared token cannot tell its holders apart; with
-            // identities beside it, it is the one credential that may name
-            // any owner (the operator chose to keep it).
+            // A shared token cannot tell its holders apart (serving
+            // refuses one beside identities).
             (Presented::SharedToken, _) => Ok(any(SHARED_TOKEN)),
-            (Presented::Token(t), Some(ids)) => ids
+            (Presented::Token(digest), Some(ids)) => ids
                 .current()
-                .for_token(t)
+                .for_digest(digest)
                 .cloned()
                 .ok_or_else(|| unauthenticated("the bearer token is not accepted")),
-            (Presented::Certificate(names), Some(ids)) => {
-                ids.current().for_cert(names).cloned().ok_or_else(|| {
+            (Presented::Certificate(names), Some(ids)) => ids
+                .current()
+                .for_cert(names)
+                .map_err(|two| unauthenticated(&two))?
+                .cloned()
+                .ok_or_else(|| {
                     unauthenticated(&format!(
                         "no identity is given to the client certificate naming {}",
                         list(names)
                     ))
-                })
-            }
+                }),
             // Mutual TLS without an identities file: a certificate acts
             // for the owners under its own name, so one client's
             // certificate never releases another's leases.
-            (Presented::Certificate(names), None) => {
-                let name = names
-                    .iter()
-                    .find(|n| matches!(n, CertName::Uri(_)))
-                    .or_else(|| names.first())
-                    .map(|n| match n {
-                        CertName::Uri(u) | CertName::Dns(u) => u.clone(),
-                    })
-                    .ok_or_else(|| unauthenticated("the client certificate names nobody"))?;
-                let prefix = format!("{name}/");
-                Ok(Arc::new(ClientIdentity::new(
-                    name,
-                    OwnerScope::Prefixes(vec![prefix]),
-                )))
-            }
+            (Presented::Certificate(names), None) => certificate_identity(names),
             (Presented::Nothing, _) if self.authenticates() => Err(unauthenticated(
                 "lease calls need `authorization: Bearer <token>` or a client certificate",
             )),
             (Presented::Nothing | Presented::Token(_), _) => Ok(any(ANONYMOUS)),
         }
     }
+}
+
+/// The identity of a certificate by its own name: its one URI name, or
+/// without one its one DNS name, owning the owner ids that begin with the
+/// name and `|`. `|` appears in no DNS name and in no well-formed URI, so
+/// no certificate's prefix begins another's (a `/` would let
+/// `spiffe://d/ns/a` act for `spiffe://d/ns/a/sa/b`). A certificate with
+/// several names of the deciding kind is refused: which one it acts as
+/// must not depend on the order of its names.
+fn certificate_identity(names: &[CertName]) -> Result<Arc<ClientIdentity>, Status> {
+    let uris: Vec<&str> = names
+        .iter()
+        .filter_map(|n| match n {
+            CertName::Uri(u) => Some(u.as_str()),
+            CertName::Dns(_) => None,
+        })
+        .collect();
+    let dns: Vec<&str> = names
+        .iter()
+        .filter_map(|n| match n {
+            CertName::Dns(d) => Some(d.as_str()),
+            CertName::Uri(_) => None,
+        })
+        .collect();
+    let deciding = if uris.is_empty() { dns } else { uris };
+    let [name] = deciding[..] else {
+        return Err(unauthenticated(&format!(
+            "the client certificate names {}: without an identities file it must carry one \
+             URI name, or no URI and one DNS name",
+            list(names)
+        )));
+    };
+    if name.contains('|') {
+        return Err(unauthenticated(
+            "the client certificate's name holds `|`, which ends the owner prefix it would have",
+        ));
+    }
+    Ok(Arc::new(ClientIdentity::new(
+        name,
+        OwnerScope::Prefixes(vec![format!("{name}|")]),
+    )))
 }
 
 fn list(names: &[CertName]) -> String {
@@ -335,8 +365,27 @@ mod tests {
         assert_eq!(&*caller.name(), "spiffe://d/x");
         assert_eq!(
             caller.owners(),
-            &OwnerScope::Prefixes(vec!["spiffe://d/x/".into()])
+            &OwnerScope::Prefixes(vec!["spiffe://d/x|".into()])
         );
+        // A parent's name never admits a child's owner ids.
+        let child = lease_port::OwnerId::new("spiffe://d/x/sa/y|host").unwrap();
+        assert!(!caller.owners().admits(&child));
+        // Two names of the deciding kind: which one would depend on their
+        // order in the certificate.
+        for names in [
+            vec![
+                CertName::Uri("spiffe://d/x".into()),
+                CertName::Uri("spiffe://d/y".into()),
+            ],
+            vec![
+                CertName::Dns("a.example".into()),
+                CertName::Dns("b.example".into()),
+            ],
+            vec![CertName::Uri("spiffe://d/x|y".into())],
+        ] {
+            let e = auth.authenticate(&MetadataMap::new(), names).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+        }
     }
 
     #[test]

@@ -23,8 +23,9 @@
 //!   never the token: a copy of the file admits no one.
 //! - `cert` lines name a client certificate by one of its subject
 //!   alternative names (DNS or URI), as verified by mutual TLS.
-//! - Owner prefixes are comma-separated; `*` alone admits every owner id
-//!   (an operator's tool, say).
+//! - Owner prefixes are comma-separated, each ending in `/` (so `web-1/`
+//!   never admits `web-10/…`), none the beginning of another identity's;
+//!   `*` alone admits every owner id (an operator's tool, say).
 //! - One name may have several lines (an old and a new token during a
 //!   rotation) if they give it the same prefixes.
 
@@ -39,6 +40,12 @@ use sha2::{Digest, Sha256};
 
 /// The longest client name: names label metrics and log lines.
 const MAX_NAME_LEN: usize = 64;
+/// The longest owner prefix: a client's owner ids are its prefix and a
+/// name of its own (host, process), within the 256 bytes of an owner id.
+const MAX_PREFIX_LEN: usize = 128;
+/// Names the service gives callers it does not tell apart; no identity
+/// may take one.
+const RESERVED_NAMES: [&str; 2] = ["anonymous", "bearer"];
 
 /// The owner ids one identity may act for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -201,7 +208,8 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn digest(token: &str) -> [u8; 32] {
+/// The SHA-256 of a bearer token, as the identities keep it.
+pub(crate) fn token_digest(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
 
@@ -217,14 +225,12 @@ pub struct Identities {
 impl Identities {
     /// Reads the identities file at `path` ([`Identities::parse`]).
     pub fn from_file(path: &Path) -> Result<Self, IdentitiesError> {
-        let text = std::fs::read_to_string(path).map_err(|e| IdentitiesError {
-            kind: IdentitiesErrorKind::Unreadable,
-            path: Some(path.to_path_buf()),
-            line: None,
-            detail: format!("cannot read it: {e}"),
-            source: Some(e),
-        })?;
-        Self::parse(&text).map_err(|mut e| {
+        let text = read_text(path)?;
+        Self::parse_file(path, &text)
+    }
+
+    fn parse_file(path: &Path, text: &str) -> Result<Self, IdentitiesError> {
+        Self::parse(text).map_err(|mut e| {
             e.path = Some(path.to_path_buf());
             e
         })
@@ -272,6 +278,13 @@ impl Identities {
                 ));
             }
         }
+        check_overlap(&scopes).map_err(|detail| IdentitiesError {
+            kind: IdentitiesErrorKind::Conflict,
+            path: None,
+            line: None,
+            detail,
+            source: None,
+        })?;
         Ok(out)
     }
 
@@ -287,18 +300,51 @@ impl Identities {
 
     /// The identity of a presented bearer token.
     pub fn for_token(&self, token: &str) -> Option<&Arc<ClientIdentity>> {
-        self.tokens.get(&digest(token))
+        self.for_digest(&token_digest(token))
     }
 
-    /// The identity of the first of a certificate's names that has one.
+    pub(crate) fn for_digest(&self, digest: &[u8; 32]) -> Option<&Arc<ClientIdentity>> {
+        self.tokens.get(digest)
+    }
+
+    /// The identity a certificate's names give: `Ok(None)` when none has
+    /// one, an error naming both when they give two (which of them the
+    /// certificate acts as must not depend on the order of its names).
     pub fn for_cert<'a>(
         &self,
         names: impl IntoIterator<Item = &'a CertName>,
-    ) -> Option<&Arc<ClientIdentity>> {
-        names
-            .into_iter()
-            .find_map(|n| self.certs.get(&n.clone().normalised()))
+    ) -> Result<Option<&Arc<ClientIdentity>>, String> {
+        let mut found: Option<&Arc<ClientIdentity>> = None;
+        for name in names {
+            let Some(id) = self.certs.get(&name.clone().normalised()) else {
+                continue;
+            };
+            match found {
+                Some(f) if f.name != id.name => {
+                    return Err(format!(
+                        "the client certificate's names give it two identities, `{}` and `{}`",
+                        f.name, id.name
+                    ));
+                }
+                _ => found = Some(id),
+            }
+        }
+        Ok(found)
     }
+}
+
+fn read_text(path: &Path) -> Result<String, IdentitiesError> {
+    std::fs::read_to_string(path).map_err(|e| IdentitiesError {
+        kind: IdentitiesErrorKind::Unreadable,
+        path: Some(path.to_path_buf()),
+        line: None,
+        detail: format!("cannot read it: {e}"),
+        source: Some(e),
+    })
+}
+
+fn text_digest(text: &str) -> [u8; 32] {
+    Sha256::digest(text.as_bytes()).into()
 }
 
 enum Credential {
@@ -332,6 +378,11 @@ impl Entry {
                 "name `{name}`: 1 to {MAX_NAME_LEN} of A-Z a-z 0-9 . _ -"
             )));
         }
+        if RESERVED_NAMES.contains(&name) {
+            return Err(bad(format!(
+                "name `{name}` is the service's own for callers it does not tell apart"
+            )));
+        }
         let owners = parse_owners(owners).map_err(bad)?;
         let credential = match kind {
             "token" => Credential::Token(parse_hash(credential).map_err(bad)?),
@@ -351,12 +402,46 @@ fn parse_owners(text: &str) -> Result<OwnerScope, String> {
         return Ok(OwnerScope::Any);
     }
     let prefixes: Vec<String> = text.split(',').map(str::to_owned).collect();
-    if prefixes.iter().any(|p| p.is_empty() || p == "*") {
-        return Err(format!(
-            "owner prefixes `{text}`: comma-separated, none empty; `*` alone admits every owner"
-        ));
+    for p in &prefixes {
+        // Without a separator at its end, `web-1` would admit `web-10/…`:
+        // another client's owner ids.
+        if p.len() < 2 || !p.ends_with('/') || p.len() > MAX_PREFIX_LEN || p.contains('*') {
+            return Err(format!(
+                "owner prefix `{p}`: each ends in `/` and is at most {MAX_PREFIX_LEN} bytes \
+                 (`web-a/`, `chat/web-a/`); `*` alone admits every owner"
+            ));
+        }
     }
     Ok(OwnerScope::Prefixes(prefixes))
+}
+
+/// Refuses two identities one of whose prefixes begins the other's: the
+/// first could act for the second's owners.
+fn check_overlap(scopes: &HashMap<Arc<str>, Arc<ClientIdentity>>) -> Result<(), String> {
+    let mut all: Vec<(&str, &str)> = scopes
+        .iter()
+        .filter_map(|(name, id)| match &id.owners {
+            OwnerScope::Prefixes(p) => Some(p.iter().map(move |p| (name.as_ref(), p.as_str()))),
+            OwnerScope::Any => None,
+        })
+        .flatten()
+        .collect();
+    all.sort_by(|a, b| a.1.cmp(b.1).then(a.0.cmp(b.0)));
+    for (i, (name, prefix)) in all.iter().enumerate() {
+        // Sorted, a prefix is followed by every string it begins.
+        for (other, longer) in &all[i + 1..] {
+            if !longer.starts_with(prefix) {
+                break;
+            }
+            if other != name {
+                return Err(format!(
+                    "`{name}`'s owner prefix `{prefix}` begins `{other}`'s `{longer}`: \
+                     `{name}` could act for `{other}`'s owners"
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn parse_hash(text: &str) -> Result<[u8; 32], String> {
@@ -405,6 +490,9 @@ struct StoreInner {
     /// its caller's credential must be looked up again.
     generation: AtomicU64,
     path: Option<PathBuf>,
+    /// The SHA-256 of the file's text last put in force: a rewrite is
+    /// told by its contents, never by times or sizes a copy may keep.
+    loaded: std::sync::Mutex<Option<[u8; 32]>>,
 }
 
 impl IdentityStore {
@@ -417,8 +505,11 @@ impl IdentityStore {
     /// reads again.
     pub fn from_file(path: impl Into<PathBuf>) -> Result<Self, IdentitiesError> {
         let path = path.into();
-        let identities = Identities::from_file(&path)?;
-        Ok(Self::with_path(identities, Some(path)))
+        let text = read_text(&path)?;
+        let identities = Identities::parse_file(&path, &text)?;
+        let store = Self::with_path(identities, Some(path));
+        *store.loaded() = Some(text_digest(&text));
+        Ok(store)
     }
 
     fn with_path(identities: Identities, path: Option<PathBuf>) -> Self {
@@ -427,8 +518,16 @@ impl IdentityStore {
                 current: RwLock::new(Arc::new(identities)),
                 generation: AtomicU64::new(0),
                 path,
+                loaded: std::sync::Mutex::new(None),
             }),
         }
+    }
+
+    fn loaded(&self) -> std::sync::MutexGuard<'_, Option<[u8; 32]>> {
+        self.inner
+            .loaded
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The identities in force.
@@ -460,13 +559,34 @@ impl IdentityStore {
     /// file that is refused changes nothing. Returns how many credentials
     /// are now in force. A store without a file is left as it is.
     pub fn reload(&self) -> Result<usize, IdentitiesError> {
+        self.reload_from_file(true)
+            .map(|n| n.unwrap_or_else(|| self.current().len()))
+    }
+
+    /// [`reload`](IdentityStore::reload) when the file's contents differ
+    /// from those last put in force: `Ok(None)` when they do not. Cheap
+    /// enough to call every few seconds (one read of a small file).
+    pub fn reload_if_changed(&self) -> Result<Option<usize>, IdentitiesError> {
+        self.reload_from_file(false)
+    }
+
+    fn reload_from_file(&self, always: bool) -> Result<Option<usize>, IdentitiesError> {
         let Some(path) = &self.inner.path else {
-            return Ok(self.current().len());
+            return Ok(None);
         };
-        let identities = Identities::from_file(path)?;
+        let text = read_text(path)?;
+        let digest = text_digest(&text);
+        if !always && *self.loaded() == Some(digest) {
+            return Ok(None);
+        }
+        let identities = Identities::parse_file(path, &text)?;
         let n = identities.len();
+        // Under the digest's lock, so two reloads racing put in force the
+        // text whose digest stays recorded.
+        let mut loaded = self.loaded();
         self.replace(identities);
-        Ok(n)
+        *loaded = Some(digest);
+        Ok(Some(n))
     }
 
     /// The file behind the store, if any.
@@ -508,6 +628,7 @@ mod tests {
                 CertName::Dns("unknown".into()),
                 CertName::Uri("spiffe://x/chat-b".into()),
             ])
+            .unwrap()
             .unwrap();
         assert_eq!(b.name(), "chat-b");
         assert!(b.owners().admits(&owner("batch/7")));
@@ -515,16 +636,65 @@ mod tests {
         assert_eq!(
             ids.for_cert(&[CertName::Dns("chat-c.EXAMPLE".into())])
                 .unwrap()
+                .unwrap()
                 .name(),
             "chat-c"
         );
         assert!(
             ids.for_cert(&[CertName::Uri("SPIFFE://x/chat-b".into())])
+                .unwrap()
                 .is_none()
         );
         let ops = ids.for_token("ops-token").unwrap();
         assert!(ops.owners().admits(&owner("anyone")));
         assert_eq!(ops.owners().wire_prefixes(), vec![String::new()]);
+        // Names that give a certificate two identities: refused, whatever
+        // their order.
+        let e = ids
+            .for_cert(&[
+                CertName::Dns("chat-c.example".into()),
+                CertName::Uri("spiffe://x/chat-b".into()),
+            ])
+            .unwrap_err();
+        assert!(e.contains("two identities"), "{e}");
+    }
+
+    #[test]
+    fn no_identity_may_act_for_another_s_owners() {
+        let h = |t: &str| hash_token(t);
+        // `web-1` would admit `web-10/…`; `chat/` would admit `chat/b/…`.
+        for (text, kind) in [
+            (format!("token w web-1 {}", h("a")), IdentitiesErrorKind::Malformed),
+            (
+                format!("token a chat/ {}\ntoken b chat/b/ {}", h("a"), h("b")),
+                IdentitiesErrorKind::Conflict,
+            ),
+            (
+                format!("token b x/,chat/b/ {}\ntoken a chat/ {}", h("b"), h("a")),
+                IdentitiesErrorKind::Conflict,
+            ),
+            (
+                format!("token a chat/ {}\ntoken b chat/ {}", h("a"), h("b")),
+                IdentitiesErrorKind::Conflict,
+            ),
+            (format!("token bearer b/ {}", h("a")), IdentitiesErrorKind::Malformed),
+            (format!("token anonymous b/ {}", h("a")), IdentitiesErrorKind::Malformed),
+            (
+                format!("token a {}/ {}", "p".repeat(MAX_PREFIX_LEN), h("a")),
+                IdentitiesErrorKind::Malformed,
+            ),
+        ] {
+            let e = Identities::parse(&text).expect_err(&text);
+            assert_eq!(e.kind(), kind, "{text}: {e}");
+        }
+        // One identity's own prefixes may nest, and `*` nests with all.
+        Identities::parse(&format!(
+            "token a a/,a/b/ {}\ntoken ops * {}\ntoken ab ab/ {}",
+            h("a"),
+            h("o"),
+            h("ab")
+        ))
+        .unwrap();
     }
 
     #[test]
@@ -565,6 +735,29 @@ mod tests {
             assert_eq!(e.line(), Some(line), "{text}: {e}");
             assert!(e.to_string().contains(&format!("line {line}")), "{e}");
         }
+    }
+
+    #[test]
+    fn a_rewrite_keeping_the_size_and_times_is_still_a_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("identities");
+        std::fs::write(&path, format!("token a a/ {}\n", hash_token("one"))).unwrap();
+        let store = IdentityStore::from_file(&path).unwrap();
+        assert_eq!(store.reload_if_changed().unwrap(), None, "unchanged");
+        let times = std::fs::metadata(&path).unwrap().modified().unwrap();
+        // The same length: one hash in place of another, written in place
+        // with its old modification time put back.
+        std::fs::write(&path, format!("token a a/ {}\n", hash_token("two"))).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(times)
+            .unwrap();
+        assert_eq!(store.reload_if_changed().unwrap(), Some(1));
+        assert!(store.current().for_token("one").is_none());
+        assert!(store.current().for_token("two").is_some());
+        assert_eq!(store.reload_if_changed().unwrap(), None);
     }
 
     #[test]

@@ -54,6 +54,15 @@ pub enum ServeError {
          client certificates, listen on loopback, or allow insecure serving explicitly"
     )]
     Unauthenticated(SocketAddr),
+    /// One shared bearer token and per-client identities were both
+    /// configured: the shared token would let its holders act for any
+    /// owner. List it in the identities (`token NAME * sha256:…`) if that
+    /// is meant.
+    #[error(
+        "a shared bearer token beside identities would act for every owner: list it in the \
+         identities as `token NAME * sha256:…` if that is meant, else drop it"
+    )]
+    SharedTokenBesideIdentities,
     /// The TLS configuration was refused.
     #[error("TLS configuration: {0}")]
     Tls(#[source] tonic::transport::Error),
@@ -211,9 +220,9 @@ impl LeaseServer {
 
     /// Requires `authorization: Bearer <token>` on every lease call: one
     /// token shared by every client, each of which may then act for any
-    /// owner. Beside [`identities`](LeaseServer::identities) it is one
-    /// more credential (named `bearer`, acting for any owner) rather than
-    /// a requirement.
+    /// owner. Serving refuses it beside
+    /// [`identities`](LeaseServer::identities)
+    /// ([`ServeError::SharedTokenBesideIdentities`]).
     pub fn bearer_token(mut self, token: impl Into<String>) -> Self {
         self.bearer = Some(Arc::from(token.into()));
         self
@@ -325,8 +334,12 @@ impl LeaseServer {
         false
     }
 
-    /// Refuses an exposed address without authentication (unless allowed).
+    /// Refuses an exposed address without authentication (unless allowed),
+    /// and a shared bearer token beside identities.
     pub fn check_exposure(&self, addr: SocketAddr) -> Result<(), ServeError> {
+        if self.bearer.is_some() && self.identities.is_some() {
+            return Err(ServeError::SharedTokenBesideIdentities);
+        }
         if addr.ip().is_loopback() {
             return Ok(());
         }

@@ -140,7 +140,7 @@ async fn mutual_tls_admits_only_certificates_of_its_own_ca() {
     // Its certificate's name is its identity: it acts for the owners
     // under that name.
     let lease = good
-        .acquire(&chat, &owner("spiffe://test/good/host-1"))
+        .acquire(&chat, &owner("spiffe://test/good|host-1"))
         .await
         .unwrap();
     assert_eq!(

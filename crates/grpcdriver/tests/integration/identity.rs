@@ -305,7 +305,7 @@ async fn a_client_certificate_acts_for_the_owners_under_its_own_name() {
     assert_eq!(me.client, "spiffe://test/ns/chat/sa/a");
     assert_eq!(
         me.owner_prefixes,
-        vec!["spiffe://test/ns/chat/sa/a/".to_owned()]
+        vec!["spiffe://test/ns/chat/sa/a|".to_owned()]
     );
     let chat = session("chat-cert");
     let held = a
@@ -317,7 +317,30 @@ async fn a_client_certificate_acts_for_the_owners_under_its_own_name() {
     let e = b.acquire(&chat, held.owner()).await.unwrap_err();
     assert_not_permitted(&e, "b acquires as a");
     let b_me = b.who_am_i().await.unwrap().unwrap();
-    assert_eq!(b_me.owner_prefixes, vec!["b.chat.svc/".to_owned()]);
+    assert_eq!(b_me.owner_prefixes, vec!["b.chat.svc|".to_owned()]);
+
+    // A certificate whose name extends a's cannot act for a's owners.
+    let child = cert_client(&c, Some("spiffe://test/ns/chat/sa/a/x"), &[]);
+    let e = child.release(&held).await.unwrap_err();
+    assert_not_permitted(&e, "a child name releases a's grant");
+}
+
+#[tokio::test]
+async fn a_shared_token_beside_identities_is_refused_at_start() {
+    let store = IdentityStore::new(identities());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let served = grpcdriver::LeaseServer::new(Arc::new(MemLease::new(TTL)))
+        .identities(store)
+        .bearer_token("shared")
+        .serve(listener, std::future::pending())
+        .await;
+    assert!(
+        matches!(
+            served,
+            Err(grpcdriver::ServeError::SharedTokenBesideIdentities)
+        ),
+        "{served:?}"
+    );
 }
 
 #[tokio::test]
