@@ -50,6 +50,7 @@
 //!   spares a run from reading its session's whole transcript again.
 
 pub mod agent;
+pub mod auth;
 pub mod backend;
 pub mod cli;
 pub mod config;

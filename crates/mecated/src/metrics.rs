@@ -48,6 +48,8 @@ pub struct Metrics {
     renew_count: AtomicU64,
     renew_sum_nanos: AtomicU64,
     renew_failures: AtomicU64,
+    tokens: AtomicU64,
+    token_file_reads: [AtomicU64; 2],
 }
 
 impl Metrics {
@@ -70,6 +72,18 @@ impl Metrics {
     /// A look through the store for interrupted runs to resume ended.
     pub fn resume_sweep_done(&self) {
         self.resume_sweeps.fetch_add(1, Relaxed);
+    }
+
+    /// The token file was read (at start-up or a reload): `tokens` are in
+    /// force now.
+    pub fn token_file_read(&self, tokens: usize) {
+        self.tokens.store(tokens as u64, Relaxed);
+        self.token_file_reads[0].fetch_add(1, Relaxed);
+    }
+
+    /// A reload of the token file was refused; the tokens in force stay.
+    pub fn token_file_refused(&self) {
+        self.token_file_reads[1].fetch_add(1, Relaxed);
     }
 
     /// Lease losses so far.
@@ -122,6 +136,23 @@ impl Metrics {
             "counter",
             "Looks through the store for interrupted runs to resume that ended (one at start-up).",
             &[(String::new(), g(&self.resume_sweeps))],
+        );
+        metric(
+            "mecated_auth_tokens",
+            "gauge",
+            "Bearer tokens in force (0 without --token-file).",
+            &[(String::new(), g(&self.tokens))],
+        );
+        let reads: Vec<_> = ["read", "refused"]
+            .iter()
+            .zip(&self.token_file_reads)
+            .map(|(o, v)| (format!("{{outcome=\"{o}\"}}"), g(v)))
+            .collect();
+        metric(
+            "mecated_auth_token_file_reads_total",
+            "counter",
+            "Readings of the token file (at start-up, on SIGHUP, when it changed), by outcome: a refused one keeps the tokens in force.",
+            &reads,
         );
         metric(
             "mecated_session_leases_held",
