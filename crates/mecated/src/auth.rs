@@ -290,11 +290,12 @@ impl TokenSet {
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
-            let entry = parse_line(line, &entries).map_err(|problem| TokenFileError::Malformed {
-                path: path.to_owned(),
-                line: number,
-                problem,
-            })?;
+            let entry =
+                parse_line(line, &entries).map_err(|problem| TokenFileError::Malformed {
+                    path: path.to_owned(),
+                    line: number,
+                    problem,
+                })?;
             entries.push((number, entry));
         }
         if entries.is_empty() {

@@ -14,9 +14,9 @@ use tracing::{error, info, warn};
 
 use crate::agent::{Agent, EchoAgent};
 use crate::auth::{Reloaded, TokenFile, TokenFileError};
-use crate::http::Auth;
 use crate::backend::{self, LeaseChoice, Opened, StoreChoice};
 use crate::engine::Engine;
+use crate::http::Auth;
 use crate::lease_view::LeaseView;
 use crate::metrics::Metrics;
 
@@ -510,9 +510,15 @@ impl Server {
         let advancing = generations
             .clone()
             .map(|store| advance_generations(store, app.clone()));
-        let sweeping = config.resume_interrupted.map(|_| sweep_interrupted(app.clone()));
+        let sweeping = config
+            .resume_interrupted
+            .map(|_| sweep_interrupted(app.clone()));
         let watching_tokens = tokens.as_ref().and_then(|tokens| {
-            watch_tokens(Arc::clone(tokens), app.clone(), config.token_file_check_interval)
+            watch_tokens(
+                Arc::clone(tokens),
+                app.clone(),
+                config.token_file_check_interval,
+            )
         });
         Ok(Self {
             app,

@@ -134,7 +134,11 @@ pub(crate) async fn guard(
     // decode.
     let session = params
         .ok()
-        .and_then(|p| p.iter().find(|(k, _)| *k == "id").map(|(_, v)| v.to_owned()))
+        .and_then(|p| {
+            p.iter()
+                .find(|(k, _)| *k == "id")
+                .map(|(_, v)| v.to_owned())
+        })
         .unwrap_or_else(|| request.uri().path().to_owned());
     let (who, response) = match checked {
         Ok(caller) => {

@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query, Request, State};
-use axum::http::request::Parts;
 use axum::handler::Handler;
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -24,8 +24,8 @@ use lease_port::SessionId;
 use session_store::ListCursor;
 
 pub use self::error::ApiError;
-pub use self::guard::{AUDIT_TARGET, Access, Auth};
 use self::guard::Guard;
+pub use self::guard::{AUDIT_TARGET, Access, Auth};
 use crate::auth::Role;
 use crate::engine::{
     Engine, EngineError, FollowItem, MAX_RUN_WAIT, RunEnd as EngineRunEnd, StartedRun,
@@ -53,10 +53,8 @@ pub fn router_with(engine: Engine, max_body_bytes: usize, auth: Auth) -> Router 
             access: route.access,
             audited: route.audited.then_some(route.operation),
         };
-        let handler = handler.route_layer(axum::middleware::from_fn_with_state(
-            guard,
-            guard::guard,
-        ));
+        let handler =
+            handler.route_layer(axum::middleware::from_fn_with_state(guard, guard::guard));
         router = router.route(route.path, handler);
     }
     router
@@ -102,14 +100,62 @@ fn routes() -> Vec<(Route, MethodRouter<Engine>)> {
     use Access::{Needs, Open};
     use Role::{Admin, Read, Run};
     vec![
-        route(Method::POST, "/v1/sessions", "createSession", Needs(Run), create_session),
-        route(Method::GET, "/v1/sessions", "listSessions", Needs(Read), list_sessions),
-        route(Method::GET, "/v1/sessions/{id}", "getSession", Needs(Read), get_session),
-        audited(route(Method::DELETE, "/v1/sessions/{id}", "deleteSession", Needs(Admin), delete_session)),
-        route(Method::GET, "/v1/sessions/{id}/events", "readEvents", Needs(Read), read_events),
-        route(Method::GET, "/v1/sessions/{id}/lease", "getLease", Needs(Read), get_lease),
-        route(Method::POST, "/v1/sessions/{id}/runs", "startRun", Needs(Run), start_run),
-        audited(route(Method::DELETE, "/v1/sessions/{id}/runs/current", "cancelRun", Needs(Run), cancel_run)),
+        route(
+            Method::POST,
+            "/v1/sessions",
+            "createSession",
+            Needs(Run),
+            create_session,
+        ),
+        route(
+            Method::GET,
+            "/v1/sessions",
+            "listSessions",
+            Needs(Read),
+            list_sessions,
+        ),
+        route(
+            Method::GET,
+            "/v1/sessions/{id}",
+            "getSession",
+            Needs(Read),
+            get_session,
+        ),
+        audited(route(
+            Method::DELETE,
+            "/v1/sessions/{id}",
+            "deleteSession",
+            Needs(Admin),
+            delete_session,
+        )),
+        route(
+            Method::GET,
+            "/v1/sessions/{id}/events",
+            "readEvents",
+            Needs(Read),
+            read_events,
+        ),
+        route(
+            Method::GET,
+            "/v1/sessions/{id}/lease",
+            "getLease",
+            Needs(Read),
+            get_lease,
+        ),
+        route(
+            Method::POST,
+            "/v1/sessions/{id}/runs",
+            "startRun",
+            Needs(Run),
+            start_run,
+        ),
+        audited(route(
+            Method::DELETE,
+            "/v1/sessions/{id}/runs/current",
+            "cancelRun",
+            Needs(Run),
+            cancel_run,
+        )),
         // The page holds no data: it asks for a token, and every request
         // it makes needs `read`.
         route(Method::GET, "/", "operatorPage", Open, operator_page::page),
