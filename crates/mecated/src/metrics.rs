@@ -138,23 +138,6 @@ impl Metrics {
             &[(String::new(), g(&self.resume_sweeps))],
         );
         metric(
-            "mecated_auth_tokens",
-            "gauge",
-            "Bearer tokens in force (0 without --token-file).",
-            &[(String::new(), g(&self.tokens))],
-        );
-        let reads: Vec<_> = ["read", "refused"]
-            .iter()
-            .zip(&self.token_file_reads)
-            .map(|(o, v)| (format!("{{outcome=\"{o}\"}}"), g(v)))
-            .collect();
-        metric(
-            "mecated_auth_token_file_reads_total",
-            "counter",
-            "Readings of the token file (at start-up, on SIGHUP, when it changed), by outcome: a refused one keeps the tokens in force.",
-            &reads,
-        );
-        metric(
             "mecated_session_leases_held",
             "gauge",
             "Session leases this process holds.",
@@ -206,6 +189,7 @@ impl Metrics {
             &[(String::new(), g(&self.renew_failures))],
         );
         self.render_renew_histogram(&mut out);
+        self.render_auth(&mut out);
         out
     }
 
@@ -229,6 +213,29 @@ impl Metrics {
             "mecated_session_lease_renew_seconds_bucket{{le=\"+Inf\"}} {total}\nmecated_session_lease_renew_seconds_sum {}\nmecated_session_lease_renew_seconds_count {total}",
             g(&self.renew_sum_nanos) as f64 / 1e9
         );
+    }
+
+    /// The token file's metrics, in the Prometheus text format.
+    fn render_auth(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "# HELP mecated_auth_tokens Bearer tokens in force (0 without --token-file).\n\
+             # TYPE mecated_auth_tokens gauge\nmecated_auth_tokens {}",
+            self.tokens.load(Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP mecated_auth_token_file_reads_total Readings of the token file (at start-up, \
+             on SIGHUP, when it changed), by outcome: a refused one keeps the tokens in force.\n\
+             # TYPE mecated_auth_token_file_reads_total counter"
+        );
+        for (outcome, count) in ["read", "refused"].iter().zip(&self.token_file_reads) {
+            let _ = writeln!(
+                out,
+                "mecated_auth_token_file_reads_total{{outcome=\"{outcome}\"}} {}",
+                count.load(Relaxed)
+            );
+        }
     }
 }
 
