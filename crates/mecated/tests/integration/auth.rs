@@ -736,3 +736,53 @@ async fn metrics_on_their_own_listener_are_open() {
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
     assert!(server.shutdown().await);
 }
+
+/// The limits stated in docs/server.md, over the wire: a body over
+/// `--max-body-bytes` is 413 `invalid` (or, from a caller without a
+/// token, 401 before any of it is read); a request head past the HTTP
+/// server's bound is refused with 431.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_bodies_and_heads_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start(dir.path(), "auth-limits", &["--max-body-bytes", "1024"]);
+    let operator = Some(secret("operator"));
+    call_with(
+        &m,
+        Method::POST,
+        "/v1/sessions",
+        operator.clone(),
+        json!({"id": "l"}),
+    )
+    .await;
+    let big = json!({"input": "x".repeat(4096)});
+    let (status, body) = call_with(
+        &m,
+        Method::POST,
+        "/v1/sessions/l/runs",
+        operator,
+        big.clone(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+    assert_eq!(body["error"]["code"], "invalid", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("too large"),
+        "{body}"
+    );
+    let (status, _) = call_with(&m, Method::POST, "/v1/sessions/l/runs", None, big).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, page) = call(&m, Method::GET, "/v1/sessions/l/events", Some("reader")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(page["events"], json!([]), "an oversized run ran");
+
+    let r = client()
+        .get(m.url("/healthz"))
+        .header("x-padding", "p".repeat(512 * 1024))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+}
