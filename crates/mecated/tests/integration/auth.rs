@@ -786,3 +786,46 @@ async fn oversized_bodies_and_heads_are_refused() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
 }
+
+/// `mecated hash-token` reads the token from standard input (never the
+/// command line) and prints the hash, or the whole line it checked.
+#[test]
+fn hash_token_prints_what_the_token_file_holds() {
+    use std::io::Write;
+    let hash = |stdin: &str, args: &[&str]| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_mecated"))
+            .arg("hash-token")
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let expected = mecated::auth::hash_token("s3cret");
+    assert_eq!(
+        hash("s3cret\n", &[]),
+        (true, expected.clone(), String::new())
+    );
+    let (ok, line, _) = hash("s3cret", &["--name", "ops", "--roles", "read,run"]);
+    assert!(ok);
+    assert_eq!(line, format!("ops read,run {expected}"));
+    let (ok, _, err) = hash("s3cret", &["--name", "ops", "--roles", "read,write"]);
+    assert!(!ok && err.contains("unknown role \"write\""), "{err}");
+    let (ok, _, err) = hash("\n", &[]);
+    assert!(!ok && err.contains("empty"), "{err}");
+    let (ok, _, err) = hash("two words", &[]);
+    assert!(!ok && err.contains("blank"), "{err}");
+}
