@@ -330,15 +330,6 @@ fn advance_generations(store: Arc<JsonlStore>, app: Engine) -> Background {
     }))
 }
 
-impl Background {
-    /// A task whose result nobody waits for.
-    fn detached<T: Send + 'static>(task: JoinHandle<T>) -> Self {
-        Self(tokio::spawn(async move {
-            let _ = task.await;
-        }))
-    }
-}
-
 /// The token file of `config`, read, or why it cannot be used; refuses a
 /// non-loopback address without one unless allowed.
 fn open_tokens(config: &ServerConfig) -> Result<Option<Arc<TokenFile>>, StartError> {
@@ -500,9 +491,18 @@ impl Server {
             Some(at) => {
                 let (listener, at) = bind(at).await?;
                 let router = crate::http::metrics_router(app.clone());
-                let serving = serve_on(listener, router, &app);
+                let stop = app.shutdown_signal();
+                // A task of the server's: stopped if it is dropped unshut.
+                let serving = Background(tokio::spawn(async move {
+                    let served = axum::serve(listener, router)
+                        .with_graceful_shutdown(async move { stop.cancelled().await })
+                        .await;
+                    if let Err(e) = served {
+                        error!(error = %e, "the metrics listener failed");
+                    }
+                }));
                 info!(addr = %at, "serving /metrics");
-                Some((Background::detached(serving), at))
+                Some((serving, at))
             }
             None => None,
         };
