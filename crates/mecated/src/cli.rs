@@ -30,6 +30,9 @@ pub fn main() -> ExitCode {
 pub fn main_with(cli: Cli) -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(log_filter(std::env::var("MECATED_LOG").ok()))
+        // Colours only for a person at a terminal: a log file or a log
+        // shipper reading the audit lines gets them as plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
     let result = match cli.command {
@@ -101,7 +104,14 @@ fn gc(args: &GcArgs) -> Result<(), String> {
         .map_err(|e| format!("cannot start the runtime: {e}"))?
         .block_on(store.reclaim_deleted(args.older_than))
         .map_err(|e| crate::error::error_chain(&e))?;
+    // A local command, not a request: its caller is the account it runs
+    // as, and it has no HTTP status (0).
+    let who = format!(
+        "local:{}",
+        std::env::var("USER").unwrap_or_else(|_| "unknown".into())
+    );
     for session in &report.reclaimed {
+        tracing::info!(target: crate::http::AUDIT_TARGET, who, what = "gc", session = session.as_str(), status = 0u16, code = "", "audit");
         println!("reclaimed {session}");
     }
     for session in &report.busy {
