@@ -151,6 +151,25 @@ async fn without_a_known_bearer_token_every_protected_route_is_401() {
             .unwrap();
         assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{method} {url}");
     }
+    // HEAD reaches the GET handlers, and a token in the query is not one.
+    for path in ["/v1/sessions", "/v1/sessions/s/events", "/metrics"] {
+        let r = client().head(m.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "HEAD {path}");
+        let r = client()
+            .get(m.url(&format!("{path}?token={}", secret("operator"))))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "?token= on {path}");
+    }
+    // The scheme's case does not matter (RFC 9110).
+    let r = client()
+        .get(m.url("/v1/sessions"))
+        .header("authorization", format!("bEaReR {}", secret("operator")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
     let (status, body) = call(&m, Method::GET, "/v1/sessions/s/events", Some("operator")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["events"], json!([]), "a refused request ran: {body}");
