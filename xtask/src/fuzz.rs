@@ -53,9 +53,25 @@ pub(crate) fn fuzz(args: &[String]) -> Result {
     let mut report = Vec::new();
     for target in targets {
         let mut cmd = cargo();
-        cmd.current_dir(&dir)
-            .env("RUSTC_BOOTSTRAP", "1")
-            .args(["fuzz", "run", "--sanitizer", "none", target, "--"])
+        cmd.current_dir(&dir).env("RUSTC_BOOTSTRAP", "1").args([
+            "fuzz",
+            "run",
+            "--sanitizer",
+            "none",
+            target,
+        ]);
+        // Checked-in seeds (`fuzz/seeds/TARGET`) start a target at the
+        // inputs worth varying, which random bytes reach only slowly: a
+        // well-formed request under a client's own token, say. New inputs
+        // go to the first directory, the untracked corpus.
+        let seeds = dir.join("seeds").join(target);
+        if seeds.is_dir() {
+            let corpus = dir.join("corpus").join(target);
+            std::fs::create_dir_all(&corpus)
+                .map_err(|e| format!("creating {}: {e}", corpus.display()))?;
+            cmd.arg(corpus).arg(seeds);
+        }
+        cmd.arg("--")
             .arg(format!("-max_total_time={seconds}"))
             .arg("-print_final_stats=1");
         let output = command_output(&format!("fuzz {target} for {seconds} s"), &mut cmd)?;

@@ -77,6 +77,7 @@
 //! | backend cannot lease at all | `UNIMPLEMENTED` | `BACKEND_UNSUPPORTED` | `Unsupported` |
 //! | optional method missing | `UNIMPLEMENTED` | `METHOD_UNSUPPORTED` (or none) | falls back |
 //! | no or wrong credentials | `UNAUTHENTICATED` | `UNAUTHENTICATED` | `Invalid` |
+//! | an owner the caller may not act for | `PERMISSION_DENIED` | `NOT_PERMITTED` | `Invalid` |
 //! | authority state went back | `FAILED_PRECONDITION` | `STATE_REWOUND` | `Rewound` |
 //!
 //! A status without our `ErrorInfo` (from a proxy, a load balancer, a
@@ -119,6 +120,28 @@
 //! KeepAlive is asked with BatchRenew, and one without either lease by
 //! lease; the fallback is decided once, from the server's answer.
 //!
+//! # Who may act for whom
+//!
+//! A lease names its owner, and `Renew` and `Release` need nothing but the
+//! owner and the token. So a server that tells its callers apart — by an
+//! [`IdentityStore`] of bearer tokens and client certificates, or by each
+//! client certificate's own name — lets each caller act only for the owner
+//! ids its identity admits, and refuses any other with `PERMISSION_DENIED`,
+//! reason `NOT_PERMITTED`: one client can neither take nor release
+//! another's leases, whatever it learned of them. A client asks
+//! [`GrpcLease::who_am_i`] which owner ids it may use and builds its own
+//! from the answer ([`CallerInfo::owner_id`]), so a deployment names each
+//! client's identity once, in the service's identities file:
+//!
+//! ```text
+//! # kind  name    owner prefixes  credential
+//! token   chat-a  chat-a/         sha256:<SHA-256 of its token, hex>
+//! cert    chat-b  chat-b/         uri:spiffe://example.org/ns/chat/sa/chat-b
+//! ```
+//!
+//! One token shared by every client ([`LeaseServer::bearer_token`])
+//! cannot tell them apart: each may act for any owner.
+//!
 //! # The server
 //!
 //! [`LeaseServer`] serves any `Arc<dyn SessionLease>`, with the standard
@@ -134,6 +157,14 @@
     not(feature = "server"),
     doc = "[`LeaseServer`]: https://docs.rs/grpcdriver/latest/grpcdriver/struct.LeaseServer.html"
 )]
+#![cfg_attr(
+    not(feature = "server"),
+    doc = "[`IdentityStore`]: https://docs.rs/grpcdriver/latest/grpcdriver/struct.IdentityStore.html"
+)]
+#![cfg_attr(
+    not(feature = "server"),
+    doc = "[`LeaseServer::bearer_token`]: https://docs.rs/grpcdriver/latest/grpcdriver/struct.LeaseServer.html#method.bearer_token"
+)]
 
 mod client;
 mod convert;
@@ -145,16 +176,21 @@ mod status;
 #[cfg(feature = "tls")]
 pub use client::ClientTls;
 pub use client::{
-    DEFAULT_ATTEMPTS, DEFAULT_CALL_TIMEOUT, DEFAULT_CLIENT_BATCH, DEFAULT_CONNECT_TIMEOUT,
-    GrpcLease, GrpcLeaseBuilder, ServiceInfo,
+    CallerInfo, DEFAULT_ATTEMPTS, DEFAULT_CALL_TIMEOUT, DEFAULT_CLIENT_BATCH,
+    DEFAULT_CONNECT_TIMEOUT, GrpcLease, GrpcLeaseBuilder, ServiceInfo,
 };
 #[cfg(all(feature = "server", feature = "tls"))]
 pub use server::ServerTls;
 #[cfg(feature = "server")]
 pub use server::{
+    CertName, ClientIdentity, Identities, IdentitiesError, IdentitiesErrorKind, IdentityStore,
+    OwnerScope, hash_token,
+};
+#[cfg(feature = "server")]
+pub use server::{
     DEFAULT_CALL_TIMEOUT as DEFAULT_SERVER_CALL_TIMEOUT, DEFAULT_CONCURRENCY_PER_CONNECTION,
     DEFAULT_MAX_BATCH, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_STREAMS_PER_CONNECTION,
-    DEFAULT_STREAM_IDLE, LeaseServer, ServeError, ServerStats,
+    DEFAULT_STREAM_IDLE, GetAccess, LeaseServer, ServeError, ServerStats,
 };
 pub use status::ERROR_DOMAIN;
 

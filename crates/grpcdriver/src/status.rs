@@ -60,6 +60,7 @@ fn code_of(reason: Reason) -> Code {
         Reason::Invalid => Code::InvalidArgument,
         Reason::BackendUnsupported | Reason::MethodUnsupported => Code::Unimplemented,
         Reason::Unauthenticated => Code::Unauthenticated,
+        Reason::NotPermitted => Code::PermissionDenied,
         Reason::Unavailable | Reason::Unspecified => Code::Unavailable,
     }
 }
@@ -165,6 +166,9 @@ fn from_reason(
         Reason::MethodUnsupported => return Refusal::MethodMissing,
         Reason::Unauthenticated => LeaseError::invalid(format!(
             "the lease service refused the credentials: {message}"
+        )),
+        Reason::NotPermitted => LeaseError::invalid(format!(
+            "the lease service does not let this client act for that owner: {message}"
         )),
         Reason::StateRewound => LeaseError::rewound(message.to_owned()),
         Reason::Unavailable | Reason::Unspecified => LeaseError::transient(message.to_owned()),

@@ -313,6 +313,10 @@ pub(crate) struct Opened {
     /// The directory store, whose generation the server advances while it
     /// runs and at shutdown (see [`session_store::GenerationCheck`]).
     pub(crate) generations: Option<Arc<JsonlStore>>,
+    /// The owner id to lease under: the one asked for, or, when a lease
+    /// service's identity for this process does not admit it, that id
+    /// under the identity's own prefix.
+    pub(crate) owner: OwnerId,
 }
 
 /// A lock held for the server's life; released when dropped.
@@ -388,11 +392,12 @@ pub(crate) async fn open(
         (None, LeaseChoice::Dir(dir)) => (lease.flag(), Some(dir.clone())),
         (None, _) => (lease.flag(), None),
     };
+    let mut owner = owner.clone();
     let (leases, exclusivity) = match own {
         Some(own) => (own, Exclusivity::Leased),
         None => {
             let locks = &mut process_locks;
-            open_leases(lease, ttl, owner, files, lock_path, locks).await?
+            open_leases(lease, ttl, &mut owner, files, lock_path, locks).await?
         }
     };
     // Every leased server, whatever its backend: the store must be fenced
@@ -407,6 +412,7 @@ pub(crate) async fn open(
         exclusivity,
         process_locks,
         generations,
+        owner,
     })
 }
 
@@ -425,7 +431,7 @@ struct FileLeases {
 async fn open_leases(
     lease: &LeaseChoice,
     ttl: Duration,
-    owner: &OwnerId,
+    owner: &mut OwnerId,
     files: FileLeases,
     lock_path: Option<PathBuf>,
     process_locks: &mut Vec<ProcessLock>,
@@ -434,11 +440,11 @@ async fn open_leases(
     match lease {
         LeaseChoice::Dir(dir) => {
             let leases = open_dir(dir, ttl, files)?;
-            process_locks.push(ProcessLock::Owner(owner_lock(&leases, owner)?));
+            process_locks.push(ProcessLock::Owner(owner_lock(&leases, &*owner)?));
             leased(Arc::new(leases))
         }
         #[cfg(feature = "grpc")]
-        LeaseChoice::Service(service) => leased(Arc::new(open_service(service, ttl).await?)),
+        LeaseChoice::Service(service) => leased(Arc::new(open_service(service, ttl, owner).await?)),
         #[cfg(feature = "etcd")]
         LeaseChoice::Etcd(etcd) => leased(Arc::new(etcd.open(ttl).map_err(not_opened)?)),
         #[cfg(feature = "k8s")]
@@ -519,11 +525,13 @@ fn open_dir(dir: &Path, ttl: Duration, files: FileLeases) -> Result<FlockLease, 
 }
 
 /// The lease service's client, once the service has said it grants leases
-/// at least `ttl` long.
+/// at least `ttl` long, and `owner` made one the service lets this process
+/// act for.
 #[cfg(feature = "grpc")]
 async fn open_service(
     service: &LeaseService,
     ttl: Duration,
+    owner: &mut OwnerId,
 ) -> Result<grpcdriver::GrpcLease, StartError> {
     let leases = service.open(ttl).map_err(not_opened)?;
     // The keeper counts on every grant living `ttl`: a service that grants
@@ -539,6 +547,22 @@ async fn open_service(
             "it grants leases of {granted:?}, shorter than --session-lease-ttl \
              {ttl:?}: lower --session-lease-ttl to at most {granted:?}"
         ))));
+    }
+    // The service tells each client which owner ids it may act for; an id
+    // it does not admit would be refused on every acquire, so it goes
+    // under the identity's prefix instead. A service older than the
+    // question admits any.
+    if let Some(me) = leases.who_am_i().await.map_err(refused)?
+        && !me.admits(owner)
+    {
+        let derived = me.owner_id(owner.as_str()).map_err(refused)?;
+        tracing::info!(
+            client = %me.client,
+            asked = %owner,
+            owner = %derived,
+            "the lease service's identity for this process names its owner ids"
+        );
+        *owner = derived;
     }
     Ok(leases)
 }

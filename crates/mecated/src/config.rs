@@ -401,7 +401,11 @@ pub struct ServeArgs {
     pub session_lease_ttl: Duration,
 
     /// This process's owner identity in leases. Default: host name, pid and a
-    /// random suffix. Two processes must never share one.
+    /// random suffix. Two processes must never share one. A lease service
+    /// that tells clients apart (--session-lease-url with a token or
+    /// certificate of this process's own identity) lets it act only for
+    /// owner ids under its identity's prefixes: an id outside them is put
+    /// under the first one (`chat-a/` + the id).
     #[arg(long, env = "MECATED_OWNER")]
     pub owner: Option<String>,
 

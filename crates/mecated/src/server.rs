@@ -457,6 +457,7 @@ impl Server {
             exclusivity,
             process_locks,
             generations,
+            owner,
         } = backend::open(
             &config.store,
             &config.lease,
@@ -472,7 +473,7 @@ impl Server {
         // Runs finish within the first half of the shutdown budget (they are
         // cancelled at once); releases get the second half.
         let view = LeaseView::new(leases.clone(), lease_dir);
-        let keeper = LeaseKeeper::builder(leases, config.owner.clone(), config.lease_ttl)
+        let keeper = LeaseKeeper::builder(leases, owner.clone(), config.lease_ttl)
             .allow_unleased(exclusivity.may_run_unleased())
             .metrics(metrics.clone())
             .shutdown_timeout(config.shutdown_timeout / 2)
@@ -506,7 +507,7 @@ impl Server {
             }
             None => None,
         };
-        info!(%addr, owner = %config.owner, lease = ?config.lease, authenticated = tokens.is_some(), "mecated serving");
+        info!(%addr, %owner, lease = ?config.lease, authenticated = tokens.is_some(), "mecated serving");
         let advancing = generations
             .clone()
             .map(|store| advance_generations(store, app.clone()));

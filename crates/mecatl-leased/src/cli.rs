@@ -90,6 +90,23 @@ pub(crate) struct Cli {
     )]
     pub(crate) bearer_token_file: Option<PathBuf>,
 
+    /// File of per-client identities: each line a bearer token's SHA-256 or
+    /// a client certificate's name, the client's name, and the owner id
+    /// prefixes it may act for (`token chat-a chat-a/ sha256:HEX`, `cert
+    /// chat-b chat-b/ uri:spiffe://…`). A call naming an owner outside the
+    /// caller's prefixes is refused with PERMISSION_DENIED. Read again on
+    /// SIGHUP and whenever the file changes; a file that is refused keeps
+    /// the identities in force. Beside it, --bearer-token(-file) is one
+    /// more credential, named `bearer`, that acts for any owner.
+    #[arg(long, env = "MECATL_LEASED_IDENTITIES_FILE")]
+    pub(crate) identities_file: Option<PathBuf>,
+
+    /// Who may read a session's holder and token with Get: `everyone`
+    /// authenticated, or `own-owners`, only a caller whose identity may act
+    /// for the holder (a free session reads as free to all).
+    #[arg(long, env = "MECATL_LEASED_GET_ACCESS", value_enum, default_value_t = GetAccessArg::Everyone)]
+    pub(crate) get_access: GetAccessArg,
+
     /// The bearer token itself (see --bearer-token-file).
     #[arg(long, env = "MECATL_LEASED_BEARER_TOKEN", hide_env_values = true)]
     pub(crate) bearer_token: Option<String>,
@@ -192,6 +209,24 @@ impl std::fmt::Display for BackendSpec {
             BackendSpec::K8s(namespace) => write!(f, "k8s:{namespace}"),
             BackendSpec::Redis(_) => write!(f, "redis"),
             BackendSpec::Postgres(_) => write!(f, "postgres"),
+        }
+    }
+}
+
+/// Who may read a session's holder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum GetAccessArg {
+    /// Every authenticated caller.
+    Everyone,
+    /// A caller whose identity may act for the holder.
+    OwnOwners,
+}
+
+impl From<GetAccessArg> for grpcdriver::GetAccess {
+    fn from(a: GetAccessArg) -> Self {
+        match a {
+            GetAccessArg::Everyone => grpcdriver::GetAccess::Everyone,
+            GetAccessArg::OwnOwners => grpcdriver::GetAccess::OwnOwners,
         }
     }
 }

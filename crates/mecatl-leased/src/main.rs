@@ -2,12 +2,13 @@
 //! workspace's `docs/server.md` for calling it from other languages.
 
 mod cli;
+mod reload;
 
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use grpcdriver::{LeaseServer, ServerStats};
+use grpcdriver::{IdentityStore, LeaseServer, ServerStats};
 use lease_backends::read_tls_file;
 use lease_port::{Clock, MonotonicWallClock, SessionLease};
 use tokio::net::TcpListener;
@@ -97,10 +98,12 @@ fn configure(
     cli: &Cli,
     backend: Arc<dyn SessionLease>,
     clock: Arc<dyn Clock>,
+    identities: Option<&IdentityStore>,
 ) -> Result<LeaseServer, String> {
     let mut server = LeaseServer::new(backend)
         .clock(clock)
         .ttl(cli.ttl)
+        .get_access(cli.get_access.into())
         .allow_insecure(cli.allow_insecure)
         .max_batch(cli.max_batch)
         .max_message_bytes(cli.max_message_bytes)
@@ -118,6 +121,9 @@ fn configure(
             return Err("the bearer token is empty".into());
         }
         server = server.bearer_token(token);
+    }
+    if let Some(identities) = identities {
+        server = server.identities(identities.clone());
     }
     if let (Some(cert), Some(key)) = (&cli.tls_cert, &cli.tls_key) {
         let mut tls = grpcdriver::ServerTls::new(
@@ -139,7 +145,15 @@ async fn run(cli: Cli) -> Result<(), String> {
         .authority()
         .await
         .map_err(|e| format!("the backend names no authority: {e}"))?;
-    let server = configure(&cli, Arc::clone(&backend), clock)?;
+    let identities = match &cli.identities_file {
+        Some(path) => {
+            let store = IdentityStore::from_file(path).map_err(|e| e.to_string())?;
+            info!(credentials = store.current().len(), path = %path.display(), "identities read");
+            Some(store)
+        }
+        None => None,
+    };
+    let server = configure(&cli, Arc::clone(&backend), clock, identities.as_ref())?;
     server
         .check_exposure(cli.listen)
         .map_err(|e| e.to_string())?;
@@ -162,6 +176,9 @@ async fn run(cli: Cli) -> Result<(), String> {
         }
         None => None,
     };
+
+    let reloading =
+        identities.map(|store| tokio::spawn(reload::watch_identities(store, stop_rx.clone())));
 
     // Machine-readable: tests and scripts started with port 0 read it.
     println!("mecatl-leased listening on {addr}");
@@ -194,6 +211,9 @@ async fn run(cli: Cli) -> Result<(), String> {
     }
     if let Some(m) = metrics {
         m.abort();
+    }
+    if let Some(r) = reloading {
+        r.abort();
     }
     Ok(())
 }

@@ -153,6 +153,115 @@ async fn a_bearer_token_from_a_file_is_required() {
     with_token.acquire(&s, &a).await.unwrap();
 }
 
+/// The theft this guards against, through the daemon: client x, which
+/// learns y's grant, can neither release it nor take y's session; the
+/// identities file is then rotated without a restart, and a broken
+/// rewrite of it keeps the identities in force.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_client_acts_only_for_its_own_owners_and_the_identities_reload() {
+    use grpcdriver::hash_token;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("identities");
+    let write = |text: String| {
+        // A new file renamed into place, as a Secret volume or an editor
+        // swaps it: the reader never sees half of it.
+        let tmp = dir.path().join("identities.new");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &file).unwrap();
+    };
+    write(format!(
+        "# the daemon's clients\ntoken x x/ {}\ntoken y y/ {}\n",
+        hash_token("token-x"),
+        hash_token("token-y")
+    ));
+    let daemon = Daemon::start(&[
+        "--backend",
+        "memory",
+        "--identities-file",
+        file.to_str().unwrap(),
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ])
+    .await;
+    let as_client = |token: &str| {
+        GrpcLease::builder(daemon.addr.clone())
+            .bearer_token(token)
+            .build()
+            .unwrap()
+    };
+    let (x, y) = (as_client("token-x"), as_client("token-y"));
+    let s = SessionId::new("chat/7").unwrap();
+    let y_owner = y
+        .who_am_i()
+        .await
+        .unwrap()
+        .expect("the daemon answers WhoAmI")
+        .owner_id("host-b/1")
+        .unwrap();
+    let held = y.acquire(&s, &y_owner).await.unwrap();
+
+    let stolen = x.acquire(&s, &y_owner).await.unwrap_err();
+    assert_eq!(stolen.kind(), LeaseErrorKind::Invalid, "{stolen}");
+    assert!(
+        stolen.message().contains("may not act for owner"),
+        "{stolen}"
+    );
+    let seen = x.current(&s).await.unwrap().expect("y holds it");
+    let e = x.release(&seen).await.unwrap_err();
+    assert_eq!(e.kind(), LeaseErrorKind::Invalid, "{e}");
+    let e = x
+        .acquire(&s, &OwnerId::new("x/host-a/1").unwrap())
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), LeaseErrorKind::Held, "{e}");
+    let held = y.renew(&held).await.expect("y still holds its lease");
+
+    let metrics = daemon.metrics.clone().expect("metrics address");
+    let text = reqwest::get(&metrics).await.unwrap().text().await.unwrap();
+    for expected in [
+        "mecatl_lease_client_denied_total{client=\"x\",method=\"Acquire\"} 1",
+        "mecatl_lease_client_denied_total{client=\"x\",method=\"Release\"} 1",
+        "mecatl_lease_client_calls_total{client=\"y\",method=\"Renew\"} 1",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in\n{text}");
+    }
+
+    // Rotation: y gets a new token, the old one is dropped. No restart.
+    write(format!(
+        "token x x/ {}\ntoken y y/ {}\n",
+        hash_token("token-x"),
+        hash_token("token-y2")
+    ));
+    let y2 = as_client("token-y2");
+    let renewed = eventually(|| async { y2.renew(&held).await.ok() }).await;
+    assert_eq!(renewed.token(), held.token());
+    let e = y.renew(&held).await.unwrap_err();
+    assert!(e.message().contains("refused the credentials"), "{e}");
+
+    // A broken rewrite is refused and changes nothing.
+    write("token y y/ the-token-itself\n".to_owned());
+    daemon.signal(Signal::SIGHUP);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    y2.renew(&held).await.expect("the identities in force stay");
+    x.who_am_i().await.expect("x is still known");
+}
+
+/// Asks `f` until it answers, for at most 30 s.
+async fn eventually<T, F, Fut>(mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never answered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_calls_and_sigterm_exits_cleanly() {
     let daemon = Daemon::start(&["--backend", "memory", "--metrics-listen", "127.0.0.1:0"]).await;

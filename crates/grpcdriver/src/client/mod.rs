@@ -68,6 +68,46 @@ pub struct ServiceInfo {
     pub max_batch: Option<usize>,
 }
 
+/// Who a lease service says this client is ([`GrpcLease::who_am_i`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallerInfo {
+    /// The client's name in the service's identities (`bearer` for a
+    /// service that shares one token among all its clients, `anonymous`
+    /// for one that authenticates nobody).
+    pub client: String,
+    /// An owner id this client uses must begin with one of these; an empty
+    /// one admits every owner id.
+    pub owner_prefixes: Vec<String>,
+}
+
+impl CallerInfo {
+    /// Whether the service lets this client act for `owner`.
+    pub fn admits(&self, owner: &OwnerId) -> bool {
+        self.owner_prefixes
+            .iter()
+            .any(|p| owner.as_str().starts_with(p.as_str()))
+    }
+
+    /// This client's owner id for `name` (its host and process, say): the
+    /// first prefix the service lists, then `name`. `Invalid` when the
+    /// service lists none, or the id would be too long.
+    ///
+    /// ```
+    /// # use grpcdriver::CallerInfo;
+    /// let me = CallerInfo { client: "chat-a".into(), owner_prefixes: vec!["chat-a/".into()] };
+    /// assert_eq!(me.owner_id("host-1/4242").unwrap().as_str(), "chat-a/host-1/4242");
+    /// ```
+    pub fn owner_id(&self, name: &str) -> Result<OwnerId, LeaseError> {
+        let prefix = self.owner_prefixes.first().ok_or_else(|| {
+            LeaseError::invalid(format!(
+                "the lease service lets client `{}` act for no owner id",
+                self.client
+            ))
+        })?;
+        OwnerId::new(format!("{prefix}{name}"))
+    }
+}
+
 /// A [`SessionLease`] backed by a remote lease service (`mecatl-leased`,
 /// or any server of the `mecatl.lease.v1` contract).
 ///
@@ -202,6 +242,28 @@ impl GrpcLease {
             ttl,
             max_batch,
         })
+    }
+
+    /// Who the service takes this client for, and which owner ids it may
+    /// act for: a client builds its owner id from the answer
+    /// ([`CallerInfo::owner_id`]). `Ok(None)` from a service older than the
+    /// question, which lets every caller act for any owner.
+    pub async fn who_am_i(&self) -> Result<Option<CallerInfo>, LeaseError> {
+        let answer = self
+            .call(true, |mut c, left| {
+                let mut req = Request::new(pb::WhoAmIRequest {});
+                req.set_timeout(left);
+                async move { c.who_am_i(req).await }
+            })
+            .await;
+        match answer {
+            Ok(me) => Ok(Some(CallerInfo {
+                client: me.client,
+                owner_prefixes: me.owner_prefixes,
+            })),
+            Err(Refusal::MethodMissing) => Ok(None),
+            Err(Refusal::Lease(e)) => Err(e),
+        }
     }
 
     /// Refuses a grant from an authority other than the one this client

@@ -194,6 +194,23 @@ pub struct GetAuthorityResponse {
     #[prost(uint32, tag = "3")]
     pub max_batch: u32,
 }
+/// WhoAmI's input.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct WhoAmIRequest {}
+/// WhoAmI's answer.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct WhoAmIResponse {
+    /// The caller's name: the name its credential has in the service's
+    /// identities, "bearer" for a service that shares one token among all its
+    /// clients, "anonymous" for one that authenticates nobody.
+    #[prost(string, tag = "1")]
+    pub client: ::prost::alloc::string::String,
+    /// An owner id this caller names in Acquire, Renew or Release must begin
+    /// with one of these; any other is refused with PERMISSION_DENIED, reason
+    /// NOT_PERMITTED. An empty string admits every owner id.
+    #[prost(string, repeated, tag = "2")]
+    pub owner_prefixes: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+}
 /// What went wrong. The same names are the `reason` of the ErrorInfo that
 /// accompanies a failed call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
@@ -214,7 +231,8 @@ pub enum Reason {
     BackendUnsupported = 5,
     /// The backend does not offer this optional method; the client falls back.
     MethodUnsupported = 6,
-    /// The caller is not authenticated or not allowed.
+    /// The caller is not authenticated: no credential, or one the service
+    /// does not accept. Sent with UNAUTHENTICATED.
     Unauthenticated = 7,
     /// The service answered from older state than the caller has already
     /// seen (a restored snapshot, a wiped or lagging backend): a token it
@@ -224,6 +242,13 @@ pub enum Reason {
     /// this reason sees a FAILED_PRECONDITION without a reason it knows, and
     /// treats it as a passing fault.
     StateRewound = 8,
+    /// The caller is authenticated, but its identity may not act for the
+    /// owner id the request names (Acquire, Renew, Release: the owner must
+    /// begin with one of the prefixes WhoAmI lists), or may not read the
+    /// session's holder (Get, when the service restricts it). Sent with
+    /// PERMISSION_DENIED. Never retried: the client must use an owner id its
+    /// identity admits.
+    NotPermitted = 9,
 }
 impl Reason {
     /// String value of the enum field names used in the ProtoBuf definition.
@@ -241,6 +266,7 @@ impl Reason {
             Self::MethodUnsupported => "METHOD_UNSUPPORTED",
             Self::Unauthenticated => "UNAUTHENTICATED",
             Self::StateRewound => "STATE_REWOUND",
+            Self::NotPermitted => "NOT_PERMITTED",
         }
     }
     /// Creates an enum from field names used in the ProtoBuf definition.
@@ -255,6 +281,7 @@ impl Reason {
             "METHOD_UNSUPPORTED" => Some(Self::MethodUnsupported),
             "UNAUTHENTICATED" => Some(Self::Unauthenticated),
             "STATE_REWOUND" => Some(Self::StateRewound),
+            "NOT_PERMITTED" => Some(Self::NotPermitted),
             _ => None,
         }
     }
@@ -523,6 +550,32 @@ pub mod lease_service_client {
                 .insert(GrpcMethod::new("mecatl.lease.v1.LeaseService", "GetAuthority"));
             self.inner.unary(req, path, codec).await
         }
+        /// Names the caller as the service authenticated it, and the owner ids it
+        /// may act for. A client builds its owner id from the answer (a prefix it
+        /// may use, then its own host and process), so a deployment names each
+        /// client's identity once, in the service's configuration. A server older
+        /// than this method answers UNIMPLEMENTED.
+        pub async fn who_am_i(
+            &mut self,
+            request: impl tonic::IntoRequest<super::WhoAmIRequest>,
+        ) -> std::result::Result<tonic::Response<super::WhoAmIResponse>, tonic::Status> {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/mecatl.lease.v1.LeaseService/WhoAmI",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("mecatl.lease.v1.LeaseService", "WhoAmI"));
+            self.inner.unary(req, path, codec).await
+        }
     }
 }
 /// Generated server implementations.
@@ -599,6 +652,15 @@ pub mod lease_service_server {
             tonic::Response<super::GetAuthorityResponse>,
             tonic::Status,
         >;
+        /// Names the caller as the service authenticated it, and the owner ids it
+        /// may act for. A client builds its owner id from the answer (a prefix it
+        /// may use, then its own host and process), so a deployment names each
+        /// client's identity once, in the service's configuration. A server older
+        /// than this method answers UNIMPLEMENTED.
+        async fn who_am_i(
+            &self,
+            request: tonic::Request<super::WhoAmIRequest>,
+        ) -> std::result::Result<tonic::Response<super::WhoAmIResponse>, tonic::Status>;
     }
     /// Leases on sessions, backed by whatever lease backend the server runs.
     #[derive(Debug)]
@@ -977,6 +1039,51 @@ pub mod lease_service_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = GetAuthoritySvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/mecatl.lease.v1.LeaseService/WhoAmI" => {
+                    #[allow(non_camel_case_types)]
+                    struct WhoAmISvc<T: LeaseService>(pub Arc<T>);
+                    impl<
+                        T: LeaseService,
+                    > tonic::server::UnaryService<super::WhoAmIRequest>
+                    for WhoAmISvc<T> {
+                        type Response = super::WhoAmIResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::WhoAmIRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as LeaseService>::who_am_i(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = WhoAmISvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(

@@ -2,6 +2,7 @@
 //! standard health and reflection services beside it.
 
 mod auth;
+mod identity;
 mod service;
 mod stats;
 
@@ -16,10 +17,14 @@ use tonic::codegen::http;
 use tonic::transport::server::TcpIncoming;
 use tracing::{info, warn};
 
+pub use identity::{
+    CertName, ClientIdentity, Identities, IdentitiesError, IdentitiesErrorKind, IdentityStore,
+    OwnerScope, hash_token,
+};
 pub use stats::ServerStats;
 
 use crate::pb::{self, lease_service_server::LeaseServiceServer};
-use auth::BearerCheck;
+use auth::{AuthLayer, Authenticator};
 use service::LeaseService;
 
 /// The most leases one batch may carry, unless configured otherwise.
@@ -114,6 +119,21 @@ impl ServerTls {
     }
 }
 
+/// Who may read a session's holder with `Get`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum GetAccess {
+    /// Every authenticated caller reads every session's holder and token.
+    /// Safe when callers are told apart: a token lets nobody release a
+    /// lease its identity may not act for.
+    #[default]
+    Everyone,
+    /// A caller reads a held session only when its identity may act for
+    /// the holder; otherwise PERMISSION_DENIED, reason NOT_PERMITTED. A
+    /// free session reads as free to everyone.
+    OwnOwners,
+}
+
 /// A lease service over one backend, configured and ready to serve.
 ///
 /// Health (`grpc.health.v1.Health`, reporting `mecatl.lease.v1.LeaseService`)
@@ -121,10 +141,19 @@ impl ServerTls {
 /// authentication, so probes and tools such as `grpcurl` can find it; the
 /// lease service itself requires the configured bearer token and/or client
 /// certificate.
+///
+/// With [`identities`](LeaseServer::identities), or client certificates,
+/// each caller acts only for its own owner ids ([`OwnerScope`]): a call
+/// naming another owner is refused with PERMISSION_DENIED, reason
+/// NOT_PERMITTED, so one client can neither take nor release another's
+/// leases. One shared [`bearer_token`](LeaseServer::bearer_token) cannot
+/// tell its holders apart, and lets each act for any owner.
 pub struct LeaseServer {
     backend: Arc<dyn SessionLease>,
     clock: Arc<dyn Clock>,
     bearer: Option<Arc<str>>,
+    identities: Option<IdentityStore>,
+    get_access: GetAccess,
     #[cfg(feature = "tls")]
     tls: Option<ServerTls>,
     allow_insecure: bool,
@@ -157,6 +186,8 @@ impl LeaseServer {
             backend,
             clock: Arc::new(SystemClock),
             bearer: None,
+            identities: None,
+            get_access: GetAccess::default(),
             #[cfg(feature = "tls")]
             tls: None,
             allow_insecure: false,
@@ -178,9 +209,29 @@ impl LeaseServer {
         self
     }
 
-    /// Requires `authorization: Bearer <token>` on every lease call.
+    /// Requires `authorization: Bearer <token>` on every lease call: one
+    /// token shared by every client, each of which may then act for any
+    /// owner. Beside [`identities`](LeaseServer::identities) it is one
+    /// more credential (named `bearer`, acting for any owner) rather than
+    /// a requirement.
     pub fn bearer_token(mut self, token: impl Into<String>) -> Self {
         self.bearer = Some(Arc::from(token.into()));
+        self
+    }
+
+    /// Authenticates callers by these identities: each bearer token or
+    /// client certificate they list names a client and the owner ids it
+    /// may act for. Keep a clone of the store to replace or
+    /// [`reload`](IdentityStore::reload) them while serving.
+    pub fn identities(mut self, identities: IdentityStore) -> Self {
+        self.identities = Some(identities);
+        self
+    }
+
+    /// Who may read a session's holder ([`GetAccess::Everyone`] unless
+    /// set).
+    pub fn get_access(mut self, access: GetAccess) -> Self {
+        self.get_access = access;
         self
     }
 
@@ -251,12 +302,20 @@ impl LeaseServer {
         Arc::clone(&self.stats)
     }
 
-    fn authenticated(&self) -> bool {
+    fn authenticator(&self) -> Authenticator {
         #[cfg(feature = "tls")]
-        let mutual = self.tls.as_ref().is_some_and(|t| t.client_ca_pem.is_some());
+        let mutual_tls = self.tls.as_ref().is_some_and(|t| t.client_ca_pem.is_some());
         #[cfg(not(feature = "tls"))]
-        let mutual = false;
-        self.bearer.is_some() || mutual
+        let mutual_tls = false;
+        Authenticator {
+            shared_token: self.bearer.clone(),
+            identities: self.identities.clone(),
+            mutual_tls,
+        }
+    }
+
+    fn authenticated(&self) -> bool {
+        self.authenticator().authenticates()
     }
 
     fn encrypted(&self) -> bool {
@@ -278,8 +337,15 @@ impl LeaseServer {
             }
             return Err(ServeError::Unauthenticated(addr));
         }
-        if self.bearer.is_some() && !self.encrypted() {
-            warn!(%addr, "the bearer token crosses the network in clear text: configure TLS");
+        if (self.bearer.is_some() || self.identities.is_some()) && !self.encrypted() {
+            warn!(%addr, "bearer tokens cross the network in clear text: configure TLS");
+        }
+        if !self.authenticator().tells_callers_apart() {
+            warn!(
+                %addr,
+                "one shared bearer token: every client may act for any owner, and so release \
+                 any other's leases; give each client an identity of its own"
+            );
         }
         Ok(())
     }
@@ -315,6 +381,7 @@ impl LeaseServer {
             .authority()
             .await
             .map_err(ServeError::Backend)?;
+        let auth = Arc::new(self.authenticator());
         let leases = LeaseServiceServer::new(LeaseService {
             backend: Arc::clone(&self.backend),
             clock: Arc::clone(&self.clock),
@@ -325,11 +392,13 @@ impl LeaseServer {
             ttl: self.ttl,
             call_timeout: self.call_timeout,
             stream_idle: self.stream_idle,
+            auth: Arc::clone(&auth),
+            get_access: self.get_access,
         })
         .max_decoding_message_size(self.max_message_bytes);
         let leases = tonic::service::interceptor::InterceptedService::new(
             leases,
-            BearerCheck::new(self.bearer.clone()),
+            AuthLayer(Arc::clone(&auth)),
         );
 
         let builder = tonic::transport::Server::builder()
@@ -344,7 +413,13 @@ impl LeaseServer {
             None => builder,
         };
         let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-        info!(%addr, authenticated = self.authenticated(), "serving leases");
+        info!(
+            %addr,
+            authenticated = self.authenticated(),
+            callers_told_apart = auth.tells_callers_apart(),
+            get_access = ?self.get_access,
+            "serving leases"
+        );
         let mut builder =
             builder.layer(tower::util::MapResponseLayer::new(input_errors_as_invalid));
         builder

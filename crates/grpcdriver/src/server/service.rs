@@ -12,6 +12,8 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::GetAccess;
+use super::auth::{Authenticator, Caller};
 use super::stats::{Method, ServerStats};
 use crate::convert::{lease_from_ref, lease_to_wire};
 use crate::pb::{self, lease_service_server::LeaseService as Service, renew_result::Outcome};
@@ -39,11 +41,59 @@ pub(crate) struct LeaseService {
     pub(crate) call_timeout: std::time::Duration,
     /// A KeepAlive stream with no batch for this long is closed.
     pub(crate) stream_idle: std::time::Duration,
+    /// Who may call, and for which owners.
+    pub(crate) auth: Arc<Authenticator>,
+    /// Who may read a session's holder.
+    pub(crate) get_access: GetAccess,
 }
 
 impl LeaseService {
     fn invalid(e: &LeaseError) -> Status {
         reason_status(pb::Reason::Invalid, e.message(), None)
+    }
+
+    /// The caller the authentication layer put on the request.
+    fn caller<T>(request: &Request<T>) -> Result<Caller, Status> {
+        request
+            .extensions()
+            .get::<Caller>()
+            .cloned()
+            .ok_or_else(|| {
+                Status::internal("the lease service was served without its authentication layer")
+            })
+    }
+
+    /// Refuses a call naming an owner outside the caller's identity, and
+    /// counts the caller's call either way.
+    fn permit(
+        &self,
+        caller: &Caller,
+        method: Method,
+        owner: &OwnerId,
+        session: &SessionId,
+    ) -> Result<(), Status> {
+        if caller.owners().admits(owner) {
+            return Ok(());
+        }
+        self.stats.record_denied(caller.name(), method);
+        tracing::warn!(
+            target: "audit",
+            client = %caller.name(),
+            action = method.name(),
+            %session,
+            %owner,
+            outcome = "not_permitted",
+            "refused: the caller may not act for this owner"
+        );
+        Err(reason_status(
+            pb::Reason::NotPermitted,
+            &format!(
+                "client `{}` may not act for owner `{owner}`: its owner ids begin with `{}`",
+                caller.name(),
+                caller.owners()
+            ),
+            None,
+        ))
     }
 
     fn check_batch(&self, n: usize) -> Result<(), Status> {
@@ -59,10 +109,28 @@ impl LeaseService {
 
     /// Renews a batch; one result per lease, in order. Malformed entries
     /// fail alone, as INVALID.
-    async fn renew_batch(&self, refs: &[pb::LeaseRef]) -> Vec<pb::RenewResult> {
+    async fn renew_batch(
+        &self,
+        caller: &Caller,
+        method: Method,
+        refs: &[pb::LeaseRef],
+    ) -> Vec<pb::RenewResult> {
         let now = self.clock.now();
-        let parsed: Vec<Result<Lease, LeaseError>> =
-            refs.iter().map(|r| lease_from_ref(Some(r), now)).collect();
+        // A malformed entry, or one naming an owner the caller may not act
+        // for, fails alone and never reaches the backend.
+        let parsed: Vec<Result<Lease, pb::Failure>> = refs
+            .iter()
+            .map(|r| {
+                let lease = lease_from_ref(Some(r), now).map_err(|e| to_failure(&e))?;
+                self.permit(caller, method, lease.owner(), lease.session_id())
+                    .map_err(|refusal| pb::Failure {
+                        reason: pb::Reason::NotPermitted.into(),
+                        message: refusal.message().to_owned(),
+                        holder: String::new(),
+                    })?;
+                Ok(lease)
+            })
+            .collect();
         let valid: Vec<Lease> = parsed
             .iter()
             .filter_map(|p| p.as_ref().ok().cloned())
@@ -80,17 +148,17 @@ impl LeaseService {
         parsed
             .into_iter()
             .map(|p| {
-                let answer = match p {
-                    Ok(_) => answers.next().unwrap_or_else(|| {
-                        Err(LeaseError::transient(
+                let outcome = match p {
+                    Ok(_) => match answers.next() {
+                        Some(Ok(lease)) => {
+                            Outcome::Lease(lease_to_wire(&lease, now, &self.authority))
+                        }
+                        Some(Err(e)) => Outcome::Failure(to_failure(&e)),
+                        None => Outcome::Failure(to_failure(&LeaseError::transient(
                             "the backend answered too few renewals",
-                        ))
-                    }),
-                    Err(e) => Err(e),
-                };
-                let outcome = match answer {
-                    Ok(lease) => Outcome::Lease(lease_to_wire(&lease, now, &self.authority)),
-                    Err(e) => Outcome::Failure(to_failure(&e)),
+                        ))),
+                    },
+                    Err(failure) => Outcome::Failure(failure),
                 };
                 pb::RenewResult {
                     outcome: Some(outcome),
@@ -110,12 +178,21 @@ impl LeaseService {
             .collect()
     }
 
-    fn timed<T>(&self, method: Method, started: Instant, r: &Result<T, Status>) {
+    fn timed<T>(
+        &self,
+        method: Method,
+        started: Instant,
+        r: &Result<T, Status>,
+        caller: Option<&Caller>,
+    ) {
         let code = match r {
             Ok(_) => tonic::Code::Ok,
             Err(s) => s.code(),
         };
         self.stats.record(method, code, started.elapsed());
+        if let Some(caller) = caller {
+            self.stats.record_client(caller.name(), method);
+        }
     }
 }
 
@@ -142,10 +219,13 @@ impl Service for LeaseService {
         request: Request<pb::AcquireRequest>,
     ) -> Result<Response<pb::AcquireResponse>, Status> {
         let started = Instant::now();
+        let caller = Self::caller(&request);
         let r = async {
+            let caller = caller.as_ref().map_err(Status::clone)?;
             let req = request.into_inner();
             let (session, owner) =
                 ids(&req.session_id, &req.owner).map_err(|e| Self::invalid(&e))?;
+            self.permit(caller, Method::Acquire, &owner, &session)?;
             // 0 is "no floor", and what a client older than the field sends.
             let granted = match req.min_token {
                 0 => self.backend.acquire(&session, &owner).await,
@@ -161,7 +241,7 @@ impl Service for LeaseService {
             }))
         }
         .await;
-        self.timed(Method::Acquire, started, &r);
+        self.timed(Method::Acquire, started, &r, caller.ok().as_ref());
         r
     }
 
@@ -170,10 +250,13 @@ impl Service for LeaseService {
         request: Request<pb::RenewRequest>,
     ) -> Result<Response<pb::RenewResponse>, Status> {
         let started = Instant::now();
+        let caller = Self::caller(&request);
         let r = async {
+            let caller = caller.as_ref().map_err(Status::clone)?;
             let req = request.into_inner();
             let lease = lease_from_ref(req.lease.as_ref(), self.clock.now())
                 .map_err(|e| Self::invalid(&e))?;
+            self.permit(caller, Method::Renew, lease.owner(), lease.session_id())?;
             let renewed = self
                 .backend
                 .renew(&lease)
@@ -184,7 +267,7 @@ impl Service for LeaseService {
             }))
         }
         .await;
-        self.timed(Method::Renew, started, &r);
+        self.timed(Method::Renew, started, &r, caller.ok().as_ref());
         r
     }
 
@@ -193,18 +276,33 @@ impl Service for LeaseService {
         request: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
         let started = Instant::now();
+        let caller = Self::caller(&request);
         let r = async {
+            let caller = caller.as_ref().map_err(Status::clone)?;
             let req = request.into_inner();
             let lease = lease_from_ref(req.lease.as_ref(), self.clock.now())
                 .map_err(|e| Self::invalid(&e))?;
-            self.backend
-                .release(&lease)
-                .await
-                .map_err(|e| to_status(Call::Release, &e))?;
+            self.permit(caller, Method::Release, lease.owner(), lease.session_id())?;
+            let released = self.backend.release(&lease).await;
+            // A release changes who may own the session: one line for the
+            // audit trail, whoever asked and however it ended.
+            tracing::info!(
+                target: "audit",
+                client = %caller.name(),
+                action = "Release",
+                session = %lease.session_id(),
+                owner = %lease.owner(),
+                token = lease.token().get(),
+                outcome = %match &released {
+                    Ok(()) => "released".to_owned(),
+                    Err(e) => e.kind().to_string(),
+                },
+            );
+            released.map_err(|e| to_status(Call::Release, &e))?;
             Ok(Response::new(pb::ReleaseResponse {}))
         }
         .await;
-        self.timed(Method::Release, started, &r);
+        self.timed(Method::Release, started, &r, caller.ok().as_ref());
         r
     }
 
@@ -213,7 +311,9 @@ impl Service for LeaseService {
         request: Request<pb::GetRequest>,
     ) -> Result<Response<pb::GetResponse>, Status> {
         let started = Instant::now();
+        let caller = Self::caller(&request);
         let r = async {
+            let caller = caller.as_ref().map_err(Status::clone)?;
             let req = request.into_inner();
             let session = SessionId::new(&req.session_id).map_err(|e| Self::invalid(&e))?;
             let current = self
@@ -221,13 +321,16 @@ impl Service for LeaseService {
                 .current(&session)
                 .await
                 .map_err(|e| to_status(Call::Get, &e))?;
+            if let (GetAccess::OwnOwners, Some(held)) = (self.get_access, &current) {
+                self.permit(caller, Method::Get, held.owner(), &session)?;
+            }
             let now = self.clock.now();
             Ok(Response::new(pb::GetResponse {
                 lease: current.map(|l| lease_to_wire(&l, now, &self.authority)),
             }))
         }
         .await;
-        self.timed(Method::Get, started, &r);
+        self.timed(Method::Get, started, &r, caller.ok().as_ref());
         r
     }
 
@@ -236,15 +339,19 @@ impl Service for LeaseService {
         request: Request<pb::BatchRenewRequest>,
     ) -> Result<Response<pb::BatchRenewResponse>, Status> {
         let started = Instant::now();
+        let caller = Self::caller(&request);
         let r = async {
+            let caller = caller.as_ref().map_err(Status::clone)?;
             let req = request.into_inner();
             self.check_batch(req.leases.len())?;
             Ok(Response::new(pb::BatchRenewResponse {
-                results: self.renew_batch(&req.leases).await,
+                results: self
+                    .renew_batch(caller, Method::BatchRenew, &req.leases)
+                    .await,
             }))
         }
         .await;
-        self.timed(Method::BatchRenew, started, &r);
+        self.timed(Method::BatchRenew, started, &r, caller.ok().as_ref());
         r
     }
 
@@ -254,6 +361,7 @@ impl Service for LeaseService {
         &self,
         request: Request<Streaming<pb::KeepAliveRequest>>,
     ) -> Result<Response<Self::KeepAliveStream>, Status> {
+        let mut caller = Self::caller(&request)?;
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(KEEPALIVE_QUEUE);
         let this = self.clone();
@@ -296,10 +404,17 @@ impl Service for LeaseService {
                 let Some(next) = next else { break };
                 let started = Instant::now();
                 let answer = match next {
+                    // The identities may have been replaced since the
+                    // stream opened: a revoked credential renews nothing
+                    // more, and the stream ends.
+                    Ok(_) if let Err(refused) = this.auth.recheck(&mut caller) => Err(refused),
                     Ok(batch) => Ok(pb::KeepAliveResponse {
                         batch_id: batch.batch_id,
                         results: match this.check_batch(batch.leases.len()) {
-                            Ok(()) => this.renew_batch(&batch.leases).await,
+                            Ok(()) => {
+                                this.renew_batch(&caller, Method::KeepAliveBatch, &batch.leases)
+                                    .await
+                            }
                             Err(status) => Self::refuse_batch(batch.leases.len(), &status),
                         },
                     }),
@@ -313,7 +428,7 @@ impl Service for LeaseService {
                     // The client's side broke; nothing more will come.
                     Err(_) => break,
                 };
-                this.timed(Method::KeepAliveBatch, started, &answer);
+                this.timed(Method::KeepAliveBatch, started, &answer, Some(&caller));
                 let fatal = answer.is_err();
                 if tx.send(answer).await.is_err() || fatal {
                     break;
@@ -334,7 +449,23 @@ impl Service for LeaseService {
             ttl: self.ttl.map(crate::convert::duration_to_wire),
             max_batch: u32::try_from(self.max_batch).unwrap_or(u32::MAX),
         }));
-        self.timed(Method::GetAuthority, started, &r);
+        self.timed(Method::GetAuthority, started, &r, None);
+        r
+    }
+
+    async fn who_am_i(
+        &self,
+        request: Request<pb::WhoAmIRequest>,
+    ) -> Result<Response<pb::WhoAmIResponse>, Status> {
+        let started = Instant::now();
+        let caller = Self::caller(&request);
+        let r = caller.as_ref().map_err(Status::clone).map(|caller| {
+            Response::new(pb::WhoAmIResponse {
+                client: caller.name().to_string(),
+                owner_prefixes: caller.owners().wire_prefixes(),
+            })
+        });
+        self.timed(Method::WhoAmI, started, &r, caller.ok().as_ref());
         r
     }
 }

@@ -2,9 +2,10 @@
 //! latency, and open KeepAlive streams — rendered in Prometheus' text
 //! format by [`ServerStats::render_prometheus`].
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// A method of the lease service, as counted.
@@ -17,10 +18,11 @@ pub(crate) enum Method {
     BatchRenew,
     KeepAliveBatch,
     GetAuthority,
+    WhoAmI,
 }
 
 impl Method {
-    const ALL: [Method; 7] = [
+    const ALL: [Method; 8] = [
         Method::Acquire,
         Method::Renew,
         Method::Release,
@@ -28,9 +30,10 @@ impl Method {
         Method::BatchRenew,
         Method::KeepAliveBatch,
         Method::GetAuthority,
+        Method::WhoAmI,
     ];
 
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Method::Acquire => "Acquire",
             Method::Renew => "Renew",
@@ -39,6 +42,7 @@ impl Method {
             Method::BatchRenew => "BatchRenew",
             Method::KeepAliveBatch => "KeepAlive",
             Method::GetAuthority => "GetAuthority",
+            Method::WhoAmI => "WhoAmI",
         }
     }
 }
@@ -57,10 +61,21 @@ struct PerMethod {
     sum_seconds: f64,
 }
 
+/// One client's calls (KeepAlive: batches) and refusals, by method.
+#[derive(Debug, Default, Clone)]
+struct PerClient {
+    calls: [u64; Method::ALL.len()],
+    /// Leases refused because the caller may not act for their owner.
+    denied: [u64; Method::ALL.len()],
+}
+
 /// Counters of a lease server, shared by all its connections.
 #[derive(Debug, Default)]
 pub struct ServerStats {
     methods: Mutex<[PerMethod; Method::ALL.len()]>,
+    /// By client name: as many as the identities name (plus `anonymous`
+    /// or `bearer`), or certificates the client CA signed.
+    clients: Mutex<BTreeMap<Arc<str>, PerClient>>,
     open_streams: AtomicI64,
 }
 
@@ -82,6 +97,38 @@ impl ServerStats {
         }
         m.buckets[BUCKETS.len()] += 1;
         m.sum_seconds += secs;
+    }
+
+    pub(crate) fn record_client(&self, client: Arc<str>, method: Method) {
+        let mut clients = self
+            .clients
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        clients.entry(client).or_default().calls[method as usize] += 1;
+    }
+
+    pub(crate) fn record_denied(&self, client: Arc<str>, method: Method) {
+        let mut clients = self
+            .clients
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        clients.entry(client).or_default().denied[method as usize] += 1;
+    }
+
+    /// Calls (KeepAlive: batches) `client` made of `method` (its gRPC
+    /// name), and the leases of them refused because it may not act for
+    /// their owner.
+    pub fn client_calls(&self, client: &str, method: &str) -> (u64, u64) {
+        let clients = self
+            .clients
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(m) = Method::ALL.iter().find(|m| m.name() == method) else {
+            return (0, 0);
+        };
+        clients
+            .get(client)
+            .map_or((0, 0), |c| (c.calls[*m as usize], c.denied[*m as usize]))
     }
 
     pub(crate) fn stream_opened(&self) {
@@ -167,6 +214,7 @@ impl ServerStats {
                 m.name()
             );
         }
+        self.render_clients(&mut out);
         out.push_str("# HELP mecatl_lease_keepalive_streams KeepAlive streams open now.\n");
         out.push_str("# TYPE mecatl_lease_keepalive_streams gauge\n");
         let _ = writeln!(
@@ -176,6 +224,54 @@ impl ServerStats {
         );
         out
     }
+}
+
+impl ServerStats {
+    fn render_clients(&self, out: &mut String) {
+        let clients = self
+            .clients
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        out.push_str("# HELP mecatl_lease_client_calls_total Lease service calls (KeepAlive: batches) by client and method.\n");
+        out.push_str("# TYPE mecatl_lease_client_calls_total counter\n");
+        for (name, c) in &clients {
+            for m in Method::ALL {
+                let n = c.calls[m as usize];
+                if n > 0 {
+                    let _ = writeln!(
+                        out,
+                        "mecatl_lease_client_calls_total{{client=\"{}\",method=\"{}\"}} {n}",
+                        label(name),
+                        m.name()
+                    );
+                }
+            }
+        }
+        out.push_str("# HELP mecatl_lease_client_denied_total Leases refused because the client may not act for their owner, by client and method.\n");
+        out.push_str("# TYPE mecatl_lease_client_denied_total counter\n");
+        for (name, c) in &clients {
+            for m in Method::ALL {
+                let n = c.denied[m as usize];
+                if n > 0 {
+                    let _ = writeln!(
+                        out,
+                        "mecatl_lease_client_denied_total{{client=\"{}\",method=\"{}\"}} {n}",
+                        label(name),
+                        m.name()
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A Prometheus label value: a certificate's name may hold any character.
+fn label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 #[cfg(test)]

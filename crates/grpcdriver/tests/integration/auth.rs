@@ -132,12 +132,17 @@ async fn mutual_tls_admits_only_certificates_of_its_own_ca() {
         assert_eq!(backend.live_count(), 0, "{who}: nothing acquired");
     }
 
-    let good_cert = ours.issue("good client");
+    let good_cert = ours.issue_client("good client", Some("spiffe://test/good"), &[]);
     let good = tls_client(
         &server,
         ClientTls::new(ours.ca_pem.clone()).identity(good_cert.cert_pem, good_cert.key_pem),
     );
-    let lease = good.acquire(&chat, &owner("rightful")).await.unwrap();
+    // Its certificate's name is its identity: it acts for the owners
+    // under that name.
+    let lease = good
+        .acquire(&chat, &owner("spiffe://test/good/host-1"))
+        .await
+        .unwrap();
     assert_eq!(
         backend.current(&chat).await.unwrap().map(|l| l.token()),
         Some(lease.token())

@@ -118,6 +118,14 @@ impl LeaseService for Partial {
     ) -> Result<Response<pb::GetAuthorityResponse>, Status> {
         self.real.clone().get_authority(r.into_inner()).await
     }
+
+    /// A server older than WhoAmI.
+    async fn who_am_i(
+        &self,
+        _: Request<pb::WhoAmIRequest>,
+    ) -> Result<Response<pb::WhoAmIResponse>, Status> {
+        Err(missing("WhoAmI"))
+    }
 }
 
 /// Serves `router` on a fresh loopback port until dropped.
@@ -274,6 +282,12 @@ async fn without_get_current_is_unsupported() {
 }
 
 #[tokio::test]
+async fn a_server_older_than_who_am_i_names_no_identity() {
+    let setup = partial_server(true).await;
+    assert_eq!(setup.client.who_am_i().await.unwrap(), None);
+}
+
+#[tokio::test]
 async fn another_service_behind_the_address_is_invalid_never_unsupported() {
     // A gRPC server, but not a lease service: only health is routed, so
     // every lease method is a plain UNIMPLEMENTED from the router.
@@ -353,6 +367,12 @@ async fn a_lease_service_answering_plain_unimplemented_to_acquire_is_invalid() {
             _: Request<pb::GetAuthorityRequest>,
         ) -> Result<Response<pb::GetAuthorityResponse>, Status> {
             Err(missing("GetAuthority"))
+        }
+        async fn who_am_i(
+            &self,
+            _: Request<pb::WhoAmIRequest>,
+        ) -> Result<Response<pb::WhoAmIResponse>, Status> {
+            Err(missing("WhoAmI"))
         }
     }
 

@@ -1,6 +1,7 @@
 //! grpcdriver's integration tests, one binary, each against real tonic
 //! servers on loopback ports of its own (`support`): credentials (`auth`);
-//! servers lacking the optional methods (`fallback`); network faults
+//! who may act for which owners (`identity`); servers lacking the
+//! optional methods (`fallback`); network faults
 //! through a TCP proxy (`faults`); token floors and rewound state
 //! (`floor`); limits, identity and authority (`hardening`); bad input on
 //! the wire (`limits`); grant times counted from the send (`sending`).
@@ -19,5 +20,6 @@ mod fallback;
 mod faults;
 mod floor;
 mod hardening;
+mod identity;
 mod limits;
 mod sending;

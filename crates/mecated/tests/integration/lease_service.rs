@@ -153,3 +153,112 @@ async fn a_service_granting_less_than_the_lease_ttl_is_refused_at_start() {
     );
     assert!(stderr.contains("--session-lease-ttl"), "{stderr}");
 }
+
+/// Two servers, each with a token of its own identity on the lease
+/// service: each leases under the owner ids its identity admits, with no
+/// owner flag that names them, and one cannot take or release the other's
+/// sessions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_server_leases_under_the_owner_ids_its_identity_admits() {
+    use grpcdriver::{Identities, IdentityStore, hash_token};
+    use lease_port::{OwnerId, SessionId, SessionLease};
+
+    let identities = Identities::parse(&format!(
+        "token chat-a chat-a/ {}\ntoken chat-b chat-b/ {}\ntoken ops * {}\n",
+        hash_token("token-a"),
+        hash_token("token-b"),
+        hash_token("token-ops"),
+    ))
+    .unwrap();
+    // Longer than the other tests' TTL: the servers' lease calls get a
+    // sixth of it, and a loaded machine must not fail them.
+    let ttl = Duration::from_secs(6);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(
+        LeaseServer::new(Arc::new(MemLease::new(ttl)))
+            .ttl(ttl)
+            .identities(IdentityStore::new(identities))
+            .serve(listener, async {
+                let _ = stopped.await;
+            }),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let secrets = tempfile::tempdir().unwrap();
+    let token_file = |name: &str, token: &str| {
+        let path = secrets.path().join(name);
+        std::fs::write(&path, token).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let (a_token, b_token) = (token_file("a", "token-a"), token_file("b", "token-b"));
+    let flags = |token: &str| {
+        vec![
+            "--session-lease-url".to_owned(),
+            addr.clone(),
+            "--session-lease-token-file".to_owned(),
+            token.to_owned(),
+            "--session-lease-ttl".to_owned(),
+            "6s".to_owned(),
+            "--echo-delay".to_owned(),
+            "2s".to_owned(),
+        ]
+    };
+    let (a_flags, b_flags) = (flags(&a_token), flags(&b_token));
+    fn as_strs(f: &[String]) -> Vec<&str> {
+        f.iter().map(String::as_str).collect()
+    }
+    // `--owner web` is not an owner id either identity admits: each server
+    // puts it under its own identity's prefix.
+    let a = Mecated::start(dir.path(), "web", &as_strs(&a_flags));
+    let b = Mecated::start(dir.path(), "web", &as_strs(&b_flags));
+    create(&a, "s").await;
+    let pending = run_in_background(&a, "s", json!("from a"));
+    let started = wait_for_event(&a, "s", |e| e["payload"]["type"] == "run_started").await;
+    let a_owner = started["payload"]["owner"]
+        .as_str()
+        .expect("an owner")
+        .to_owned();
+    assert!(a_owner.starts_with("chat-a/web#"), "{started}");
+
+    let (status, body) = run(&b, "s", json!("from b")).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["error"]["holder"], a_owner.as_str(), "{body}");
+
+    // What the service holds: a's grant, which b's identity could not
+    // release even knowing it.
+    let ops = GrpcLease::builder(addr.clone())
+        .bearer_token("token-ops")
+        .build()
+        .unwrap();
+    let held = ops
+        .current(&SessionId::new("s").unwrap())
+        .await
+        .unwrap()
+        .expect("a holds s");
+    assert_eq!(held.owner(), &OwnerId::new(&a_owner).unwrap());
+    let b_client = GrpcLease::builder(addr.clone())
+        .bearer_token("token-b")
+        .build()
+        .unwrap();
+    let e = b_client.release(&held).await.unwrap_err();
+    assert_eq!(e.kind(), lease_port::LeaseErrorKind::Invalid, "{e}");
+    assert!(ops.current(held.session_id()).await.unwrap().is_some());
+
+    assert_eq!(pending.await.unwrap().unwrap()["status"], "completed");
+    let done = run_when_free(&b, "s", json!("from b")).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let log = events(&b, "s").await;
+    let b_started = log
+        .iter()
+        .rev()
+        .find(|e| e["payload"]["type"] == "run_started")
+        .expect("b's run");
+    assert!(
+        b_started["payload"]["owner"]
+            .as_str()
+            .unwrap()
+            .starts_with("chat-b/web#"),
+        "{b_started}"
+    );
+}
