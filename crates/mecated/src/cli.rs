@@ -9,7 +9,8 @@ use std::time::SystemTime;
 use crate::agent::{Agent, EchoAgent, ExecAgent};
 use crate::backend::LeaseChoice;
 use crate::config::{
-    AdoptStoreArgs, AgentKind, Cli, Command, GcArgs, LeasesAction, LeasesArgs, ServeArgs,
+    AdoptStoreArgs, AgentKind, Cli, Command, GcArgs, HashTokenArgs, LeasesAction, LeasesArgs,
+    ServeArgs,
 };
 use crate::server::default_owner;
 use crate::{Server, ServerConfig};
@@ -28,16 +29,17 @@ pub fn main() -> ExitCode {
 /// names (default `info`).
 pub fn main_with(cli: Cli) -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("MECATED_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(log_filter(std::env::var("MECATED_LOG").ok()))
+        // Colours only for a person at a terminal: a log file or a log
+        // shipper reading the audit lines gets them as plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
     let result = match cli.command {
         Some(Command::Leases(args)) => leases(&args),
         Some(Command::Gc(args)) => gc(&args),
         Some(Command::AdoptStore(args)) => adopt_store(&args),
+        Some(Command::HashToken(args)) => hash_token(&args),
         None => tokio::runtime::Runtime::new()
             .map_err(|e| format!("cannot start the runtime: {e}"))
             .and_then(|rt| rt.block_on(serve(cli.serve))),
@@ -48,6 +50,44 @@ pub fn main_with(cli: Cli) -> ExitCode {
             eprintln!("mecated: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Reads a token from standard input and prints what the token file holds
+/// for it.
+fn hash_token(args: &HashTokenArgs) -> Result<(), String> {
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+        .map_err(|e| format!("cannot read the token from standard input: {e}"))?;
+    let token = crate::auth::token_from_text(&text)
+        .map_err(|e| format!("{e}: give the token on standard input, as clients send it"))?;
+    let hash = crate::auth::hash_token(token);
+    let (Some(name), Some(roles)) = (&args.name, &args.roles) else {
+        println!("{hash}");
+        return Ok(());
+    };
+    let line = format!("{name} {roles} {hash}");
+    // Checked as the server will read it.
+    crate::auth::TokenSet::parse(&line, std::path::Path::new("<this line>"))
+        .map_err(|e| e.to_string())?;
+    println!("{line}");
+    Ok(())
+}
+
+/// The log filter `MECATED_LOG` names (default `info`), with the audit
+/// trail at `info` unless the variable names its target: a quieter level
+/// for the rest must not silence who deleted what.
+fn log_filter(spec: Option<String>) -> tracing_subscriber::EnvFilter {
+    let spec = spec.unwrap_or_else(|| "info".into());
+    let names_audit = spec.contains(crate::http::AUDIT_TARGET);
+    let filter = tracing_subscriber::EnvFilter::try_new(&spec)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    if names_audit {
+        return filter;
+    }
+    match format!("{}=info", crate::http::AUDIT_TARGET).parse() {
+        Ok(directive) => filter.add_directive(directive),
+        Err(_) => filter,
     }
 }
 
@@ -64,7 +104,14 @@ fn gc(args: &GcArgs) -> Result<(), String> {
         .map_err(|e| format!("cannot start the runtime: {e}"))?
         .block_on(store.reclaim_deleted(args.older_than))
         .map_err(|e| crate::error::error_chain(&e))?;
+    // A local command, not a request: its caller is the account it runs
+    // as, and it has no HTTP status (0).
+    let who = format!(
+        "local:{}",
+        std::env::var("USER").unwrap_or_else(|_| "unknown".into())
+    );
     for session in &report.reclaimed {
+        tracing::info!(target: crate::http::AUDIT_TARGET, who, what = "gc", session = session.as_str(), status = 0u16, code = "", "audit");
         println!("reclaimed {session}");
     }
     for session in &report.busy {
@@ -325,17 +372,37 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         resume_interrupted: args.resume_interrupted.then_some(args.resume_max_attempts),
         shutdown_timeout: args.shutdown_timeout,
         allow_volatile_lease_dir: args.allow_volatile_lease_dir,
+        token_file: args.token_file.clone(),
+        token_file_check_interval: args.token_file_check_interval,
+        allow_unauthenticated: args.allow_unauthenticated,
+        metrics_listen: args.metrics_listen,
     };
     let server = Server::start(config)
         .await
         .map_err(|e| crate::error::error_chain(&e))?;
-    // Tests and scripts read the bound address from this line.
-    println!("listening on http://{}", server.local_addr());
+    // Before the line below: whoever read it may signal at once.
     let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
     let mut int = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: draining, then shutting down (a second signal cancels the runs in progress)"),
-        _ = int.recv() => tracing::info!("SIGINT: draining, then shutting down (a second signal cancels the runs in progress)"),
+    let mut hup = signal(SignalKind::hangup()).map_err(|e| e.to_string())?;
+    // Tests and scripts read the bound address from this line.
+    println!("listening on http://{}", server.local_addr());
+    loop {
+        tokio::select! {
+            _ = term.recv() => {
+                tracing::info!("SIGTERM: draining, then shutting down (a second signal cancels the runs in progress)");
+                break;
+            }
+            _ = int.recv() => {
+                tracing::info!("SIGINT: draining, then shutting down (a second signal cancels the runs in progress)");
+                break;
+            }
+            // The outcome is logged and counted where the file is read.
+            _ = hup.recv() => {
+                if server.reload_tokens().is_none() {
+                    tracing::info!("SIGHUP: no --token-file to read again");
+                }
+            }
+        }
     }
     let second_signal = async move {
         tokio::select! {

@@ -38,12 +38,27 @@ pub enum Command {
     /// high-water marks (in the store's graveyard) so a re-created session
     /// still refuses old tokens. Safe while servers run.
     Gc(GcArgs),
+    /// Print what the token file (--token-file) holds for a bearer token
+    /// read from standard input: `sha256:` and its hash, or, given a name
+    /// and roles, the whole line. The token never goes on the command line.
+    HashToken(HashTokenArgs),
     /// Accept a store directory refused as an older copy of itself (put
     /// back from a backup or an older disk image, or moved): records this
     /// directory as the store and its state as the newest. Whatever was
     /// written after the copy was taken is lost for good. Refused while
     /// any server serves the store.
     AdoptStore(AdoptStoreArgs),
+}
+
+/// What `mecated hash-token` prints.
+#[derive(Debug, Args)]
+pub struct HashTokenArgs {
+    /// The token's name, for a whole line of the token file.
+    #[arg(long, requires = "roles")]
+    pub name: Option<String>,
+    /// The token's roles, comma-separated (`read`, `run`, `admin`).
+    #[arg(long, requires = "name")]
+    pub roles: Option<String>,
 }
 
 /// What `mecated adopt-store` adopts.
@@ -166,9 +181,44 @@ pub enum FsyncChoice {
 // is a mistake to report, not a setting to ignore.
 #[command(mut_arg("session_lease_k8s_kubeconfig", |a| a.requires("session_lease_k8s_namespace")))]
 pub struct ServeArgs {
-    /// Address to serve HTTP on.
+    /// Address to serve HTTP on. An address beyond loopback needs
+    /// --token-file (or --allow-unauthenticated).
     #[arg(long, env = "MECATED_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
+
+    /// Authenticate callers with the bearer tokens of this file: one line
+    /// per token, `NAME ROLES sha256:HEX` (roles `read`, `run`, `admin`,
+    /// comma-separated; the hash from `mecated hash-token`), `#` comments.
+    /// Read again on SIGHUP and when it changes; a malformed file is
+    /// refused, and on a reload the tokens read before stay in force.
+    #[arg(long, env = "MECATED_TOKEN_FILE", value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+
+    /// How often to look whether --token-file changed (and read it again
+    /// if it did); 0s reads it again on SIGHUP only.
+    #[arg(
+        long,
+        env = "MECATED_TOKEN_FILE_CHECK_INTERVAL",
+        default_value = "2s",
+        value_parser = parse_duration
+    )]
+    pub token_file_check_interval: Duration,
+
+    /// Serve a non-loopback --listen without --token-file: anyone who
+    /// reaches it can start runs, cancel them, delete sessions and read
+    /// every transcript.
+    #[arg(
+        long,
+        env = "MECATED_ALLOW_UNAUTHENTICATED",
+        conflicts_with = "token_file"
+    )]
+    pub allow_unauthenticated: bool,
+
+    /// Also serve `/metrics` on this address, open (counts and latencies,
+    /// no session id): for scrapers without a token. On --listen,
+    /// `/metrics` needs the `read` role when callers are authenticated.
+    #[arg(long, env = "MECATED_METRICS_LISTEN", value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
 
     /// Directory of the JSONL session store (one append-only file per
     /// session). With no lease flag, file leases are used automatically under

@@ -13,6 +13,11 @@
 //! wakes after a takeover has its writes refused by the store and its run
 //! cancelled.
 //!
+//! On loopback it serves any caller; beyond loopback it needs a token file
+//! ([`auth`]): every route but health, readiness, the API document and the
+//! operator page's HTML then needs a bearer token with the route's role,
+//! and every delete and cancel leaves one line on the `audit` target.
+//!
 //! # Example
 //!
 //! Serving on an ephemeral port in-process, the way the tests do:
@@ -36,9 +41,12 @@
 //! - [`agent`]: the agent loop (`echo`, `exec`), independent of leases.
 //! - [`engine`]: the run engine — lease, claim the store, drive, release —
 //!   answering domain errors, with no HTTP in it.
+//! - [`auth`]: who may call the API: the token file (hashed bearer tokens
+//!   with names and roles), read again without a restart.
 //! - [`wire`]: the typed request and response bodies.
-//! - [`http`]: routes, Server-Sent Events, health, metrics, and the one
-//!   mapping of engine errors to statuses and codes.
+//! - [`http`]: routes, each with the role it needs and whether it is
+//!   audited ([`http::route_table`]), Server-Sent Events, health, metrics,
+//!   and the one mapping of engine errors to statuses and codes.
 //! - [`openapi`]: the API description, derived from [`http`] and [`wire`].
 //! - [`config`]: flags, environment variables, and how they combine.
 //! - [`lease_view`]: who holds a session's lease now, read without taking
@@ -50,6 +58,7 @@
 //!   spares a run from reading its session's whole transcript again.
 
 pub mod agent;
+pub mod auth;
 pub mod backend;
 pub mod cli;
 pub mod config;

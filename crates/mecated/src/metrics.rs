@@ -48,6 +48,8 @@ pub struct Metrics {
     renew_count: AtomicU64,
     renew_sum_nanos: AtomicU64,
     renew_failures: AtomicU64,
+    tokens: AtomicU64,
+    token_file_reads: [AtomicU64; 2],
 }
 
 impl Metrics {
@@ -70,6 +72,18 @@ impl Metrics {
     /// A look through the store for interrupted runs to resume ended.
     pub fn resume_sweep_done(&self) {
         self.resume_sweeps.fetch_add(1, Relaxed);
+    }
+
+    /// The token file was read (at start-up or a reload): `tokens` are in
+    /// force now.
+    pub fn token_file_read(&self, tokens: usize) {
+        self.tokens.store(tokens as u64, Relaxed);
+        self.token_file_reads[0].fetch_add(1, Relaxed);
+    }
+
+    /// A reload of the token file was refused; the tokens in force stay.
+    pub fn token_file_refused(&self) {
+        self.token_file_reads[1].fetch_add(1, Relaxed);
     }
 
     /// Lease losses so far.
@@ -175,6 +189,7 @@ impl Metrics {
             &[(String::new(), g(&self.renew_failures))],
         );
         self.render_renew_histogram(&mut out);
+        self.render_auth(&mut out);
         out
     }
 
@@ -198,6 +213,29 @@ impl Metrics {
             "mecated_session_lease_renew_seconds_bucket{{le=\"+Inf\"}} {total}\nmecated_session_lease_renew_seconds_sum {}\nmecated_session_lease_renew_seconds_count {total}",
             g(&self.renew_sum_nanos) as f64 / 1e9
         );
+    }
+
+    /// The token file's metrics, in the Prometheus text format.
+    fn render_auth(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "# HELP mecated_auth_tokens Bearer tokens in force (0 without --token-file).\n\
+             # TYPE mecated_auth_tokens gauge\nmecated_auth_tokens {}",
+            self.tokens.load(Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP mecated_auth_token_file_reads_total Readings of the token file (at start-up, \
+             on SIGHUP, when it changed), by outcome: a refused one keeps the tokens in force.\n\
+             # TYPE mecated_auth_token_file_reads_total counter"
+        );
+        for (outcome, count) in ["read", "refused"].iter().zip(&self.token_file_reads) {
+            let _ = writeln!(
+                out,
+                "mecated_auth_token_file_reads_total{{outcome=\"{outcome}\"}} {}",
+                count.load(Relaxed)
+            );
+        }
     }
 }
 

@@ -8,7 +8,8 @@ use std::sync::LazyLock;
 use utoipa::openapi::Required;
 use utoipa::{Modify, OpenApi};
 
-use crate::http;
+use crate::auth::Role;
+use crate::http::{self, Access};
 use crate::wire::{ErrorCode, Event, FollowEnd, RunEnd, RunStatus, SessionIdText};
 
 #[derive(OpenApi)]
@@ -17,9 +18,16 @@ use crate::wire::{ErrorCode, Event, FollowEnd, RunEnd, RunStatus, SessionIdText}
         title = "mecated",
         description = "A session server whose every run is owned by one process through a fenced lease. \
                        Every error is answered with an `ErrorBody`: `{\"error\": {\"code\", \"message\", \
-                       \"retryable\", \"holder\"?}}` with a stable `code`, a request for a route that does \
-                       not exist included (404 `not_found`). Request bodies and query strings with unknown \
-                       fields are refused (400 `invalid`)."
+                       \"retryable\", \"holder\"?, \"role\"?}}` with a stable `code`, a request for a route \
+                       that does not exist included (404 `not_found`). Request bodies and query strings with \
+                       unknown fields are refused (400 `invalid`). A server started with `--token-file` \
+                       authenticates its callers with bearer tokens (`Authorization: Bearer <token>`), each \
+                       with roles: `read`, `run` and `admin`, each granting only what it names. Every \
+                       operation that needs one states it (`x-mecated-role`, and its `security`); the others \
+                       (health, readiness, this document, the operator page's HTML) are open. Without a \
+                       token, or with one the server does not know: 401 `unauthenticated` with \
+                       `WWW-Authenticate: Bearer`; with a token lacking the role: 403 `forbidden`, whose \
+                       `role` names it, and nothing was done."
     ),
     paths(
         http::create_session,
@@ -38,8 +46,8 @@ use crate::wire::{ErrorCode, Event, FollowEnd, RunEnd, RunStatus, SessionIdText}
     ),
     // Named here because no JSON body refers to them: `Event` and `RunEnd`
     // are the data of the Server-Sent Events.
-    modifiers(&CreateBodyOptional),
-    components(schemas(Event, RunEnd, RunStatus, ErrorCode, SessionIdText, FollowEnd)),
+    modifiers(&CreateBodyOptional, &RolesOfRoutes),
+    components(schemas(Event, RunEnd, RunStatus, ErrorCode, SessionIdText, FollowEnd, Role)),
     tags(
         (name = "sessions", description = "Sessions and their event logs"),
         (name = "runs", description = "Leased runs of a session's agent"),
@@ -64,6 +72,98 @@ impl Modify for CreateBodyOptional {
         if let Some(body) = body {
             body.required = Some(Required::False);
         }
+    }
+}
+
+/// The name of the bearer security scheme in the document.
+pub const BEARER_SCHEME: &str = "bearer";
+
+/// Each operation of the route table that needs a role says which
+/// (`x-mecated-role`, and the bearer scheme as its `security`), and lists
+/// the 401 and 403 its check answers, from the same table the router is
+/// built from.
+struct RolesOfRoutes;
+
+impl Modify for RolesOfRoutes {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::extensions::ExtensionsBuilder;
+        use utoipa::openapi::header::Header;
+        use utoipa::openapi::security::{
+            HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme,
+        };
+        use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+        doc.components
+            .get_or_insert_with(Default::default)
+            .add_security_scheme(
+                BEARER_SCHEME,
+                SecurityScheme::Http(
+                    HttpBuilder::new()
+                        .scheme(HttpAuthScheme::Bearer)
+                        .description(Some(
+                            "A token of the server's `--token-file`, which holds its SHA-256 \
+                             hash, name and roles",
+                        ))
+                        .build(),
+                ),
+            );
+        let error = || {
+            ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("ErrorBody")))
+                .build()
+        };
+        for route in http::route_table() {
+            let Access::Needs(role) = route.access else {
+                continue;
+            };
+            let Some(op) = operation(doc, &route.method, route.path) else {
+                continue;
+            };
+            op.security = Some(vec![SecurityRequirement::new(
+                BEARER_SCHEME,
+                Vec::<String>::new(),
+            )]);
+            op.extensions.get_or_insert_with(Default::default).merge(
+                ExtensionsBuilder::new()
+                    .add("x-mecated-role", role.name())
+                    .build(),
+            );
+            let unauthenticated = ResponseBuilder::new()
+                .description(
+                    "`unauthenticated`: the server authenticates its callers, and the request had \
+                     no `Authorization: Bearer` token, or one it does not know",
+                )
+                .header("WWW-Authenticate", Header::default())
+                .content("application/json", error())
+                .build();
+            let forbidden = ResponseBuilder::new()
+                .description(format!(
+                    "`forbidden`: the token lacks the `{role}` role (`role` names it); nothing \
+                     was done"
+                ))
+                .content("application/json", error())
+                .build();
+            let responses = &mut op.responses.responses;
+            responses.insert("401".into(), unauthenticated.into());
+            responses.insert("403".into(), forbidden.into());
+        }
+    }
+}
+
+/// The operation of `method` on `path` in `doc`.
+fn operation<'a>(
+    doc: &'a mut utoipa::openapi::OpenApi,
+    method: &axum::http::Method,
+    path: &str,
+) -> Option<&'a mut utoipa::openapi::path::Operation> {
+    use axum::http::Method;
+    let item = doc.paths.paths.get_mut(path)?;
+    match *method {
+        Method::GET => item.get.as_mut(),
+        Method::POST => item.post.as_mut(),
+        Method::DELETE => item.delete.as_mut(),
+        Method::PUT => item.put.as_mut(),
+        Method::PATCH => item.patch.as_mut(),
+        _ => None,
     }
 }
 
@@ -131,6 +231,61 @@ mod tests {
                 "/v1/sessions/{id}/runs/current",
             ]
         );
+    }
+
+    /// The router serves exactly the document's operations, each with a
+    /// role decision from the route table: an open operation carries no
+    /// security and no 401, and one that needs a role names it and lists
+    /// the 401 and the 403 its check answers.
+    #[test]
+    fn every_operation_has_a_role_decision_and_states_it() {
+        use std::collections::BTreeSet;
+
+        use crate::http::{Access, route_table};
+
+        let doc = serde_json::to_value(super::document()).unwrap();
+        let table = route_table();
+        let mut documented = BTreeSet::new();
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for (method, op) in item.as_object().unwrap() {
+                let method = method.to_uppercase();
+                let route = table
+                    .iter()
+                    .find(|r| r.method.as_str() == method && r.path == path)
+                    .unwrap_or_else(|| panic!("{method} {path} has no role decision"));
+                documented.insert((method.clone(), path.clone()));
+                let responses = &op["responses"];
+                match route.access {
+                    Access::Open => {
+                        assert!(op.get("security").is_none(), "{method} {path}");
+                        assert!(op.get("x-mecated-role").is_none(), "{method} {path}");
+                        assert!(responses.get("401").is_none(), "{method} {path}");
+                    }
+                    Access::Needs(role) => {
+                        assert_eq!(op["x-mecated-role"], role.name(), "{method} {path}");
+                        assert_eq!(
+                            op["security"],
+                            serde_json::json!([{ super::BEARER_SCHEME: [] }]),
+                            "{method} {path}"
+                        );
+                        assert!(responses.get("401").is_some(), "{method} {path}");
+                        let forbidden = responses["403"]["description"].as_str().unwrap();
+                        assert!(forbidden.contains(role.name()), "{method} {path}");
+                    }
+                }
+            }
+        }
+        let served: BTreeSet<(String, String)> = table
+            .iter()
+            .map(|r| (r.method.to_string(), r.path.to_owned()))
+            .collect();
+        assert_eq!(served, documented, "served and documented routes differ");
+        let schemes = &doc["components"]["securitySchemes"][super::BEARER_SCHEME];
+        assert_eq!(schemes["scheme"], "bearer");
+        let codes = doc["components"]["schemas"]["ErrorCode"].to_string();
+        for code in ["unauthenticated", "forbidden"] {
+            assert!(codes.contains(code), "no {code} in {codes}");
+        }
     }
 
     #[test]

@@ -10,11 +10,13 @@ use lease_port::{LeaseError, OwnerId};
 use session_store::JsonlStore;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use crate::agent::{Agent, EchoAgent};
+use crate::auth::{Reloaded, TokenFile, TokenFileError};
 use crate::backend::{self, LeaseChoice, Opened, StoreChoice};
 use crate::engine::Engine;
+use crate::http::Auth;
 use crate::lease_view::LeaseView;
 use crate::metrics::Metrics;
 
@@ -55,6 +57,20 @@ pub struct ServerConfig {
     pub shutdown_timeout: Duration,
     /// Accept a lease directory on tmpfs or ramfs (lost on reboot).
     pub allow_volatile_lease_dir: bool,
+    /// The file of hashed bearer tokens with their names and roles
+    /// ([`crate::auth`]); `None` serves every caller as anonymous, with
+    /// every role, which [`Server::start`] refuses beyond loopback unless
+    /// `allow_unauthenticated`.
+    pub token_file: Option<PathBuf>,
+    /// How often the token file is looked at for a change (its
+    /// modification time, length or inode) and read again if it changed;
+    /// zero only reads it again on [`Server::reload_tokens`] (SIGHUP).
+    pub token_file_check_interval: Duration,
+    /// Serve a non-loopback `listen` without a token file.
+    pub allow_unauthenticated: bool,
+    /// Serve `/metrics`, open, on this address too: for scrapers that hold
+    /// no token. It carries counts and latencies, no session id.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl ServerConfig {
@@ -76,13 +92,36 @@ impl ServerConfig {
             resume_interrupted: None,
             shutdown_timeout: Duration::from_secs(10),
             allow_volatile_lease_dir: false,
+            token_file: None,
+            token_file_check_interval: TOKEN_FILE_CHECK_INTERVAL,
+            allow_unauthenticated: false,
+            metrics_listen: None,
         }
     }
 }
 
+/// How often a server looks whether its token file changed, unless told
+/// otherwise (`--token-file-check-interval`): a token added or removed is
+/// in force within this long, without a SIGHUP.
+pub const TOKEN_FILE_CHECK_INTERVAL: Duration = Duration::from_secs(2);
+
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
+    /// A non-loopback address without authentication.
+    #[error(
+        "refusing to serve on {addr} without authentication: anyone who reaches it could \
+         start runs (with --agent exec, run commands), cancel them, delete sessions and read \
+         every transcript. Give a --token-file, listen on loopback, or allow unauthenticated \
+         serving explicitly with --allow-unauthenticated"
+    )]
+    Unauthenticated {
+        /// The address.
+        addr: SocketAddr,
+    },
+    /// The token file was refused.
+    #[error("cannot authenticate callers")]
+    TokenFile(#[source] crate::auth::TokenFileError),
     /// The store could not be opened.
     #[error("cannot open the session store {store}")]
     Store {
@@ -247,6 +286,13 @@ pub struct Server {
     advancing: Option<Background>,
     /// The start-up look for interrupted runs to resume.
     _sweeping: Option<Background>,
+    /// The token file, when callers are authenticated.
+    tokens: Option<Arc<TokenFile>>,
+    /// Reading the token file again when it changes.
+    _watching_tokens: Option<Background>,
+    /// The metrics listener, and where it listens.
+    _metrics: Option<(Background, SocketAddr)>,
+    metrics_addr: Option<SocketAddr>,
 }
 
 /// A task of the server's own (advancing the generation, looking for
@@ -284,6 +330,114 @@ fn advance_generations(store: Arc<JsonlStore>, app: Engine) -> Background {
     }))
 }
 
+/// The token file of `config`, read, or why it cannot be used; refuses a
+/// non-loopback address without one unless allowed.
+fn open_tokens(config: &ServerConfig) -> Result<Option<Arc<TokenFile>>, StartError> {
+    let exposed = !config.listen.ip().is_loopback();
+    let Some(path) = &config.token_file else {
+        if exposed {
+            if !config.allow_unauthenticated {
+                return Err(StartError::Unauthenticated {
+                    addr: config.listen,
+                });
+            }
+            warn!(addr = %config.listen, "serving without authentication on a non-loopback address");
+        }
+        return Ok(None);
+    };
+    let tokens = TokenFile::open(path).map_err(StartError::TokenFile)?;
+    if exposed {
+        warn!(
+            addr = %config.listen,
+            "the bearer tokens cross the network in clear text: serve behind a proxy that \
+             terminates TLS"
+        );
+    }
+    Ok(Some(Arc::new(tokens)))
+}
+
+/// Reads the token file again (when it changed, unless `forced`), logging
+/// and counting the outcome.
+fn reload_tokens(
+    tokens: &TokenFile,
+    app: &Engine,
+    forced: bool,
+) -> Result<Reloaded, TokenFileError> {
+    let result = if forced {
+        tokens.reload()
+    } else {
+        tokens.reload_if_changed()
+    };
+    match &result {
+        Ok(Reloaded::Tokens(count)) => {
+            app.metrics().token_file_read(*count);
+            info!(file = %tokens.path().display(), tokens = count, "token file read: its tokens are in force");
+        }
+        Ok(Reloaded::Unchanged) => {}
+        Err(e) => {
+            app.metrics().token_file_refused();
+            error!(
+                error = %crate::error::error_chain(e),
+                "token file refused: the tokens read before stay in force"
+            );
+        }
+    }
+    result
+}
+
+/// Reads the token file again whenever it changed, looking every `every`.
+fn watch_tokens(tokens: Arc<TokenFile>, app: Engine, every: Duration) -> Option<Background> {
+    if every.is_zero() {
+        return None;
+    }
+    Some(Background(tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            let _ = reload_tokens(&tokens, &app, false);
+        }
+    })))
+}
+
+/// The start-up look through the store for interrupted runs to resume.
+fn sweep_interrupted(app: Engine) -> Background {
+    Background(tokio::spawn(async move {
+        let report = app.resume_interrupted_runs().await;
+        app.metrics().resume_sweep_done();
+        info!(
+            ?report,
+            "looked through the store for interrupted runs to resume"
+        );
+    }))
+}
+
+/// A listening socket on `addr`, and the address it got.
+async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Listen { addr, source })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| StartError::Listen { addr, source })?;
+    Ok((listener, bound))
+}
+
+/// Serves `router` on `listener` until the engine shuts down.
+fn serve_on(
+    listener: TcpListener,
+    router: axum::Router,
+    app: &Engine,
+) -> JoinHandle<std::io::Result<()>> {
+    let stop = app.shutdown_signal();
+    tokio::spawn(async move {
+        axum::serve(listener, router)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await
+    })
+}
+
 impl std::fmt::Debug for Server {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Server")
@@ -295,6 +449,7 @@ impl std::fmt::Debug for Server {
 impl Server {
     /// Opens the store and the lease backend, binds, and starts serving.
     pub async fn start(config: ServerConfig) -> Result<Self, StartError> {
+        let tokens = open_tokens(&config)?;
         let Opened {
             store,
             leases,
@@ -312,6 +467,9 @@ impl Server {
         )
         .await?;
         let metrics = Arc::new(Metrics::default());
+        if let Some(tokens) = &tokens {
+            metrics.token_file_read(tokens.current().len());
+        }
         // Runs finish within the first half of the shutdown budget (they are
         // cancelled at once); releases get the second half.
         let view = LeaseView::new(leases.clone(), lease_dir);
@@ -326,38 +484,42 @@ impl Server {
             .with_resumption(config.resume_interrupted.unwrap_or(0));
         app.set_lease_view(view);
 
-        let listener =
-            TcpListener::bind(config.listen)
-                .await
-                .map_err(|source| StartError::Listen {
-                    addr: config.listen,
-                    source,
-                })?;
-        let addr = listener.local_addr().map_err(|source| StartError::Listen {
-            addr: config.listen,
-            source,
-        })?;
-        let router = crate::http::router(app.clone(), config.max_body_bytes);
-        let stop = app.shutdown_signal();
-        let serve = tokio::spawn(async move {
-            axum::serve(listener, router)
-                .with_graceful_shutdown(async move { stop.cancelled().await })
-                .await
-        });
-        info!(%addr, %owner, lease = ?config.lease, "mecated serving");
+        let (listener, addr) = bind(config.listen).await?;
+        let auth = tokens.clone().map_or(Auth::Off, Auth::Tokens);
+        let router = crate::http::router_with(app.clone(), config.max_body_bytes, auth);
+        let serve = serve_on(listener, router, &app);
+        let metrics_listener = match config.metrics_listen {
+            Some(at) => {
+                let (listener, at) = bind(at).await?;
+                let router = crate::http::metrics_router(app.clone());
+                let stop = app.shutdown_signal();
+                // A task of the server's: stopped if it is dropped unshut.
+                let serving = Background(tokio::spawn(async move {
+                    let served = axum::serve(listener, router)
+                        .with_graceful_shutdown(async move { stop.cancelled().await })
+                        .await;
+                    if let Err(e) = served {
+                        error!(error = %e, "the metrics listener failed");
+                    }
+                }));
+                info!(addr = %at, "serving /metrics");
+                Some((serving, at))
+            }
+            None => None,
+        };
+        info!(%addr, %owner, lease = ?config.lease, authenticated = tokens.is_some(), "mecated serving");
         let advancing = generations
             .clone()
             .map(|store| advance_generations(store, app.clone()));
-        let sweeping = config.resume_interrupted.map(|_| {
-            let app = app.clone();
-            Background(tokio::spawn(async move {
-                let report = app.resume_interrupted_runs().await;
-                app.metrics().resume_sweep_done();
-                info!(
-                    ?report,
-                    "looked through the store for interrupted runs to resume"
-                );
-            }))
+        let sweeping = config
+            .resume_interrupted
+            .map(|_| sweep_interrupted(app.clone()));
+        let watching_tokens = tokens.as_ref().and_then(|tokens| {
+            watch_tokens(
+                Arc::clone(tokens),
+                app.clone(),
+                config.token_file_check_interval,
+            )
         });
         Ok(Self {
             app,
@@ -369,7 +531,25 @@ impl Server {
             advancing,
             generations,
             _sweeping: sweeping,
+            tokens,
+            _watching_tokens: watching_tokens,
+            metrics_addr: metrics_listener.as_ref().map(|(_, at)| *at),
+            _metrics: metrics_listener,
         })
+    }
+
+    /// Reads the token file again (what SIGHUP asks for): its tokens are
+    /// in force from now on, or, if it is refused, the ones read before
+    /// stay in force and the refusal is logged. `None` without a token
+    /// file.
+    pub fn reload_tokens(&self) -> Option<Result<Reloaded, TokenFileError>> {
+        let tokens = self.tokens.as_ref()?;
+        Some(reload_tokens(tokens, &self.app, true))
+    }
+
+    /// Where `/metrics` is served on its own (`metrics_listen`).
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
     }
 
     /// The address the server listens on.

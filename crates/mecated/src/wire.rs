@@ -415,6 +415,13 @@ pub enum ErrorCode {
     StateRewound,
     /// 500: a fault of the server or its storage.
     Internal,
+    /// 401: the server authenticates its callers (`--token-file`) and the
+    /// request carried no `Authorization: Bearer` token, or one it does
+    /// not know. The answer carries `WWW-Authenticate: Bearer`.
+    Unauthenticated,
+    /// 403: the request's token is known but lacks the role the route
+    /// needs (`role` names it). Nothing was done.
+    Forbidden,
 }
 
 impl ErrorCode {
@@ -481,6 +488,10 @@ pub struct ErrorDetail {
     pub holder: Option<String>,
     /// Human-readable detail.
     pub message: String,
+    /// The role the request lacked, for `forbidden`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub role: Option<crate::auth::Role>,
     /// True when the same request may succeed later on this process
     /// (`session_busy`, `lease_unavailable`, `store_busy`,
     /// `store_unavailable`); a 503 that is

@@ -78,6 +78,8 @@ impl Lab {
             .arg(format!("{}:0", host.addr()))
             .args(["--owner", owner, "--store-dir"])
             .arg(self.store.path())
+            // The lab's hosts are private to the test's network namespaces.
+            .arg("--allow-unauthenticated")
             .args(extra)
             .env("MECATED_LOG", "warn");
         let child = self

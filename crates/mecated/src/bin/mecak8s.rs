@@ -12,7 +12,9 @@
 //! | `--listen` | `0.0.0.0:8080` |
 //!
 //! Every other `mecated` flag (and its `MECATED_*` variable) works as is;
-//! `mecak8s --help` lists them.
+//! `mecak8s --help` lists them. Listening beyond loopback, it needs
+//! `--token-file` (`MECATED_TOKEN_FILE`; the manifests mount it from a
+//! Secret) or refuses to start.
 
 use std::ffi::OsString;
 use std::process::ExitCode;

@@ -7,6 +7,7 @@ use axum::response::{IntoResponse, Response};
 use lease_keeper::{KeeperError, KeeperErrorKind};
 use session_store::StoreError;
 
+use crate::auth::Role;
 use crate::engine::EngineError;
 use crate::error::error_chain;
 use crate::wire::{ErrorBody, ErrorCode, ErrorDetail};
@@ -25,6 +26,8 @@ pub struct ApiError {
     /// Seconds to wait before retrying (`Retry-After`), when known better
     /// than the default of 1 for retryable errors.
     pub retry_after: Option<u64>,
+    /// The role the request lacked, for `forbidden`.
+    pub role: Option<Role>,
 }
 
 impl ApiError {
@@ -37,6 +40,27 @@ impl ApiError {
             message: message.into(),
             holder: None,
             retry_after: None,
+            role: None,
+        }
+    }
+
+    /// 401 `unauthenticated`: no bearer token, or one the server does not
+    /// know.
+    pub fn unauthenticated(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::Unauthenticated, message)
+    }
+
+    /// 403 `forbidden`: `caller`'s token lacks `role`.
+    pub fn forbidden(caller: &str, role: Role) -> Self {
+        Self {
+            role: Some(role),
+            ..Self::new(
+                ErrorCode::Forbidden,
+                format!(
+                    "the token {caller:?} lacks the {role} role this request needs: nothing was \
+                     done (the token file lists each token's roles)"
+                ),
+            )
         }
     }
 
@@ -66,6 +90,7 @@ impl ApiError {
                 holder: self.holder.clone(),
                 message: self.message.clone(),
                 retryable: self.code.retryable(),
+                role: self.role,
             },
         }
     }
@@ -87,6 +112,8 @@ fn status_of(code: ErrorCode) -> StatusCode {
         | ErrorCode::StoreBusy
         | ErrorCode::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         ErrorCode::Internal | ErrorCode::StateRewound => StatusCode::INTERNAL_SERVER_ERROR,
+        ErrorCode::Unauthenticated => StatusCode::UNAUTHORIZED,
+        ErrorCode::Forbidden => StatusCode::FORBIDDEN,
     }
 }
 
@@ -94,6 +121,14 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = self.body();
         let mut response = (self.status, Json(body)).into_response();
+        // The audit trail reads the code back from the answer.
+        response.extensions_mut().insert(self.code);
+        if self.code == ErrorCode::Unauthenticated {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"mecated\""),
+            );
+        }
         if let Some(secs) = self.retry_after {
             response
                 .headers_mut()
@@ -180,6 +215,8 @@ mod tests {
             (StoreUnavailable, 503, true),
             (StateRewound, 500, false),
             (Internal, 500, false),
+            (Unauthenticated, 401, false),
+            (Forbidden, 403, false),
         ];
         for (code, status, retryable) in table {
             let e = ApiError::new(code, "x");

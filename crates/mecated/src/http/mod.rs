@@ -3,6 +3,7 @@
 //! ([`crate::openapi`]), served at `/openapi.json`.
 
 mod error;
+mod guard;
 pub(crate) mod operator_page;
 
 use std::convert::Infallible;
@@ -12,16 +13,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query, Request, State};
+use axum::handler::Handler;
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{MethodFilter, MethodRouter, get, on};
 use axum::{Json, Router};
 use lease_port::SessionId;
 use session_store::ListCursor;
 
 pub use self::error::ApiError;
+use self::guard::Guard;
+pub use self::guard::{AUDIT_TARGET, Access, Auth};
+use crate::auth::Role;
 use crate::engine::{
     Engine, EngineError, FollowItem, MAX_RUN_WAIT, RunEnd as EngineRunEnd, StartedRun,
 };
@@ -32,23 +37,166 @@ use crate::wire::{
     SessionListQuery, SessionRef,
 };
 
-/// The router of the whole API.
+/// The router of the whole API, without authentication: every caller is
+/// anonymous, with every role ([`router_with`] with [`Auth::Off`]).
 pub fn router(engine: Engine, max_body_bytes: usize) -> Router {
-    Router::new()
-        .route("/v1/sessions", post(create_session).get(list_sessions))
-        .route("/v1/sessions/{id}", get(get_session).delete(delete_session))
-        .route("/v1/sessions/{id}/events", get(read_events))
-        .route("/v1/sessions/{id}/lease", get(get_lease))
-        .route("/v1/sessions/{id}/runs", post(start_run))
-        .route("/v1/sessions/{id}/runs/current", delete(cancel_run))
-        .route("/", get(operator_page::page))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .route("/openapi.json", get(openapi))
+    router_with(engine, max_body_bytes, Auth::Off)
+}
+
+/// The router of the whole API, its callers known by `auth`: every route
+/// of [`route_table`], each behind the check of its [`Access`].
+pub fn router_with(engine: Engine, max_body_bytes: usize, auth: Auth) -> Router {
+    let mut router = Router::new();
+    for (route, handler) in routes() {
+        let guard = Guard {
+            auth: auth.clone(),
+            access: route.access,
+            audited: route.audited.then_some(route.operation),
+        };
+        let handler =
+            handler.route_layer(axum::middleware::from_fn_with_state(guard, guard::guard));
+        router = router.route(route.path, handler);
+    }
+    router
         .fallback(|| async { ApiError::not_found("no such route") })
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(engine)
+}
+
+/// `/metrics` alone, open, for `--metrics-listen`: counts and latencies,
+/// no session id and no token.
+pub fn metrics_router(engine: Engine) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .fallback(|| async { ApiError::not_found("no such route: this listener serves /metrics") })
+        .with_state(engine)
+}
+
+/// One route of the API: who may call it, and whether its requests leave
+/// an audit line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// The HTTP method.
+    pub method: Method,
+    /// The path template, as the OpenAPI document spells it.
+    pub path: &'static str,
+    /// The OpenAPI operation id; what the audit line says was done.
+    pub operation: &'static str,
+    /// Who may call it.
+    pub access: Access,
+    /// Whether each request leaves one line on the `audit` target: the
+    /// routes that destroy something or end someone else's run.
+    pub audited: bool,
+}
+
+/// Every route the router serves, with its role. The router is built from
+/// this table and nothing else, so no route can be served without a
+/// decision on who may call it.
+pub fn route_table() -> Vec<Route> {
+    routes().into_iter().map(|(route, _)| route).collect()
+}
+
+fn routes() -> Vec<(Route, MethodRouter<Engine>)> {
+    use Access::{Needs, Open};
+    use Role::{Admin, Read, Run};
+    vec![
+        route(
+            Method::POST,
+            "/v1/sessions",
+            "createSession",
+            Needs(Run),
+            create_session,
+        ),
+        route(
+            Method::GET,
+            "/v1/sessions",
+            "listSessions",
+            Needs(Read),
+            list_sessions,
+        ),
+        route(
+            Method::GET,
+            "/v1/sessions/{id}",
+            "getSession",
+            Needs(Read),
+            get_session,
+        ),
+        audited(route(
+            Method::DELETE,
+            "/v1/sessions/{id}",
+            "deleteSession",
+            Needs(Admin),
+            delete_session,
+        )),
+        route(
+            Method::GET,
+            "/v1/sessions/{id}/events",
+            "readEvents",
+            Needs(Read),
+            read_events,
+        ),
+        route(
+            Method::GET,
+            "/v1/sessions/{id}/lease",
+            "getLease",
+            Needs(Read),
+            get_lease,
+        ),
+        route(
+            Method::POST,
+            "/v1/sessions/{id}/runs",
+            "startRun",
+            Needs(Run),
+            start_run,
+        ),
+        audited(route(
+            Method::DELETE,
+            "/v1/sessions/{id}/runs/current",
+            "cancelRun",
+            Needs(Run),
+            cancel_run,
+        )),
+        // The page holds no data: it asks for a token, and every request
+        // it makes needs `read`.
+        route(Method::GET, "/", "operatorPage", Open, operator_page::page),
+        route(Method::GET, "/healthz", "healthz", Open, healthz),
+        route(Method::GET, "/readyz", "readyz", Open, readyz),
+        route(Method::GET, "/metrics", "metrics", Needs(Read), metrics),
+        route(Method::GET, "/openapi.json", "openapi", Open, openapi),
+    ]
+}
+
+fn route<H, T>(
+    method: Method,
+    path: &'static str,
+    operation: &'static str,
+    access: Access,
+    handler: H,
+) -> (Route, MethodRouter<Engine>)
+where
+    H: Handler<T, Engine>,
+    T: 'static,
+{
+    // Only the standard methods are in the table; its test builds it.
+    let filter = MethodFilter::try_from(method.clone()).expect("a standard method");
+    let route = Route {
+        method,
+        path,
+        operation,
+        access,
+        audited: false,
+    };
+    (route, on(filter, handler))
+}
+
+fn audited((route, handler): (Route, MethodRouter<Engine>)) -> (Route, MethodRouter<Engine>) {
+    (
+        Route {
+            audited: true,
+            ..route
+        },
+        handler,
+    )
 }
 
 /// JSON bodies whose rejections are API errors with stable codes.
@@ -756,6 +904,35 @@ mod tests {
         for long in ["61s", "2h", "99999999999999999999999h", &"9".repeat(400)] {
             assert_eq!(parse_wait(long), Ok(MAX_RUN_WAIT), "{long}");
         }
+    }
+
+    /// The role of each route, as the documentation promises it. A route
+    /// added to the table fails here until its decision is written down.
+    #[test]
+    fn every_route_has_the_role_its_documentation_promises() {
+        use Access::{Needs, Open};
+        use Role::{Admin, Read, Run};
+        let table: Vec<(String, &str, Access, bool)> = route_table()
+            .into_iter()
+            .map(|r| (r.method.to_string(), r.path, r.access, r.audited))
+            .collect();
+        let expected = [
+            ("POST", "/v1/sessions", Needs(Run), false),
+            ("GET", "/v1/sessions", Needs(Read), false),
+            ("GET", "/v1/sessions/{id}", Needs(Read), false),
+            ("DELETE", "/v1/sessions/{id}", Needs(Admin), true),
+            ("GET", "/v1/sessions/{id}/events", Needs(Read), false),
+            ("GET", "/v1/sessions/{id}/lease", Needs(Read), false),
+            ("POST", "/v1/sessions/{id}/runs", Needs(Run), false),
+            ("DELETE", "/v1/sessions/{id}/runs/current", Needs(Run), true),
+            ("GET", "/", Open, false),
+            ("GET", "/healthz", Open, false),
+            ("GET", "/readyz", Open, false),
+            ("GET", "/metrics", Needs(Read), false),
+            ("GET", "/openapi.json", Open, false),
+        ]
+        .map(|(m, p, a, audited)| (m.to_owned(), p, a, audited));
+        assert_eq!(table, expected);
     }
 
     #[test]

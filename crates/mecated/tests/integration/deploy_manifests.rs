@@ -1,6 +1,7 @@
 //! The Kubernetes deployment of mecak8s (`deploy/kubernetes`), rendered by
 //! the real `kubectl kustomize` and read back as typed Kubernetes objects:
-//! what the manifests promise is checked, not eyeballed.
+//! what the manifests promise is checked, not eyeballed, the token file
+//! mounted from a Secret included.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -184,6 +185,75 @@ fn the_rendered_deployment_is_what_mecak8s_needs() {
     assert_eq!(
         std::time::Duration::from_secs(drain.unsigned_abs()),
         mecated::server::DEFAULT_DRAIN_TIMEOUT
+    );
+
+    // Callers authenticate: the token file comes from a Secret the
+    // operator creates (none is rendered, so no token ships with the
+    // manifests), mounted read-only where MECATED_TOKEN_FILE points, and
+    // nothing turns authentication off.
+    let value = |name: &str| {
+        env.iter()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value.clone())
+    };
+    let token_file = value("MECATED_TOKEN_FILE").expect("the pods are given a token file");
+    assert!(
+        value("MECATED_ALLOW_UNAUTHENTICATED").is_none(),
+        "authentication is turned off"
+    );
+    assert!(
+        !docs.iter().any(|d| d["kind"] == "Secret"),
+        "a Secret is rendered"
+    );
+    let mount = container
+        .volume_mounts
+        .as_ref()
+        .and_then(|m| {
+            m.iter()
+                .find(|m| token_file.starts_with(&format!("{}/", m.mount_path)))
+        })
+        .expect("the token file is on a mounted volume");
+    assert_eq!(mount.read_only, Some(true));
+    assert!(
+        mount.sub_path.is_none(),
+        "a subPath mount never sees the Secret's updates"
+    );
+    let volume = pod
+        .volumes
+        .as_ref()
+        .and_then(|v| v.iter().find(|v| v.name == mount.name))
+        .expect("the mount's volume");
+    let secret = volume.secret.as_ref().expect("the volume is a Secret");
+    assert_eq!(secret.secret_name.as_deref(), Some("mecak8s-tokens"));
+    let file = token_file
+        .strip_prefix(&format!("{}/", mount.mount_path))
+        .unwrap();
+    assert!(
+        secret
+            .items
+            .as_ref()
+            .is_some_and(|items| items.iter().any(|i| i.path == file && i.key == "tokens")),
+        "the Secret's key `tokens` is not at {token_file}"
+    );
+    // The probes' paths are open routes of the server.
+    for probe in [&container.readiness_probe, &container.liveness_probe] {
+        let probed = path(probe).unwrap();
+        let route = mecated::http::route_table()
+            .into_iter()
+            .find(|r| r.path == probed && r.method == "GET")
+            .expect("the probe's path is a route");
+        assert_eq!(route.access, mecated::http::Access::Open, "{probed}");
+    }
+    // Metrics on their own port, scraped without a token.
+    let metrics: std::net::SocketAddr = value("MECATED_METRICS_LISTEN")
+        .expect("metrics on their own listener")
+        .parse()
+        .unwrap();
+    let ports = container.ports.clone().unwrap_or_default();
+    assert!(
+        ports.iter().any(|p| p.name.as_deref() == Some("metrics")
+            && p.container_port == i32::from(metrics.port())),
+        "{ports:?}"
     );
 
     // The disruption budget covers these pods.

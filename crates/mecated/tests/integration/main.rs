@@ -10,7 +10,9 @@
 //! PostgreSQL (`postgres_leases`, `postgres_store`, with `postgres`);
 //! `mecak8s` as a deployment runs it (`mecak8s`); `mecated leases`
 //! (`leases_cli`); the operator page
-//! in headless Chromium (`operator_page`). Others run the server
+//! in headless Chromium (`operator_page`); bearer tokens and roles, the
+//! exposure check, token file reloads and the audit trail (`auth`, some of
+//! it in-process). Others run the server
 //! in-process: every route against the OpenAPI document (`router`); who
 //! owns a run (`ownership`); many followers of one session (`fanout`);
 //! incarnations under one owner id
@@ -27,6 +29,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod auth;
 mod deploy_manifests;
 mod drain;
 mod effects;

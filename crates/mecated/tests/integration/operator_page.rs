@@ -1,6 +1,8 @@
 //! The operator page (`GET /`) in a real headless Chromium: it loads,
 //! lists a session created over the API with its lease, and shows the
-//! events a run appended, read through the follow endpoint.
+//! events a run appended, read through the follow endpoint; against a
+//! server with a token file, it sends the token it was given and says when
+//! it has none, an unknown one, or one lacking the `read` role.
 
 use std::process::Command;
 
@@ -122,4 +124,79 @@ async fn the_page_shows_events_appended_while_it_is_open() {
     );
     let done = pending.await.unwrap().unwrap();
     assert_eq!(done["status"], "completed", "{done}");
+}
+
+/// A token file of a reader and a runner (who may not read): each token
+/// is its name followed by `-page-secret`.
+fn page_tokens(dir: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("tokens");
+    let line = |name: &str, roles: &str| {
+        let hash = mecated::auth::hash_token(&format!("{name}-page-secret"));
+        format!("{name} {roles} {hash}\n")
+    };
+    std::fs::write(&path, line("viewer", "read") + &line("starter", "run")).unwrap();
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_token_the_page_shows_sessions_and_events_and_says_what_it_lacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = page_tokens(dir.path());
+    let m = Mecated::start(
+        &dir.path().join("store"),
+        "page-auth",
+        &["--token-file", tokens.to_str().unwrap()],
+    );
+    for (name, body) in [
+        ("starter", json!({"id": "guarded"})),
+        ("starter", json!(null)),
+    ] {
+        let path = if body.is_null() {
+            "/v1/sessions/guarded/runs"
+        } else {
+            "/v1/sessions"
+        };
+        let body = if body.is_null() {
+            json!({"input": "behind a token"})
+        } else {
+            body
+        };
+        let r = client()
+            .post(m.url(path))
+            .bearer_auth(format!("{name}-page-secret"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{path}: {}", r.status());
+    }
+
+    // The token comes in the fragment (never sent to the server) and
+    // goes to sessionStorage; requests carry it as a header.
+    let dom = rendered(&m.url("/#session=guarded&token=viewer-page-secret"));
+    assert!(
+        dom.contains(r#"<td>guarded</td><td>free</td>"#),
+        "the session is not listed: {dom}"
+    );
+    assert!(
+        dom.contains("behind a token") && dom.contains(r#"data-seq="1""#),
+        "the run's events are not shown: {dom}"
+    );
+    assert!(
+        !dom.contains("viewer-page-secret"),
+        "the token is in the page: {dom}"
+    );
+
+    let dom = rendered(&m.url("/#session=guarded"));
+    assert!(
+        dom.contains("this server needs a token") && !dom.contains("<td>guarded</td>"),
+        "without a token the page does not say it needs one: {dom}"
+    );
+    let dom = rendered(&m.url("/#session=guarded&token=starter-page-secret"));
+    assert!(
+        dom.contains("the token lacks the read role") && !dom.contains("behind a token"),
+        "a token without read: {dom}"
+    );
+    let dom = rendered(&m.url("/#token=guessed"));
+    assert!(dom.contains("the token is not accepted"), "{dom}");
 }

@@ -597,6 +597,7 @@ async fn gc_reclaims_deleted_sessions_and_keeps_their_marks() {
     let out = Command::new(env!("CARGO_BIN_EXE_mecated"))
         .args(["gc", "--older-than", "0s", "--store-dir"])
         .arg(dir.path())
+        .env("MECATED_LOG", "warn")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -606,6 +607,13 @@ async fn gc_reclaims_deleted_sessions_and_keeps_their_marks() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("reclaimed gone"), "{stdout}");
+    // The audit line, at info whatever the log level.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("audit") && stderr.contains(r#"what="gc" session="gone""#),
+        "{stderr}"
+    );
+    assert!(!stderr.contains(r#"session="kept""#), "{stderr}");
     assert!(!store.path_of(&gone).exists());
     assert!(store.path_of(&kept).exists());
     assert!(leases.join("lease-file").exists());

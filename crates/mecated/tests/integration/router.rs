@@ -16,8 +16,10 @@ use flocklease::FlockLease;
 use lease_keeper::LeaseKeeper;
 use lease_port::{AuthorityId, Lease, LeaseError, OwnerId, SessionId, SessionLease};
 use mecated::agent::{Agent, AgentError, EchoAgent, EventSink, Turn};
+use mecated::auth::{Role, TokenFile, hash_token};
 use mecated::backend::Unleased;
 use mecated::engine::{Engine, Exclusivity};
+use mecated::http::{Access, Auth};
 use mecated::metrics::Metrics;
 use mecated::wire::{CreatedSession, ErrorBody, EventPage, RunResult, SessionInfo};
 use nix::fcntl::{Flock, FlockArg};
@@ -42,6 +44,7 @@ struct Reply {
     status: u16,
     content_type: Option<String>,
     retry_after: Option<String>,
+    www_authenticate: Option<String>,
     body: Vec<u8>,
 }
 
@@ -266,10 +269,11 @@ impl Api {
         let method = req.method().as_str().to_lowercase();
         let path = req.uri().path().to_owned();
         let response = self.router.clone().oneshot(req).await.unwrap();
-        let (status, content_type, retry_after) = (
+        let (status, content_type, retry_after, www_authenticate) = (
             response.status().as_u16(),
             header_text(response.headers(), header::CONTENT_TYPE),
             header_text(response.headers(), header::RETRY_AFTER),
+            header_text(response.headers(), header::WWW_AUTHENTICATE),
         );
         let body = response.into_body();
         let body = axum::body::to_bytes(body, usize::MAX)
@@ -280,6 +284,7 @@ impl Api {
             status,
             content_type,
             retry_after,
+            www_authenticate,
             body,
         };
         match self.contract.check(&method, &path, &reply) {
@@ -360,6 +365,7 @@ struct Setup {
     agent: Arc<dyn Agent>,
     max_body_bytes: usize,
     faults: Option<Arc<FaultyStore>>,
+    auth: Auth,
 }
 
 impl Default for Setup {
@@ -370,6 +376,7 @@ impl Default for Setup {
             agent: Arc::new(EchoAgent::default()),
             max_body_bytes: 1 << 20,
             faults: None,
+            auth: Auth::Off,
         }
     }
 }
@@ -415,7 +422,7 @@ fn serve(store_dir: &Path, contract: &Arc<Contract>, seen: &Seen, setup: Setup) 
         .unwrap();
     let engine = Engine::new(store, keeper, setup.agent, metrics, exclusivity);
     let api = Api {
-        router: mecated::http::router(engine.clone(), setup.max_body_bytes),
+        router: mecated::http::router_with(engine.clone(), setup.max_body_bytes, setup.auth),
         contract: Arc::clone(contract),
         seen: Arc::clone(seen),
     };
@@ -840,6 +847,108 @@ async fn bodies_over_the_limit_are_413(seen: &Seen) {
     assert_eq!((r.status, r.error_code().as_str()), (413, "invalid"));
 }
 
+/// A token file holding, for each role, a token with every role but it
+/// (`no-read`, `no-run`, `no-admin`: the token is the name).
+fn tokens_lacking_one_role_each(dir: &Path) -> Auth {
+    let path = dir.join("tokens");
+    let lines: Vec<String> = Role::ALL
+        .into_iter()
+        .map(|lacking| {
+            let roles: Vec<&str> = Role::ALL
+                .into_iter()
+                .filter(|r| *r != lacking)
+                .map(Role::name)
+                .collect();
+            let name = format!("no-{lacking}");
+            format!("{name} {} {}", roles.join(","), hash_token(&name))
+        })
+        .collect();
+    std::fs::write(&path, lines.join("\n")).unwrap();
+    Auth::Tokens(Arc::new(TokenFile::open(path).unwrap()))
+}
+
+/// Every route that needs a role answers 401 without a token and 403 to
+/// a token lacking the role, before it reads or changes anything; the
+/// open ones answer without a token.
+async fn callers_without_the_role_are_refused(seen: &Seen) {
+    let world = World::new(seen);
+    let auth = tokens_lacking_one_role_each(world.dir.path());
+    let (api, _) = world.serve(Setup {
+        auth,
+        ..Setup::default()
+    });
+    let request = |method: &axum::http::Method, path: &str, token: Option<&str>| {
+        let mut req = Request::builder()
+            .method(method.clone())
+            .uri(path.replace("{id}", "kept"))
+            .header(header::CONTENT_TYPE, "application/json");
+        if let Some(token) = token {
+            req = req.header(header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        // Bodies that would be accepted: a refusal is the check's alone.
+        let body = match (method.as_str(), path) {
+            ("POST", "/v1/sessions") => json!({"id": "made"}).to_string(),
+            ("POST", _) => json!({"input": "x"}).to_string(),
+            _ => String::new(),
+        };
+        req.body(Body::from(body)).unwrap()
+    };
+    let create = Request::post("/v1/sessions")
+        .header(header::AUTHORIZATION, "Bearer no-read")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(json!({"id": "kept"}).to_string()))
+        .unwrap();
+    assert_eq!(api.send(create).await.status, 201);
+    for route in mecated::http::route_table() {
+        let (method, path) = (&route.method, route.path);
+        let Access::Needs(role) = route.access else {
+            let r = api.send(request(method, path, None)).await;
+            assert!(
+                r.status < 400,
+                "{method} {path} is open, yet answered {}",
+                r.status
+            );
+            continue;
+        };
+        let r = api.send(request(method, path, None)).await;
+        assert_eq!(
+            (r.status, r.error_code().as_str()),
+            (401, "unauthenticated"),
+            "{method} {path}"
+        );
+        assert_eq!(
+            r.www_authenticate.as_deref(),
+            Some("Bearer realm=\"mecated\"")
+        );
+        let r = api.send(request(method, path, Some("not-a-token"))).await;
+        assert_eq!(
+            (r.status, r.error_code().as_str()),
+            (401, "unauthenticated"),
+            "{method} {path}"
+        );
+        let r = api
+            .send(request(method, path, Some(&format!("no-{role}"))))
+            .await;
+        assert_eq!(
+            (r.status, r.error_code().as_str()),
+            (403, "forbidden"),
+            "{method} {path}"
+        );
+        assert_eq!(r.json()["error"]["role"], role.name(), "{method} {path}");
+    }
+    // Nothing was done: the one session, no event, no second session.
+    let read = |path: &str| {
+        Request::get(path)
+            .header(header::AUTHORIZATION, "Bearer no-run")
+            .body(Body::empty())
+            .unwrap()
+    };
+    let listed = api.send(read("/v1/sessions")).await.json();
+    assert_eq!(listed["sessions"], json!([{"id": "kept"}]));
+    let events = api.send(read("/v1/sessions/kept/events")).await.json();
+    assert_eq!(events["events"], json!([]));
+}
+
 async fn streamed_events_are_the_paged_events(seen: &Seen) {
     let world = World::new(seen);
     let (api, _) = world.serve(Setup {
@@ -1113,6 +1222,7 @@ mod scenarios {
         conflicts_are_409_with_their_codes,
         unavailable_is_503_with_retry_after_when_retryable,
         faults_are_500_internal,
+        callers_without_the_role_are_refused,
     );
 }
 
@@ -1126,6 +1236,7 @@ fn the_contract_check_refuses_bodies_the_document_does_not_allow() {
         status,
         content_type: Some(content_type.into()),
         retry_after: None,
+        www_authenticate: None,
         body: body.to_string().into_bytes(),
     };
     let good = reply(201, "application/json", json!({"events": 0, "id": "a"}));
@@ -1171,6 +1282,7 @@ fn the_contract_check_refuses_bodies_the_document_does_not_allow() {
         status: 200,
         content_type: Some("text/event-stream".into()),
         retry_after: None,
+        www_authenticate: None,
         body: event_without_time.into_bytes(),
     };
     assert!(contract.check("post", "/v1/sessions/a/runs", &sse).is_err());
@@ -1178,6 +1290,7 @@ fn the_contract_check_refuses_bodies_the_document_does_not_allow() {
         status: 400,
         content_type: Some("text/plain; charset=utf-8".into()),
         retry_after: None,
+        www_authenticate: None,
         body: b"Invalid URL".to_vec(),
     };
     assert!(

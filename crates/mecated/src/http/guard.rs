@@ -1,0 +1,169 @@
+//! The check every route passes before its handler: who the caller is
+//! (a bearer token of the token file, or anonymous when authentication is
+//! off), whether the route's role is among the token's, and, for the
+//! routes that destroy or take something, one audit line of the outcome.
+
+use std::sync::Arc;
+
+use axum::extract::rejection::RawPathParamsRejection;
+use axum::extract::{RawPathParams, Request, State};
+use axum::http::{HeaderMap, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::ApiError;
+use crate::auth::{Caller, Role, TokenFile};
+use crate::wire::ErrorCode;
+
+/// The `tracing` target of the audit trail: one line per destructive or
+/// ownership-changing request, with `who`, `what`, `session`, `status` and
+/// `code`.
+pub const AUDIT_TARGET: &str = "audit";
+
+/// Who may call a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Anyone, even when the server authenticates its callers.
+    Open,
+    /// Callers whose token has this role.
+    Needs(Role),
+}
+
+/// How the server knows its callers.
+#[derive(Debug, Clone, Default)]
+pub enum Auth {
+    /// It does not: every caller is [`Caller::anonymous`], with every
+    /// role. Only on loopback, or with `--allow-unauthenticated`.
+    #[default]
+    Off,
+    /// Bearer tokens of this file.
+    Tokens(Arc<TokenFile>),
+}
+
+/// What the check of one route needs.
+#[derive(Debug, Clone)]
+pub(crate) struct Guard {
+    pub(crate) auth: Auth,
+    pub(crate) access: Access,
+    /// The route's operation id, when its requests are audited.
+    pub(crate) audited: Option<&'static str>,
+}
+
+/// A refused request: the answer, and the token's name when the token was
+/// known (refused for its roles).
+struct Refusal {
+    who: Option<String>,
+    error: ApiError,
+}
+
+impl From<ApiError> for Refusal {
+    fn from(error: ApiError) -> Self {
+        Self { who: None, error }
+    }
+}
+
+/// The caller of a request, or the answer refusing it.
+fn caller(auth: &Auth, access: Access, headers: &HeaderMap) -> Result<Caller, Refusal> {
+    let tokens = match auth {
+        Auth::Off => return Ok(Caller::anonymous()),
+        Auth::Tokens(tokens) => tokens,
+    };
+    let Access::Needs(role) = access else {
+        return Ok(Caller::anonymous());
+    };
+    let token = bearer_token(headers)?;
+    let caller = tokens.current().authenticate(token).ok_or_else(|| {
+        ApiError::unauthenticated(
+            "the bearer token is not accepted: it is not in the server's token file (or was \
+             removed from it)",
+        )
+    })?;
+    if caller.roles().contains(role) {
+        Ok(caller)
+    } else {
+        Err(Refusal {
+            who: Some(caller.name().to_owned()),
+            error: ApiError::forbidden(caller.name(), role),
+        })
+    }
+}
+
+/// The token of the one `Authorization: Bearer` header.
+fn bearer_token(headers: &HeaderMap) -> Result<&str, ApiError> {
+    let mut values = headers.get_all(header::AUTHORIZATION).iter();
+    let (Some(value), None) = (values.next(), values.next()) else {
+        return Err(ApiError::unauthenticated(
+            "this request needs one `Authorization: Bearer <token>` header",
+        ));
+    };
+    let token = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim())
+        .filter(|token| !token.is_empty());
+    token.ok_or_else(|| {
+        ApiError::unauthenticated(
+            "the Authorization header is not `Bearer <token>`: this server takes bearer \
+             tokens only",
+        )
+    })
+}
+
+/// The middleware of every route: refuses a caller without the route's
+/// role before its handler runs (so nothing of the request, its body
+/// included, is read), and audits the routes that say so.
+pub(crate) async fn guard(
+    State(guard): State<Guard>,
+    params: Result<RawPathParams, RawPathParamsRejection>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let checked = caller(&guard.auth, guard.access, request.headers());
+    let Some(what) = guard.audited else {
+        return match checked {
+            Ok(caller) => {
+                request.extensions_mut().insert(caller);
+                next.run(request).await
+            }
+            Err(refused) => refused.error.into_response(),
+        };
+    };
+    // The `{id}` as the handler reads it; the raw path when it does not
+    // decode.
+    let session = params
+        .ok()
+        .and_then(|p| {
+            p.iter()
+                .find(|(k, _)| *k == "id")
+                .map(|(_, v)| v.to_owned())
+        })
+        .unwrap_or_else(|| request.uri().path().to_owned());
+    let (who, response) = match checked {
+        Ok(caller) => {
+            let who = caller.name().to_owned();
+            request.extensions_mut().insert(caller);
+            (who, next.run(request).await)
+        }
+        Err(refused) => (
+            refused.who.unwrap_or_else(|| "unauthenticated".into()),
+            refused.error.into_response(),
+        ),
+    };
+    audit(&who, what, &session, &response);
+    response
+}
+
+/// One audit line. The `tracing` formatter quotes and escapes string
+/// fields, so a session id cannot forge a line of its own.
+fn audit(who: &str, what: &str, session: &str, response: &Response) {
+    let status = response.status().as_u16();
+    let code = response
+        .extensions()
+        .get::<ErrorCode>()
+        .and_then(|c| serde_json::to_value(c).ok())
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default();
+    tracing::info!(target: AUDIT_TARGET, who, what, session, status, code, "audit");
+}

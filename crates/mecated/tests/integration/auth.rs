@@ -1,0 +1,850 @@
+//! Bearer tokens and roles on real `mecated` processes, over real HTTP:
+//! who is refused (401, 403) and that a refused request changed nothing;
+//! what stays open; the start-up refusal of an exposed address without
+//! tokens; the token file read again without a restart; the audit trail.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::support::*;
+
+/// The token of `name` in these tests.
+fn secret(name: &str) -> String {
+    format!("{name}-7f3a9c")
+}
+
+/// A token file line for `name` with `roles`.
+fn line(name: &str, roles: &str) -> String {
+    format!(
+        "{name} {roles} {}\n",
+        mecated::auth::hash_token(&secret(name))
+    )
+}
+
+/// Replaces the file at `path` by rename, as an operator's tool (or a
+/// Kubernetes Secret update) does: never half written.
+fn replace(path: &Path, text: &str) {
+    let next = path.with_extension("next");
+    std::fs::write(&next, text).unwrap();
+    std::fs::rename(&next, path).unwrap();
+}
+
+/// The usual token file: a reader, a runner, an admin (who may only
+/// delete), and an operator with every role.
+fn token_file(dir: &Path) -> PathBuf {
+    let path = dir.join("tokens");
+    let text = [
+        "# the tokens of the tests\n".to_owned(),
+        line("reader", "read"),
+        line("runner", "run"),
+        line("janitor", "admin"),
+        line("operator", "read,run,admin"),
+    ]
+    .concat();
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// `method path` on `m` as `who` (a token name, or no token).
+async fn call(m: &Mecated, method: Method, path: &str, who: Option<&str>) -> (StatusCode, Value) {
+    call_with(m, method, path, who.map(secret), json!(null)).await
+}
+
+async fn call_with(
+    m: &Mecated,
+    method: Method,
+    path: &str,
+    token: Option<String>,
+    body: Value,
+) -> (StatusCode, Value) {
+    let mut req = client().request(method, m.url(path));
+    if let Some(token) = token {
+        req = req.bearer_auth(token);
+    }
+    if !body.is_null() {
+        req = req.json(&body);
+    }
+    let r = req.send().await.unwrap();
+    let status = r.status();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+fn start(dir: &Path, owner: &str, extra: &[&str]) -> Mecated {
+    let tokens = token_file(dir);
+    let store = dir.join("store");
+    let args = [&["--token-file", tokens.to_str().unwrap()][..], extra].concat();
+    Mecated::start(&store, owner, &args)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_known_bearer_token_every_protected_route_is_401() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start(dir.path(), "auth-401", &[]);
+    let (status, _) = call_with(
+        &m,
+        Method::POST,
+        "/v1/sessions",
+        Some(secret("operator")),
+        json!({"id": "s"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    for route in mecated::http::route_table() {
+        if route.access == mecated::http::Access::Open {
+            continue;
+        }
+        let url = m.url(&route.path.replace("{id}", "s"));
+        let method = Method::from_bytes(route.method.as_str().as_bytes()).unwrap();
+        let attempts: [(&str, Option<String>); 6] = [
+            ("no header", None),
+            ("an unknown token", Some("Bearer guessed".into())),
+            (
+                "a token's hash instead of the token",
+                Some(format!(
+                    "Bearer {}",
+                    mecated::auth::hash_token(&secret("operator"))
+                )),
+            ),
+            (
+                "another scheme",
+                Some(format!("Basic {}", secret("operator"))),
+            ),
+            ("an empty bearer", Some("Bearer ".into())),
+            (
+                "a known token with a suffix",
+                Some(format!("Bearer {}x", secret("operator"))),
+            ),
+        ];
+        for (what, header) in attempts {
+            let mut req = client().request(method.clone(), &url);
+            if let Some(h) = header {
+                req = req.header("authorization", h);
+            }
+            let r = req.send().await.unwrap();
+            assert_eq!(
+                r.status(),
+                StatusCode::UNAUTHORIZED,
+                "{what}: {method} {url}"
+            );
+            assert_eq!(
+                r.headers()["www-authenticate"],
+                "Bearer realm=\"mecated\"",
+                "{what}"
+            );
+            let body: Value = r.json().await.unwrap();
+            assert_eq!(body["error"]["code"], "unauthenticated", "{what}: {body}");
+        }
+        // Two headers, one of them good: ambiguous, so refused.
+        let r = client()
+            .request(method.clone(), &url)
+            .header("authorization", format!("Bearer {}", secret("operator")))
+            .header("authorization", "Bearer guessed")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{method} {url}");
+    }
+    // HEAD reaches the GET handlers, and a token in the query is not one.
+    for path in ["/v1/sessions", "/v1/sessions/s/events", "/metrics"] {
+        let r = client().head(m.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "HEAD {path}");
+        let r = client()
+            .get(m.url(&format!("{path}?token={}", secret("operator"))))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "?token= on {path}");
+    }
+    // The scheme's case does not matter (RFC 9110).
+    let r = client()
+        .get(m.url("/v1/sessions"))
+        .header("authorization", format!("bEaReR {}", secret("operator")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let (status, body) = call(&m, Method::GET, "/v1/sessions/s/events", Some("operator")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["events"], json!([]), "a refused request ran: {body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_token_cannot_start_cancel_or_delete() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start(dir.path(), "auth-read", &[]);
+    let (status, _) = call_with(
+        &m,
+        Method::POST,
+        "/v1/sessions",
+        Some(secret("operator")),
+        json!({"id": "kept"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let refused = [
+        (Method::POST, "/v1/sessions", json!({"id": "new"}), "run"),
+        (
+            Method::POST,
+            "/v1/sessions/kept/runs",
+            json!({"input": "x"}),
+            "run",
+        ),
+        (
+            Method::DELETE,
+            "/v1/sessions/kept/runs/current",
+            json!(null),
+            "run",
+        ),
+        (Method::DELETE, "/v1/sessions/kept", json!(null), "admin"),
+    ];
+    for (method, path, body, role) in refused {
+        let (status, answer) =
+            call_with(&m, method.clone(), path, Some(secret("reader")), body).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{method} {path}: {answer}");
+        assert_eq!(answer["error"]["code"], "forbidden", "{answer}");
+        assert_eq!(answer["error"]["role"], role, "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("\"reader\"") && message.contains(role),
+            "{message}"
+        );
+    }
+    // Nothing changed: one session, no events, and the reader reads.
+    let (status, listed) = call(&m, Method::GET, "/v1/sessions", Some("reader")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(listed["sessions"], json!([{"id": "kept"}]));
+    let (status, page) = call(&m, Method::GET, "/v1/sessions/kept/events", Some("reader")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(page["events"], json!([]));
+    let (status, _) = call(&m, Method::GET, "/v1/sessions/kept/lease", Some("reader")).await;
+    assert_eq!(status, StatusCode::OK);
+    // A runner does not read: roles grant only what they name.
+    let (status, answer) = call(&m, Method::GET, "/v1/sessions", Some("runner")).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_eq!(answer["error"]["role"], "read");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_can_start_and_cancel_but_not_delete_and_admin_can_delete() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start(dir.path(), "auth-run", &[]);
+    let runner = Some(secret("runner"));
+    let (status, _) = call_with(
+        &m,
+        Method::POST,
+        "/v1/sessions",
+        runner.clone(),
+        json!({"id": "c"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, ran) = call_with(
+        &m,
+        Method::POST,
+        "/v1/sessions/c/runs",
+        runner.clone(),
+        json!({"input": "hello"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{ran}");
+    assert_eq!(ran["status"], "completed", "{ran}");
+    let (status, _) = call(
+        &m,
+        Method::DELETE,
+        "/v1/sessions/c/runs/current",
+        Some("runner"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "nothing live to cancel");
+    let (status, answer) = call(&m, Method::DELETE, "/v1/sessions/c", Some("runner")).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
+    assert_eq!(answer["error"]["role"], "admin");
+    let (status, _) = call(&m, Method::GET, "/v1/sessions/c", Some("reader")).await;
+    assert_eq!(status, StatusCode::OK, "the runner deleted it");
+    let (status, _) = call(&m, Method::DELETE, "/v1/sessions/c", Some("janitor")).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, _) = call(&m, Method::GET, "/v1/sessions/c", Some("reader")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_readiness_and_the_document_stay_open_and_metrics_name_no_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start(dir.path(), "auth-open", &[]);
+    for path in ["/healthz", "/readyz", "/openapi.json", "/"] {
+        let r = client().get(m.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "{path}");
+    }
+    let r = client().get(m.url("/metrics")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    let session = "metrics-canary-5d1e";
+    let operator = Some(secret("operator"));
+    call_with(
+        &m,
+        Method::POST,
+        "/v1/sessions",
+        operator.clone(),
+        json!({"id": session}),
+    )
+    .await;
+    let path = format!("/v1/sessions/{session}/runs");
+    let (status, _) = call_with(&m, Method::POST, &path, operator, json!({"input": "x"})).await;
+    assert_eq!(status, StatusCode::OK);
+    let r = client()
+        .get(m.url("/metrics"))
+        .bearer_auth(secret("reader"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let text = r.text().await.unwrap();
+    assert!(
+        text.contains("mecated_runs_total{outcome=\"completed\"} 1"),
+        "{text}"
+    );
+    assert!(text.contains("mecated_auth_tokens 4"), "{text}");
+    assert!(
+        !text.contains(session),
+        "the metrics name a session: {text}"
+    );
+    assert!(
+        !text.contains("operator"),
+        "the metrics name a token: {text}"
+    );
+}
+
+/// `mecated` listening on `listen` with `extra`: its first stdout line,
+/// and its stderr once it exited (when it refused).
+fn listen_on(dir: &Path, listen: &str, extra: &[&str]) -> (Option<Mecated>, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mecated"))
+        .args(["--listen", listen, "--owner", "exposed", "--store-dir"])
+        .arg(dir.join("store"))
+        .args(extra)
+        .env("MECATED_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    if first.is_empty() {
+        let out = child.wait_with_output().unwrap();
+        assert!(!out.status.success());
+        return (None, String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    let base = first
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap()
+        .to_owned();
+    let m = Mecated {
+        child,
+        base,
+        owner: "exposed".into(),
+    };
+    (Some(m), String::new())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_loopback_listen_without_tokens_is_refused_unless_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    for listen in ["0.0.0.0:0", "[::]:0"] {
+        let (started, stderr) = listen_on(dir.path(), listen, &[]);
+        assert!(started.is_none(), "{listen} served without authentication");
+        assert!(
+            stderr.contains("refusing to serve on")
+                && stderr.contains("--token-file")
+                && stderr.contains("--allow-unauthenticated"),
+            "{stderr}"
+        );
+    }
+    let tokens = token_file(dir.path());
+    let (with_tokens, stderr) = listen_on(
+        dir.path(),
+        "0.0.0.0:0",
+        &["--token-file", tokens.to_str().unwrap()],
+    );
+    let m = with_tokens.unwrap_or_else(|| panic!("refused with tokens: {stderr}"));
+    let port = m.base.rsplit(':').next().unwrap().to_owned();
+    let r = client()
+        .get(format!("http://127.0.0.1:{port}/v1/sessions"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    drop(m);
+    let (allowed, stderr) = listen_on(dir.path(), "0.0.0.0:0", &["--allow-unauthenticated"]);
+    assert!(allowed.is_some(), "refused though allowed: {stderr}");
+    drop(allowed);
+    // Both at once contradict each other.
+    let (both, stderr) = listen_on(
+        dir.path(),
+        "0.0.0.0:0",
+        &[
+            "--allow-unauthenticated",
+            "--token-file",
+            tokens.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        both.is_none() && stderr.contains("cannot be used with"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_token_file_is_refused_at_start_naming_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokens");
+    std::fs::write(
+        &path,
+        format!(
+            "{}# fine so far\nbot run my-plain-token\n",
+            line("reader", "read")
+        ),
+    )
+    .unwrap();
+    let flags = ["--token-file", path.to_str().unwrap()].map(std::ffi::OsStr::new);
+    let stderr = refused_start(&dir.path().join("store"), "bad-file", &flags);
+    assert!(
+        stderr.contains("line 3") && stderr.contains("sha256"),
+        "{stderr}"
+    );
+    std::fs::write(&path, "# nothing\n").unwrap();
+    let stderr = refused_start(&dir.path().join("store"), "bad-file", &flags);
+    assert!(stderr.contains("holds no token"), "{stderr}");
+}
+
+/// Waits until `who`'s token gets `want` from `GET /v1/sessions`.
+async fn until_answered(m: &Mecated, who: &str, want: StatusCode) {
+    let start = Instant::now();
+    loop {
+        if call(m, Method::GET, "/v1/sessions", Some(who)).await.0 == want {
+            return;
+        }
+        assert!(start.elapsed() < PATIENCE, "{who} never got {want}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The count of token file readings with `outcome` in `m`'s metrics.
+async fn token_reads(m: &Mecated, outcome: &str) -> u64 {
+    let text = client()
+        .get(m.url("/metrics"))
+        .bearer_auth(secret("reader"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let prefix = format!("mecated_auth_token_file_reads_total{{outcome=\"{outcome}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("no {prefix}in {text}"))
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_token_file_is_read_again_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start(
+        dir.path(),
+        "auth-poll",
+        &["--token-file-check-interval", "100ms"],
+    );
+    until_answered(&m, "reader", StatusCode::OK).await;
+    let path = dir.path().join("tokens");
+    replace(
+        &path,
+        &[line("reader", "read"), line("newcomer", "read")].concat(),
+    );
+    until_answered(&m, "newcomer", StatusCode::OK).await;
+    until_answered(&m, "operator", StatusCode::UNAUTHORIZED).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reads_the_token_file_again_and_a_refused_one_keeps_the_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    // No polling: only the signal reads the file again.
+    let m = start(
+        dir.path(),
+        "auth-hup",
+        &["--token-file-check-interval", "0s"],
+    );
+    let path = dir.path().join("tokens");
+    assert_eq!(token_reads(&m, "read").await, 1, "read once at start-up");
+
+    replace(
+        &path,
+        &[line("reader", "read"), line("newcomer", "read")].concat(),
+    );
+    m.signal(Signal::SIGHUP);
+    until_answered(&m, "newcomer", StatusCode::OK).await;
+    assert_eq!(token_reads(&m, "read").await, 2);
+    let (status, _) = call(&m, Method::GET, "/v1/sessions", Some("operator")).await;
+    assert_eq!(
+        status,
+        StatusCode::UNAUTHORIZED,
+        "a removed token still works"
+    );
+
+    // A malformed file: refused, and the tokens in force stay.
+    replace(
+        &path,
+        &[
+            line("reader", "read"),
+            "intruder admin plain-token\n".into(),
+        ]
+        .concat(),
+    );
+    m.signal(Signal::SIGHUP);
+    let start = Instant::now();
+    while token_reads(&m, "refused").await == 0 {
+        assert!(
+            start.elapsed() < PATIENCE,
+            "the malformed file was never refused"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (status, _) = call(&m, Method::GET, "/v1/sessions", Some("newcomer")).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "a refused reload dropped the tokens"
+    );
+    let (status, _) = call_with(
+        &m,
+        Method::GET,
+        "/v1/sessions",
+        Some("plain-token".into()),
+        json!(null),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(token_reads(&m, "read").await, 2);
+}
+
+/// Every `audit` event's fields, as recorded by a subscriber of the test's
+/// own (on this thread: the router runs on it).
+#[derive(Default, Clone)]
+struct AuditLog(Arc<Mutex<Vec<std::collections::BTreeMap<String, String>>>>);
+
+struct Fields<'a>(&'a mut std::collections::BTreeMap<String, String>);
+
+impl tracing::field::Visit for Fields<'_> {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
+        self.0.insert(field.name().into(), value.to_string());
+    }
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name().into(), format!("{value:?}"));
+    }
+}
+
+impl tracing::Subscriber for AuditLog {
+    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
+        metadata.target() == mecated::http::AUDIT_TARGET
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        let mut fields = std::collections::BTreeMap::new();
+        event.record(&mut Fields(&mut fields));
+        fields.insert("level".into(), event.metadata().level().to_string());
+        self.0.lock().unwrap().push(fields);
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// An in-process server on `dir`, its callers known by `auth`.
+async fn in_process(
+    dir: &Path,
+    auth: mecated::http::Auth,
+) -> (axum::Router, mecated::engine::Engine) {
+    use mecated::engine::{Engine, Exclusivity};
+    let ttl = Duration::from_secs(15);
+    let store = session_store::JsonlStore::open(dir.join("store"), Default::default()).unwrap();
+    let leases = flocklease::FlockLease::open(dir.join("leases"), ttl).unwrap();
+    let metrics = Arc::new(mecated::metrics::Metrics::default());
+    let keeper = lease_keeper::LeaseKeeper::builder(
+        Arc::new(leases),
+        lease_port::OwnerId::new("audited").unwrap(),
+        ttl,
+    )
+    .metrics(metrics.clone())
+    .build()
+    .unwrap();
+    let engine = Engine::new(
+        Arc::new(store),
+        keeper,
+        Arc::new(mecated::agent::EchoAgent::default()),
+        metrics,
+        Exclusivity::Leased,
+    );
+    let router = mecated::http::router_with(engine.clone(), 1 << 20, auth);
+    (router, engine)
+}
+
+async fn send(router: &axum::Router, method: &str, path: &str, token: Option<&str>) -> u16 {
+    use tower::ServiceExt;
+    let mut req = axum::http::Request::builder().method(method).uri(path);
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {}", secret(t)));
+    }
+    if method == "POST" {
+        req = req.header("content-type", "application/json");
+    }
+    let body = if path == "/v1/sessions" {
+        json!({"id": "gone"}).to_string()
+    } else {
+        String::new()
+    };
+    let req = req.body(axum::body::Body::from(body)).unwrap();
+    router.clone().oneshot(req).await.unwrap().status().as_u16()
+}
+
+/// One line per delete and cancel, refused or not: who, what, which
+/// session, the outcome; nothing for reads and runs.
+#[tokio::test]
+async fn deletes_and_cancels_leave_one_audit_line_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = token_file(dir.path());
+    let file = mecated::auth::TokenFile::open(tokens).unwrap();
+    let auth = mecated::http::Auth::Tokens(Arc::new(file));
+    let (router, _engine) = in_process(dir.path(), auth).await;
+    let log = AuditLog::default();
+    let _guard = tracing::subscriber::set_default(log.clone());
+
+    assert_eq!(
+        send(&router, "POST", "/v1/sessions", Some("operator")).await,
+        201
+    );
+    assert_eq!(
+        send(&router, "GET", "/v1/sessions/gone", Some("reader")).await,
+        200
+    );
+    assert!(
+        log.0.lock().unwrap().is_empty(),
+        "reads and creates are not audited"
+    );
+    let steps = [
+        ("DELETE", "/v1/sessions/gone", Some("reader"), 403),
+        ("DELETE", "/v1/sessions/gone/runs/current", None, 401),
+        (
+            "DELETE",
+            "/v1/sessions/gone/runs/current",
+            Some("runner"),
+            200,
+        ),
+        ("DELETE", "/v1/sessions/gone", Some("janitor"), 204),
+        ("DELETE", "/v1/sessions/gone", Some("janitor"), 404),
+    ];
+    for (method, path, who, status) in steps {
+        assert_eq!(send(&router, method, path, who).await, status, "{path}");
+    }
+    let lines = log.0.lock().unwrap().clone();
+    let seen: Vec<Vec<&str>> = lines
+        .iter()
+        .map(|l| {
+            ["who", "what", "session", "status", "code", "level"]
+                .map(|k| l.get(k).map_or("<missing>", String::as_str))
+                .to_vec()
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            [
+                "reader",
+                "deleteSession",
+                "gone",
+                "403",
+                "forbidden",
+                "INFO"
+            ],
+            [
+                "unauthenticated",
+                "cancelRun",
+                "gone",
+                "401",
+                "unauthenticated",
+                "INFO"
+            ],
+            ["runner", "cancelRun", "gone", "200", "", "INFO"],
+            ["janitor", "deleteSession", "gone", "204", "", "INFO"],
+            [
+                "janitor",
+                "deleteSession",
+                "gone",
+                "404",
+                "not_found",
+                "INFO"
+            ],
+        ]
+    );
+}
+
+#[tokio::test]
+async fn without_authentication_the_audit_line_names_the_caller_anonymous() {
+    let dir = tempfile::tempdir().unwrap();
+    let (router, _engine) = in_process(dir.path(), mecated::http::Auth::Off).await;
+    let log = AuditLog::default();
+    let _guard = tracing::subscriber::set_default(log.clone());
+    assert_eq!(send(&router, "POST", "/v1/sessions", None).await, 201);
+    assert_eq!(
+        send(&router, "DELETE", "/v1/sessions/gone", None).await,
+        204
+    );
+    let lines = log.0.lock().unwrap().clone();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["who"], "anonymous");
+    assert_eq!(lines[0]["what"], "deleteSession");
+    assert_eq!(lines[0]["status"], "204");
+}
+
+/// `--metrics-listen` serves `/metrics` open on its own address, and
+/// nothing else there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_on_their_own_listener_are_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = mecated::ServerConfig::for_store(dir.path().join("store"));
+    config.token_file = Some(token_file(dir.path()));
+    config.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+    let server = mecated::Server::start(config).await.unwrap();
+    let metrics = server.metrics_addr().unwrap();
+    let r = client()
+        .get(format!("http://{metrics}/metrics"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert!(r.text().await.unwrap().contains("mecated_runs_total"));
+    let r = client()
+        .get(format!("http://{metrics}/v1/sessions"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        StatusCode::NOT_FOUND,
+        "the API on the metrics listener"
+    );
+    let main = server.local_addr();
+    let r = client()
+        .get(format!("http://{main}/metrics"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    assert!(server.shutdown().await);
+}
+
+/// The limits stated in docs/server.md, over the wire: a body over
+/// `--max-body-bytes` is 413 `invalid` (or, from a caller without a
+/// token, 401 before any of it is read); a request head past the HTTP
+/// server's bound is refused with 431.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_bodies_and_heads_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = start(dir.path(), "auth-limits", &["--max-body-bytes", "1024"]);
+    let operator = Some(secret("operator"));
+    call_with(
+        &m,
+        Method::POST,
+        "/v1/sessions",
+        operator.clone(),
+        json!({"id": "l"}),
+    )
+    .await;
+    let big = json!({"input": "x".repeat(4096)});
+    let (status, body) = call_with(
+        &m,
+        Method::POST,
+        "/v1/sessions/l/runs",
+        operator,
+        big.clone(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+    assert_eq!(body["error"]["code"], "invalid", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("too large"),
+        "{body}"
+    );
+    let (status, _) = call_with(&m, Method::POST, "/v1/sessions/l/runs", None, big).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, page) = call(&m, Method::GET, "/v1/sessions/l/events", Some("reader")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(page["events"], json!([]), "an oversized run ran");
+
+    let r = client()
+        .get(m.url("/healthz"))
+        .header("x-padding", "p".repeat(512 * 1024))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+}
+
+/// `mecated hash-token` reads the token from standard input (never the
+/// command line) and prints the hash, or the whole line it checked.
+#[test]
+fn hash_token_prints_what_the_token_file_holds() {
+    use std::io::Write;
+    let hash = |stdin: &str, args: &[&str]| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_mecated"))
+            .arg("hash-token")
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let expected = mecated::auth::hash_token("s3cret");
+    assert_eq!(
+        hash("s3cret\n", &[]),
+        (true, expected.clone(), String::new())
+    );
+    let (ok, line, _) = hash("s3cret", &["--name", "ops", "--roles", "read,run"]);
+    assert!(ok);
+    assert_eq!(line, format!("ops read,run {expected}"));
+    let (ok, _, err) = hash("s3cret", &["--name", "ops", "--roles", "read,write"]);
+    assert!(!ok && err.contains("unknown role \"write\""), "{err}");
+    let (ok, _, err) = hash("\n", &[]);
+    assert!(!ok && err.contains("empty"), "{err}");
+    let (ok, _, err) = hash("two words", &[]);
+    assert!(!ok && err.contains("blank"), "{err}");
+}
