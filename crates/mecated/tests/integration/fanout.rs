@@ -6,6 +6,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use futures_util::Stream;
+
 use crate::support::counting_store::CountingStore;
 use std::time::Duration;
 
@@ -100,6 +102,76 @@ async fn a_hundred_followers_share_one_reader_and_each_receives_every_event() {
         "{reads} reads for {FOLLOWERS} followers of {events} events"
     );
     assert!(waits <= 3 * events, "{waits} waits for {events} events");
+}
+
+/// Idle followers of a run that goes on cost nothing between events: the
+/// quiet periods in which their session's tail asks whether the run is
+/// still live wake none of them, and none reads the store. Only the one
+/// after they joined tells them the tail's word on their run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quiet_periods_wake_no_idle_follower_of_a_live_run() {
+    const IDLE: u64 = 20;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(CountingStore::new(
+        JsonlStore::open(
+            dir.path().join("sessions"),
+            JsonlOptions::default().fsync(FsyncPolicy::Never),
+        )
+        .unwrap(),
+    ));
+    // Its run's start, then nothing for an hour.
+    let agent = EchoAgent::new(Duration::from_secs(3600), 1);
+    let engine = leased_engine(dir.path(), store.clone(), agent);
+    let session = SessionId::new("idle").unwrap();
+    store.create(&session).await.unwrap();
+    let _run = engine
+        .start_run(session.clone(), json!("hold"))
+        .await
+        .unwrap();
+    let polls = Arc::new(AtomicU64::new(0));
+    let mut followers = Vec::new();
+    for _ in 0..IDLE {
+        let mut follow = engine.follow(session.clone(), 0).await.unwrap();
+        let polls = Arc::clone(&polls);
+        followers.push(tokio::spawn(async move {
+            // Each poll of an idle follower is a wake-up of its task.
+            let next = |cx: &mut std::task::Context<'_>| {
+                polls.fetch_add(1, Ordering::Relaxed);
+                std::pin::Pin::new(&mut follow).poll_next(cx)
+            };
+            let mut next = std::future::poll_fn(next);
+            while (&mut next).await.is_some() {}
+        }));
+    }
+    // The tail's waits are one per quiet period: two more than when the
+    // last follower joined, and the quiet period after the joins has been
+    // told and taken.
+    let quiet_periods = |after: u64| {
+        let store = Arc::clone(&store);
+        async move {
+            while store.waits.load(Ordering::Relaxed) < after + 2 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            store.waits.load(Ordering::Relaxed)
+        }
+    };
+    let settled = quiet_periods(store.waits.load(Ordering::Relaxed)).await;
+    let (polls_before, reads_before) = (
+        polls.load(Ordering::Relaxed),
+        store.reads.load(Ordering::Relaxed),
+    );
+    quiet_periods(settled).await;
+    let polls = polls.load(Ordering::Relaxed) - polls_before;
+    let reads = store.reads.load(Ordering::Relaxed) - reads_before;
+    println!("{IDLE} idle followers over two quiet periods: {polls} wake-ups, {reads} reads");
+    assert_eq!(polls, 0, "idle followers were woken with nothing to send");
+    assert_eq!(
+        reads, 0,
+        "idle followers read the store with nothing appended"
+    );
+    for follower in &followers {
+        assert!(!follower.is_finished(), "a follower of the live run ended");
+    }
 }
 
 /// A lease backend counting acquire attempts.
