@@ -17,14 +17,21 @@
 //! Idle followers of a run that goes on thus cost nothing between events;
 //! woken every quiet period, ten thousand of them were five thousand task
 //! wake-ups a second, each followed by a read of the store.
+//!
+//! While the run is this process's own and every follower has heard so,
+//! the tail itself rests: the run's end here wakes it, as does a follower
+//! joining, and only then does it go back to quiet periods. A replica
+//! holding the runs its followers follow thus does no periodic work for
+//! them at all.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use lease_port::SessionId;
-use session_store::StoredEvent;
-use tokio::sync::{broadcast, watch};
+use session_store::{StoreError, StoredEvent};
+use tokio::sync::{Notify, broadcast, watch};
 
 use super::Engine;
 use super::follow::{FOLLOW_PAGE, FOLLOW_QUIET_CHECK};
@@ -34,6 +41,11 @@ use crate::error::error_chain;
 /// Events a tail keeps for followers that have not taken them yet; one
 /// further behind reads from the store.
 const TAIL_BUFFER: usize = 1024;
+
+/// How long a resting tail waits for an append: its run's end and joins
+/// wake it, so this bounds only an append the store's watch did not
+/// report.
+const REST: Duration = Duration::from_secs(30);
 
 /// What a tail broadcasts.
 #[derive(Debug, Clone)]
@@ -103,11 +115,14 @@ struct Tail {
     quiet: watch::Sender<LiveRun>,
     /// A follower joined since the last quiet period.
     joined: Arc<AtomicBool>,
+    /// Wakes a resting tail.
+    wake: Arc<Notify>,
 }
 
 impl Tail {
     fn subscribe(&self) -> TailReceiver {
         self.joined.store(true, Ordering::Relaxed);
+        self.wake.notify_waiters();
         TailReceiver {
             events: self.sender.subscribe(),
             quiet: self.quiet.subscribe(),
@@ -137,6 +152,7 @@ impl Engine {
             sender: broadcast::channel(TAIL_BUFFER).0,
             quiet: watch::channel(LiveRun::Unknown).0,
             joined: Arc::default(),
+            wake: Arc::default(),
         };
         let receiver = tail.subscribe();
         let running = tail.clone();
@@ -163,11 +179,9 @@ impl Engine {
                     return;
                 }
             }
-            let appended = self
-                .inner
-                .store
-                .wait_for_append(session, pos, FOLLOW_QUIET_CHECK)
-                .await;
+            let Some(appended) = self.wait_for_append(session, tail, pos).await else {
+                continue;
+            };
             let failed = match appended {
                 Ok(true) => self.broadcast_new(session, &mut pos, tail).await.err(),
                 Ok(false) => {
@@ -185,6 +199,42 @@ impl Engine {
                 let _ = tail.sender.send(Broadcast::Failed(error));
                 return;
             }
+        }
+    }
+
+    /// Waits for an append after `pos` for a quiet period, or rests until
+    /// woken when the run is this process's and every follower heard so:
+    /// whether one came, or `None` when woken.
+    async fn wait_for_append(
+        &self,
+        session: &SessionId,
+        tail: &Tail,
+        pos: u64,
+    ) -> Option<Result<bool, StoreError>> {
+        let store = &self.inner.store;
+        // Listening before the check: a wake after it is not missed.
+        let woken = tail.wake.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        let told = *tail.quiet.borrow();
+        let own = self.local_run(session).map(LiveRun::Run);
+        if tail.joined.load(Ordering::Relaxed) || own.is_none() || own != Some(told) {
+            return Some(
+                store
+                    .wait_for_append(session, pos, FOLLOW_QUIET_CHECK)
+                    .await,
+            );
+        }
+        tokio::select! {
+            appended = store.wait_for_append(session, pos, REST) => Some(appended),
+            () = woken => None,
+        }
+    }
+
+    /// Wakes `session`'s tail if it rests: this process's run of it ended.
+    pub(super) fn wake_tail(&self, session: &SessionId) {
+        if let Some(tail) = self.inner.tails.lock().get(session) {
+            tail.wake.notify_waiters();
         }
     }
 
