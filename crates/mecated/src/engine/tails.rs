@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use lease_port::SessionId;
 use session_store::{StoreError, StoredEvent};
-use tokio::sync::{Notify, broadcast, watch};
+use tokio::sync::{Notify, broadcast};
 
 use super::Engine;
 use super::follow::{FOLLOW_PAGE, FOLLOW_QUIET_CHECK};
@@ -52,6 +52,8 @@ const REST: Duration = Duration::from_secs(30);
 enum Broadcast {
     /// The next stored event, in order.
     Event(Arc<StoredEvent>),
+    /// A quiet period that may be news: see [`TailItem::Quiet`].
+    Quiet(LiveRun),
     /// The store failed; the tail ended.
     Failed(String),
 }
@@ -76,27 +78,17 @@ pub(super) enum TailItem {
 
 /// A follower's subscription to its session's tail.
 #[derive(Debug)]
-pub(super) struct TailReceiver {
-    events: broadcast::Receiver<Broadcast>,
-    quiet: watch::Receiver<LiveRun>,
-}
+pub(super) struct TailReceiver(broadcast::Receiver<Broadcast>);
 
 impl TailReceiver {
-    /// The next item: events first, so a quiet period is taken after
-    /// every event the tail sent before it.
+    /// The next item, in the order the tail sent them.
     pub(super) async fn recv(&mut self) -> TailItem {
-        tokio::select! {
-            biased;
-            event = self.events.recv() => match event {
-                Ok(Broadcast::Event(event)) => TailItem::Event(event),
-                Ok(Broadcast::Failed(error)) => TailItem::Failed(error),
-                Err(broadcast::error::RecvError::Lagged(_)) => TailItem::Lagged,
-                Err(broadcast::error::RecvError::Closed) => TailItem::Closed,
-            },
-            changed = self.quiet.changed() => match changed {
-                Ok(()) => TailItem::Quiet(*self.quiet.borrow_and_update()),
-                Err(_) => TailItem::Closed,
-            },
+        match self.0.recv().await {
+            Ok(Broadcast::Event(event)) => TailItem::Event(event),
+            Ok(Broadcast::Quiet(now)) => TailItem::Quiet(now),
+            Ok(Broadcast::Failed(error)) => TailItem::Failed(error),
+            Err(broadcast::error::RecvError::Lagged(_)) => TailItem::Lagged,
+            Err(broadcast::error::RecvError::Closed) => TailItem::Closed,
         }
     }
 }
@@ -112,7 +104,8 @@ pub(super) struct Tails {
 struct Tail {
     id: u64,
     sender: broadcast::Sender<Broadcast>,
-    quiet: watch::Sender<LiveRun>,
+    /// The run the last quiet period that was news said was live.
+    told: Arc<Mutex<LiveRun>>,
     /// A follower joined since the last quiet period.
     joined: Arc<AtomicBool>,
     /// Wakes a resting tail.
@@ -123,10 +116,7 @@ impl Tail {
     fn subscribe(&self) -> TailReceiver {
         self.joined.store(true, Ordering::Relaxed);
         self.wake.notify_waiters();
-        TailReceiver {
-            events: self.sender.subscribe(),
-            quiet: self.quiet.subscribe(),
-        }
+        TailReceiver(self.sender.subscribe())
     }
 }
 
@@ -150,7 +140,7 @@ impl Engine {
         let tail = Tail {
             id: tails.next_id.fetch_add(1, Ordering::Relaxed),
             sender: broadcast::channel(TAIL_BUFFER).0,
-            quiet: watch::channel(LiveRun::Unknown).0,
+            told: Arc::new(Mutex::new(LiveRun::Unknown)),
             joined: Arc::default(),
             wake: Arc::default(),
         };
@@ -216,7 +206,7 @@ impl Engine {
         let woken = tail.wake.notified();
         tokio::pin!(woken);
         woken.as_mut().enable();
-        let told = *tail.quiet.borrow();
+        let told = *tail.told.lock().unwrap_or_else(PoisonError::into_inner);
         let own = self.local_run(session).map(LiveRun::Run);
         if tail.joined.load(Ordering::Relaxed) || own.is_none() || own != Some(told) {
             return Some(
@@ -244,13 +234,14 @@ impl Engine {
     async fn tell_quiet(&self, session: &SessionId, tail: &Tail) {
         let joined = tail.joined.swap(false, Ordering::Relaxed);
         let now = self.live_run(session).await;
-        tail.quiet.send_if_modified(|last| {
-            // A backend that cannot tell leaves the quiet period as the
-            // only sign: every one is news.
-            let news = joined || *last != now || now == LiveRun::Unknown;
-            *last = now;
-            news
-        });
+        let mut told = tail.told.lock().unwrap_or_else(PoisonError::into_inner);
+        // A backend that cannot tell leaves the quiet period as the only
+        // sign: every one is news.
+        if joined || *told != now || now == LiveRun::Unknown {
+            *told = now;
+            // No receiver left: the next turn of the loop ends the tail.
+            let _ = tail.sender.send(Broadcast::Quiet(now));
+        }
     }
 
     /// Reads and broadcasts every event after `pos`, advancing it.
