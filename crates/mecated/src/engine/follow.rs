@@ -16,11 +16,10 @@ use lease_keeper::LeaseGuard;
 use lease_port::{FencingToken, SessionId};
 use serde_json::json;
 use session_store::StoredEvent;
-use tokio::sync::broadcast;
 use tracing::warn;
 
 use super::replicas::LiveRun;
-use super::tails::TailItem;
+use super::tails::{TailItem, TailReceiver};
 use super::{Engine, EngineError, Resumption, RunStatus, tracked_append};
 use crate::error::error_chain;
 
@@ -267,7 +266,6 @@ impl Engine {
                 _ => return Some(FollowEnd::NoLiveRun),
             }
         }
-        let live = followed.live;
         let mut tail = self.subscribe_tail(session, pos);
         loop {
             // Subscribed before this read: an event the tail sent before
@@ -277,17 +275,14 @@ impl Engine {
                 Ok(None) => {}
                 Err(e) => return Some(e),
             }
-            let now = match self.take_tail(&mut tail, &mut pos, followed, tx).await {
+            match self.take_tail(&mut tail, &mut pos, followed, tx).await {
                 FromTail::End(end) => return Some(end),
                 FromTail::Gap => continue,
                 FromTail::Closed => {
                     tail = self.subscribe_tail(session, pos);
                     continue;
                 }
-                FromTail::Quiet(now) => now,
-            };
-            if now == live && live != LiveRun::Unknown {
-                continue;
+                FromTail::Quiet => {}
             }
             // The run is gone (or another took its place), or the backend
             // still cannot tell and a quiet period is the only sign left:
@@ -345,23 +340,28 @@ impl Engine {
         }
     }
 
-    /// Sends the tail's events in order until the follow ends, the tail
-    /// goes quiet, or the follower must read the store (a gap, or it fell
-    /// behind the tail's buffer).
+    /// Sends the tail's events in order until the follow ends, a quiet
+    /// period says the run may be gone, or the follower must read the
+    /// store (a gap, or it fell behind the tail's buffer). A quiet period
+    /// that finds the followed run still live needs no read: the tail
+    /// read everything before it, and this follower took it.
     async fn take_tail(
         &self,
-        tail: &mut broadcast::Receiver<TailItem>,
+        tail: &mut TailReceiver,
         pos: &mut u64,
         followed: Followed,
         tx: &Outbox,
     ) -> FromTail {
         loop {
             let event = match tail.recv().await {
-                Ok(TailItem::Event(event)) => event,
-                Ok(TailItem::Quiet(now)) => return FromTail::Quiet(now),
-                Ok(TailItem::Failed(error)) => return FromTail::End(FollowEnd::Failed(error)),
-                Err(broadcast::error::RecvError::Lagged(_)) => return FromTail::Gap,
-                Err(broadcast::error::RecvError::Closed) => return FromTail::Closed,
+                TailItem::Event(event) => event,
+                TailItem::Quiet(now) if now == followed.live && now != LiveRun::Unknown => {
+                    continue;
+                }
+                TailItem::Quiet(_) => return FromTail::Quiet,
+                TailItem::Failed(error) => return FromTail::End(FollowEnd::Failed(error)),
+                TailItem::Lagged => return FromTail::Gap,
+                TailItem::Closed => return FromTail::Closed,
             };
             if event.seq <= *pos {
                 continue;
@@ -438,7 +438,8 @@ impl Engine {
 /// What [`Engine::take_tail`] stopped at.
 enum FromTail {
     End(FollowEnd),
-    Quiet(LiveRun),
+    /// A quiet period in which the followed run was not seen live.
+    Quiet,
     /// Events are missing before the next one: read them from the store.
     Gap,
     /// The tail ended without a word (its task gone): subscribe again.

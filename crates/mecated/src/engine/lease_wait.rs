@@ -152,14 +152,14 @@ impl Engine {
         loop {
             match tokio::time::timeout_at(until, tail.recv()).await {
                 Err(_elapsed) => return None,
-                Ok(Ok(TailItem::Event(event))) => {
+                Ok(TailItem::Event(event)) => {
                     if is_run_end(&event) {
                         return Some(event.seq);
                     }
                 }
-                Ok(Ok(TailItem::Quiet(LiveRun::None))) => return Some(pos),
-                Ok(Ok(TailItem::Quiet(_))) => {}
-                Ok(Ok(TailItem::Failed(_)) | Err(_)) => return Some(pos),
+                Ok(TailItem::Quiet(LiveRun::None)) => return Some(pos),
+                Ok(TailItem::Quiet(_)) => {}
+                Ok(TailItem::Failed(_) | TailItem::Lagged | TailItem::Closed) => return Some(pos),
             }
         }
     }

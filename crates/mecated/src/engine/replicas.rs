@@ -90,9 +90,11 @@ impl Engine {
             .map(|r| r.first_seq)
     }
 
-    /// Forgets a run of this process (it ended).
+    /// Forgets a run of this process (it ended), and wakes its
+    /// followers' tail, which rested on it.
     pub(super) fn unregister_local_run(&self, session: &SessionId) {
         self.inner.replicas.local().remove(session);
+        self.wake_tail(session);
     }
 
     /// The token of this process's run of `session`, if it has one.

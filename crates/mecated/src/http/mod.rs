@@ -4,6 +4,7 @@
 
 mod error;
 mod guard;
+mod keep_alive;
 pub(crate) mod operator_page;
 
 use std::convert::Infallible;
@@ -19,13 +20,14 @@ use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, MethodRouter, get, on};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use lease_port::SessionId;
 use session_store::ListCursor;
 
 pub use self::error::ApiError;
 use self::guard::Guard;
 pub use self::guard::{AUDIT_TARGET, Access, Auth};
+use self::keep_alive::KeepAliveTicks;
 use crate::auth::Role;
 use crate::engine::{
     Engine, EngineError, FollowItem, MAX_RUN_WAIT, RunEnd as EngineRunEnd, StartedRun,
@@ -60,6 +62,7 @@ pub fn router_with(engine: Engine, max_body_bytes: usize, auth: Auth) -> Router 
     router
         .fallback(|| async { ApiError::not_found("no such route") })
         .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(Extension(KeepAliveTicks::default()))
         .with_state(engine)
 }
 
@@ -458,6 +461,7 @@ pub(crate) async fn delete_session(
 )]
 pub(crate) async fn read_events(
     State(engine): State<Engine>,
+    Extension(keep_alive): Extension<KeepAliveTicks>,
     Id(id): Id,
     headers: HeaderMap,
     query: Result<Query<PageQuery>, QueryRejection>,
@@ -501,9 +505,7 @@ pub(crate) async fn read_events(
             Some(last_seen) => engine.resume(id, last_seen).await?,
             None => engine.follow(id, from).await?,
         };
-        return Ok(Sse::new(follow_events(follow))
-            .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
-            .into_response());
+        return Ok(Sse::new(keep_alive.around(follow_events(follow))).into_response());
     }
     let from = q.after.unwrap_or(0).saturating_add(1);
     let page = engine.read_events(&id, from, limit).await?;
@@ -515,10 +517,6 @@ pub(crate) async fn read_events(
     .into_response())
 }
 
-/// How often an idle event stream carries a keep-alive comment, so
-/// proxies and load balancers do not close it as dead.
-const KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(10);
-
 fn wants_stream(headers: &HeaderMap) -> bool {
     headers
         .get(header::ACCEPT)
@@ -529,7 +527,7 @@ fn wants_stream(headers: &HeaderMap) -> bool {
 /// A follow as SSE: each event with its `seq` as `id:`, then `end`.
 fn follow_events(
     follow: crate::engine::Follow,
-) -> impl futures_util::Stream<Item = Result<SseEvent, Infallible>> {
+) -> impl futures_util::Stream<Item = Result<SseEvent, Infallible>> + Unpin {
     use futures_util::StreamExt;
     follow.map(|item| {
         Ok(match item {

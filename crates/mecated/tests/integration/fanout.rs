@@ -6,6 +6,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use futures_util::Stream;
+
 use crate::support::counting_store::CountingStore;
 use std::time::Duration;
 
@@ -14,7 +16,7 @@ use flocklease::FlockLease;
 use lease_keeper::LeaseKeeper;
 use lease_port::{AuthorityId, OwnerId, SessionId};
 use mecated::agent::EchoAgent;
-use mecated::engine::{Engine, Exclusivity, FollowEnd, FollowItem};
+use mecated::engine::{Engine, Exclusivity, FOLLOW_QUIET_CHECK, FollowEnd, FollowItem};
 use mecated::metrics::Metrics;
 use serde_json::json;
 use session_store::{FsyncPolicy, JsonlOptions, JsonlStore, SessionStore};
@@ -100,6 +102,84 @@ async fn a_hundred_followers_share_one_reader_and_each_receives_every_event() {
         "{reads} reads for {FOLLOWERS} followers of {events} events"
     );
     assert!(waits <= 3 * events, "{waits} waits for {events} events");
+}
+
+/// Idle followers of a run that goes on cost nothing between events: the
+/// quiet periods in which their session's tail asks whether the run is
+/// still live wake each of them once at most (the first after they
+/// joined, which tells them the tail's word on their run), and none reads
+/// the store. The tail itself, its run being this process's own, rests
+/// rather than waking every quiet period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quiet_periods_wake_no_idle_follower_of_a_live_run() {
+    const IDLE: u64 = 20;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(CountingStore::new(
+        JsonlStore::open(
+            dir.path().join("sessions"),
+            JsonlOptions::default().fsync(FsyncPolicy::Never),
+        )
+        .unwrap(),
+    ));
+    // Its run's start, then nothing for an hour.
+    let agent = EchoAgent::new(Duration::from_secs(3600), 1);
+    let engine = leased_engine(dir.path(), store.clone(), agent);
+    let session = SessionId::new("idle").unwrap();
+    store.create(&session).await.unwrap();
+    let _run = engine
+        .start_run(session.clone(), json!("hold"))
+        .await
+        .unwrap();
+    let (polls, received) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut followers = Vec::new();
+    for _ in 0..IDLE {
+        let mut follow = engine.follow(session.clone(), 0).await.unwrap();
+        let (polls, received) = (Arc::clone(&polls), Arc::clone(&received));
+        followers.push(tokio::spawn(async move {
+            // Each poll of an idle follower is a wake-up of its task.
+            let next = |cx: &mut std::task::Context<'_>| {
+                polls.fetch_add(1, Ordering::Relaxed);
+                std::pin::Pin::new(&mut follow).poll_next(cx)
+            };
+            let mut next = std::future::poll_fn(next);
+            while (&mut next).await.is_some() {
+                received.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    let logged = store.read(&session, 1, 1000).await.unwrap().events.len() as u64;
+    while received.load(Ordering::Relaxed) < IDLE * logged {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Each follower has what was logged; a reader's last read, and the
+    // quiet period after the joins, are over before what is counted.
+    tokio::time::sleep(FOLLOW_QUIET_CHECK + Duration::from_secs(1)).await;
+    let before = (
+        polls.load(Ordering::Relaxed),
+        store.reads.load(Ordering::Relaxed),
+        store.waits.load(Ordering::Relaxed),
+    );
+    tokio::time::sleep(FOLLOW_QUIET_CHECK * 3 + Duration::from_secs(1)).await;
+    let polls = polls.load(Ordering::Relaxed) - before.0;
+    let reads = store.reads.load(Ordering::Relaxed) - before.1;
+    let waits = store.waits.load(Ordering::Relaxed) - before.2;
+    println!(
+        "{IDLE} idle followers over three quiet periods: {polls} wake-ups, {reads} reads; \
+         the tail waited {waits} times"
+    );
+    assert!(polls <= IDLE, "{polls} wake-ups of {IDLE} idle followers");
+    assert_eq!(
+        reads, 0,
+        "idle followers read the store with nothing appended"
+    );
+    // The quiet period after the joins, then a rest.
+    assert!(
+        waits <= 2,
+        "the tail waited {waits} times, once per quiet period"
+    );
+    for follower in &followers {
+        assert!(!follower.is_finished(), "a follower of the live run ended");
+    }
 }
 
 /// A lease backend counting acquire attempts.
