@@ -664,7 +664,10 @@ mod tests {
         let h = |t: &str| hash_token(t);
         // `web-1` would admit `web-10/…`; `chat/` would admit `chat/b/…`.
         for (text, kind) in [
-            (format!("token w web-1 {}", h("a")), IdentitiesErrorKind::Malformed),
+            (
+                format!("token w web-1 {}", h("a")),
+                IdentitiesErrorKind::Malformed,
+            ),
             (
                 format!("token a chat/ {}\ntoken b chat/b/ {}", h("a"), h("b")),
                 IdentitiesErrorKind::Conflict,
@@ -677,8 +680,14 @@ mod tests {
                 format!("token a chat/ {}\ntoken b chat/ {}", h("a"), h("b")),
                 IdentitiesErrorKind::Conflict,
             ),
-            (format!("token bearer b/ {}", h("a")), IdentitiesErrorKind::Malformed),
-            (format!("token anonymous b/ {}", h("a")), IdentitiesErrorKind::Malformed),
+            (
+                format!("token bearer b/ {}", h("a")),
+                IdentitiesErrorKind::Malformed,
+            ),
+            (
+                format!("token anonymous b/ {}", h("a")),
+                IdentitiesErrorKind::Malformed,
+            ),
             (
                 format!("token a {}/ {}", "p".repeat(MAX_PREFIX_LEN), h("a")),
                 IdentitiesErrorKind::Malformed,

@@ -233,33 +233,32 @@ impl ServerStats {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
-        out.push_str("# HELP mecatl_lease_client_calls_total Lease service calls (KeepAlive: batches) by client and method.\n");
-        out.push_str("# TYPE mecatl_lease_client_calls_total counter\n");
-        for (name, c) in &clients {
-            for m in Method::ALL {
-                let n = c.calls[m as usize];
-                if n > 0 {
-                    let _ = writeln!(
-                        out,
-                        "mecatl_lease_client_calls_total{{client=\"{}\",method=\"{}\"}} {n}",
-                        label(name),
-                        m.name()
-                    );
-                }
-            }
-        }
-        out.push_str("# HELP mecatl_lease_client_denied_total Leases refused because the client may not act for their owner, by client and method.\n");
-        out.push_str("# TYPE mecatl_lease_client_denied_total counter\n");
-        for (name, c) in &clients {
-            for m in Method::ALL {
-                let n = c.denied[m as usize];
-                if n > 0 {
-                    let _ = writeln!(
-                        out,
-                        "mecatl_lease_client_denied_total{{client=\"{}\",method=\"{}\"}} {n}",
-                        label(name),
-                        m.name()
-                    );
+        // (metric, help, whether it counts refusals rather than calls)
+        let counters = [
+            (
+                "mecatl_lease_client_calls_total",
+                "Lease service calls (KeepAlive: batches) by client and method.",
+                false,
+            ),
+            (
+                "mecatl_lease_client_denied_total",
+                "Leases refused because the client may not act for their owner, by client and method.",
+                true,
+            ),
+        ];
+        for (metric, help, refusals) in counters {
+            let _ = writeln!(out, "# HELP {metric} {help}\n# TYPE {metric} counter");
+            for (name, c) in &clients {
+                for m in Method::ALL {
+                    let n = if refusals { c.denied } else { c.calls }[m as usize];
+                    if n > 0 {
+                        let _ = writeln!(
+                            out,
+                            "{metric}{{client=\"{}\",method=\"{}\"}} {n}",
+                            label(name),
+                            m.name()
+                        );
+                    }
                 }
             }
         }
