@@ -39,7 +39,6 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::time::SystemTime;
 
 use sha2::{Digest, Sha256};
 
@@ -176,9 +175,12 @@ pub enum LineProblem {
     /// Not the three fields `NAME ROLES sha256:HEX`.
     #[error("expected three fields, `NAME ROLES sha256:HEX`, found {0}")]
     FieldCount(usize),
-    /// A name with characters outside `[A-Za-z0-9._-]`, or too long.
+    /// A name with characters outside `[A-Za-z0-9._-]`, too long, or one
+    /// the audit trail gives callers without a token (`anonymous`,
+    /// `unauthenticated`).
     #[error(
-        "the name {0:?} is not 1 to {MAX_NAME_LEN} of the characters A-Z, a-z, 0-9, `.`, `_` and `-`"
+        "the name {0:?} is not 1 to {MAX_NAME_LEN} of the characters A-Z, a-z, 0-9, `.`, `_` and \
+         `-`, other than `anonymous` and `unauthenticated`"
     )]
     BadName(String),
     /// A role other than `read`, `run` and `admin`.
@@ -352,10 +354,13 @@ fn parse_line(line: &str, earlier: &[(usize, Entry)]) -> Result<Entry, LineProbl
     let [name, roles, hash] = fields[..] else {
         return Err(LineProblem::FieldCount(fields.len()));
     };
+    // The audit trail's own words for callers without a token must never
+    // name one.
     let name_ok = (1..=MAX_NAME_LEN).contains(&name.len())
         && name
             .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        && !["anonymous", "unauthenticated"].contains(&name);
     if !name_ok {
         return Err(LineProblem::BadName(name.to_owned()));
     }
@@ -432,26 +437,13 @@ pub fn token_from_text(text: &str) -> Result<&str, BadToken> {
     Ok(token)
 }
 
-/// What the file looked like when last read: a change of any of these is
-/// a reason to read it again. The inode catches a file replaced by rename
-/// (as Kubernetes updates a mounted Secret) within one mtime tick.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Stamp {
-    modified: Option<SystemTime>,
-    len: u64,
-    inode: u64,
-    device: u64,
-}
-
-fn stamp(path: &Path) -> Option<Stamp> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(path).ok()?;
-    Some(Stamp {
-        modified: meta.modified().ok(),
-        len: meta.len(),
-        inode: meta.ino(),
-        device: meta.dev(),
-    })
+/// The SHA-256 of the file's contents, `None` when it cannot be read: a
+/// rewrite is told by what it says, never by a time or a size that a copy
+/// (`cp -p`, `rsync -t`, a restore) may keep.
+fn stamp(path: &Path) -> Option<[u8; 32]> {
+    std::fs::read(path)
+        .ok()
+        .map(|bytes| Sha256::digest(&bytes).into())
 }
 
 /// How a reload went.
@@ -470,8 +462,10 @@ pub struct TokenFile {
     path: PathBuf,
     current: RwLock<Arc<TokenSet>>,
     /// The file as last read, successfully or not: a malformed file is
-    /// not read again (nor logged again) until it changes.
-    seen: Mutex<Option<Stamp>>,
+    /// not read again (nor logged again) until it changes. Held across a
+    /// whole reload, so a reload on SIGHUP and one on a change never put
+    /// an older read in force after a newer one.
+    seen: Mutex<Option<[u8; 32]>>,
 }
 
 impl TokenFile {
@@ -500,26 +494,26 @@ impl TokenFile {
     /// Reads the file again; on success its tokens replace the ones in
     /// force, on failure those stay in force.
     pub fn reload(&self) -> Result<Reloaded, TokenFileError> {
-        let before = stamp(&self.path);
-        *self.seen.lock().unwrap_or_else(PoisonError::into_inner) = before;
+        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        self.reload_locked(&mut seen)
+    }
+
+    fn reload_locked(&self, seen: &mut Option<[u8; 32]>) -> Result<Reloaded, TokenFileError> {
+        *seen = stamp(&self.path);
         let set = TokenSet::load(&self.path)?;
         let count = set.len();
         *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(set);
         Ok(Reloaded::Tokens(count))
     }
 
-    /// [`reload`](Self::reload)s when the file changed since it was last
-    /// read (its modification time, length or inode).
+    /// [`reload`](Self::reload)s when the file's contents changed since it
+    /// was last read.
     pub fn reload_if_changed(&self) -> Result<Reloaded, TokenFileError> {
-        let now = stamp(&self.path);
-        let seen = *self.seen.lock().unwrap_or_else(PoisonError::into_inner);
-        if now.is_some() && now == seen {
+        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        if stamp(&self.path) == *seen {
             return Ok(Reloaded::Unchanged);
         }
-        if now.is_none() && seen.is_none() {
-            return Ok(Reloaded::Unchanged);
-        }
-        self.reload()
+        self.reload_locked(&mut seen)
     }
 }
 
@@ -575,6 +569,16 @@ mod tests {
                 format!("{} read {A}", "n".repeat(65)),
                 1,
                 LineProblem::BadName("n".repeat(65)),
+            ),
+            (
+                format!("anonymous read {A}"),
+                1,
+                LineProblem::BadName("anonymous".into()),
+            ),
+            (
+                format!("unauthenticated read {A}"),
+                1,
+                LineProblem::BadName("unauthenticated".into()),
             ),
             (
                 format!("ops read,write {A}"),

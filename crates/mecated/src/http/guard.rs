@@ -140,19 +140,30 @@ pub(crate) async fn guard(
                 .map(|(_, v)| v.to_owned())
         })
         .unwrap_or_else(|| request.uri().path().to_owned());
-    let (who, response) = match checked {
+    match checked {
         Ok(caller) => {
             let who = caller.name().to_owned();
             request.extensions_mut().insert(caller);
-            (who, next.run(request).await)
+            // On a task of its own: a client that goes away drops this
+            // future, yet what the handler started (a delete, a cancel)
+            // goes on, and so must its audit line.
+            let handled = tokio::spawn(async move {
+                let response = next.run(request).await;
+                audit(&who, what, &session, &response);
+                response
+            });
+            handled.await.unwrap_or_else(|e| {
+                tracing::error!(error = %e, what, "an audited request's handler failed");
+                ApiError::new(ErrorCode::Internal, "the request's handler failed").into_response()
+            })
         }
-        Err(refused) => (
-            refused.who.unwrap_or_else(|| "unauthenticated".into()),
-            refused.error.into_response(),
-        ),
-    };
-    audit(&who, what, &session, &response);
-    response
+        Err(refused) => {
+            let response = refused.error.into_response();
+            let who = refused.who.unwrap_or_else(|| "unauthenticated".into());
+            audit(&who, what, &session, &response);
+            response
+        }
+    }
 }
 
 /// One audit line. The `tracing` formatter quotes and escapes string

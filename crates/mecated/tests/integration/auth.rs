@@ -848,3 +848,109 @@ fn hash_token_prints_what_the_token_file_holds() {
     let (ok, _, err) = hash("two words", &[]);
     assert!(!ok && err.contains("blank"), "{err}");
 }
+
+/// Attacks on the trail and the token file: each fails without its fix.
+mod trail {
+    use super::*;
+    use tower::ServiceExt;
+
+    fn request(
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+    ) -> axum::http::Request<axum::body::Body> {
+        let mut req = axum::http::Request::builder().method(method).uri(path);
+        if let Some(t) = token {
+            req = req.header("authorization", format!("Bearer {}", secret(t)));
+        }
+        req.body(axum::body::Body::empty()).unwrap()
+    }
+
+    async fn tokens_router(dir: &Path) -> (axum::Router, mecated::engine::Engine) {
+        let file = mecated::auth::TokenFile::open(token_file(dir)).unwrap();
+        in_process(dir, mecated::http::Auth::Tokens(Arc::new(file))).await
+    }
+
+    /// A DELETE whose request future is dropped (the client went away)
+    /// once the store's delete has begun still deletes the session (the
+    /// delete is detached so that it completes): its audit line must be
+    /// written all the same.
+    #[tokio::test]
+    async fn a_delete_abandoned_by_its_client_still_leaves_an_audit_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let (router, engine) = tokens_router(dir.path()).await;
+        let log = AuditLog::default();
+        let _guard = tracing::subscriber::set_default(log.clone());
+        let mut unaudited = Vec::new();
+        for i in 0..40u64 {
+            let id = lease_port::SessionId::new(format!("victim-{i}")).unwrap();
+            engine.create_session(&id).await.unwrap();
+            let before = log.0.lock().unwrap().len();
+            let req = request("DELETE", &format!("/v1/sessions/{id}"), Some("janitor"));
+            // The connection closes after i/4 ms: hyper drops the future.
+            let cut = Duration::from_micros(250 * i);
+            let answered = tokio::time::timeout(cut, router.clone().oneshot(req))
+                .await
+                .ok()
+                .map(|r| r.unwrap().status().as_u16());
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let deleted = engine
+                .describe(&id)
+                .await
+                .is_err_and(|e| e.to_string().contains("not found"));
+            let lines = log.0.lock().unwrap().len() - before;
+            if deleted && lines == 0 {
+                unaudited.push((i, answered));
+            }
+        }
+        assert!(
+            unaudited.is_empty(),
+            "sessions deleted without an audit line (attempt, answered): {unaudited:?}"
+        );
+    }
+
+    /// A same-length rewrite in place whose modification time is kept
+    /// (`cp -p` or `rsync -t --inplace` onto the file, `touch -r`, a
+    /// restore) is read again: a revoked token must not stay in force
+    /// until a SIGHUP.
+    #[test]
+    fn a_same_length_rewrite_keeping_the_mtime_is_read_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens");
+        std::fs::write(&path, line("reader", "read")).unwrap();
+        let file = mecated::auth::TokenFile::open(&path).unwrap();
+        assert!(file.current().authenticate(&secret("reader")).is_some());
+        let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
+        // Revoke "reader": the same line for another token, same length.
+        let revoked = line("reader", "read").replace(
+            &mecated::auth::hash_token(&secret("reader")),
+            &mecated::auth::hash_token("a-new-secret"),
+        );
+        std::fs::write(&path, &revoked).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(mtime)
+            .unwrap();
+        let _ = file.reload_if_changed();
+        assert!(
+            file.current().authenticate(&secret("reader")).is_none(),
+            "the revoked token is still accepted: the watcher saw no change"
+        );
+    }
+
+    /// The audit trail's own caller words, `anonymous` (a server without
+    /// authentication) and `unauthenticated` (no known token), are no token
+    /// names: an audit line's `who` is never ambiguous.
+    #[test]
+    fn the_audit_trails_own_names_are_not_token_names() {
+        for name in ["anonymous", "unauthenticated"] {
+            let text = line(name, "admin");
+            assert!(
+                mecated::auth::TokenSet::parse(&text, Path::new("tokens")).is_err(),
+                "{name:?} accepted as a token name"
+            );
+        }
+    }
+}
