@@ -10,16 +10,6 @@ use session_store::SessionStore;
 
 use crate::support::*;
 
-/// Statements of the database waiting for a lock.
-fn waiting_on_locks(server: &test_services::PostgresServer) -> u64 {
-    scalar(
-        server,
-        "SELECT count(*)::text FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
-    )
-    .and_then(|n| n.parse().ok())
-    .unwrap_or(0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_append_is_cancelled_not_committed_later() {
     let server = server();

@@ -11,7 +11,9 @@ use serde_json::json;
 use session_store::{ListCursor, SessionStore, StoreErrorKind};
 use test_services::PgBouncer;
 
-use crate::support::{builder, fence, next_xid, scalar, server, session, store};
+use crate::support::{
+    builder, fence, next_xid, scalar, server, session, store, until_waiting_on_locks,
+};
 
 /// A batch of fifty events is one transaction, directly and through
 /// PgBouncer; so is a refused append (it takes the row lock, writes
@@ -117,12 +119,12 @@ async fn events_of_an_append_racing_a_deletion_stay_hidden() {
         let (store, s) = (Arc::clone(&store), s.clone());
         async move { store.append(&s, fence(1, "a"), &[json!(2), json!(3)]).await }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    until_waiting_on_locks(&server, 1).await;
     let deleting = tokio::spawn({
         let (store, s) = (Arc::clone(&store), s.clone());
         async move { store.delete(&s, fence(1, "a")).await }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    until_waiting_on_locks(&server, 2).await;
     locker.batch_execute("COMMIT").await.unwrap();
     let appended = appending.await.unwrap().unwrap();
     deleting.await.unwrap().unwrap();

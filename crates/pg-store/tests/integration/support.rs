@@ -49,3 +49,26 @@ pub(crate) fn next_xid(server: &PostgresServer) -> u64 {
     .and_then(|v| v.parse().ok())
     .expect("a transaction id")
 }
+
+/// Statements of the database waiting for a lock.
+pub(crate) fn waiting_on_locks(server: &PostgresServer) -> u64 {
+    scalar(
+        server,
+        "SELECT count(*)::text FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+    )
+    .and_then(|n| n.parse().ok())
+    .unwrap_or(0)
+}
+
+/// Returns once `n` statements wait for a lock, so a test stages a race by
+/// what the server reports rather than by how long a loaded machine takes.
+pub(crate) async fn until_waiting_on_locks(server: &PostgresServer, n: u64) {
+    let patience = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    while waiting_on_locks(server) < n {
+        assert!(
+            tokio::time::Instant::now() < patience,
+            "{n} statements never waited for a lock"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
