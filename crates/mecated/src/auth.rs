@@ -17,8 +17,9 @@
 //!   file) is who the audit trail and the logs say acted.
 //! - The *roles* are a comma-separated set of `read`, `run` and `admin`.
 //!   They are independent: a role grants what it names and nothing else,
-//!   so a bot that only starts runs cannot read other sessions'
-//!   transcripts, and a clean-up job that only deletes cannot start runs.
+//!   so a clean-up job that only deletes cannot start runs. Starting a run
+//!   needs `read` as well as `run`, since the agent answers from the
+//!   session's transcript; `run` alone creates sessions and cancels runs.
 //!   A token that should do everything lists all three.
 //! - The *hash* is `sha256:` and the lowercase or uppercase hex SHA-256 of
 //!   the token's bytes, exactly as the client sends them
@@ -62,8 +63,9 @@ pub enum Role {
     /// Sessions, their events (paged and followed), who holds a session's
     /// lease, and the metrics.
     Read,
-    /// Creating sessions, starting runs (waiting for them or streaming
-    /// them) and cancelling them.
+    /// Creating sessions, starting runs and cancelling them. Starting a
+    /// run also needs [`Role::Read`]: its answer is what the agent made of
+    /// the session's transcript.
     Run,
     /// Deleting sessions: destructive maintenance.
     Admin,
@@ -82,7 +84,7 @@ impl Role {
         }
     }
 
-    fn bit(self) -> u8 {
+    const fn bit(self) -> u8 {
         1 << (self as u8)
     }
 
@@ -108,9 +110,30 @@ impl Roles {
     /// No role.
     pub const NONE: Roles = Roles(0);
 
+    /// The set of the roles listed.
+    pub const fn of(roles: &[Role]) -> Roles {
+        let mut set = 0;
+        let mut i = 0;
+        while i < roles.len() {
+            set |= roles[i].bit();
+            i += 1;
+        }
+        Roles(set)
+    }
+
     /// Whether `role` is in the set.
     pub fn contains(self, role: Role) -> bool {
         self.0 & role.bit() != 0
+    }
+
+    /// The roles of the set, in the order of [`Role::ALL`].
+    pub fn iter(self) -> impl Iterator<Item = Role> {
+        Role::ALL.into_iter().filter(move |r| self.contains(*r))
+    }
+
+    /// The first role of `self` that `held` lacks.
+    pub fn missing_from(self, held: Roles) -> Option<Role> {
+        self.iter().find(|r| !held.contains(*r))
     }
 
     /// The set with `role` added.
@@ -128,11 +151,7 @@ impl FromIterator<Role> for Roles {
 
 impl fmt::Display for Roles {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names: Vec<&str> = Role::ALL
-            .into_iter()
-            .filter(|r| self.contains(*r))
-            .map(Role::name)
-            .collect();
+        let names: Vec<&str> = self.iter().map(Role::name).collect();
         f.write_str(&names.join(","))
     }
 }

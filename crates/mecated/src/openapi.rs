@@ -23,10 +23,12 @@ use crate::wire::{ErrorCode, Event, FollowEnd, RunEnd, RunStatus, SessionIdText}
                        unknown fields are refused (400 `invalid`). A server started with `--token-file` \
                        authenticates its callers with bearer tokens (`Authorization: Bearer <token>`), each \
                        with roles: `read`, `run` and `admin`, each granting only what it names. Every \
-                       operation that needs one states it (`x-mecated-role`, and its `security`); the others \
+                       operation that needs roles states them (`x-mecated-role`, comma-separated, and its \
+                       `security`); starting a run needs both `read` and `run`, since its answer is what \
+                       the agent made of the session's transcript. The others \
                        (health, readiness, this document, the operator page's HTML) are open. Without a \
                        token, or with one the server does not know: 401 `unauthenticated` with \
-                       `WWW-Authenticate: Bearer`; with a token lacking the role: 403 `forbidden`, whose \
+                       `WWW-Authenticate: Bearer`; with a token lacking a role: 403 `forbidden`, whose \
                        `role` names it, and nothing was done."
     ),
     paths(
@@ -112,7 +114,7 @@ impl Modify for RolesOfRoutes {
                 .build()
         };
         for route in http::route_table() {
-            let Access::Needs(role) = route.access else {
+            let Access::Needs(roles) = route.access else {
                 continue;
             };
             let Some(op) = operation(doc, &route.method, route.path) else {
@@ -124,7 +126,7 @@ impl Modify for RolesOfRoutes {
             )]);
             op.extensions.get_or_insert_with(Default::default).merge(
                 ExtensionsBuilder::new()
-                    .add("x-mecated-role", role.name())
+                    .add("x-mecated-role", roles.to_string())
                     .build(),
             );
             let unauthenticated = ResponseBuilder::new()
@@ -135,10 +137,12 @@ impl Modify for RolesOfRoutes {
                 .header("WWW-Authenticate", Header::default())
                 .content("application/json", error())
                 .build();
+            let spelled: Vec<String> = roles.iter().map(|r| format!("`{r}`")).collect();
             let forbidden = ResponseBuilder::new()
                 .description(format!(
-                    "`forbidden`: the token lacks the `{role}` role (`role` names it); nothing \
-                     was done"
+                    "`forbidden`: the token lacks the {} role (`role` names the one \
+                     missing); nothing was done",
+                    spelled.join(" or the ")
                 ))
                 .content("application/json", error())
                 .build();
@@ -261,8 +265,8 @@ mod tests {
                         assert!(op.get("x-mecated-role").is_none(), "{method} {path}");
                         assert!(responses.get("401").is_none(), "{method} {path}");
                     }
-                    Access::Needs(role) => {
-                        assert_eq!(op["x-mecated-role"], role.name(), "{method} {path}");
+                    Access::Needs(roles) => {
+                        assert_eq!(op["x-mecated-role"], roles.to_string(), "{method} {path}");
                         assert_eq!(
                             op["security"],
                             serde_json::json!([{ super::BEARER_SCHEME: [] }]),
@@ -270,7 +274,9 @@ mod tests {
                         );
                         assert!(responses.get("401").is_some(), "{method} {path}");
                         let forbidden = responses["403"]["description"].as_str().unwrap();
-                        assert!(forbidden.contains(role.name()), "{method} {path}");
+                        for role in roles.iter() {
+                            assert!(forbidden.contains(role.name()), "{method} {path}");
+                        }
                     }
                 }
             }

@@ -12,7 +12,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::ApiError;
-use crate::auth::{Caller, Role, TokenFile};
+use crate::auth::{Caller, Roles, TokenFile};
 use crate::wire::ErrorCode;
 
 /// The `tracing` target of the audit trail: one line per destructive or
@@ -25,8 +25,8 @@ pub const AUDIT_TARGET: &str = "audit";
 pub enum Access {
     /// Anyone, even when the server authenticates its callers.
     Open,
-    /// Callers whose token has this role.
-    Needs(Role),
+    /// Callers whose token has every one of these roles.
+    Needs(Roles),
 }
 
 /// How the server knows its callers.
@@ -68,7 +68,7 @@ fn caller(auth: &Auth, access: Access, headers: &HeaderMap) -> Result<Caller, Re
         Auth::Off => return Ok(Caller::anonymous()),
         Auth::Tokens(tokens) => tokens,
     };
-    let Access::Needs(role) = access else {
+    let Access::Needs(needed) = access else {
         return Ok(Caller::anonymous());
     };
     let token = bearer_token(headers)?;
@@ -78,13 +78,12 @@ fn caller(auth: &Auth, access: Access, headers: &HeaderMap) -> Result<Caller, Re
              removed from it)",
         )
     })?;
-    if caller.roles().contains(role) {
-        Ok(caller)
-    } else {
-        Err(Refusal {
+    match needed.missing_from(caller.roles()) {
+        None => Ok(caller),
+        Some(role) => Err(Refusal {
             who: Some(caller.name().to_owned()),
             error: ApiError::forbidden(caller.name(), role),
-        })
+        }),
     }
 }
 

@@ -28,7 +28,7 @@ pub use self::error::ApiError;
 use self::guard::Guard;
 pub use self::guard::{AUDIT_TARGET, Access, Auth};
 use self::keep_alive::KeepAliveTicks;
-use crate::auth::Role;
+use crate::auth::{Role, Roles};
 use crate::engine::{
     Engine, EngineError, FollowItem, MAX_RUN_WAIT, RunEnd as EngineRunEnd, StartedRun,
 };
@@ -100,63 +100,67 @@ pub fn route_table() -> Vec<Route> {
 }
 
 fn routes() -> Vec<(Route, MethodRouter<Engine>)> {
-    use Access::{Needs, Open};
+    use Access::Open;
     use Role::{Admin, Read, Run};
+    let needs = |roles: &[Role]| Access::Needs(Roles::of(roles));
     vec![
         route(
             Method::POST,
             "/v1/sessions",
             "createSession",
-            Needs(Run),
+            needs(&[Run]),
             create_session,
         ),
         route(
             Method::GET,
             "/v1/sessions",
             "listSessions",
-            Needs(Read),
+            needs(&[Read]),
             list_sessions,
         ),
         route(
             Method::GET,
             "/v1/sessions/{id}",
             "getSession",
-            Needs(Read),
+            needs(&[Read]),
             get_session,
         ),
         audited(route(
             Method::DELETE,
             "/v1/sessions/{id}",
             "deleteSession",
-            Needs(Admin),
+            needs(&[Admin]),
             delete_session,
         )),
         route(
             Method::GET,
             "/v1/sessions/{id}/events",
             "readEvents",
-            Needs(Read),
+            needs(&[Read]),
             read_events,
         ),
         route(
             Method::GET,
             "/v1/sessions/{id}/lease",
             "getLease",
-            Needs(Read),
+            needs(&[Read]),
             get_lease,
         ),
         route(
             Method::POST,
             "/v1/sessions/{id}/runs",
             "startRun",
-            Needs(Run),
+            // Its answer is what the agent made of the session's
+            // transcript: a token that may not read the session may not
+            // learn it through the agent either.
+            needs(&[Read, Run]),
             start_run,
         ),
         audited(route(
             Method::DELETE,
             "/v1/sessions/{id}/runs/current",
             "cancelRun",
-            Needs(Run),
+            needs(&[Run]),
             cancel_run,
         )),
         // The page holds no data: it asks for a token, and every request
@@ -164,7 +168,7 @@ fn routes() -> Vec<(Route, MethodRouter<Engine>)> {
         route(Method::GET, "/", "operatorPage", Open, operator_page::page),
         route(Method::GET, "/healthz", "healthz", Open, healthz),
         route(Method::GET, "/readyz", "readyz", Open, readyz),
-        route(Method::GET, "/metrics", "metrics", Needs(Read), metrics),
+        route(Method::GET, "/metrics", "metrics", needs(&[Read]), metrics),
         route(Method::GET, "/openapi.json", "openapi", Open, openapi),
     ]
 }
@@ -908,25 +912,31 @@ mod tests {
     /// added to the table fails here until its decision is written down.
     #[test]
     fn every_route_has_the_role_its_documentation_promises() {
-        use Access::{Needs, Open};
+        use Access::Open;
         use Role::{Admin, Read, Run};
+        let needs = |roles: &[Role]| Access::Needs(Roles::of(roles));
         let table: Vec<(String, &str, Access, bool)> = route_table()
             .into_iter()
             .map(|r| (r.method.to_string(), r.path, r.access, r.audited))
             .collect();
         let expected = [
-            ("POST", "/v1/sessions", Needs(Run), false),
-            ("GET", "/v1/sessions", Needs(Read), false),
-            ("GET", "/v1/sessions/{id}", Needs(Read), false),
-            ("DELETE", "/v1/sessions/{id}", Needs(Admin), true),
-            ("GET", "/v1/sessions/{id}/events", Needs(Read), false),
-            ("GET", "/v1/sessions/{id}/lease", Needs(Read), false),
-            ("POST", "/v1/sessions/{id}/runs", Needs(Run), false),
-            ("DELETE", "/v1/sessions/{id}/runs/current", Needs(Run), true),
+            ("POST", "/v1/sessions", needs(&[Run]), false),
+            ("GET", "/v1/sessions", needs(&[Read]), false),
+            ("GET", "/v1/sessions/{id}", needs(&[Read]), false),
+            ("DELETE", "/v1/sessions/{id}", needs(&[Admin]), true),
+            ("GET", "/v1/sessions/{id}/events", needs(&[Read]), false),
+            ("GET", "/v1/sessions/{id}/lease", needs(&[Read]), false),
+            ("POST", "/v1/sessions/{id}/runs", needs(&[Read, Run]), false),
+            (
+                "DELETE",
+                "/v1/sessions/{id}/runs/current",
+                needs(&[Run]),
+                true,
+            ),
             ("GET", "/", Open, false),
             ("GET", "/healthz", Open, false),
             ("GET", "/readyz", Open, false),
-            ("GET", "/metrics", Needs(Read), false),
+            ("GET", "/metrics", needs(&[Read]), false),
             ("GET", "/openapi.json", Open, false),
         ]
         .map(|(m, p, a, audited)| (m.to_owned(), p, a, audited));

@@ -36,14 +36,17 @@ fn replace(path: &Path, text: &str) {
     std::fs::rename(&next, path).unwrap();
 }
 
-/// The usual token file: a reader, a runner, an admin (who may only
-/// delete), and an operator with every role.
+/// The usual token file: a reader, a runner (who may create sessions and
+/// cancel runs, but not start them: that needs reading too), a driver who
+/// starts runs, an admin (who may only delete), and an operator with every
+/// role.
 fn token_file(dir: &Path) -> PathBuf {
     let path = dir.join("tokens");
     let text = [
         "# the tokens of the tests\n".to_owned(),
         line("reader", "read"),
         line("runner", "run"),
+        line("driver", "read,run"),
         line("janitor", "admin"),
         line("operator", "read,run,admin"),
     ]
@@ -232,7 +235,7 @@ async fn a_read_token_cannot_start_cancel_or_delete() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn run_can_start_and_cancel_but_not_delete_and_admin_can_delete() {
+async fn run_creates_and_cancels_read_and_run_start_runs_and_only_admin_deletes() {
     let dir = tempfile::tempdir().unwrap();
     let m = start(dir.path(), "auth-run", &[]);
     let runner = Some(secret("runner"));
@@ -245,11 +248,21 @@ async fn run_can_start_and_cancel_but_not_delete_and_admin_can_delete() {
     )
     .await;
     assert_eq!(status, StatusCode::CREATED);
-    let (status, ran) = call_with(
+    let (status, refused) = call_with(
         &m,
         Method::POST,
         "/v1/sessions/c/runs",
         runner.clone(),
+        json!({"input": "hello"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{refused}");
+    assert_eq!(refused["error"]["role"], "read", "{refused}");
+    let (status, ran) = call_with(
+        &m,
+        Method::POST,
+        "/v1/sessions/c/runs",
+        Some(secret("driver")),
         json!({"input": "hello"}),
     )
     .await;
@@ -309,7 +322,7 @@ async fn health_readiness_and_the_document_stay_open_and_metrics_name_no_session
         text.contains("mecated_runs_total{outcome=\"completed\"} 1"),
         "{text}"
     );
-    assert!(text.contains("mecated_auth_tokens 4"), "{text}");
+    assert!(text.contains("mecated_auth_tokens 5"), "{text}");
     assert!(
         !text.contains(session),
         "the metrics name a session: {text}"
@@ -847,6 +860,63 @@ fn hash_token_prints_what_the_token_file_holds() {
     assert!(!ok && err.contains("empty"), "{err}");
     let (ok, _, err) = hash("two words", &[]);
     assert!(!ok && err.contains("blank"), "{err}");
+}
+
+/// A run-only token could start a run on any session, and the agent is
+/// handed that session's whole transcript (the exec agent's default `full`
+/// scope): whatever the agent said about it came back to the caller.
+/// Starting a run needs `read` too, and the refused start writes nothing
+/// into the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_token_cannot_read_another_sessions_transcript_through_its_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    // An agent that answers from the conversation so far.
+    let agent = dir.path().join("agent.sh");
+    std::fs::write(
+        &agent,
+        "printf '{\"type\":\"reply\",\"seen\":%s}\\n' \"$(cat)\"\n",
+    )
+    .unwrap();
+    let agent_arg = format!("--agent-arg={}", agent.display());
+    let m = start(
+        dir.path(),
+        "auth-run-reads",
+        &["--agent", "exec", "--agent-command", "/bin/sh", &agent_arg],
+    );
+    let operator = Some(secret("operator"));
+    let (status, _) = call_with(
+        &m,
+        Method::POST,
+        "/v1/sessions",
+        operator.clone(),
+        json!({"id": "alice"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, ran) = call_with(
+        &m,
+        Method::POST,
+        "/v1/sessions/alice/runs",
+        operator,
+        json!({"input": "my card is 4111-1111"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{ran}");
+    let (_, before) = call(&m, Method::GET, "/v1/sessions/alice/events", Some("reader")).await;
+    assert!(before.to_string().contains("4111-1111"), "{before}");
+    let (status, answer) = call_with(
+        &m,
+        Method::POST,
+        "/v1/sessions/alice/runs",
+        Some(secret("runner")),
+        json!({"input": "what did we say?"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
+    assert_eq!(answer["error"]["role"], "read", "{answer}");
+    assert!(!answer.to_string().contains("4111-1111"), "{answer}");
+    let (_, after) = call(&m, Method::GET, "/v1/sessions/alice/events", Some("reader")).await;
+    assert_eq!(before, after, "the refused start wrote into the session");
 }
 
 /// Attacks on the trail and the token file: each fails without its fix.

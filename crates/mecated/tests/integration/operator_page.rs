@@ -126,15 +126,21 @@ async fn the_page_shows_events_appended_while_it_is_open() {
     assert_eq!(done["status"], "completed", "{done}");
 }
 
-/// A token file of a reader and a runner (who may not read): each token
-/// is its name followed by `-page-secret`.
+/// A token file of a reader, a runner (who may not read) and a driver (who
+/// may read and run, as starting a run needs): each token is its name
+/// followed by `-page-secret`.
 fn page_tokens(dir: &std::path::Path) -> std::path::PathBuf {
     let path = dir.join("tokens");
     let line = |name: &str, roles: &str| {
         let hash = mecated::auth::hash_token(&format!("{name}-page-secret"));
         format!("{name} {roles} {hash}\n")
     };
-    std::fs::write(&path, line("viewer", "read") + &line("starter", "run")).unwrap();
+    let lines = [
+        line("viewer", "read"),
+        line("starter", "run"),
+        line("driver", "read,run"),
+    ];
+    std::fs::write(&path, lines.concat()).unwrap();
     path
 }
 
@@ -149,7 +155,7 @@ async fn with_a_token_the_page_shows_sessions_and_events_and_says_what_it_lacks(
     );
     for (name, body) in [
         ("starter", json!({"id": "guarded"})),
-        ("starter", json!(null)),
+        ("driver", json!(null)),
     ] {
         let path = if body.is_null() {
             "/v1/sessions/guarded/runs"

@@ -901,7 +901,7 @@ async fn callers_without_the_role_are_refused(seen: &Seen) {
     assert_eq!(api.send(create).await.status, 201);
     for route in mecated::http::route_table() {
         let (method, path) = (&route.method, route.path);
-        let Access::Needs(role) = route.access else {
+        let Access::Needs(roles) = route.access else {
             let r = api.send(request(method, path, None)).await;
             assert!(
                 r.status < 400,
@@ -926,15 +926,17 @@ async fn callers_without_the_role_are_refused(seen: &Seen) {
             (401, "unauthenticated"),
             "{method} {path}"
         );
-        let r = api
-            .send(request(method, path, Some(&format!("no-{role}"))))
-            .await;
-        assert_eq!(
-            (r.status, r.error_code().as_str()),
-            (403, "forbidden"),
-            "{method} {path}"
-        );
-        assert_eq!(r.json()["error"]["role"], role.name(), "{method} {path}");
+        for role in roles.iter() {
+            let r = api
+                .send(request(method, path, Some(&format!("no-{role}"))))
+                .await;
+            assert_eq!(
+                (r.status, r.error_code().as_str()),
+                (403, "forbidden"),
+                "{method} {path}"
+            );
+            assert_eq!(r.json()["error"]["role"], role.name(), "{method} {path}");
+        }
     }
     // Nothing was done: the one session, no event, no second session.
     let read = |path: &str| {
