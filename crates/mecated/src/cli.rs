@@ -329,6 +329,21 @@ fn leases(args: &LeasesArgs) -> Result<(), String> {
 }
 
 async fn serve(args: ServeArgs) -> Result<(), String> {
+    // Checked here rather than as a clap conflict: a conflict would also
+    // refuse `MECATED_ALLOW_UNAUTHENTICATED=false`, which allows nothing.
+    if args.allow_unauthenticated && args.token_file.is_some() {
+        return Err(
+            "--allow-unauthenticated and --token-file contradict each other: give the token \
+             file to authenticate callers, or neither to serve without authentication"
+                .into(),
+        );
+    }
+    if args.token_file.is_some() && !args.allowed_hosts.is_empty() {
+        tracing::warn!(
+            "--allowed-host has no effect with --token-file: an authenticated server answers \
+             under any name"
+        );
+    }
     let (store, lease) = args.choices()?;
     let owner = match &args.owner {
         // A network lease backend cannot tell two processes under one
@@ -375,6 +390,8 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         token_file: args.token_file.clone(),
         token_file_check_interval: args.token_file_check_interval,
         allow_unauthenticated: args.allow_unauthenticated,
+        allowed_hosts: args.allowed_hosts.clone(),
+        max_follows_per_client: args.max_follows_per_client,
         metrics_listen: args.metrics_listen,
     };
     let server = Server::start(config)

@@ -207,12 +207,32 @@ pub struct ServeArgs {
     /// Serve a non-loopback --listen without --token-file: anyone who
     /// reaches it can start runs, cancel them, delete sessions and read
     /// every transcript.
+    #[arg(long, env = "MECATED_ALLOW_UNAUTHENTICATED")]
+    pub allow_unauthenticated: bool,
+
+    /// Without --token-file, the server answers only requests addressed to
+    /// an IP address or `localhost`, and takes no write whose `Origin` is
+    /// another site, so that a web page cannot drive it by rebinding its
+    /// own name to this address. Each --allowed-host adds a name it
+    /// answers under (a Service's, say); comma-separated in the variable.
+    #[arg(
+        long = "allowed-host",
+        env = "MECATED_ALLOWED_HOSTS",
+        value_name = "NAME",
+        value_delimiter = ','
+    )]
+    pub allowed_hosts: Vec<String>,
+
+    /// How many follows (event streams) one token may hold open at once;
+    /// one more is refused with 429 `too_many_follows` until one ends. 0
+    /// bounds nothing. Callers of a server without --token-file are not
+    /// told apart, and not bounded.
     #[arg(
         long,
-        env = "MECATED_ALLOW_UNAUTHENTICATED",
-        conflicts_with = "token_file"
+        env = "MECATED_MAX_FOLLOWS_PER_CLIENT",
+        default_value_t = crate::http::DEFAULT_MAX_FOLLOWS_PER_CLIENT
     )]
-    pub allow_unauthenticated: bool,
+    pub max_follows_per_client: usize,
 
     /// Also serve `/metrics` on this address, open (counts and latencies,
     /// no session id): for scrapers without a token. On --listen,

@@ -29,7 +29,10 @@ use crate::wire::{ErrorCode, Event, FollowEnd, RunEnd, RunStatus, SessionIdText}
                        (health, readiness, this document, the operator page's HTML) are open. Without a \
                        token, or with one the server does not know: 401 `unauthenticated` with \
                        `WWW-Authenticate: Bearer`; with a token lacking a role: 403 `forbidden`, whose \
-                       `role` names it, and nothing was done."
+                       `role` names it, and nothing was done. A server without a token file answers only \
+                       requests addressed to an IP address, `localhost` or a name it was given \
+                       (`--allowed-host`), and takes no write from another origin: 403 `forbidden` \
+                       otherwise, on every route."
     ),
     paths(
         http::create_session,

@@ -68,6 +68,12 @@ pub struct ServerConfig {
     pub token_file_check_interval: Duration,
     /// Serve a non-loopback `listen` without a token file.
     pub allow_unauthenticated: bool,
+    /// Names besides IP addresses and `localhost` that a server without a
+    /// token file answers requests addressed to ([`crate::http::AllowedHosts`]).
+    pub allowed_hosts: Vec<String>,
+    /// How many follows one token may hold open at once; 0 bounds nothing
+    /// ([`crate::http::HttpOptions::max_follows_per_client`]).
+    pub max_follows_per_client: usize,
     /// Serve `/metrics`, open, on this address too: for scrapers that hold
     /// no token. It carries counts and latencies, no session id.
     pub metrics_listen: Option<SocketAddr>,
@@ -95,6 +101,8 @@ impl ServerConfig {
             token_file: None,
             token_file_check_interval: TOKEN_FILE_CHECK_INTERVAL,
             allow_unauthenticated: false,
+            allowed_hosts: Vec::new(),
+            max_follows_per_client: crate::http::DEFAULT_MAX_FOLLOWS_PER_CLIENT,
             metrics_listen: None,
         }
     }
@@ -486,7 +494,12 @@ impl Server {
 
         let (listener, addr) = bind(config.listen).await?;
         let auth = tokens.clone().map_or(Auth::Off, Auth::Tokens);
-        let router = crate::http::router_with(app.clone(), config.max_body_bytes, auth);
+        let options = crate::http::HttpOptions {
+            max_body_bytes: config.max_body_bytes,
+            allowed_hosts: crate::http::AllowedHosts::new(&config.allowed_hosts),
+            max_follows_per_client: config.max_follows_per_client,
+        };
+        let router = crate::http::router_configured(app.clone(), auth, options);
         let serve = serve_on(listener, router, &app);
         let metrics_listener = match config.metrics_listen {
             Some(at) => {

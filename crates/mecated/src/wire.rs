@@ -419,9 +419,14 @@ pub enum ErrorCode {
     /// request carried no `Authorization: Bearer` token, or one it does
     /// not know. The answer carries `WWW-Authenticate: Bearer`.
     Unauthenticated,
-    /// 403: the request's token is known but lacks the role the route
-    /// needs (`role` names it). Nothing was done.
+    /// 403: the request's token is known but lacks a role the route needs
+    /// (`role` names it); or a server without authentication refused a
+    /// request addressed to a name it does not answer under, or a write
+    /// from another origin. Nothing was done.
     Forbidden,
+    /// 429: the token holds as many follows open as the server allows one
+    /// client (`--max-follows-per-client`); one of them must end first.
+    TooManyFollows,
 }
 
 impl ErrorCode {
@@ -433,6 +438,7 @@ impl ErrorCode {
                 | ErrorCode::SessionBusy
                 | ErrorCode::StoreBusy
                 | ErrorCode::StoreUnavailable
+                | ErrorCode::TooManyFollows
         )
     }
 }

@@ -64,6 +64,17 @@ impl ApiError {
         }
     }
 
+    /// 429 `too_many_follows`: `caller`'s token holds `limit` follows.
+    pub fn too_many_follows(caller: &str, limit: usize) -> Self {
+        Self::new(
+            ErrorCode::TooManyFollows,
+            format!(
+                "the token {caller:?} holds {limit} follows open, as many as this server allows \
+                 one client (--max-follows-per-client): close one before following again"
+            ),
+        )
+    }
+
     /// 400 `invalid`.
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::new(ErrorCode::Invalid, message)
@@ -114,6 +125,7 @@ fn status_of(code: ErrorCode) -> StatusCode {
         ErrorCode::Internal | ErrorCode::StateRewound => StatusCode::INTERNAL_SERVER_ERROR,
         ErrorCode::Unauthenticated => StatusCode::UNAUTHORIZED,
         ErrorCode::Forbidden => StatusCode::FORBIDDEN,
+        ErrorCode::TooManyFollows => StatusCode::TOO_MANY_REQUESTS,
     }
 }
 
@@ -217,6 +229,7 @@ mod tests {
             (Internal, 500, false),
             (Unauthenticated, 401, false),
             (Forbidden, 403, false),
+            (TooManyFollows, 429, true),
         ];
         for (code, status, retryable) in table {
             let e = ApiError::new(code, "x");

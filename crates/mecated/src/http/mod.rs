@@ -3,8 +3,10 @@
 //! ([`crate::openapi`]), served at `/openapi.json`.
 
 mod error;
+mod follow_slots;
 mod guard;
 mod keep_alive;
+mod local_only;
 pub(crate) mod operator_page;
 
 use std::convert::Infallible;
@@ -25,10 +27,12 @@ use lease_port::SessionId;
 use session_store::ListCursor;
 
 pub use self::error::ApiError;
+use self::follow_slots::FollowSlots;
 use self::guard::Guard;
 pub use self::guard::{AUDIT_TARGET, Access, Auth};
 use self::keep_alive::KeepAliveTicks;
-use crate::auth::{Role, Roles};
+pub use self::local_only::AllowedHosts;
+use crate::auth::{Caller, Role, Roles};
 use crate::engine::{
     Engine, EngineError, FollowItem, MAX_RUN_WAIT, RunEnd as EngineRunEnd, StartedRun,
 };
@@ -46,8 +50,52 @@ pub fn router(engine: Engine, max_body_bytes: usize) -> Router {
 }
 
 /// The router of the whole API, its callers known by `auth`: every route
-/// of [`route_table`], each behind the check of its [`Access`].
+/// of [`route_table`], each behind the check of its [`Access`], with the
+/// default [`HttpOptions`] but for the body limit.
 pub fn router_with(engine: Engine, max_body_bytes: usize, auth: Auth) -> Router {
+    let options = HttpOptions {
+        max_body_bytes,
+        ..HttpOptions::default()
+    };
+    router_configured(engine, auth, options)
+}
+
+/// The limits and names of the HTTP edge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpOptions {
+    /// The largest request body taken (larger: 413).
+    pub max_body_bytes: usize,
+    /// The names besides IP addresses and `localhost` a server without
+    /// authentication answers under. Without it, a request addressed to
+    /// any other name, or a write whose `Origin` is not this server, is
+    /// refused (403 `forbidden`): a web page the operator opens could
+    /// otherwise drive the API by rebinding its own name to this address.
+    pub allowed_hosts: AllowedHosts,
+    /// How many follows one token may hold open at once (more: 429
+    /// `too_many_follows`); 0 bounds nothing. Callers of a server without
+    /// authentication are not told apart, and not bounded.
+    pub max_follows_per_client: usize,
+}
+
+impl Default for HttpOptions {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 1 << 20,
+            allowed_hosts: AllowedHosts::default(),
+            max_follows_per_client: DEFAULT_MAX_FOLLOWS_PER_CLIENT,
+        }
+    }
+}
+
+/// The default of [`HttpOptions::max_follows_per_client`]: far more than
+/// any one dashboard or agent needs, few enough that one leaked token
+/// cannot hold a replica's connections.
+pub const DEFAULT_MAX_FOLLOWS_PER_CLIENT: usize = 1000;
+
+/// The router of the whole API, its callers known by `auth`, with
+/// `options`.
+pub fn router_configured(engine: Engine, auth: Auth, options: HttpOptions) -> Router {
+    let unauthenticated = matches!(auth, Auth::Off);
     let mut router = Router::new();
     for (route, handler) in routes() {
         let guard = Guard {
@@ -59,11 +107,20 @@ pub fn router_with(engine: Engine, max_body_bytes: usize, auth: Auth) -> Router 
             handler.route_layer(axum::middleware::from_fn_with_state(guard, guard::guard));
         router = router.route(route.path, handler);
     }
-    router
+    let router = router
         .fallback(|| async { ApiError::not_found("no such route") })
-        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(DefaultBodyLimit::max(options.max_body_bytes))
         .layer(Extension(KeepAliveTicks::default()))
-        .with_state(engine)
+        .layer(Extension(FollowSlots::new(options.max_follows_per_client)));
+    let router = if unauthenticated {
+        router.layer(axum::middleware::from_fn_with_state(
+            options.allowed_hosts,
+            local_only::local_only,
+        ))
+    } else {
+        router
+    };
+    router.with_state(engine)
 }
 
 /// `/metrics` alone, open, for `--metrics-listen`: counts and latencies,
@@ -458,6 +515,8 @@ pub(crate) async fn delete_session(
             content((EventPage = "application/json"), (String = "text/event-stream"))),
         (status = 400, description = "`invalid`: an id breaking the id rules, a bad or unknown query parameter, `limit` outside 1..=1000, an `after` or `Last-Event-ID` that is not a sequence number (0 to 2^63 - 1), or a follow from past the log's end", body = ErrorBody),
         (status = 404, description = "`not_found`: no such session", body = ErrorBody),
+        (status = 429, description = "`too_many_follows`: a follow, and the token already holds as many follows open as the \
+                                      server allows one client (`--max-follows-per-client`); nothing was done", body = ErrorBody),
         (status = 500, description = "`internal`: a storage fault", body = ErrorBody),
         (status = 503, description = "`store_busy` (another process holds the session's file) or `store_unavailable` (the store \
                                       could not be reached or refused before acting: nothing was done); retry (`Retry-After`)", body = ErrorBody),
@@ -466,6 +525,8 @@ pub(crate) async fn delete_session(
 pub(crate) async fn read_events(
     State(engine): State<Engine>,
     Extension(keep_alive): Extension<KeepAliveTicks>,
+    Extension(slots): Extension<FollowSlots>,
+    caller: Option<Extension<Caller>>,
     Id(id): Id,
     headers: HeaderMap,
     query: Result<Query<PageQuery>, QueryRejection>,
@@ -505,11 +566,13 @@ pub(crate) async fn read_events(
                 "event {from} is past the end of session {id}'s log"
             )));
         }
+        let slot = slots.take(caller.as_ref().map(|Extension(c)| c))?;
         let follow = match last_seen {
             Some(last_seen) => engine.resume(id, last_seen).await?,
             None => engine.follow(id, from).await?,
         };
-        return Ok(Sse::new(keep_alive.around(follow_events(follow))).into_response());
+        let events = slot.holding(follow_events(follow));
+        return Ok(Sse::new(keep_alive.around(events)).into_response());
     }
     let from = q.after.unwrap_or(0).saturating_add(1);
     let page = engine.read_events(&id, from, limit).await?;

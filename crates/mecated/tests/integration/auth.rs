@@ -336,7 +336,18 @@ async fn health_readiness_and_the_document_stay_open_and_metrics_name_no_session
 /// `mecated` listening on `listen` with `extra`: its first stdout line,
 /// and its stderr once it exited (when it refused).
 fn listen_on(dir: &Path, listen: &str, extra: &[&str]) -> (Option<Mecated>, String) {
+    listen_with(dir, listen, extra, &[])
+}
+
+/// [`listen_on`], with variables of the environment.
+fn listen_with(
+    dir: &Path,
+    listen: &str,
+    extra: &[&str],
+    vars: &[(&str, &str)],
+) -> (Option<Mecated>, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_mecated"))
+        .envs(vars.iter().copied())
         .args(["--listen", listen, "--owner", "exposed", "--store-dir"])
         .arg(dir.join("store"))
         .args(extra)
@@ -409,9 +420,116 @@ async fn a_non_loopback_listen_without_tokens_is_refused_unless_allowed() {
         ],
     );
     assert!(
-        both.is_none() && stderr.contains("cannot be used with"),
+        both.is_none() && stderr.contains("contradict each other"),
         "{stderr}"
     );
+    // The variable spelled off allows nothing, so it contradicts nothing.
+    let (spelled_off, stderr) = listen_with(
+        dir.path(),
+        "0.0.0.0:0",
+        &["--token-file", tokens.to_str().unwrap()],
+        &[("MECATED_ALLOW_UNAUTHENTICATED", "false")],
+    );
+    assert!(spelled_off.is_some(), "refused: {stderr}");
+    let (spelled_off, stderr) = listen_with(
+        dir.path(),
+        "0.0.0.0:0",
+        &[],
+        &[("MECATED_ALLOW_UNAUTHENTICATED", "false")],
+    );
+    assert!(
+        spelled_off.is_none() && stderr.contains("refusing to serve on"),
+        "{stderr}"
+    );
+}
+
+/// A server without authentication answers requests addressed to an IP
+/// address, `localhost` or a name it was given, and no other: a web page
+/// rebinding its own name to the server's address names itself in `Host`.
+/// It takes no write whose `Origin` is another site either. Neither
+/// refusal does anything.
+#[tokio::test]
+async fn without_authentication_only_local_names_and_same_origin_writes_are_answered() {
+    use tower::ServiceExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (router, engine) = in_process(dir.path(), mecated::http::Auth::Off).await;
+    let request = |method: &str, path: &str, host: &str, origin: Option<&str>| {
+        let mut req = axum::http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", host)
+            .header("content-type", "application/json");
+        if let Some(origin) = origin {
+            req = req.header("origin", origin);
+        }
+        let body = if method == "POST" {
+            json!({"id": "planted"}).to_string()
+        } else {
+            String::new()
+        };
+        req.body(axum::body::Body::from(body)).unwrap()
+    };
+    let planted = lease_port::SessionId::new("planted").unwrap();
+    let refused = [
+        ("POST", "rebound.attacker.example:8080", None),
+        ("POST", "localhost.attacker.example", None),
+        ("GET", "rebound.attacker.example:8080", None),
+        ("POST", "127.0.0.1:8080", Some("http://attacker.example")),
+        ("POST", "127.0.0.1:8080", Some("null")),
+        ("POST", "127.0.0.1:8080", Some("http://127.0.0.1:8081")),
+    ];
+    for (method, host, origin) in refused {
+        let r = router
+            .clone()
+            .oneshot(request(method, "/v1/sessions", host, origin))
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status(),
+            StatusCode::FORBIDDEN,
+            "{method} {host} {origin:?}"
+        );
+        let body = axum::body::to_bytes(r.into_body(), 1 << 16).await.unwrap();
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["error"]["code"], "forbidden", "{body}");
+        assert!(
+            engine.describe(&planted).await.is_err(),
+            "{method} {host} {origin:?} acted"
+        );
+    }
+    let answered = [
+        ("127.0.0.1:8080", None),
+        ("localhost:8080", Some("http://localhost:8080")),
+        ("[::1]:8080", None),
+    ];
+    for (host, origin) in answered {
+        let r = router
+            .clone()
+            .oneshot(request("POST", "/v1/sessions", host, origin))
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::CREATED, "{host} {origin:?}");
+        engine.delete_session(&planted).await.unwrap();
+    }
+    // A name it was given, such as a Service's.
+    let named = mecated::http::router_configured(
+        engine.clone(),
+        mecated::http::Auth::Off,
+        mecated::http::HttpOptions {
+            allowed_hosts: mecated::http::AllowedHosts::new(["mecated.prod.svc"]),
+            ..Default::default()
+        },
+    );
+    let r = named
+        .oneshot(request(
+            "POST",
+            "/v1/sessions",
+            "mecated.prod.svc:8080",
+            None,
+        ))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -817,6 +935,71 @@ async fn oversized_bodies_and_heads_are_refused() {
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+}
+
+/// One token holds at most `--max-follows-per-client` follows open: one
+/// more is 429 `too_many_follows`, another token follows all the same, and
+/// a follow whose client went away frees its place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_holds_at_most_its_follows() {
+    let dir = tempfile::tempdir().unwrap();
+    let slow = ["--echo-delay", "120s", "--echo-steps", "1"];
+    let args = [&["--max-follows-per-client", "2"][..], &slow].concat();
+    let m = start(dir.path(), "auth-follows", &args);
+    let (status, _) = call_with(
+        &m,
+        Method::POST,
+        "/v1/sessions",
+        Some(secret("operator")),
+        json!({"id": "f"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    // A follow lasts while a run is live.
+    let run = client()
+        .post(m.url("/v1/sessions/f/runs"))
+        .bearer_auth(secret("operator"))
+        .header("accept", "text/event-stream")
+        .json(&json!({"input": "a long one"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(run.status(), StatusCode::OK);
+    let follow = |who: &str| {
+        client()
+            .get(m.url("/v1/sessions/f/events"))
+            .bearer_auth(secret(who))
+            .header("accept", "text/event-stream")
+            .send()
+    };
+    let first = follow("reader").await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    let second = follow("reader").await.unwrap();
+    assert_eq!(second.status(), StatusCode::OK);
+    let refused = follow("reader").await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "too_many_follows", "{body}");
+    assert_eq!(body["error"]["retryable"], true, "{body}");
+    let other = follow("operator").await.unwrap();
+    assert_eq!(other.status(), StatusCode::OK, "another token is held up");
+    // A page is no follow: it is not bounded.
+    let (status, _) = call(&m, Method::GET, "/v1/sessions/f/events", Some("reader")).await;
+    assert_eq!(status, StatusCode::OK);
+    drop(first);
+    // The server learns of the closed connection when it next reads or
+    // writes it; until then the place stays taken.
+    let patience = Instant::now() + Duration::from_secs(60);
+    loop {
+        let again = follow("reader").await.unwrap();
+        if again.status() == StatusCode::OK {
+            break;
+        }
+        assert_eq!(again.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(Instant::now() < patience, "a closed follow kept its place");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop((second, run));
 }
 
 /// `mecated hash-token` reads the token from standard input (never the

@@ -1,0 +1,170 @@
+//! How many follows one client may hold open at once.
+//!
+//! A follow is a response that does not end: each costs the server a
+//! connection, a task and a subscription for as long as the client keeps
+//! it. Without a bound, one token leaked to a script that reconnects in a
+//! loop holds them all. The bound is per token name, so one misbehaving
+//! client meets it while every other client goes on; a server without
+//! authentication cannot tell its callers apart and is not bounded here
+//! (it serves loopback, or was told to trust its network).
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+
+use futures_util::Stream;
+
+use super::ApiError;
+use crate::auth::Caller;
+
+/// The follows open per token name, against a bound.
+#[derive(Debug, Clone)]
+pub(crate) struct FollowSlots {
+    limit: usize,
+    open: Arc<Mutex<HashMap<Arc<str>, usize>>>,
+}
+
+impl FollowSlots {
+    /// At most `limit` follows per token at once; 0 bounds nothing.
+    pub(crate) fn new(limit: usize) -> Self {
+        Self {
+            limit,
+            open: Arc::default(),
+        }
+    }
+
+    /// A slot for one more follow of `caller`, or the refusal when it
+    /// holds its limit. The slot is given back when dropped.
+    pub(crate) fn take(&self, caller: Option<&Caller>) -> Result<FollowSlot, ApiError> {
+        let Some(caller) = caller.filter(|c| c.name() != Caller::ANONYMOUS) else {
+            return Ok(FollowSlot(None));
+        };
+        if self.limit == 0 {
+            return Ok(FollowSlot(None));
+        }
+        let name: Arc<str> = Arc::from(caller.name());
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let held = open.entry(Arc::clone(&name)).or_default();
+        if *held >= self.limit {
+            return Err(ApiError::too_many_follows(caller.name(), self.limit));
+        }
+        *held += 1;
+        Ok(FollowSlot(Some((self.clone(), name))))
+    }
+
+    /// The follows `name` holds open now.
+    #[cfg(test)]
+    fn held(&self, name: &str) -> usize {
+        let open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        open.get(name).copied().unwrap_or(0)
+    }
+
+    fn give_back(&self, name: &str) {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(held) = open.get_mut(name) {
+            *held -= 1;
+            if *held == 0 {
+                // No entry for a token that follows nothing: the map grows
+                // with the clients following now, not with every one seen.
+                open.remove(name);
+            }
+        }
+    }
+}
+
+/// One follow's place against its client's bound.
+#[derive(Debug)]
+pub(crate) struct FollowSlot(Option<(FollowSlots, Arc<str>)>);
+
+impl FollowSlot {
+    /// `stream`, holding this slot until the stream is dropped: when the
+    /// follow ends or its client goes away.
+    pub(crate) fn holding<S>(self, stream: S) -> Holding<S> {
+        Holding {
+            stream,
+            _slot: self,
+        }
+    }
+}
+
+impl Drop for FollowSlot {
+    fn drop(&mut self) {
+        if let Some((slots, name)) = self.0.take() {
+            slots.give_back(&name);
+        }
+    }
+}
+
+/// A stream that holds a [`FollowSlot`] for as long as it lives.
+pub(crate) struct Holding<S> {
+    stream: S,
+    _slot: FollowSlot,
+}
+
+impl<S: Stream + Unpin> Stream for Holding<S> {
+    type Item = S::Item;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
+        Pin::new(&mut self.stream).poll_next(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::{Role, Roles, TokenFile};
+
+    fn caller(dir: &std::path::Path, name: &str) -> Caller {
+        let path = dir.join(format!("{name}.tokens"));
+        let hash = crate::auth::hash_token(name);
+        std::fs::write(&path, format!("{name} read {hash}\n")).unwrap();
+        let file = TokenFile::open(path).unwrap();
+        let caller = file.current().authenticate(name).unwrap();
+        assert_eq!(caller.roles(), Roles::of(&[Role::Read]));
+        caller
+    }
+
+    #[test]
+    fn a_client_holds_at_most_its_limit_and_a_closed_follow_frees_its_slot() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (caller(dir.path(), "a"), caller(dir.path(), "b"));
+        let slots = FollowSlots::new(2);
+        let first = slots.take(Some(&a)).unwrap();
+        let _second = slots.take(Some(&a)).unwrap();
+        let refused = slots.take(Some(&a)).unwrap_err();
+        assert_eq!(refused.code, crate::wire::ErrorCode::TooManyFollows);
+        assert!(refused.message.contains("\"a\""), "{}", refused.message);
+        let _other = slots.take(Some(&b)).expect("another client is not held up");
+        drop(first);
+        let _third = slots
+            .take(Some(&a))
+            .expect("a closed follow frees its slot");
+        assert_eq!(slots.held("a"), 2);
+    }
+
+    #[test]
+    fn anonymous_callers_and_a_zero_limit_are_not_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = caller(dir.path(), "a");
+        let slots = FollowSlots::new(1);
+        let anonymous = Caller::anonymous();
+        let held: Vec<_> = (0..3)
+            .map(|_| slots.take(Some(&anonymous)).unwrap())
+            .collect();
+        assert_eq!(held.len(), 3);
+        let unbounded = FollowSlots::new(0);
+        let held: Vec<_> = (0..3).map(|_| unbounded.take(Some(&a)).unwrap()).collect();
+        assert_eq!(held.len(), 3);
+        assert_eq!(unbounded.held("a"), 0);
+    }
+
+    #[test]
+    fn the_map_forgets_a_client_that_follows_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = caller(dir.path(), "a");
+        let slots = FollowSlots::new(4);
+        drop(slots.take(Some(&a)).unwrap());
+        assert!(slots.open.lock().unwrap().is_empty());
+    }
+}
