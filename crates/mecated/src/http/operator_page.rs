@@ -33,11 +33,15 @@ pub(crate) async fn page() -> Response {
         [
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
             // Nothing but the page's own inline script and style, and
-            // requests to this server.
+            // requests to this server; and no other site may frame it, so
+            // none can overlay it to steer the operator's clicks.
             (
                 header::CONTENT_SECURITY_POLICY,
-                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'",
+                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
+                 connect-src 'self'; frame-ancestors 'none'",
             ),
+            (header::X_FRAME_OPTIONS, "DENY"),
+            (header::REFERRER_POLICY, "no-referrer"),
         ],
         PAGE,
     )

@@ -206,3 +206,25 @@ async fn with_a_token_the_page_shows_sessions_and_events_and_says_what_it_lacks(
     let dom = rendered(&m.url("/#token=guessed"));
     assert!(dom.contains("the token is not accepted"), "{dom}");
 }
+
+/// No other site may frame the page (to overlay it and steer clicks), and
+/// its requests name no page they came from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_may_not_be_framed_by_another_site() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = Mecated::start(&dir.path().join("store"), "page-frames", &[]);
+    let r = client().get(m.url("/")).send().await.unwrap();
+    assert_eq!(r.status(), reqwest::StatusCode::OK);
+    let header = |name: &str| {
+        r.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let policy = header("content-security-policy");
+    assert!(policy.contains("frame-ancestors 'none'"), "{policy}");
+    assert!(policy.contains("default-src 'none'"), "{policy}");
+    assert_eq!(header("x-frame-options"), "DENY");
+    assert_eq!(header("referrer-policy"), "no-referrer");
+}
