@@ -352,13 +352,63 @@ impl TokenSet {
     /// any. Every hash is compared, in constant time, whatever matches.
     pub fn authenticate(&self, presented: &str) -> Option<Caller> {
         let hash: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
+        self.find(&hash).map(|e| e.caller.clone())
+    }
+
+    fn find(&self, hash: &[u8; 32]) -> Option<&Entry> {
         let mut found = None;
         for entry in &self.entries {
-            if same_hash(&entry.hash, &hash) {
+            if same_hash(&entry.hash, hash) {
                 found = Some(entry);
             }
         }
-        found.map(|e| e.caller.clone())
+        found
+    }
+}
+
+/// A token as it was accepted, to be asked again later whether the token
+/// file in force still grants it a role: a response that goes on (a
+/// follow) outlives the check made when it began, and must not outlive
+/// the token's removal.
+#[derive(Debug, Clone)]
+pub struct Grant {
+    tokens: Arc<TokenFile>,
+    /// The set the token was last found in: while it is still the one in
+    /// force, nothing needs looking up.
+    seen_in: Arc<TokenSet>,
+    /// The token's roles in `seen_in`.
+    roles: Roles,
+    hash: [u8; 32],
+}
+
+impl Grant {
+    /// The caller `presented` authenticates as in `tokens` now, with the
+    /// grant to ask again later.
+    pub fn authenticate(tokens: &Arc<TokenFile>, presented: &str) -> Option<(Caller, Grant)> {
+        let set = tokens.current();
+        let hash: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
+        let caller = set.find(&hash)?.caller.clone();
+        let grant = Grant {
+            tokens: Arc::clone(tokens),
+            seen_in: set,
+            roles: caller.roles(),
+            hash,
+        };
+        Some((caller, grant))
+    }
+
+    /// Whether the token file in force still grants the token `role`: not
+    /// when the token was removed (or replaced under its name) or lost the
+    /// role.
+    pub fn still_grants(&mut self, role: Role) -> bool {
+        let current = self.tokens.current();
+        if !Arc::ptr_eq(&current, &self.seen_in) {
+            self.roles = current
+                .find(&self.hash)
+                .map_or(Roles::NONE, |e| e.caller.roles());
+            self.seen_in = current;
+        }
+        self.roles.contains(role)
     }
 }
 

@@ -16,7 +16,7 @@ use std::task::{Context, Poll};
 use futures_util::Stream;
 
 use super::ApiError;
-use crate::auth::Caller;
+use crate::auth::{Caller, Grant, Role};
 
 /// The follows open per token name, against a bound.
 #[derive(Debug, Clone)]
@@ -79,10 +79,13 @@ pub(crate) struct FollowSlot(Option<(FollowSlots, Arc<str>)>);
 
 impl FollowSlot {
     /// `stream`, holding this slot until the stream is dropped: when the
-    /// follow ends or its client goes away.
-    pub(crate) fn holding<S>(self, stream: S) -> Holding<S> {
+    /// follow ends or its client goes away. With the `grant` of the token
+    /// that opened it, the follow also ends at its first item after the
+    /// token file in force stopped granting that token `read`.
+    pub(crate) fn holding<S>(self, stream: S, grant: Option<Grant>) -> Holding<S> {
         Holding {
-            stream,
+            stream: Some(stream),
+            grant,
             _slot: self,
         }
     }
@@ -96,9 +99,13 @@ impl Drop for FollowSlot {
     }
 }
 
-/// A stream that holds a [`FollowSlot`] for as long as it lives.
+/// A stream that holds a [`FollowSlot`] for as long as it lives, and
+/// ends once its token is revoked.
 pub(crate) struct Holding<S> {
-    stream: S,
+    /// `None` once ended for a revoked token: the follow, and what it
+    /// holds of the session, goes at once.
+    stream: Option<S>,
+    grant: Option<Grant>,
     _slot: FollowSlot,
 }
 
@@ -106,14 +113,29 @@ impl<S: Stream + Unpin> Stream for Holding<S> {
     type Item = S::Item;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
-        Pin::new(&mut self.stream).poll_next(cx)
+        let this = &mut *self;
+        let Some(stream) = this.stream.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let item = std::task::ready!(Pin::new(stream).poll_next(cx));
+        let revoked = item.is_some()
+            && this
+                .grant
+                .as_mut()
+                .is_some_and(|grant| !grant.still_grants(Role::Read));
+        if revoked {
+            tracing::info!("a follow ended: the token that opened it no longer has the read role");
+            this.stream = None;
+            return Poll::Ready(None);
+        }
+        Poll::Ready(item)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::{Role, Roles, TokenFile};
+    use crate::auth::{Roles, TokenFile};
 
     fn caller(dir: &std::path::Path, name: &str) -> Caller {
         let path = dir.join(format!("{name}.tokens"));

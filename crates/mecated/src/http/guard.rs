@@ -12,7 +12,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::ApiError;
-use crate::auth::{Caller, Roles, TokenFile};
+use crate::auth::{Caller, Grant, Roles, TokenFile};
 use crate::wire::ErrorCode;
 
 /// The `tracing` target of the audit trail: one line per destructive or
@@ -62,24 +62,29 @@ impl From<ApiError> for Refusal {
     }
 }
 
-/// The caller of a request, or the answer refusing it.
-fn caller(auth: &Auth, access: Access, headers: &HeaderMap) -> Result<Caller, Refusal> {
+/// The caller of a request, with its grant when it presented a token, or
+/// the answer refusing it.
+fn caller(
+    auth: &Auth,
+    access: Access,
+    headers: &HeaderMap,
+) -> Result<(Caller, Option<Grant>), Refusal> {
     let tokens = match auth {
-        Auth::Off => return Ok(Caller::anonymous()),
+        Auth::Off => return Ok((Caller::anonymous(), None)),
         Auth::Tokens(tokens) => tokens,
     };
     let Access::Needs(needed) = access else {
-        return Ok(Caller::anonymous());
+        return Ok((Caller::anonymous(), None));
     };
     let token = bearer_token(headers)?;
-    let caller = tokens.current().authenticate(token).ok_or_else(|| {
+    let (caller, grant) = Grant::authenticate(tokens, token).ok_or_else(|| {
         ApiError::unauthenticated(
             "the bearer token is not accepted: it is not in the server's token file (or was \
              removed from it)",
         )
     })?;
     match needed.missing_from(caller.roles()) {
-        None => Ok(caller),
+        None => Ok((caller, Some(grant))),
         Some(role) => Err(Refusal {
             who: Some(caller.name().to_owned()),
             error: ApiError::forbidden(caller.name(), role),
@@ -122,8 +127,11 @@ pub(crate) async fn guard(
     let checked = caller(&guard.auth, guard.access, request.headers());
     let Some(what) = guard.audited else {
         return match checked {
-            Ok(caller) => {
+            Ok((caller, grant)) => {
                 request.extensions_mut().insert(caller);
+                if let Some(grant) = grant {
+                    request.extensions_mut().insert(grant);
+                }
                 next.run(request).await
             }
             Err(refused) => refused.error.into_response(),
@@ -140,9 +148,12 @@ pub(crate) async fn guard(
         })
         .unwrap_or_else(|| request.uri().path().to_owned());
     match checked {
-        Ok(caller) => {
+        Ok((caller, grant)) => {
             let who = caller.name().to_owned();
             request.extensions_mut().insert(caller);
+            if let Some(grant) = grant {
+                request.extensions_mut().insert(grant);
+            }
             // On a task of its own: a client that goes away drops this
             // future, yet what the handler started (a delete, a cancel)
             // goes on, and so must its audit line.

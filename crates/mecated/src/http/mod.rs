@@ -32,7 +32,7 @@ use self::guard::Guard;
 pub use self::guard::{AUDIT_TARGET, Access, Auth};
 use self::keep_alive::KeepAliveTicks;
 pub use self::local_only::AllowedHosts;
-use crate::auth::{Caller, Role, Roles};
+use crate::auth::{Caller, Grant, Role, Roles};
 use crate::engine::{
     Engine, EngineError, FollowItem, MAX_RUN_WAIT, RunEnd as EngineRunEnd, StartedRun,
 };
@@ -527,6 +527,7 @@ pub(crate) async fn read_events(
     Extension(keep_alive): Extension<KeepAliveTicks>,
     Extension(slots): Extension<FollowSlots>,
     caller: Option<Extension<Caller>>,
+    grant: Option<Extension<Grant>>,
     Id(id): Id,
     headers: HeaderMap,
     query: Result<Query<PageQuery>, QueryRejection>,
@@ -571,7 +572,7 @@ pub(crate) async fn read_events(
             Some(last_seen) => engine.resume(id, last_seen).await?,
             None => engine.follow(id, from).await?,
         };
-        let events = slot.holding(follow_events(follow));
+        let events = slot.holding(follow_events(follow), grant.map(|Extension(g)| g));
         return Ok(Sse::new(keep_alive.around(events)).into_response());
     }
     let from = q.after.unwrap_or(0).saturating_add(1);

@@ -604,6 +604,68 @@ async fn a_changed_token_file_is_read_again_without_a_restart() {
     until_answered(&m, "operator", StatusCode::UNAUTHORIZED).await;
 }
 
+/// A follow opened with a token ends at its next event once the token is
+/// removed from the file: revoking a token stops what it already reads,
+/// not only what it asks for next. A follow of a token still in the file
+/// goes on to the run's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follow_ends_once_its_token_is_revoked() {
+    let dir = tempfile::tempdir().unwrap();
+    let slow = ["--echo-delay", "8s", "--echo-steps", "16"];
+    let args = [&["--token-file-check-interval", "0s"][..], &slow].concat();
+    let m = start(dir.path(), "auth-revoked-follow", &args);
+    let operator = Some(secret("operator"));
+    let (status, _) = call_with(
+        &m,
+        Method::POST,
+        "/v1/sessions",
+        operator.clone(),
+        json!({"id": "watched"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let run = client()
+        .post(m.url("/v1/sessions/watched/runs"))
+        .bearer_auth(secret("operator"))
+        .header("accept", "text/event-stream")
+        .json(&json!({"input": "long"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(run.status(), StatusCode::OK);
+    let follow = |who: &str| {
+        client()
+            .get(m.url("/v1/sessions/watched/events"))
+            .bearer_auth(secret(who))
+            .header("accept", "text/event-stream")
+            .send()
+    };
+    let (revoked, kept) = (
+        follow("reader").await.unwrap(),
+        follow("operator").await.unwrap(),
+    );
+    assert_eq!(revoked.status(), StatusCode::OK);
+    assert_eq!(kept.status(), StatusCode::OK);
+    let path = dir.path().join("tokens");
+    replace(&path, &line("operator", "read,run,admin"));
+    m.signal(Signal::SIGHUP);
+    until_answered(&m, "reader", StatusCode::UNAUTHORIZED).await;
+    let read_all = |r: reqwest::Response| async move {
+        tokio::time::timeout(PATIENCE, r.text())
+            .await
+            .expect("the follow never ended")
+            .unwrap()
+    };
+    let kept = read_all(kept).await;
+    assert!(kept.contains("event: end"), "{kept}");
+    let revoked = read_all(revoked).await;
+    assert!(
+        !revoked.contains("event: end") && !revoked.contains("run_ended"),
+        "a revoked token followed the run to its end: {revoked}"
+    );
+    drop(run);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_reads_the_token_file_again_and_a_refused_one_keeps_the_tokens() {
     let dir = tempfile::tempdir().unwrap();
