@@ -13,6 +13,8 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
 use futures_util::Stream;
 
 use super::ApiError;
@@ -73,23 +75,65 @@ impl FollowSlots {
     }
 }
 
-/// One follow's place against its client's bound.
-#[derive(Debug)]
-pub(crate) struct FollowSlot(Option<(FollowSlots, Arc<str>)>);
+/// Who asks to follow: the router's bound, the caller and the grant of
+/// its token, as the guard left them with the request.
+pub(crate) struct Follower {
+    slots: Option<FollowSlots>,
+    caller: Option<Caller>,
+    grant: Option<Grant>,
+}
 
-impl FollowSlot {
-    /// `stream`, holding this slot until the stream is dropped: when the
-    /// follow ends or its client goes away. With the `grant` of the token
-    /// that opened it, the follow also ends at its first item after the
-    /// token file in force stopped granting that token `read`.
-    pub(crate) fn holding<S>(self, stream: S, grant: Option<Grant>) -> Holding<S> {
+impl<S: Send + Sync> FromRequestParts<S> for Follower {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(Self {
+            slots: parts.extensions.get::<FollowSlots>().cloned(),
+            caller: parts.extensions.get::<Caller>().cloned(),
+            grant: parts.extensions.get::<Grant>().cloned(),
+        })
+    }
+}
+
+impl Follower {
+    /// A place for this follow, or the refusal when its client holds its
+    /// limit.
+    pub(crate) fn admit(self) -> Result<Admitted, ApiError> {
+        let slot = match &self.slots {
+            Some(slots) => slots.take(self.caller.as_ref())?,
+            None => FollowSlot(None),
+        };
+        Ok(Admitted {
+            slot,
+            grant: self.grant,
+        })
+    }
+}
+
+/// A follow admitted: its place, and the grant of its token.
+#[derive(Debug)]
+pub(crate) struct Admitted {
+    slot: FollowSlot,
+    grant: Option<Grant>,
+}
+
+impl Admitted {
+    /// `stream`, holding this follow's place until the stream is dropped:
+    /// when the follow ends or its client goes away. It also ends at its
+    /// first item after the token file in force stopped granting the
+    /// follow's token `read`.
+    pub(crate) fn holding<S>(self, stream: S) -> Holding<S> {
         Holding {
             stream: Some(stream),
-            grant,
-            _slot: self,
+            grant: self.grant,
+            _slot: self.slot,
         }
     }
 }
+
+/// One follow's place against its client's bound.
+#[derive(Debug)]
+pub(crate) struct FollowSlot(Option<(FollowSlots, Arc<str>)>);
 
 impl Drop for FollowSlot {
     fn drop(&mut self) {

@@ -27,12 +27,12 @@ use lease_port::SessionId;
 use session_store::ListCursor;
 
 pub use self::error::ApiError;
-use self::follow_slots::FollowSlots;
+use self::follow_slots::{FollowSlots, Follower};
 use self::guard::Guard;
 pub use self::guard::{AUDIT_TARGET, Access, Auth};
 use self::keep_alive::KeepAliveTicks;
 pub use self::local_only::AllowedHosts;
-use crate::auth::{Caller, Grant, Role, Roles};
+use crate::auth::{Role, Roles};
 use crate::engine::{
     Engine, EngineError, FollowItem, MAX_RUN_WAIT, RunEnd as EngineRunEnd, StartedRun,
 };
@@ -525,9 +525,7 @@ pub(crate) async fn delete_session(
 pub(crate) async fn read_events(
     State(engine): State<Engine>,
     Extension(keep_alive): Extension<KeepAliveTicks>,
-    Extension(slots): Extension<FollowSlots>,
-    caller: Option<Extension<Caller>>,
-    grant: Option<Extension<Grant>>,
+    follower: Follower,
     Id(id): Id,
     headers: HeaderMap,
     query: Result<Query<PageQuery>, QueryRejection>,
@@ -567,12 +565,12 @@ pub(crate) async fn read_events(
                 "event {from} is past the end of session {id}'s log"
             )));
         }
-        let slot = slots.take(caller.as_ref().map(|Extension(c)| c))?;
+        let admitted = follower.admit()?;
         let follow = match last_seen {
             Some(last_seen) => engine.resume(id, last_seen).await?,
             None => engine.follow(id, from).await?,
         };
-        let events = slot.holding(follow_events(follow), grant.map(|Extension(g)| g));
+        let events = admitted.holding(follow_events(follow));
         return Ok(Sse::new(keep_alive.around(events)).into_response());
     }
     let from = q.after.unwrap_or(0).saturating_add(1);
