@@ -47,6 +47,48 @@ pub(crate) struct Guard {
     pub(crate) access: Access,
     /// The route's operation id, when its requests are audited.
     pub(crate) audited: Option<&'static str>,
+    /// Shared by every route of a router.
+    pub(crate) refusals: Arc<RefusalLines>,
+}
+
+/// At most this many audit lines a second for refused requests. A refusal
+/// costs its sender nothing, so without a bound anyone who reaches the
+/// port could fill the disk with audit lines, or bury the ones that
+/// matter. Requests that were let through are always written.
+pub const REFUSAL_AUDIT_LINES_PER_SECOND: u32 = 20;
+
+/// The budget of refusal audit lines of the current second, and how many
+/// were left out.
+#[derive(Debug, Default)]
+pub(crate) struct RefusalLines(std::sync::Mutex<RefusalWindow>);
+
+#[derive(Debug, Default)]
+struct RefusalWindow {
+    second: Option<std::time::Instant>,
+    written: u32,
+    left_out: u64,
+}
+
+impl RefusalLines {
+    /// Whether a refusal's line may be written now, and how many were left
+    /// out before it (to be said on that line).
+    fn admit(&self, now: std::time::Instant) -> Option<u64> {
+        let mut w = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let elapsed = w.second.map(|s| now.saturating_duration_since(s));
+        if elapsed.is_none_or(|e| e >= std::time::Duration::from_secs(1)) {
+            w.second = Some(now);
+            w.written = 0;
+        }
+        if w.written >= REFUSAL_AUDIT_LINES_PER_SECOND {
+            w.left_out += 1;
+            return None;
+        }
+        w.written += 1;
+        Some(std::mem::take(&mut w.left_out))
+    }
 }
 
 /// A refused request: the answer, and the token's name when the token was
@@ -170,7 +212,17 @@ pub(crate) async fn guard(
         Err(refused) => {
             let response = refused.error.into_response();
             let who = refused.who.unwrap_or_else(|| "unauthenticated".into());
-            audit(&who, what, &session, &response);
+            if let Some(left_out) = guard.refusals.admit(std::time::Instant::now()) {
+                if left_out > 0 {
+                    tracing::warn!(
+                        target: AUDIT_TARGET,
+                        left_out,
+                        "audit: refused requests past {REFUSAL_AUDIT_LINES_PER_SECOND} a second were \
+                         not written"
+                    );
+                }
+                audit(&who, what, &session, &response);
+            }
             response
         }
     }
@@ -187,4 +239,25 @@ fn audit(who: &str, what: &str, session: &str, response: &Response) {
         .and_then(|v| v.as_str().map(str::to_owned))
         .unwrap_or_default();
     tracing::info!(target: AUDIT_TARGET, who, what, session, status, code, "audit");
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    #[test]
+    fn refusal_lines_are_bounded_per_second_and_the_left_out_are_counted() {
+        let lines = RefusalLines::default();
+        let start = Instant::now();
+        for _ in 0..REFUSAL_AUDIT_LINES_PER_SECOND {
+            assert_eq!(lines.admit(start), Some(0));
+        }
+        for _ in 0..5 {
+            assert_eq!(lines.admit(start + Duration::from_millis(999)), None);
+        }
+        assert_eq!(lines.admit(start + Duration::from_secs(1)), Some(5));
+        assert_eq!(lines.admit(start + Duration::from_secs(1)), Some(0));
+    }
 }

@@ -11,6 +11,7 @@ pub(crate) mod operator_page;
 
 use std::convert::Infallible;
 use std::hash::{BuildHasher, RandomState};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::body::Bytes;
@@ -29,7 +30,7 @@ use session_store::ListCursor;
 pub use self::error::ApiError;
 use self::follow_slots::{FollowSlots, Follower};
 use self::guard::Guard;
-pub use self::guard::{AUDIT_TARGET, Access, Auth};
+pub use self::guard::{AUDIT_TARGET, Access, Auth, REFUSAL_AUDIT_LINES_PER_SECOND};
 use self::keep_alive::KeepAliveTicks;
 pub use self::local_only::AllowedHosts;
 use crate::auth::{Role, Roles};
@@ -97,11 +98,13 @@ pub const DEFAULT_MAX_FOLLOWS_PER_CLIENT: usize = 1000;
 pub fn router_configured(engine: Engine, auth: Auth, options: HttpOptions) -> Router {
     let unauthenticated = matches!(auth, Auth::Off);
     let mut router = Router::new();
+    let refusals = Arc::default();
     for (route, handler) in routes() {
         let guard = Guard {
             auth: auth.clone(),
             access: route.access,
             audited: route.audited.then_some(route.operation),
+            refusals: Arc::clone(&refusals),
         };
         let handler =
             handler.route_layer(axum::middleware::from_fn_with_state(guard, guard::guard));

@@ -813,6 +813,49 @@ async fn send(router: &axum::Router, method: &str, path: &str, token: Option<&st
     router.clone().oneshot(req).await.unwrap().status().as_u16()
 }
 
+/// A flood of refused deletes writes a bounded number of audit lines, and
+/// says how many it left out; a delete that was let through is written
+/// all the same.
+#[tokio::test]
+async fn a_flood_of_refusals_is_audited_within_a_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = token_file(dir.path());
+    let file = mecated::auth::TokenFile::open(tokens).unwrap();
+    let auth = mecated::http::Auth::Tokens(Arc::new(file));
+    let (router, _engine) = in_process(dir.path(), auth).await;
+    let log = AuditLog::default();
+    let _guard = tracing::subscriber::set_default(log.clone());
+    let started = Instant::now();
+    for _ in 0..500 {
+        assert_eq!(send(&router, "DELETE", "/v1/sessions/x", None).await, 401);
+    }
+    let seconds = u32::try_from(started.elapsed().as_secs()).unwrap() + 1;
+    assert_eq!(
+        send(&router, "POST", "/v1/sessions", Some("operator")).await,
+        201
+    );
+    assert_eq!(
+        send(&router, "DELETE", "/v1/sessions/gone", Some("janitor")).await,
+        204
+    );
+    let lines = log.0.lock().unwrap().clone();
+    let refused = lines
+        .iter()
+        .filter(|l| l.get("status").map(String::as_str) == Some("401"));
+    let bound = mecated::http::REFUSAL_AUDIT_LINES_PER_SECOND * seconds;
+    assert!(
+        refused.count() <= usize::try_from(bound).unwrap(),
+        "{} lines for 500 refusals in {seconds} s",
+        lines.len()
+    );
+    let last = lines.last().unwrap();
+    assert_eq!(
+        (last["who"].as_str(), last["status"].as_str()),
+        ("janitor", "204"),
+        "the delete let through was not written: {lines:?}"
+    );
+}
+
 /// One line per delete and cancel, refused or not: who, what, which
 /// session, the outcome; nothing for reads and runs.
 #[tokio::test]
