@@ -12,7 +12,13 @@ use std::process::Command;
 use crate::{Result, cargo, run, workspace_root};
 
 /// Every target in `fuzz/fuzz_targets`.
-const TARGETS: [&str; 4] = ["ids", "flock_record", "jsonl_reader", "grpc_requests"];
+const TARGETS: [&str; 5] = [
+    "ids",
+    "flock_record",
+    "jsonl_reader",
+    "grpc_requests",
+    "http_requests",
+];
 
 pub(crate) fn fuzz(args: &[String]) -> Result {
     let mut seconds = 60u64;
