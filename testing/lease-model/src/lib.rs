@@ -1,0 +1,74 @@
+//! An exhaustive model of the lease contract, the keeper and the fenced
+//! store, and a second opinion on `lease-history`'s checker.
+//!
+//! # What it is for
+//!
+//! The fault runs test the real code against real services, bounded by
+//! real time, and judge what they record with `lease-history`'s checker.
+//! Two things they cannot do: try every interleaving, and check the
+//! checker. This crate models the protocol — processes whose keepers
+//! acquire, renew (their lease counted from when the request was *sent*),
+//! write under the lease and release once their writes are answered; one
+//! lease authority; one store whose high-water mark is bound to the writer
+//! that set it — over a network that loses, delays, reorders and
+//! duplicates, with processes that pause (they simply take no step) and
+//! crash (restarting as a new owner). [`stateright`] explores every state
+//! within [`Bounds`], breadth first, so a violation comes with a shortest
+//! path to it.
+//!
+//! The properties, checked in every state:
+//!
+//! - [`SINGLE_HOLDER`]: no two processes count on one session's lease at
+//!   once;
+//! - [`ONE_OWNER_PER_TOKEN`]: the authority never grants one token to two
+//!   owners;
+//! - [`STORE_FENCING`]: in the store's order tokens never go down, and one
+//!   token has one writer — after a takeover is written, nothing the old
+//!   owner does changes the session.
+//!
+//! Each breakage the fault runs inject into real backends is a
+//! [`Variant`] of the model, and each must be found. The model's paths are
+//! also turned into histories ([`history_of`]) and judged by
+//! `lease_history::check`: on a corpus of random paths ([`random_path`]),
+//! the checker and the model must agree.
+//!
+//! The clock is shared: every process and the authority count the same
+//! ticks. Clock rates and steps are left to the fault runs, which inject
+//! them into real processes; what the model adds is every ordering of
+//! messages, losses, duplicates and crashes within its bounds.
+//!
+//! # Example
+//!
+//! ```
+//! use lease_model::{Bounds, LeaseSystem, Variant, STORE_FENCING};
+//! use stateright::{Checker, Model};
+//!
+//! let bounds = Bounds { crashes: 0, ..Bounds::SMALL };
+//! let broken = LeaseSystem::new(bounds, Variant::StoreWithoutFencing)
+//!     .checker()
+//!     .spawn_bfs()
+//!     .join();
+//! let path = broken.discovery(STORE_FENCING).expect("an unfenced store is caught");
+//! // Breadth first: no shorter path breaks it.
+//! assert_eq!(path.into_actions().len(), 17);
+//! ```
+
+mod history;
+mod system;
+mod variant;
+mod walk;
+
+pub use history::history_of;
+pub use system::{
+    Action, Answer, Authority, Bounds, Held, Landed, LeaseSystem, Message, Owner, Process, Request,
+    State, Store, TTL, one_owner_per_token, single_holder, store_fenced,
+};
+pub use variant::Variant;
+pub use walk::{Agreement, judge, random_path};
+
+/// The name of the single-holder property.
+pub const SINGLE_HOLDER: &str = "single holder";
+/// The name of the one-owner-per-token property.
+pub const ONE_OWNER_PER_TOKEN: &str = "one owner per token";
+/// The name of the store-fencing property.
+pub const STORE_FENCING: &str = "store fencing";

@@ -1,0 +1,691 @@
+//! The system the model explores: processes with a keeper each, one lease
+//! authority, one fenced store, and a network between them that loses,
+//! delays, reorders and duplicates.
+
+use std::fmt;
+
+use stateright::{Model, Property};
+
+use crate::variant::Variant;
+
+/// Ticks of the model's clock a lease lasts.
+pub const TTL: u8 = 3;
+
+/// The bounds of one exploration. Everything is bounded so that the state
+/// space is finite and exploring it ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// Processes, each a keeper acting as its own owner.
+    pub processes: u8,
+    /// Sessions they contend for.
+    pub sessions: u8,
+    /// The clock stops at this tick.
+    pub max_time: u8,
+    /// Requests sent in all, lease requests and writes together.
+    pub max_ops: u8,
+    /// Writes each process may send.
+    pub writes_per_process: u8,
+    /// Messages the network may lose.
+    pub losses: u8,
+    /// Requests to the authority the network may deliver twice (a client's
+    /// retry of a call it thought lost).
+    pub duplicates: u8,
+    /// Crashes in all; a crashed process restarts at once as a new
+    /// incarnation, another owner.
+    pub crashes: u8,
+}
+
+impl Bounds {
+    /// Two processes, one session, a crash: what CI explores exhaustively.
+    pub const SMALL: Bounds = Bounds {
+        processes: 2,
+        sessions: 1,
+        max_time: 4,
+        max_ops: 4,
+        writes_per_process: 1,
+        losses: 1,
+        duplicates: 0,
+        crashes: 1,
+    };
+
+    /// [`Bounds::SMALL`] with a duplicated request instead of a crash.
+    pub const SMALL_DUPLICATING: Bounds = Bounds {
+        duplicates: 1,
+        crashes: 0,
+        ..Bounds::SMALL
+    };
+}
+
+/// An owner: a process's incarnation. A restarted process acts as a new
+/// owner, as a restarted server does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Owner {
+    /// The process.
+    pub process: u8,
+    /// Its incarnation, from 0.
+    pub incarnation: u8,
+}
+
+impl fmt::Display for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "p{}.{}", self.process, self.incarnation)
+    }
+}
+
+/// What a process asks the authority.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Request {
+    /// Take the session, or extend one's own live lease.
+    Acquire,
+    /// Extend the lease of this token.
+    Renew(u8),
+    /// Give up the lease of this token.
+    Release(u8),
+}
+
+/// What the authority answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Answer {
+    /// The lease is the caller's, with this token, for a TTL counted from
+    /// when the authority handled the request.
+    Granted(u8),
+    /// Held by another owner, or the renewed lease was lost.
+    Refused,
+    /// The release was handled.
+    Released,
+}
+
+/// A message in flight. Each carries the request's op number (to match a
+/// reply to the call that waits for it, as an RPC does) and the tick it was
+/// sent at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Message {
+    /// A lease request on its way to the authority.
+    ToAuthority {
+        /// The call.
+        op: u8,
+        /// Who asks.
+        owner: Owner,
+        /// For which session.
+        session: u8,
+        /// What.
+        request: Request,
+        /// When it was sent.
+        sent: u8,
+    },
+    /// The authority's answer on its way back.
+    FromAuthority {
+        /// The call answered.
+        op: u8,
+        /// Who asked.
+        owner: Owner,
+        /// For which session.
+        session: u8,
+        /// What was asked.
+        request: Request,
+        /// When it was sent.
+        sent: u8,
+        /// The answer.
+        answer: Answer,
+    },
+    /// A fenced write on its way to the store.
+    ToStore {
+        /// The call.
+        op: u8,
+        /// The writer.
+        owner: Owner,
+        /// To which session.
+        session: u8,
+        /// The fencing token it carries.
+        token: u8,
+    },
+    /// The store's answer: written, or refused by the fence.
+    FromStore {
+        /// The call answered.
+        op: u8,
+        /// The writer.
+        owner: Owner,
+        /// To which session.
+        session: u8,
+        /// Whether it was written.
+        written: bool,
+    },
+}
+
+/// A lease as its holder's keeper counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Held {
+    /// The lease's token.
+    pub token: u8,
+    /// The tick from which the keeper no longer counts on it.
+    pub until: u8,
+}
+
+/// One process: a keeper and the writes it has sent.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Process {
+    /// The incarnation running.
+    pub incarnation: u8,
+    /// Per session, the lease held.
+    pub held: Vec<Option<Held>>,
+    /// Per session, the lease call waiting for its answer.
+    pub waiting: Vec<Option<u8>>,
+    /// Per session, the writes waiting for their answer (op numbers).
+    pub writing: Vec<Vec<u8>>,
+    /// Writes it may still send.
+    pub writes_left: u8,
+}
+
+impl Process {
+    /// The owner it acts as now.
+    pub fn owner(&self, process: u8) -> Owner {
+        Owner {
+            process,
+            incarnation: self.incarnation,
+        }
+    }
+
+    /// Whether its keeper counts on the lease of `session` at `now`.
+    pub fn holds(&self, session: u8, now: u8) -> Option<Held> {
+        self.held[usize::from(session)].filter(|h| h.until > now)
+    }
+}
+
+/// The authority's record of one session.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Authority {
+    /// The lease: owner, token, and the tick it expires at.
+    pub holder: Option<(Owner, u8, u8)>,
+    /// The last token handed out.
+    pub last_token: u8,
+    /// Every (token, owner) granted, for the property that a token has
+    /// one owner.
+    pub grants: Vec<(u8, Owner)>,
+}
+
+/// One write the store kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Landed {
+    /// The write's op number.
+    pub op: u8,
+    /// Who wrote it.
+    pub owner: Owner,
+    /// The token it carried.
+    pub token: u8,
+}
+
+/// The store's record of one session: its high-water mark, bound to the
+/// writer that set it, and what it kept, in order.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Store {
+    /// The highest token written, and by whom.
+    pub mark: Option<(u8, Owner)>,
+    /// The writes kept.
+    pub log: Vec<Landed>,
+}
+
+/// Everything at one instant.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct State {
+    /// The clock, in ticks; every process's and the authority's alike.
+    pub now: u8,
+    /// Per process.
+    pub processes: Vec<Process>,
+    /// Per session.
+    pub authority: Vec<Authority>,
+    /// Per session.
+    pub store: Vec<Store>,
+    /// The messages in flight, sorted: the network is a multiset.
+    pub network: Vec<Message>,
+    /// The next op number.
+    pub next_op: u8,
+    /// Losses, duplicates and crashes the bounds still allow.
+    pub losses_left: u8,
+    /// See [`Bounds::duplicates`].
+    pub duplicates_left: u8,
+    /// See [`Bounds::crashes`].
+    pub crashes_left: u8,
+}
+
+/// One step of the system.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// The clock advances one tick.
+    Tick,
+    /// A process asks for a session's lease.
+    Acquire(u8, u8),
+    /// A process's keeper renews a lease it counts on.
+    Renew(u8, u8),
+    /// A process releases a lease, once its writes to the session are
+    /// answered.
+    Release(u8, u8),
+    /// A process writes to a session under the lease it counts on.
+    Write(u8, u8),
+    /// The network delivers a message.
+    Deliver(Message),
+    /// The network loses a message.
+    Lose(Message),
+    /// The network delivers a request to the authority and keeps a copy
+    /// in flight, to be delivered again (a client's retry of a call it
+    /// thought lost).
+    Duplicate(Message),
+    /// A process crashes, losing what it held in memory, and starts again
+    /// as a new owner.
+    Crash(u8),
+}
+
+/// The model: the bounds of the exploration and the variant of the rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseSystem {
+    /// How far to explore.
+    pub bounds: Bounds,
+    /// The rules as built, or with one broken.
+    pub variant: Variant,
+}
+
+impl LeaseSystem {
+    /// The system of `variant` within `bounds`.
+    pub fn new(bounds: Bounds, variant: Variant) -> Self {
+        Self { bounds, variant }
+    }
+
+    fn send(&self, state: &mut State, message: Message) {
+        let at = state.network.partition_point(|m| *m < message);
+        state.network.insert(at, message);
+        state.next_op += 1;
+    }
+
+    fn lease_request(&self, state: &mut State, p: u8, session: u8, request: Request) {
+        let op = state.next_op;
+        let proc = &mut state.processes[usize::from(p)];
+        proc.waiting[usize::from(session)] = Some(op);
+        if matches!(request, Request::Release(_)) {
+            // The keeper stops counting on the lease when it asks to give
+            // it up, not when the answer comes.
+            proc.held[usize::from(session)] = None;
+        }
+        let owner = proc.owner(p);
+        let sent = state.now;
+        self.send(
+            state,
+            Message::ToAuthority {
+                op,
+                owner,
+                session,
+                request,
+                sent,
+            },
+        );
+    }
+
+    fn handle_at_authority(
+        &self,
+        state: &mut State,
+        owner: Owner,
+        session: u8,
+        request: Request,
+    ) -> Answer {
+        let now = state.now;
+        let record = &mut state.authority[usize::from(session)];
+        let live = record.holder.filter(|&(_, _, expires)| expires > now);
+        match request {
+            Request::Acquire => match live {
+                Some((holder, token, _)) if holder == owner => {
+                    record.holder = Some((owner, token, now + TTL));
+                    Answer::Granted(token)
+                }
+                Some(_) => Answer::Refused,
+                None => {
+                    let keeps = matches!(
+                        self.variant,
+                        Variant::TakeoverKeepsToken | Variant::RepeatedTokenAcceptedByStore
+                    );
+                    let token = if keeps && record.last_token > 0 {
+                        record.last_token
+                    } else {
+                        record.last_token + 1
+                    };
+                    record.last_token = token;
+                    record.holder = Some((owner, token, now + TTL));
+                    if !record.grants.contains(&(token, owner)) {
+                        record.grants.push((token, owner));
+                        record.grants.sort();
+                    }
+                    Answer::Granted(token)
+                }
+            },
+            Request::Renew(token) => match live {
+                Some((holder, held, _)) if holder == owner && held == token => {
+                    record.holder = Some((owner, token, now + TTL));
+                    Answer::Granted(token)
+                }
+                // The broken authority answers a lost renewal as a success,
+                // leaving the lease with whoever has it.
+                _ if self.variant == Variant::RenewOfLostLeaseGranted => Answer::Granted(token),
+                _ => Answer::Refused,
+            },
+            Request::Release(token) => {
+                let own = record
+                    .holder
+                    .is_some_and(|(holder, held, _)| holder == owner && held == token);
+                if own || self.variant == Variant::ReleaseFreesOthers {
+                    record.holder = None;
+                }
+                Answer::Released
+            }
+        }
+    }
+
+    fn handle_at_store(
+        &self,
+        state: &mut State,
+        op: u8,
+        owner: Owner,
+        session: u8,
+        token: u8,
+    ) -> bool {
+        let store = &mut state.store[usize::from(session)];
+        let written = match store.mark {
+            None => true,
+            Some(_) if self.variant == Variant::StoreWithoutFencing => true,
+            Some((mark, writer)) if token == mark => {
+                writer == owner || self.variant == Variant::RepeatedTokenAcceptedByStore
+            }
+            Some((mark, _)) => token > mark,
+        };
+        if written {
+            if store.mark.is_none_or(|(mark, _)| token >= mark) {
+                store.mark = Some((token, owner));
+            }
+            store.log.push(Landed { op, owner, token });
+        }
+        written
+    }
+
+    /// A reply reaching its process: the keeper acts on it if its call is
+    /// still waiting (a reply to a call of an earlier incarnation, or a
+    /// second copy, finds none).
+    fn handle_reply(&self, state: &mut State, message: Message) {
+        let now = state.now;
+        match message {
+            Message::FromAuthority {
+                op,
+                owner,
+                session,
+                request,
+                sent,
+                answer,
+            } => {
+                let proc = &mut state.processes[usize::from(owner.process)];
+                let s = usize::from(session);
+                if proc.incarnation != owner.incarnation || proc.waiting[s] != Some(op) {
+                    return;
+                }
+                proc.waiting[s] = None;
+                // Loss is counted from when the request was sent: the
+                // authority started the lease no earlier.
+                let from = if self.variant == Variant::LossCountedFromReceipt {
+                    now
+                } else {
+                    sent
+                };
+                match (request, answer) {
+                    (Request::Acquire, Answer::Granted(token)) => {
+                        proc.held[s] = Some(Held {
+                            token,
+                            until: from + TTL,
+                        });
+                    }
+                    (Request::Renew(renewed), Answer::Granted(token)) => {
+                        if let Some(h) = proc.held[s].as_mut().filter(|h| h.token == renewed) {
+                            h.token = token;
+                            h.until = h.until.max(from + TTL);
+                        }
+                    }
+                    (Request::Renew(renewed), Answer::Refused)
+                        if proc.held[s].is_some_and(|h| h.token == renewed) =>
+                    {
+                        proc.held[s] = None;
+                    }
+                    _ => {}
+                }
+            }
+            Message::FromStore {
+                op, owner, session, ..
+            } => {
+                let proc = &mut state.processes[usize::from(owner.process)];
+                if proc.incarnation == owner.incarnation {
+                    proc.writing[usize::from(session)].retain(|&w| w != op);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn deliver(&self, state: &mut State, message: Message) {
+        match message {
+            Message::ToAuthority {
+                op,
+                owner,
+                session,
+                request,
+                sent,
+            } => {
+                let answer = self.handle_at_authority(state, owner, session, request);
+                let reply = Message::FromAuthority {
+                    op,
+                    owner,
+                    session,
+                    request,
+                    sent,
+                    answer,
+                };
+                let at = state.network.partition_point(|m| *m < reply);
+                state.network.insert(at, reply);
+            }
+            Message::ToStore {
+                op,
+                owner,
+                session,
+                token,
+            } => {
+                let written = self.handle_at_store(state, op, owner, session, token);
+                let reply = Message::FromStore {
+                    op,
+                    owner,
+                    session,
+                    written,
+                };
+                let at = state.network.partition_point(|m| *m < reply);
+                state.network.insert(at, reply);
+            }
+            reply => self.handle_reply(state, reply),
+        }
+    }
+
+    fn process_actions(&self, state: &State, p: u8, actions: &mut Vec<Action>) {
+        let proc = &state.processes[usize::from(p)];
+        if state.crashes_left > 0 {
+            actions.push(Action::Crash(p));
+        }
+        if state.next_op >= self.bounds.max_ops {
+            return;
+        }
+        for session in 0..self.bounds.sessions {
+            let s = usize::from(session);
+            if proc.waiting[s].is_some() {
+                continue;
+            }
+            match proc.holds(session, state.now) {
+                None => actions.push(Action::Acquire(p, session)),
+                Some(_) => {
+                    actions.push(Action::Renew(p, session));
+                    if proc.writes_left > 0 {
+                        actions.push(Action::Write(p, session));
+                    }
+                    // The keeper releases once every write it sent under
+                    // the lease has been answered.
+                    if proc.writing[s].is_empty() {
+                        actions.push(Action::Release(p, session));
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Model for LeaseSystem {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        let sessions = usize::from(self.bounds.sessions);
+        let process = Process {
+            incarnation: 0,
+            held: vec![None; sessions],
+            waiting: vec![None; sessions],
+            writing: vec![Vec::new(); sessions],
+            writes_left: self.bounds.writes_per_process,
+        };
+        vec![State {
+            now: 0,
+            processes: vec![process; usize::from(self.bounds.processes)],
+            authority: vec![Authority::default(); sessions],
+            store: vec![Store::default(); sessions],
+            network: Vec::new(),
+            next_op: 0,
+            losses_left: self.bounds.losses,
+            duplicates_left: self.bounds.duplicates,
+            crashes_left: self.bounds.crashes,
+        }]
+    }
+
+    fn actions(&self, state: &State, actions: &mut Vec<Action>) {
+        if state.now < self.bounds.max_time {
+            actions.push(Action::Tick);
+        }
+        for p in 0..self.bounds.processes {
+            self.process_actions(state, p, actions);
+        }
+        let mut previous = None;
+        for &message in &state.network {
+            if previous == Some(message) {
+                continue;
+            }
+            previous = Some(message);
+            actions.push(Action::Deliver(message));
+            if state.losses_left > 0 {
+                actions.push(Action::Lose(message));
+            }
+            if state.duplicates_left > 0 && matches!(message, Message::ToAuthority { .. }) {
+                actions.push(Action::Duplicate(message));
+            }
+        }
+    }
+
+    fn next_state(&self, last: &State, action: Action) -> Option<State> {
+        let mut state = last.clone();
+        match action {
+            Action::Tick => state.now += 1,
+            Action::Acquire(p, s) => self.lease_request(&mut state, p, s, Request::Acquire),
+            Action::Renew(p, s) => {
+                let token = state.processes[usize::from(p)].holds(s, state.now)?.token;
+                self.lease_request(&mut state, p, s, Request::Renew(token));
+            }
+            Action::Release(p, s) => {
+                let token = state.processes[usize::from(p)].holds(s, state.now)?.token;
+                self.lease_request(&mut state, p, s, Request::Release(token));
+            }
+            Action::Write(p, session) => {
+                let op = state.next_op;
+                let proc = &mut state.processes[usize::from(p)];
+                let token = proc.holds(session, state.now)?.token;
+                proc.writes_left -= 1;
+                proc.writing[usize::from(session)].push(op);
+                let owner = proc.owner(p);
+                self.send(
+                    &mut state,
+                    Message::ToStore {
+                        op,
+                        owner,
+                        session,
+                        token,
+                    },
+                );
+            }
+            Action::Deliver(message) => {
+                let at = state.network.iter().position(|m| *m == message)?;
+                state.network.remove(at);
+                self.deliver(&mut state, message);
+            }
+            Action::Lose(message) => {
+                let at = state.network.iter().position(|m| *m == message)?;
+                state.network.remove(at);
+                state.losses_left -= 1;
+            }
+            Action::Duplicate(message) => {
+                // Delivered, and a copy stays in flight: when the copy was
+                // made cannot be observed, only that a second one arrives.
+                state.duplicates_left -= 1;
+                self.deliver(&mut state, message);
+            }
+            Action::Crash(p) => {
+                // Down and up again at once, as a new owner: a process that
+                // stays down a while is one that takes no step meanwhile.
+                state.crashes_left -= 1;
+                let sessions = usize::from(self.bounds.sessions);
+                let proc = &mut state.processes[usize::from(p)];
+                proc.held = vec![None; sessions];
+                proc.waiting = vec![None; sessions];
+                proc.writing = vec![Vec::new(); sessions];
+                proc.incarnation += 1;
+            }
+        }
+        Some(state)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            Property::always(crate::SINGLE_HOLDER, |_, s| single_holder(s)),
+            Property::always(crate::ONE_OWNER_PER_TOKEN, |_, s| one_owner_per_token(s)),
+            Property::always(crate::STORE_FENCING, |_, s| store_fenced(s)),
+            Property::sometimes("a takeover is written", |_, s: &State| {
+                s.store
+                    .iter()
+                    .any(|st| st.log.windows(2).any(|w| w[0].owner != w[1].owner))
+            }),
+        ]
+    }
+}
+
+/// No two processes count on the same session's lease at once.
+pub fn single_holder(state: &State) -> bool {
+    (0..state.store.len()).all(|session| {
+        let session = u8::try_from(session).unwrap_or(u8::MAX);
+        state
+            .processes
+            .iter()
+            .filter(|p| p.holds(session, state.now).is_some())
+            .count()
+            <= 1
+    })
+}
+
+/// A token is granted to one owner only.
+pub fn one_owner_per_token(state: &State) -> bool {
+    state
+        .authority
+        .iter()
+        .all(|a| a.grants.windows(2).all(|w| w[0].0 != w[1].0))
+}
+
+/// In the store's order, tokens never go down, and one token has one
+/// writer: after a takeover is written, nothing the previous owner sends
+/// changes the session.
+pub fn store_fenced(state: &State) -> bool {
+    state.store.iter().all(|st| {
+        st.log.windows(2).all(|w| {
+            w[0].token < w[1].token || (w[0].token == w[1].token && w[0].owner == w[1].owner)
+        })
+    })
+}

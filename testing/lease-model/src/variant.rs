@@ -1,0 +1,45 @@
+//! The rules as built, and the broken variants the model must catch: the
+//! same breakages the fault runs inject into real backends and stores,
+//! written as changes to the model.
+
+/// Which rules the model follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Variant {
+    /// The rules as built.
+    Correct,
+    /// The store writes whatever token a write carries.
+    StoreWithoutFencing,
+    /// A takeover hands out the previous holder's token again.
+    TakeoverKeepsToken,
+    /// [`Variant::TakeoverKeepsToken`], and a store that takes the mark's
+    /// token from another writer: the writer binding is what stops a
+    /// repeated token at the store, and here it is gone.
+    RepeatedTokenAcceptedByStore,
+    /// The authority answers the renewal of a lost lease as a success.
+    RenewOfLostLeaseGranted,
+    /// A release frees the session whoever holds it.
+    ReleaseFreesOthers,
+    /// The keeper counts its lease from when the answer arrived rather
+    /// than from when it sent the request.
+    LossCountedFromReceipt,
+}
+
+impl Variant {
+    /// Every broken variant.
+    pub const BROKEN: [Variant; 6] = [
+        Variant::StoreWithoutFencing,
+        Variant::TakeoverKeepsToken,
+        Variant::RepeatedTokenAcceptedByStore,
+        Variant::RenewOfLostLeaseGranted,
+        Variant::ReleaseFreesOthers,
+        Variant::LossCountedFromReceipt,
+    ];
+
+    /// Whether a history shows the breakage: what the authority and the
+    /// store answered is recorded, what a keeper believes is not. A keeper
+    /// that counts its lease too long holds past what it was told, which
+    /// only a model of the keeper can see.
+    pub fn visible_in_histories(self) -> bool {
+        self != Variant::LossCountedFromReceipt
+    }
+}
