@@ -50,7 +50,7 @@
 //!     .join();
 //! let path = broken.discovery(STORE_FENCING).expect("an unfenced store is caught");
 //! // Breadth first: no shorter path breaks it.
-//! assert_eq!(path.into_actions().len(), 17);
+//! assert_eq!(path.into_actions().len(), 16);
 //! ```
 
 mod history;
