@@ -427,4 +427,21 @@ mod tests {
         assert_eq!(e.status, StatusCode::PAYLOAD_TOO_LARGE);
         assert_eq!(e.code, ErrorCode::Invalid);
     }
+
+    /// Review 27b finding: 429 `too_many_follows` says `retryable: true`
+    /// but carries no `Retry-After`, unlike every other retryable answer
+    /// (503s get `Retry-After: 1` at least, 409 `session_leased_elsewhere`
+    /// its holder's expiry). A client that honours only the header (or a
+    /// proxy's retry policy) retries at once, in a loop, against a token
+    /// that is at its bound: the very reconnect storm the bound is for.
+    #[test]
+    fn review27b_too_many_follows_says_when_to_retry() {
+        let response = ApiError::too_many_follows("bot", 1000).into_response();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(
+            response.headers().contains_key(header::RETRY_AFTER),
+            "a retryable 429 without Retry-After: {:?}",
+            response.headers()
+        );
+    }
 }

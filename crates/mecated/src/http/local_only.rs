@@ -177,4 +177,27 @@ mod tests {
         assert!(listed.admits("mecated.prod.svc"));
         assert!(!listed.admits("prod.svc"));
     }
+
+    /// Review 27b finding: an `--allowed-host` is not read the way a
+    /// request's `Host` is. A request's name loses its trailing dot, the
+    /// allowed name keeps it, so `--allowed-host mecated.prod.svc.cluster.local.`
+    /// (the absolute form, as in a resolv.conf or a CoreDNS config) matches
+    /// no request at all; and `MECATED_ALLOWED_HOSTS="a.svc, b.svc"` keeps
+    /// the blank, so `b.svc` is refused. Either way the operator's
+    /// Service name is answered 403 with a message telling them to add the
+    /// name they did add.
+    #[test]
+    fn review27b_allowed_host_names_are_read_like_request_names() {
+        let absolute = AllowedHosts::new(["mecated.prod.svc.cluster.local."]);
+        assert!(
+            absolute.admits("mecated.prod.svc.cluster.local"),
+            "trailing dot in --allowed-host"
+        );
+        assert!(
+            absolute.admits("mecated.prod.svc.cluster.local."),
+            "trailing dot in both"
+        );
+        let listed = AllowedHosts::new("a.svc, b.svc".split(','));
+        assert!(listed.admits("b.svc"), "a blank after the comma");
+    }
 }

@@ -1207,6 +1207,366 @@ async fn a_run_token_cannot_read_another_sessions_transcript_through_its_agent()
     assert_eq!(before, after, "the refused start wrote into the session");
 }
 
+// ---------------------------------------------------------------------
+// Review 27b: attacks on the edge's authentication and authorization.
+// Each test below fails on the code as reviewed.
+// ---------------------------------------------------------------------
+
+/// A follow on a run that emits nothing for a while (`--echo-steps 1`:
+/// one event, at the run's end), opened by `who`, its first stored
+/// events already sent.
+async fn quiet_follow(m: &Mecated, who: &str, token: &str) -> reqwest::Response {
+    let r = client()
+        .get(m.url("/v1/sessions/quiet/events"))
+        .bearer_auth(token)
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK, "{who}'s follow");
+    r
+}
+
+/// `quiet`, with a run of it live that is silent for `--echo-delay`.
+async fn quiet_run(m: &Mecated) -> reqwest::Response {
+    let (status, _) = call_with(
+        m,
+        Method::POST,
+        "/v1/sessions",
+        Some(secret("operator")),
+        json!({"id": "quiet"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let run = client()
+        .post(m.url("/v1/sessions/quiet/runs"))
+        .bearer_auth(secret("operator"))
+        .header("accept", "text/event-stream")
+        .json(&json!({"input": "think for a while"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(run.status(), StatusCode::OK);
+    run
+}
+
+/// Finding: the docs say a removed token "stops reading at once", but a
+/// follow is asked again only when an event arrives. A follow of a run
+/// that is quiet (an agent thinking for minutes) goes on after its token
+/// was revoked, holding its connection and its follow slot, until the
+/// run's next event, however far off. Two keep-alive intervals (20 s) are
+/// given for it to end: the keep-alive tick already wakes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review27b_a_revoked_follow_of_a_quiet_run_ends_without_waiting_for_an_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = [
+        "--token-file-check-interval",
+        "0s",
+        "--echo-delay",
+        "90s",
+        "--echo-steps",
+        "1",
+    ];
+    let m = start(dir.path(), "review27b-quiet", &args);
+    let run = quiet_run(&m).await;
+    let follow = quiet_follow(&m, "reader", &secret("reader")).await;
+    // Its stored events (the run's start) are sent before the revocation.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    replace(
+        &dir.path().join("tokens"),
+        &line("operator", "read,run,admin"),
+    );
+    m.signal(Signal::SIGHUP);
+    until_answered(&m, "reader", StatusCode::UNAUTHORIZED).await;
+    let revoked_at = Instant::now();
+    let ended = tokio::time::timeout(Duration::from_secs(25), follow.text()).await;
+    assert!(
+        ended.is_ok(),
+        "a follow of a revoked token was still open {:?} after the revocation: it ends only at \
+         the run's next event",
+        revoked_at.elapsed()
+    );
+    drop(run);
+}
+
+/// Finding: follow slots are counted by token *name*, and a revoked
+/// token's follows keep theirs until their next event. Rotating a leaked
+/// token under the same name (the usual rotation) leaves the new token
+/// refused 429 `too_many_follows` for as long as the old token's follows
+/// of quiet runs last: whoever holds the leaked token keeps the rightful
+/// client from following.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review27b_a_rotated_token_is_not_refused_follows_for_its_revoked_predecessors() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = [
+        "--token-file-check-interval",
+        "0s",
+        "--max-follows-per-client",
+        "1",
+        "--echo-delay",
+        "90s",
+        "--echo-steps",
+        "1",
+    ];
+    let m = start(dir.path(), "review27b-rotate", &args);
+    let run = quiet_run(&m).await;
+    let leaked = quiet_follow(&m, "reader (leaked)", &secret("reader")).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rotated = "reader-rotated-1b2c";
+    replace(
+        &dir.path().join("tokens"),
+        &[
+            format!("reader read {}\n", mecated::auth::hash_token(rotated)),
+            line("operator", "read,run,admin"),
+        ]
+        .concat(),
+    );
+    m.signal(Signal::SIGHUP);
+    until_answered(&m, "reader", StatusCode::UNAUTHORIZED).await;
+    let give_up = Instant::now() + Duration::from_secs(25);
+    loop {
+        let r = client()
+            .get(m.url("/v1/sessions/quiet/events"))
+            .bearer_auth(rotated)
+            .header("accept", "text/event-stream")
+            .send()
+            .await
+            .unwrap();
+        if r.status() == StatusCode::OK {
+            break;
+        }
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(
+            Instant::now() < give_up,
+            "the rotated token is still refused its follow: the revoked token's follow holds \
+             the name's slot"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    drop((leaked, run));
+}
+
+/// Finding: `?wait` checks the token when the request arrives and starts
+/// the run up to 60 s later. A token revoked while its run waits for the
+/// session still starts the run (writing its input into the session,
+/// handing the agent the transcript) and gets the agent's answer back:
+/// revocation does not stop what it "already reads".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review27b_a_waiting_run_does_not_start_once_its_token_is_revoked() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = [
+        "--token-file-check-interval",
+        "0s",
+        "--echo-delay",
+        "4s",
+        "--echo-steps",
+        "1",
+    ];
+    let m = start(dir.path(), "review27b-wait", &args);
+    let (status, _) = call_with(
+        &m,
+        Method::POST,
+        "/v1/sessions",
+        Some(secret("operator")),
+        json!({"id": "busy"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let first = client()
+        .post(m.url("/v1/sessions/busy/runs"))
+        .bearer_auth(secret("operator"))
+        .header("accept", "text/event-stream")
+        .json(&json!({"input": "first"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    let waiting = tokio::spawn(
+        client()
+            .post(m.url("/v1/sessions/busy/runs?wait=30s"))
+            .bearer_auth(secret("driver"))
+            .json(&json!({"input": "sent before the revocation"}))
+            .send(),
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    replace(
+        &dir.path().join("tokens"),
+        &line("operator", "read,run,admin"),
+    );
+    m.signal(Signal::SIGHUP);
+    until_answered(&m, "driver", StatusCode::UNAUTHORIZED).await;
+    let answer = tokio::time::timeout(PATIENCE, waiting)
+        .await
+        .expect("the waiting run never answered")
+        .unwrap()
+        .unwrap();
+    let status = answer.status();
+    let body: Value = answer.json().await.unwrap_or(Value::Null);
+    let (_, log) = call(
+        &m,
+        Method::GET,
+        "/v1/sessions/busy/events",
+        Some("operator"),
+    )
+    .await;
+    assert!(
+        status != StatusCode::OK && !log.to_string().contains("sent before the revocation"),
+        "a revoked token's run started after its revocation: {status} {body}"
+    );
+    drop(first);
+}
+
+/// Finding: refusal lines share one budget of 20 a second, whoever is
+/// refused. A holder of a real but under-privileged token probes the
+/// destructive routes unseen by sending them amid a burst of anonymous
+/// 401s, which cost nothing: its 403 (the line that names a token) is one
+/// of the lines left out, and the count left out says nothing of who.
+#[tokio::test]
+async fn review27b_a_known_tokens_refusal_is_audited_amid_a_flood_of_anonymous_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = token_file(dir.path());
+    let file = mecated::auth::TokenFile::open(tokens).unwrap();
+    let auth = mecated::http::Auth::Tokens(Arc::new(file));
+    let (router, _engine) = in_process(dir.path(), auth).await;
+    let log = AuditLog::default();
+    let _guard = tracing::subscriber::set_default(log.clone());
+    for _ in 0..100 {
+        assert_eq!(send(&router, "DELETE", "/v1/sessions/x", None).await, 401);
+    }
+    assert_eq!(
+        send(&router, "DELETE", "/v1/sessions/victim", Some("reader")).await,
+        403
+    );
+    let lines = log.0.lock().unwrap().clone();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.get("who").map(String::as_str) == Some("reader")),
+        "the reader's refused delete left no audit line ({} lines)",
+        lines.len()
+    );
+}
+
+/// Finding: the count of refusal lines left out is written only on the
+/// next refusal line. A burst that is followed by no refusal (the attacker
+/// stops, or the server is stopped) is never counted: the trail shows 20
+/// refusals where there were 500, and nothing else.
+#[tokio::test]
+async fn review27b_refusals_left_out_are_counted_even_when_no_refusal_follows() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = token_file(dir.path());
+    let file = mecated::auth::TokenFile::open(tokens).unwrap();
+    let auth = mecated::http::Auth::Tokens(Arc::new(file));
+    let (router, _engine) = in_process(dir.path(), auth).await;
+    let log = AuditLog::default();
+    let _guard = tracing::subscriber::set_default(log.clone());
+    for _ in 0..500 {
+        assert_eq!(send(&router, "DELETE", "/v1/sessions/x", None).await, 401);
+    }
+    // Well past the second of the burst; then only let-through requests.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(
+        send(&router, "POST", "/v1/sessions", Some("operator")).await,
+        201
+    );
+    assert_eq!(
+        send(&router, "DELETE", "/v1/sessions/gone", Some("janitor")).await,
+        204
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let lines = log.0.lock().unwrap().clone();
+    let written = lines
+        .iter()
+        .filter(|l| l.get("status").map(String::as_str) == Some("401"))
+        .count();
+    let counted: u64 = lines
+        .iter()
+        .filter_map(|l| l.get("left_out"))
+        .map(|n| n.parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(
+        written as u64 + counted,
+        500,
+        "500 refusals: {written} written, {counted} counted as left out"
+    );
+}
+
+/// Finding: a server without authentication refuses a rebinding page's
+/// delete (403) before the guard, so the attempt leaves no audit line and
+/// no log at all, though the audit trail promises one line per delete and
+/// cancel, refused or not. The one sign that a web page tried to drive
+/// the server is dropped.
+#[tokio::test]
+async fn review27b_a_delete_refused_for_its_host_or_origin_leaves_an_audit_line() {
+    use tower::ServiceExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (router, _engine) = in_process(dir.path(), mecated::http::Auth::Off).await;
+    let log = AuditLog::default();
+    let _guard = tracing::subscriber::set_default(log.clone());
+    for (host, origin) in [
+        ("rebound.attacker.example:8080", None),
+        ("127.0.0.1:8080", Some("http://attacker.example")),
+    ] {
+        let mut req = axum::http::Request::builder()
+            .method("DELETE")
+            .uri("/v1/sessions/victim")
+            .header("host", host);
+        if let Some(origin) = origin {
+            req = req.header("origin", origin);
+        }
+        let r = router
+            .clone()
+            .oneshot(req.body(axum::body::Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    }
+    let lines = log.0.lock().unwrap().clone();
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| l.get("status").map(String::as_str) == Some("403"))
+            .count(),
+        2,
+        "refused deletes left no audit line: {lines:?}"
+    );
+}
+
+/// Finding: behind a reverse proxy that sets `Host` to the upstream's
+/// address (nginx's default, `proxy_set_header Host $proxy_host`), every
+/// write a browser sends from the proxy's own origin is refused, even when
+/// that origin's name is given with `--allowed-host`: the `Origin` is
+/// compared with the rewritten `Host` only. Nothing in the docs says so,
+/// and no flag lets it work but changing the proxy.
+#[tokio::test]
+async fn review27b_a_write_from_an_allowed_hosts_origin_is_taken_behind_a_host_rewriting_proxy() {
+    use tower::ServiceExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (_, engine) = in_process(dir.path(), mecated::http::Auth::Off).await;
+    let router = mecated::http::router_configured(
+        engine,
+        mecated::http::Auth::Off,
+        mecated::http::HttpOptions {
+            allowed_hosts: mecated::http::AllowedHosts::new(["ops.example.com"]),
+            ..Default::default()
+        },
+    );
+    let req = axum::http::Request::builder()
+        .method("POST")
+        .uri("/v1/sessions")
+        .header("host", "127.0.0.1:8080")
+        .header("origin", "https://ops.example.com")
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(r#"{"id":"from-the-ui"}"#))
+        .unwrap();
+    let r = router.oneshot(req).await.unwrap();
+    assert_eq!(
+        r.status(),
+        StatusCode::CREATED,
+        "a same-origin write through the proxy was refused"
+    );
+}
+
 /// Attacks on the trail and the token file: each fails without its fix.
 mod trail {
     use super::*;
