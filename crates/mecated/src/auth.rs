@@ -401,6 +401,12 @@ impl Grant {
     /// when the token was removed (or replaced under its name) or lost the
     /// role.
     pub fn still_grants(&mut self, role: Role) -> bool {
+        self.roles_now().contains(role)
+    }
+
+    /// The roles the token file in force grants the token: none once the
+    /// token was removed (or replaced under its name).
+    pub fn roles_now(&mut self) -> Roles {
         let current = self.tokens.current();
         if !Arc::ptr_eq(&current, &self.seen_in) {
             self.roles = current
@@ -408,7 +414,13 @@ impl Grant {
                 .map_or(Roles::NONE, |e| e.caller.roles());
             self.seen_in = current;
         }
-        self.roles.contains(role)
+        self.roles
+    }
+
+    /// What tells this token apart from every other, the one it replaced
+    /// under its name included: its hash.
+    pub(crate) fn key(&self) -> [u8; 32] {
+        self.hash
     }
 }
 

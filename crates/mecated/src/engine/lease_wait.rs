@@ -54,6 +54,24 @@ impl Engine {
         input: Value,
         wait: Duration,
     ) -> Result<StartedRun, EngineError> {
+        let started = self
+            .start_run_waiting_while(session, input, wait, || true)
+            .await?;
+        // The gate above never closes.
+        started.ok_or(EngineError::Draining)
+    }
+
+    /// [`start_run_waiting`](Engine::start_run_waiting), asking `may_start`
+    /// before each attempt to start the run: `None`, nothing done, once it
+    /// says no. The caller's right to start the run is checked when the
+    /// request arrives, and it may be withdrawn while the run waits.
+    pub async fn start_run_waiting_while(
+        &self,
+        session: SessionId,
+        input: Value,
+        wait: Duration,
+        mut may_start: impl FnMut() -> bool,
+    ) -> Result<Option<StartedRun>, EngineError> {
         let deadline = Instant::now() + wait.min(MAX_RUN_WAIT);
         let queue = self.run_queue(&session);
         let Ok(_turn) = self
@@ -62,13 +80,19 @@ impl Engine {
         else {
             // Out of time before its turn: answered as a run that does
             // not wait.
-            return self.start_run(session, input).await;
+            if !may_start() {
+                return Ok(None);
+            }
+            return self.start_run(session, input).await.map(Some);
         };
         // Where the end of the run waited for lies, while its release is
         // awaited.
         let mut releasing: Option<(Instant, u64)> = None;
         loop {
             let pos = self.inner.store.last_seq(&session).await?;
+            if !may_start() {
+                return Ok(None);
+            }
             let refusal = match self.start_run(session.clone(), input.clone()).await {
                 // Busy: the run holding the session is this process's
                 // own, which a load balancer makes as likely as any.
@@ -80,7 +104,7 @@ impl Engine {
                 {
                     e
                 }
-                other => return other,
+                other => return other.map(Some),
             };
             let now = Instant::now();
             if now + RUN_WAIT_RETRY >= deadline {

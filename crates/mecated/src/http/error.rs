@@ -30,6 +30,9 @@ pub struct ApiError {
     pub role: Option<Role>,
 }
 
+/// The `Retry-After` of 429 `too_many_follows`, in seconds.
+pub(crate) const TOO_MANY_FOLLOWS_RETRY_AFTER_SECS: u64 = 5;
+
 impl ApiError {
     /// An error whose status follows from its code; `invalid` is 400 here
     /// (see [`ApiError::too_large`] for its 413).
@@ -66,13 +69,30 @@ impl ApiError {
 
     /// 429 `too_many_follows`: `caller`'s token holds `limit` follows.
     pub fn too_many_follows(caller: &str, limit: usize) -> Self {
-        Self::new(
-            ErrorCode::TooManyFollows,
-            format!(
-                "the token {caller:?} holds {limit} follows open, as many as this server allows \
-                 one client (--max-follows-per-client): close one before following again"
-            ),
-        )
+        Self {
+            // A follow lasts: a client that asks again at once, in a loop,
+            // is the storm the bound is there to stop.
+            retry_after: Some(TOO_MANY_FOLLOWS_RETRY_AFTER_SECS),
+            ..Self::new(
+                ErrorCode::TooManyFollows,
+                format!(
+                    "the token {caller:?} holds {limit} follows open, as many as this server \
+                     allows one client (--max-follows-per-client): close one before following \
+                     again"
+                ),
+            )
+        }
+    }
+
+    /// 405 `invalid`: the route does not take the request's method;
+    /// `allowed` lists the ones it does.
+    pub fn method_not_allowed(allowed: &str) -> Self {
+        Self {
+            status: StatusCode::METHOD_NOT_ALLOWED,
+            ..Self::invalid(format!(
+                "this route does not take the request's method; it takes {allowed}"
+            ))
+        }
     }
 
     /// 400 `invalid`.
@@ -428,14 +448,14 @@ mod tests {
         assert_eq!(e.code, ErrorCode::Invalid);
     }
 
-    /// Review 27b finding: 429 `too_many_follows` says `retryable: true`
+    /// 429 `too_many_follows` says `retryable: true`
     /// but carries no `Retry-After`, unlike every other retryable answer
     /// (503s get `Retry-After: 1` at least, 409 `session_leased_elsewhere`
     /// its holder's expiry). A client that honours only the header (or a
     /// proxy's retry policy) retries at once, in a loop, against a token
     /// that is at its bound: the very reconnect storm the bound is for.
     #[test]
-    fn review27b_too_many_follows_says_when_to_retry() {
+    fn too_many_follows_says_when_to_retry() {
         let response = ApiError::too_many_follows("bot", 1000).into_response();
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
         assert!(

@@ -24,7 +24,9 @@ use crate::auth::{Caller, Grant, Role};
 #[derive(Debug, Clone)]
 pub(crate) struct FollowSlots {
     limit: usize,
-    open: Arc<Mutex<HashMap<Arc<str>, usize>>>,
+    /// By token (its hash), not by name: a token rotated under its name
+    /// is another client, whom the old one's follows must not hold up.
+    open: Arc<Mutex<HashMap<[u8; 32], usize>>>,
 }
 
 impl FollowSlots {
@@ -36,40 +38,46 @@ impl FollowSlots {
         }
     }
 
-    /// A slot for one more follow of `caller`, or the refusal when it
-    /// holds its limit. The slot is given back when dropped.
-    pub(crate) fn take(&self, caller: Option<&Caller>) -> Result<FollowSlot, ApiError> {
-        let Some(caller) = caller.filter(|c| c.name() != Caller::ANONYMOUS) else {
+    /// A slot for one more follow of the token of `grant` (whose name is
+    /// `caller`'s), or the refusal when it holds its limit. Callers without
+    /// a token (a server without authentication) are not bounded. The slot
+    /// is given back when dropped.
+    pub(crate) fn take(
+        &self,
+        caller: Option<&Caller>,
+        grant: Option<&Grant>,
+    ) -> Result<FollowSlot, ApiError> {
+        let (Some(caller), Some(grant)) = (caller, grant) else {
             return Ok(FollowSlot(None));
         };
         if self.limit == 0 {
             return Ok(FollowSlot(None));
         }
-        let name: Arc<str> = Arc::from(caller.name());
+        let key = grant.key();
         let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-        let held = open.entry(Arc::clone(&name)).or_default();
+        let held = open.entry(key).or_default();
         if *held >= self.limit {
             return Err(ApiError::too_many_follows(caller.name(), self.limit));
         }
         *held += 1;
-        Ok(FollowSlot(Some((self.clone(), name))))
+        Ok(FollowSlot(Some((self.clone(), key))))
     }
 
-    /// The follows `name` holds open now.
+    /// The follows the token of `grant` holds open now.
     #[cfg(test)]
-    fn held(&self, name: &str) -> usize {
+    fn held(&self, grant: &Grant) -> usize {
         let open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-        open.get(name).copied().unwrap_or(0)
+        open.get(&grant.key()).copied().unwrap_or(0)
     }
 
-    fn give_back(&self, name: &str) {
+    fn give_back(&self, key: &[u8; 32]) {
         let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(held) = open.get_mut(name) {
+        if let Some(held) = open.get_mut(key) {
             *held -= 1;
             if *held == 0 {
                 // No entry for a token that follows nothing: the map grows
                 // with the clients following now, not with every one seen.
-                open.remove(name);
+                open.remove(key);
             }
         }
     }
@@ -100,7 +108,7 @@ impl Follower {
     /// limit.
     pub(crate) fn admit(self) -> Result<Admitted, ApiError> {
         let slot = match &self.slots {
-            Some(slots) => slots.take(self.caller.as_ref())?,
+            Some(slots) => slots.take(self.caller.as_ref(), self.grant.as_ref())?,
             None => FollowSlot(None),
         };
         Ok(Admitted {
@@ -133,12 +141,12 @@ impl Admitted {
 
 /// One follow's place against its client's bound.
 #[derive(Debug)]
-pub(crate) struct FollowSlot(Option<(FollowSlots, Arc<str>)>);
+pub(crate) struct FollowSlot(Option<(FollowSlots, [u8; 32])>);
 
 impl Drop for FollowSlot {
     fn drop(&mut self) {
-        if let Some((slots, name)) = self.0.take() {
-            slots.give_back(&name);
+        if let Some((slots, key)) = self.0.take() {
+            slots.give_back(&key);
         }
     }
 }
@@ -181,56 +189,75 @@ mod tests {
     use super::*;
     use crate::auth::{Roles, TokenFile};
 
-    fn caller(dir: &std::path::Path, name: &str) -> Caller {
-        let path = dir.join(format!("{name}.tokens"));
-        let hash = crate::auth::hash_token(name);
+    /// The caller and grant of a token named `name` whose secret is
+    /// `secret`, from a file of its own.
+    fn token(dir: &std::path::Path, name: &str, secret: &str) -> (Caller, Grant) {
+        let path = dir.join(format!("{name}-{secret}.tokens"));
+        let hash = crate::auth::hash_token(secret);
         std::fs::write(&path, format!("{name} read {hash}\n")).unwrap();
-        let file = TokenFile::open(path).unwrap();
-        let caller = file.current().authenticate(name).unwrap();
+        let file = Arc::new(TokenFile::open(path).unwrap());
+        let (caller, grant) = Grant::authenticate(&file, secret).unwrap();
         assert_eq!(caller.roles(), Roles::of(&[Role::Read]));
-        caller
+        (caller, grant)
     }
 
     #[test]
     fn a_client_holds_at_most_its_limit_and_a_closed_follow_frees_its_slot() {
         let dir = tempfile::tempdir().unwrap();
-        let (a, b) = (caller(dir.path(), "a"), caller(dir.path(), "b"));
+        let (a, a_grant) = token(dir.path(), "a", "a-secret");
+        let (b, b_grant) = token(dir.path(), "b", "b-secret");
         let slots = FollowSlots::new(2);
-        let first = slots.take(Some(&a)).unwrap();
-        let _second = slots.take(Some(&a)).unwrap();
-        let refused = slots.take(Some(&a)).unwrap_err();
+        let first = slots.take(Some(&a), Some(&a_grant)).unwrap();
+        let _second = slots.take(Some(&a), Some(&a_grant)).unwrap();
+        let refused = slots.take(Some(&a), Some(&a_grant)).unwrap_err();
         assert_eq!(refused.code, crate::wire::ErrorCode::TooManyFollows);
         assert!(refused.message.contains("\"a\""), "{}", refused.message);
-        let _other = slots.take(Some(&b)).expect("another client is not held up");
+        let _other = slots
+            .take(Some(&b), Some(&b_grant))
+            .expect("another client is not held up");
         drop(first);
         let _third = slots
-            .take(Some(&a))
+            .take(Some(&a), Some(&a_grant))
             .expect("a closed follow frees its slot");
-        assert_eq!(slots.held("a"), 2);
+        assert_eq!(slots.held(&a_grant), 2);
     }
 
     #[test]
-    fn anonymous_callers_and_a_zero_limit_are_not_bounded() {
+    fn a_token_rotated_under_its_name_is_another_client() {
         let dir = tempfile::tempdir().unwrap();
-        let a = caller(dir.path(), "a");
+        let (old, old_grant) = token(dir.path(), "bot", "leaked");
+        let (new, new_grant) = token(dir.path(), "bot", "rotated");
+        let slots = FollowSlots::new(1);
+        let _held = slots.take(Some(&old), Some(&old_grant)).unwrap();
+        let _ok = slots
+            .take(Some(&new), Some(&new_grant))
+            .expect("the old token's follows hold up the new one");
+    }
+
+    #[test]
+    fn callers_without_a_token_and_a_zero_limit_are_not_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, grant) = token(dir.path(), "a", "a-secret");
         let slots = FollowSlots::new(1);
         let anonymous = Caller::anonymous();
         let held: Vec<_> = (0..3)
-            .map(|_| slots.take(Some(&anonymous)).unwrap())
+            .map(|_| slots.take(Some(&anonymous), None).unwrap())
             .collect();
         assert_eq!(held.len(), 3);
         let unbounded = FollowSlots::new(0);
-        let held: Vec<_> = (0..3).map(|_| unbounded.take(Some(&a)).unwrap()).collect();
+        let held: Vec<_> = (0..3)
+            .map(|_| unbounded.take(Some(&a), Some(&grant)).unwrap())
+            .collect();
         assert_eq!(held.len(), 3);
-        assert_eq!(unbounded.held("a"), 0);
+        assert_eq!(unbounded.held(&grant), 0);
     }
 
     #[test]
     fn the_map_forgets_a_client_that_follows_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let a = caller(dir.path(), "a");
+        let (a, grant) = token(dir.path(), "a", "a-secret");
         let slots = FollowSlots::new(4);
-        drop(slots.take(Some(&a)).unwrap());
+        drop(slots.take(Some(&a), Some(&grant)).unwrap());
         assert!(slots.open.lock().unwrap().is_empty());
     }
 }

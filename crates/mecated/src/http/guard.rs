@@ -3,7 +3,11 @@
 //! off), whether the route's role is among the token's, and, for the
 //! routes that destroy or take something, one audit line of the outcome.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use axum::extract::rejection::RawPathParamsRejection;
 use axum::extract::{RawPathParams, Request, State};
@@ -49,45 +53,101 @@ pub(crate) struct Guard {
     pub(crate) audited: Option<&'static str>,
     /// Shared by every route of a router.
     pub(crate) refusals: Arc<RefusalLines>,
+    /// Without authentication: the names besides local ones the server
+    /// answers under ([`super::local_only`]).
+    pub(crate) local: Option<super::AllowedHosts>,
 }
 
-/// At most this many audit lines a second for refused requests. A refusal
-/// costs its sender nothing, so without a bound anyone who reaches the
-/// port could fill the disk with audit lines, or bury the ones that
-/// matter. Requests that were let through are always written.
+/// At most this many audit lines a second for the refused requests of one
+/// caller (one token's name, or every caller without a known token). A
+/// refusal costs its sender nothing, so without a bound anyone who reaches
+/// the port could fill the disk with audit lines, or bury the ones that
+/// matter; a budget per caller keeps a flood of anonymous refusals from
+/// hiding a known token's. Requests that were let through are always
+/// written.
 pub const REFUSAL_AUDIT_LINES_PER_SECOND: u32 = 20;
 
-/// The budget of refusal audit lines of the current second, and how many
-/// were left out.
+/// The budgets of refusal audit lines, per caller, and how many were left
+/// out.
 #[derive(Debug, Default)]
-pub(crate) struct RefusalLines(std::sync::Mutex<RefusalWindow>);
+pub(crate) struct RefusalLines(Mutex<HashMap<String, RefusalWindow>>);
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct RefusalWindow {
-    second: Option<std::time::Instant>,
+    second: Instant,
     written: u32,
     left_out: u64,
+    /// A task is to write the count of lines left out.
+    counting: bool,
+}
+
+/// What to do with one refusal's audit line.
+#[derive(Debug, PartialEq, Eq)]
+enum Admission {
+    Write,
+    LeftOut,
+    /// Left out, the first since the count was last written: write the
+    /// count at this instant.
+    LeftOutCountAt(Instant),
 }
 
 impl RefusalLines {
-    /// Whether a refusal's line may be written now, and how many were left
-    /// out before it (to be said on that line).
-    fn admit(&self, now: std::time::Instant) -> Option<u64> {
-        let mut w = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let elapsed = w.second.map(|s| now.saturating_duration_since(s));
-        if elapsed.is_none_or(|e| e >= std::time::Duration::from_secs(1)) {
-            w.second = Some(now);
-            w.written = 0;
+    fn admit(&self, who: &str, now: Instant) -> Admission {
+        let mut windows = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let window = windows
+            .entry(who.to_owned())
+            .or_insert_with(|| RefusalWindow {
+                second: now,
+                written: 0,
+                left_out: 0,
+                counting: false,
+            });
+        if now.saturating_duration_since(window.second) >= Duration::from_secs(1) {
+            window.second = now;
+            window.written = 0;
         }
-        if w.written >= REFUSAL_AUDIT_LINES_PER_SECOND {
-            w.left_out += 1;
-            return None;
+        if window.written < REFUSAL_AUDIT_LINES_PER_SECOND {
+            window.written += 1;
+            return Admission::Write;
         }
-        w.written += 1;
-        Some(std::mem::take(&mut w.left_out))
+        window.left_out += 1;
+        if std::mem::replace(&mut window.counting, true) {
+            Admission::LeftOut
+        } else {
+            Admission::LeftOutCountAt(window.second + Duration::from_secs(1))
+        }
+    }
+
+    /// The lines left out for `who` since the count was last written.
+    fn take_count(&self, who: &str) -> u64 {
+        let mut windows = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        windows.get_mut(who).map_or(0, |w| {
+            w.counting = false;
+            std::mem::take(&mut w.left_out)
+        })
+    }
+
+    /// Writes the refusal's line, or counts it as left out; the count is
+    /// written once its second is over, whatever comes next.
+    fn audit(self: &Arc<Self>, who: &str, what: &str, session: &str, response: &Response) {
+        match self.admit(who, Instant::now()) {
+            Admission::Write => audit(who, what, session, response),
+            Admission::LeftOut => {}
+            Admission::LeftOutCountAt(at) => {
+                let (lines, who) = (Arc::clone(self), who.to_owned());
+                tokio::spawn(async move {
+                    tokio::time::sleep_until(at).await;
+                    let left_out = lines.take_count(&who);
+                    tracing::warn!(
+                        target: AUDIT_TARGET,
+                        who,
+                        left_out,
+                        "audit: refused requests past {REFUSAL_AUDIT_LINES_PER_SECOND} a second \
+                         of this caller were not written"
+                    );
+                });
+            }
+        }
     }
 }
 
@@ -166,7 +226,15 @@ pub(crate) async fn guard(
     mut request: Request,
     next: Next,
 ) -> Response {
-    let checked = caller(&guard.auth, guard.access, request.headers());
+    let checked = match &guard.local {
+        Some(allowed) => super::local_only::check(allowed, &request)
+            .map_err(|error| Refusal {
+                who: Some(Caller::ANONYMOUS.to_owned()),
+                error,
+            })
+            .and_then(|()| caller(&guard.auth, guard.access, request.headers())),
+        None => caller(&guard.auth, guard.access, request.headers()),
+    };
     let Some(what) = guard.audited else {
         return match checked {
             Ok((caller, grant)) => {
@@ -212,17 +280,7 @@ pub(crate) async fn guard(
         Err(refused) => {
             let response = refused.error.into_response();
             let who = refused.who.unwrap_or_else(|| "unauthenticated".into());
-            if let Some(left_out) = guard.refusals.admit(std::time::Instant::now()) {
-                if left_out > 0 {
-                    tracing::warn!(
-                        target: AUDIT_TARGET,
-                        left_out,
-                        "audit: refused requests past {REFUSAL_AUDIT_LINES_PER_SECOND} a second were \
-                         not written"
-                    );
-                }
-                audit(&who, what, &session, &response);
-            }
+            guard.refusals.audit(&who, what, &session, &response);
             response
         }
     }
@@ -243,21 +301,28 @@ fn audit(who: &str, what: &str, session: &str, response: &Response) {
 
 #[cfg(test)]
 mod tests {
-    use std::time::{Duration, Instant};
-
     use super::*;
 
     #[test]
-    fn refusal_lines_are_bounded_per_second_and_the_left_out_are_counted() {
+    fn refusal_lines_are_bounded_per_caller_and_second_and_the_left_out_counted() {
         let lines = RefusalLines::default();
         let start = Instant::now();
         for _ in 0..REFUSAL_AUDIT_LINES_PER_SECOND {
-            assert_eq!(lines.admit(start), Some(0));
+            assert_eq!(lines.admit("unauthenticated", start), Admission::Write);
         }
-        for _ in 0..5 {
-            assert_eq!(lines.admit(start + Duration::from_millis(999)), None);
+        let later = start + Duration::from_millis(999);
+        assert_eq!(
+            lines.admit("unauthenticated", later),
+            Admission::LeftOutCountAt(start + Duration::from_secs(1))
+        );
+        for _ in 0..4 {
+            assert_eq!(lines.admit("unauthenticated", later), Admission::LeftOut);
         }
-        assert_eq!(lines.admit(start + Duration::from_secs(1)), Some(5));
-        assert_eq!(lines.admit(start + Duration::from_secs(1)), Some(0));
+        // Another caller has a budget of its own.
+        assert_eq!(lines.admit("reader", later), Admission::Write);
+        assert_eq!(lines.take_count("unauthenticated"), 5);
+        assert_eq!(lines.take_count("unauthenticated"), 0);
+        let next = start + Duration::from_secs(1);
+        assert_eq!(lines.admit("unauthenticated", next), Admission::Write);
     }
 }

@@ -33,7 +33,7 @@ use self::guard::Guard;
 pub use self::guard::{AUDIT_TARGET, Access, Auth, REFUSAL_AUDIT_LINES_PER_SECOND};
 use self::keep_alive::KeepAliveTicks;
 pub use self::local_only::AllowedHosts;
-use crate::auth::{Role, Roles};
+use crate::auth::{Grant, Role, Roles};
 use crate::engine::{
     Engine, EngineError, FollowItem, MAX_RUN_WAIT, RunEnd as EngineRunEnd, StartedRun,
 };
@@ -105,25 +105,40 @@ pub fn router_configured(engine: Engine, auth: Auth, options: HttpOptions) -> Ro
             access: route.access,
             audited: route.audited.then_some(route.operation),
             refusals: Arc::clone(&refusals),
+            local: unauthenticated.then(|| options.allowed_hosts.clone()),
         };
         let handler =
             handler.route_layer(axum::middleware::from_fn_with_state(guard, guard::guard));
         router = router.route(route.path, handler);
     }
-    let router = router
+    router
         .fallback(|| async { ApiError::not_found("no such route") })
+        .layer(axum::middleware::map_response(method_not_allowed))
         .layer(DefaultBodyLimit::max(options.max_body_bytes))
         .layer(Extension(KeepAliveTicks::default()))
-        .layer(Extension(FollowSlots::new(options.max_follows_per_client)));
-    let router = if unauthenticated {
-        router.layer(axum::middleware::from_fn_with_state(
-            options.allowed_hosts,
-            local_only::local_only,
-        ))
-    } else {
-        router
-    };
-    router.with_state(engine)
+        .layer(Extension(FollowSlots::new(options.max_follows_per_client)))
+        .with_state(engine)
+}
+
+/// The router's own 405 for a route asked with a method it does not take,
+/// answered with the error body every error has, keeping its `Allow`.
+async fn method_not_allowed(response: Response) -> Response {
+    if response.status() != StatusCode::METHOD_NOT_ALLOWED
+        || response.headers().contains_key(header::CONTENT_TYPE)
+    {
+        return response;
+    }
+    let allow = response.headers().get(header::ALLOW).cloned();
+    let allowed = allow
+        .as_ref()
+        .and_then(|a| a.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let mut answer = ApiError::method_not_allowed(&allowed).into_response();
+    if let Some(allow) = allow {
+        answer.headers_mut().insert(header::ALLOW, allow);
+    }
+    answer
 }
 
 /// `/metrics` alone, open, for `--metrics-listen`: counts and latencies,
@@ -573,8 +588,10 @@ pub(crate) async fn read_events(
             Some(last_seen) => engine.resume(id, last_seen).await?,
             None => engine.follow(id, from).await?,
         };
-        let events = admitted.holding(follow_events(follow));
-        return Ok(Sse::new(keep_alive.around(events)).into_response());
+        // Outside the keep-alive: a quiet follow is asked at each comment
+        // too whether its token still reads.
+        let events = admitted.holding(keep_alive.around(follow_events(follow)));
+        return Ok(Sse::new(events).into_response());
     }
     let from = q.after.unwrap_or(0).saturating_add(1);
     let page = engine.read_events(&id, from, limit).await?;
@@ -666,6 +683,7 @@ pub(crate) async fn get_lease(State(engine): State<Engine>, Id(id): Id) -> Json<
 )]
 pub(crate) async fn start_run(
     State(engine): State<Engine>,
+    grant: Option<Extension<Grant>>,
     Id(id): Id,
     headers: HeaderMap,
     query: Result<Query<RunQuery>, QueryRejection>,
@@ -678,12 +696,31 @@ pub(crate) async fn start_run(
     };
     let wants_stream = wants_stream(&headers);
     let started = if wait.is_zero() {
-        engine.start_run(id.clone(), req.input).await
+        engine.start_run(id.clone(), req.input).await.map(Some)
     } else {
-        engine.start_run_waiting(id.clone(), req.input, wait).await
+        // The token was checked when the request came; while the run
+        // waits for its session the token may be removed, and then the run
+        // must not start.
+        let mut grant = grant.map(|Extension(g)| g);
+        let may_start = || {
+            grant.as_mut().is_none_or(|g| {
+                Roles::of(&[Role::Read, Role::Run])
+                    .missing_from(g.roles_now())
+                    .is_none()
+            })
+        };
+        engine
+            .start_run_waiting_while(id.clone(), req.input, wait, may_start)
+            .await
     };
     let run = match started {
-        Ok(run) => run,
+        Ok(Some(run)) => run,
+        Ok(None) => {
+            return Err(ApiError::unauthenticated(
+                "the token lost its read or run role, or was removed from the token file, \
+                 while the run waited for its session: nothing was done",
+            ));
+        }
         Err(e) => return Err(refusal(&engine, &id, e).await),
     };
     if wants_stream {

@@ -1208,8 +1208,8 @@ async fn a_run_token_cannot_read_another_sessions_transcript_through_its_agent()
 }
 
 // ---------------------------------------------------------------------
-// Review 27b: attacks on the edge's authentication and authorization.
-// Each test below fails on the code as reviewed.
+// Attacks on the edge's authentication and authorization, each a
+// regression test of a hole once open.
 // ---------------------------------------------------------------------
 
 /// A follow on a run that emits nothing for a while (`--echo-steps 1`:
@@ -1250,14 +1250,14 @@ async fn quiet_run(m: &Mecated) -> reqwest::Response {
     run
 }
 
-/// Finding: the docs say a removed token "stops reading at once", but a
+/// Regression: the docs say a removed token "stops reading at once", but a
 /// follow is asked again only when an event arrives. A follow of a run
 /// that is quiet (an agent thinking for minutes) goes on after its token
 /// was revoked, holding its connection and its follow slot, until the
 /// run's next event, however far off. Two keep-alive intervals (20 s) are
 /// given for it to end: the keep-alive tick already wakes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review27b_a_revoked_follow_of_a_quiet_run_ends_without_waiting_for_an_event() {
+async fn a_revoked_follow_of_a_quiet_run_ends_without_waiting_for_an_event() {
     let dir = tempfile::tempdir().unwrap();
     let args = [
         "--token-file-check-interval",
@@ -1267,7 +1267,7 @@ async fn review27b_a_revoked_follow_of_a_quiet_run_ends_without_waiting_for_an_e
         "--echo-steps",
         "1",
     ];
-    let m = start(dir.path(), "review27b-quiet", &args);
+    let m = start(dir.path(), "edge-quiet", &args);
     let run = quiet_run(&m).await;
     let follow = quiet_follow(&m, "reader", &secret("reader")).await;
     // Its stored events (the run's start) are sent before the revocation.
@@ -1289,14 +1289,14 @@ async fn review27b_a_revoked_follow_of_a_quiet_run_ends_without_waiting_for_an_e
     drop(run);
 }
 
-/// Finding: follow slots are counted by token *name*, and a revoked
+/// Regression: follow slots are counted by token *name*, and a revoked
 /// token's follows keep theirs until their next event. Rotating a leaked
 /// token under the same name (the usual rotation) leaves the new token
 /// refused 429 `too_many_follows` for as long as the old token's follows
 /// of quiet runs last: whoever holds the leaked token keeps the rightful
 /// client from following.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review27b_a_rotated_token_is_not_refused_follows_for_its_revoked_predecessors() {
+async fn a_rotated_token_is_not_refused_follows_for_its_revoked_predecessors() {
     let dir = tempfile::tempdir().unwrap();
     let args = [
         "--token-file-check-interval",
@@ -1308,7 +1308,7 @@ async fn review27b_a_rotated_token_is_not_refused_follows_for_its_revoked_predec
         "--echo-steps",
         "1",
     ];
-    let m = start(dir.path(), "review27b-rotate", &args);
+    let m = start(dir.path(), "edge-rotate", &args);
     let run = quiet_run(&m).await;
     let leaked = quiet_follow(&m, "reader (leaked)", &secret("reader")).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -1346,13 +1346,13 @@ async fn review27b_a_rotated_token_is_not_refused_follows_for_its_revoked_predec
     drop((leaked, run));
 }
 
-/// Finding: `?wait` checks the token when the request arrives and starts
+/// Regression: `?wait` checks the token when the request arrives and starts
 /// the run up to 60 s later. A token revoked while its run waits for the
 /// session still starts the run (writing its input into the session,
 /// handing the agent the transcript) and gets the agent's answer back:
 /// revocation does not stop what it "already reads".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review27b_a_waiting_run_does_not_start_once_its_token_is_revoked() {
+async fn a_waiting_run_does_not_start_once_its_token_is_revoked() {
     let dir = tempfile::tempdir().unwrap();
     let args = [
         "--token-file-check-interval",
@@ -1362,7 +1362,7 @@ async fn review27b_a_waiting_run_does_not_start_once_its_token_is_revoked() {
         "--echo-steps",
         "1",
     ];
-    let m = start(dir.path(), "review27b-wait", &args);
+    let m = start(dir.path(), "edge-wait", &args);
     let (status, _) = call_with(
         &m,
         Method::POST,
@@ -1416,13 +1416,13 @@ async fn review27b_a_waiting_run_does_not_start_once_its_token_is_revoked() {
     drop(first);
 }
 
-/// Finding: refusal lines share one budget of 20 a second, whoever is
+/// Regression: refusal lines share one budget of 20 a second, whoever is
 /// refused. A holder of a real but under-privileged token probes the
 /// destructive routes unseen by sending them amid a burst of anonymous
 /// 401s, which cost nothing: its 403 (the line that names a token) is one
 /// of the lines left out, and the count left out says nothing of who.
 #[tokio::test]
-async fn review27b_a_known_tokens_refusal_is_audited_amid_a_flood_of_anonymous_ones() {
+async fn a_known_tokens_refusal_is_audited_amid_a_flood_of_anonymous_ones() {
     let dir = tempfile::tempdir().unwrap();
     let tokens = token_file(dir.path());
     let file = mecated::auth::TokenFile::open(tokens).unwrap();
@@ -1447,12 +1447,12 @@ async fn review27b_a_known_tokens_refusal_is_audited_amid_a_flood_of_anonymous_o
     );
 }
 
-/// Finding: the count of refusal lines left out is written only on the
+/// Regression: the count of refusal lines left out is written only on the
 /// next refusal line. A burst that is followed by no refusal (the attacker
 /// stops, or the server is stopped) is never counted: the trail shows 20
 /// refusals where there were 500, and nothing else.
 #[tokio::test]
-async fn review27b_refusals_left_out_are_counted_even_when_no_refusal_follows() {
+async fn refusals_left_out_are_counted_even_when_no_refusal_follows() {
     let dir = tempfile::tempdir().unwrap();
     let tokens = token_file(dir.path());
     let file = mecated::auth::TokenFile::open(tokens).unwrap();
@@ -1491,13 +1491,13 @@ async fn review27b_refusals_left_out_are_counted_even_when_no_refusal_follows() 
     );
 }
 
-/// Finding: a server without authentication refuses a rebinding page's
+/// Regression: a server without authentication refuses a rebinding page's
 /// delete (403) before the guard, so the attempt leaves no audit line and
 /// no log at all, though the audit trail promises one line per delete and
 /// cancel, refused or not. The one sign that a web page tried to drive
 /// the server is dropped.
 #[tokio::test]
-async fn review27b_a_delete_refused_for_its_host_or_origin_leaves_an_audit_line() {
+async fn a_delete_refused_for_its_host_or_origin_leaves_an_audit_line() {
     use tower::ServiceExt;
     let dir = tempfile::tempdir().unwrap();
     let (router, _engine) = in_process(dir.path(), mecated::http::Auth::Off).await;
@@ -1532,14 +1532,14 @@ async fn review27b_a_delete_refused_for_its_host_or_origin_leaves_an_audit_line(
     );
 }
 
-/// Finding: behind a reverse proxy that sets `Host` to the upstream's
+/// Regression: behind a reverse proxy that sets `Host` to the upstream's
 /// address (nginx's default, `proxy_set_header Host $proxy_host`), every
 /// write a browser sends from the proxy's own origin is refused, even when
 /// that origin's name is given with `--allowed-host`: the `Origin` is
 /// compared with the rewritten `Host` only. Nothing in the docs says so,
 /// and no flag lets it work but changing the proxy.
 #[tokio::test]
-async fn review27b_a_write_from_an_allowed_hosts_origin_is_taken_behind_a_host_rewriting_proxy() {
+async fn a_write_from_an_allowed_hosts_origin_is_taken_behind_a_host_rewriting_proxy() {
     use tower::ServiceExt;
     let dir = tempfile::tempdir().unwrap();
     let (_, engine) = in_process(dir.path(), mecated::http::Auth::Off).await;
@@ -1670,5 +1670,37 @@ mod trail {
                 "{name:?} accepted as a token name"
             );
         }
+    }
+}
+
+/// A route asked with a method it does not take is answered 405 with the
+/// error body every error has, and its `Allow`.
+#[tokio::test]
+async fn a_method_a_route_does_not_take_is_405_with_an_error_body() {
+    use tower::ServiceExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (router, _engine) = in_process(dir.path(), mecated::http::Auth::Off).await;
+    for (method, path, allow) in [
+        ("PUT", "/", "GET,HEAD"),
+        ("PATCH", "/v1/sessions", "GET,HEAD,POST"),
+    ] {
+        let req = axum::http::Request::builder()
+            .method(method)
+            .uri(path)
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let r = router.clone().oneshot(req).await.unwrap();
+        assert_eq!(
+            r.status(),
+            StatusCode::METHOD_NOT_ALLOWED,
+            "{method} {path}"
+        );
+        let allowed = r.headers()["allow"].to_str().unwrap().to_owned();
+        let mut allowed: Vec<&str> = allowed.split(',').map(str::trim).collect();
+        allowed.sort_unstable();
+        assert_eq!(allowed.join(","), allow, "{method} {path}");
+        let body = axum::body::to_bytes(r.into_body(), 1 << 16).await.unwrap();
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["error"]["code"], "invalid", "{body}");
     }
 }
