@@ -328,9 +328,10 @@ fn leases(args: &LeasesArgs) -> Result<(), String> {
     Ok(())
 }
 
-async fn serve(args: ServeArgs) -> Result<(), String> {
-    // Checked here rather than as a clap conflict: a conflict would also
-    // refuse `MECATED_ALLOW_UNAUTHENTICATED=false`, which allows nothing.
+/// Refuses flags about authentication that contradict each other. Checked
+/// here rather than as a clap conflict: a conflict would also refuse
+/// `MECATED_ALLOW_UNAUTHENTICATED=false`, which allows nothing.
+fn check_auth_flags(args: &ServeArgs) -> Result<(), String> {
     if args.allow_unauthenticated && args.token_file.is_some() {
         return Err(
             "--allow-unauthenticated and --token-file contradict each other: give the token \
@@ -344,6 +345,11 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
              under any name"
         );
     }
+    Ok(())
+}
+
+async fn serve(args: ServeArgs) -> Result<(), String> {
+    check_auth_flags(&args)?;
     let (store, lease) = args.choices()?;
     let owner = match &args.owner {
         // A network lease backend cannot tell two processes under one

@@ -28,13 +28,19 @@ struct Pending {
     invoked: Duration,
 }
 
-/// The history of the path `steps` (each state with the action taken from
-/// it; the last one's action is `None`).
-pub fn history_of(steps: &[(State, Option<Action>)]) -> History {
-    let mut pending: BTreeMap<u8, Pending> = BTreeMap::new();
-    let mut ops = Vec::new();
-    let complete = |ops: &mut Vec<Op>, op: u8, call: Pending, at: Duration, outcome| {
-        ops.push(Op {
+/// The operations of a path as they are sent and answered.
+#[derive(Default)]
+struct Record {
+    pending: BTreeMap<u8, Pending>,
+    ops: Vec<Op>,
+}
+
+impl Record {
+    fn complete(&mut self, op: u8, at: Duration, outcome: Outcome) {
+        let Some(call) = self.pending.remove(&op) else {
+            return;
+        };
+        self.ops.push(Op {
             id: u64::from(op),
             worker: call.worker,
             owner: Arc::from(call.owner.to_string()),
@@ -46,120 +52,130 @@ pub fn history_of(steps: &[(State, Option<Action>)]) -> History {
             outcome,
             epoch: 0,
         });
-    };
-    for (step, (state, action)) in steps.iter().enumerate() {
-        let Some(action) = action else { break };
-        let start = TICK * u32::from(state.now);
-        let within = Duration::from_millis(u64::try_from(step + 1).unwrap_or(u64::MAX));
-        let at = start + within;
-        match *action {
-            Action::Acquire(p, s)
-            | Action::Renew(p, s)
-            | Action::Release(p, s)
-            | Action::Write(p, s) => {
-                let proc = &state.processes[usize::from(p)];
-                let held = proc.holds(s, state.now).map(|h| u64::from(h.token));
-                let (kind, token) = match action {
-                    Action::Acquire(..) => (OpKind::Acquire, None),
-                    Action::Renew(..) => (OpKind::Renew, held),
-                    Action::Release(..) => (OpKind::Release, held),
-                    _ => (OpKind::Write, held),
-                };
-                let call = Pending {
-                    worker: u32::from(p),
-                    owner: proc.owner(p),
-                    session: s,
-                    kind,
-                    token,
-                    invoked: start,
-                };
-                pending.insert(state.next_op, call);
-            }
-            Action::Deliver(Message::FromAuthority {
+    }
+
+    /// A call sent by the step `action` from `state`.
+    fn send(&mut self, state: &State, action: &Action, p: u8, session: u8) {
+        let proc = &state.processes[usize::from(p)];
+        let held = proc.holds(session, state.now).map(|h| u64::from(h.token));
+        let (kind, token) = match action {
+            Action::Acquire(..) => (OpKind::Acquire, None),
+            Action::Renew(..) => (OpKind::Renew, held),
+            Action::Release(..) => (OpKind::Release, held),
+            _ => (OpKind::Write, held),
+        };
+        let call = Pending {
+            worker: u32::from(p),
+            owner: proc.owner(p),
+            session,
+            kind,
+            token,
+            invoked: TICK * u32::from(state.now),
+        };
+        self.pending.insert(state.next_op, call);
+    }
+
+    /// A reply delivered at `at`; it completes its call only if the call
+    /// still waits for it, as the keeper takes it.
+    fn reply(&mut self, state: &State, message: Message, at: Duration) {
+        match message {
+            Message::FromAuthority {
                 op,
                 owner,
                 session,
                 request,
                 answer,
                 ..
-            }) => {
+            } => {
                 let proc = &state.processes[usize::from(owner.process)];
-                let waited = proc.incarnation == owner.incarnation
-                    && proc.waiting[usize::from(session)] == Some(op);
-                if let Some(call) = pending.remove(&op).filter(|_| waited) {
-                    let outcome = match (request, answer) {
-                        (_, Answer::Granted(token)) => Outcome::Granted {
-                            token: u64::from(token),
-                            valid_for: TICK * u32::from(TTL),
-                        },
-                        (Request::Release(_), _) | (_, Answer::Released) => Outcome::Done,
-                        (_, Answer::Refused) => Outcome::Held,
-                    };
-                    complete(&mut ops, op, call, at, outcome);
+                if proc.incarnation != owner.incarnation
+                    || proc.waiting[usize::from(session)] != Some(op)
+                {
+                    return;
                 }
+                let outcome = match (request, answer) {
+                    (_, Answer::Granted(token)) => Outcome::Granted {
+                        token: u64::from(token),
+                        valid_for: TICK * u32::from(TTL),
+                    },
+                    (Request::Release(_), _) | (_, Answer::Released) => Outcome::Done,
+                    (_, Answer::Refused) => Outcome::Held,
+                };
+                self.complete(op, at, outcome);
             }
-            Action::Deliver(Message::FromStore {
+            Message::FromStore {
                 op, owner, written, ..
-            }) => {
+            } => {
                 let proc = &state.processes[usize::from(owner.process)];
-                let waited = proc.incarnation == owner.incarnation;
-                if let Some(call) = pending.remove(&op).filter(|_| waited) {
-                    let outcome = if written {
-                        Outcome::Done
-                    } else {
-                        Outcome::Fenced
-                    };
-                    complete(&mut ops, op, call, at, outcome);
+                if proc.incarnation != owner.incarnation {
+                    return;
                 }
+                let outcome = if written {
+                    Outcome::Done
+                } else {
+                    Outcome::Fenced
+                };
+                self.complete(op, at, outcome);
             }
-            Action::Crash(p) => {
-                let gone: Vec<u8> = pending
-                    .iter()
-                    .filter(|(_, c)| c.worker == u32::from(p))
-                    .map(|(&op, _)| op)
-                    .collect();
-                for op in gone {
-                    if let Some(call) = pending.remove(&op) {
-                        complete(
-                            &mut ops,
-                            op,
-                            call,
-                            at,
-                            Outcome::Ambiguous(Ambiguity::Timeout),
-                        );
-                    }
-                }
-            }
+            _ => {}
+        }
+    }
+
+    /// Every call of `worker` still waiting ends without an answer at `at`.
+    fn give_up(&mut self, worker: Option<u32>, at: Duration) {
+        let gone: Vec<u8> = self
+            .pending
+            .iter()
+            .filter(|(_, c)| worker.is_none_or(|w| c.worker == w))
+            .map(|(&op, _)| op)
+            .collect();
+        for op in gone {
+            self.complete(op, at, Outcome::Ambiguous(Ambiguity::Timeout));
+        }
+    }
+}
+
+/// The history of the path `steps` (each state with the action taken from
+/// it; the last one's action is `None`).
+pub fn history_of(steps: &[(State, Option<Action>)]) -> History {
+    let mut record = Record::default();
+    for (step, (state, action)) in steps.iter().enumerate() {
+        let Some(action) = action else { break };
+        let within = Duration::from_millis(u64::try_from(step + 1).unwrap_or(u64::MAX));
+        let at = TICK * u32::from(state.now) + within;
+        match *action {
+            Action::Acquire(p, s)
+            | Action::Renew(p, s)
+            | Action::Release(p, s)
+            | Action::Write(p, s) => record.send(state, action, p, s),
+            Action::Deliver(message) => record.reply(state, message, at),
+            Action::Crash(p) => record.give_up(Some(u32::from(p)), at),
             _ => {}
         }
     }
     let last = steps.last().map(|(s, _)| s);
     let end = TICK * (u32::from(last.map_or(0, |s| s.now)) + u32::from(TTL) + 1);
-    for (op, call) in std::mem::take(&mut pending) {
-        complete(
-            &mut ops,
-            op,
-            call,
-            end,
-            Outcome::Ambiguous(Ambiguity::Timeout),
-        );
-    }
+    record.give_up(None, end);
+    let mut ops = record.ops;
     ops.sort_by_key(|o| (o.completed, o.id));
-    let mut store_logs = BTreeMap::new();
-    if let Some(last) = last {
-        for (session, store) in last.store.iter().enumerate() {
-            let log = store
-                .log
-                .iter()
-                .zip(1..)
-                .map(|(landed, seq)| Logged {
-                    seq,
-                    op: u64::from(landed.op),
-                })
-                .collect();
-            store_logs.insert(Arc::from(format!("s{session}")), log);
-        }
-    }
+    let store_logs = last.map_or_else(BTreeMap::new, |last| {
+        last.store
+            .iter()
+            .enumerate()
+            .map(|(session, store)| {
+                let log = store
+                    .log
+                    .iter()
+                    .zip(1..)
+                    .map(|(landed, seq)| Logged {
+                        seq,
+                        op: u64::from(landed.op),
+                    })
+                    .collect();
+                (Arc::from(format!("s{session}")), log)
+            })
+            .collect()
+    });
     History {
         ops,
         store_logs,
