@@ -290,8 +290,7 @@ impl LeaseSystem {
     }
 
     fn send(&self, state: &mut State, message: Message) {
-        let at = state.network.partition_point(|m| *m < message);
-        state.network.insert(at, message);
+        put_in_flight(state, message);
         state.next_op += 1;
     }
 
@@ -480,8 +479,7 @@ impl LeaseSystem {
                     sent,
                     answer,
                 };
-                let at = state.network.partition_point(|m| *m < reply);
-                state.network.insert(at, reply);
+                put_in_flight(state, reply);
             }
             Message::ToStore {
                 op,
@@ -496,8 +494,7 @@ impl LeaseSystem {
                     session,
                     written,
                 };
-                let at = state.network.partition_point(|m| *m < reply);
-                state.network.insert(at, reply);
+                put_in_flight(state, reply);
             }
             reply => self.handle_reply(state, reply),
         }
@@ -656,6 +653,13 @@ impl Model for LeaseSystem {
             }),
         ]
     }
+}
+
+/// `message` into the network, kept sorted so that one multiset of
+/// messages is one state.
+fn put_in_flight(state: &mut State, message: Message) {
+    let at = state.network.partition_point(|m| *m < message);
+    state.network.insert(at, message);
 }
 
 /// No two processes count on the same session's lease at once.
