@@ -3,12 +3,15 @@
 use std::fmt::Debug;
 use std::time::{Instant, SystemTime};
 
-/// A source of time.
+/// A source of time, and of the randomness that goes with timing.
 ///
 /// [`now`](Clock::now) is wall-clock time, used for lease expiries that other
 /// processes must understand. [`instant`](Clock::instant) is monotonic, used
 /// for deadlines a process keeps for itself (when to renew, when a lease it
 /// holds must be taken as lost): a wall-clock jump must never stretch those.
+/// [`random`](Clock::random) feeds jitter and the nonces that tell process
+/// incarnations apart; it lives here so that a simulation that owns time
+/// owns every other input of a schedule too, and replays it from a seed.
 pub trait Clock: Send + Sync + Debug {
     /// Wall-clock time.
     fn now(&self) -> SystemTime;
@@ -16,6 +19,14 @@ pub trait Clock: Send + Sync + Debug {
     /// Monotonic time. Defaults to [`Instant::now`].
     fn instant(&self) -> Instant {
         Instant::now()
+    }
+
+    /// A random number, for jitter and nonces, not for secrets. Defaults
+    /// to the standard library's randomly keyed hasher, which differs from
+    /// call to call and from process to process.
+    fn random(&self) -> u64 {
+        use std::hash::BuildHasher;
+        std::collections::hash_map::RandomState::new().hash_one(Instant::now())
     }
 }
 
@@ -81,6 +92,9 @@ impl<C: Clock + ?Sized> Clock for std::sync::Arc<C> {
     }
     fn instant(&self) -> Instant {
         (**self).instant()
+    }
+    fn random(&self) -> u64 {
+        (**self).random()
     }
 }
 

@@ -196,13 +196,16 @@ impl MemLeaseBuilder {
 
     /// Builds the table.
     pub fn build(self) -> MemLease {
+        let authority = self
+            .authority
+            .unwrap_or_else(|| new_authority(&*self.clock));
         MemLease {
             table: Arc::new(Table {
                 shards: (0..self.shards).map(|_| Padded::default()).collect(),
                 hasher: RandomState::new(),
                 ttl: self.ttl,
                 clock: self.clock,
-                authority: self.authority.unwrap_or_else(new_authority),
+                authority,
             }),
         }
     }
@@ -378,10 +381,10 @@ fn next_token_above(last: &mut u64, floor: FencingToken) -> Result<FencingToken,
 
 /// `mem:<pid>:<n>:<random>`: tables of one process differ by `n`, tables
 /// of processes that reuse a pid by the random part.
-fn new_authority() -> AuthorityId {
+fn new_authority(clock: &dyn Clock) -> AuthorityId {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let random = RandomState::new().hash_one(n);
+    let random = clock.random();
     AuthorityId::new(format!("mem:{}:{n}:{random:016x}", std::process::id()))
         .expect("a generated authority id is valid")
 }

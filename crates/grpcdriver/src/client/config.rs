@@ -88,6 +88,17 @@ pub struct GrpcLeaseBuilder {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) min_grant: Option<Duration>,
     pub(crate) plaintext_token: bool,
+    pub(crate) transport: Option<Transport>,
+}
+
+/// How the channel is made from its configured endpoint, when not over TCP.
+#[derive(Clone)]
+pub(crate) struct Transport(Arc<dyn Fn(Endpoint) -> Channel + Send + Sync>);
+
+impl std::fmt::Debug for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Transport(..)")
+    }
 }
 
 impl GrpcLeaseBuilder {
@@ -104,7 +115,33 @@ impl GrpcLeaseBuilder {
             clock: Arc::new(SystemClock),
             min_grant: None,
             plaintext_token: false,
+            transport: None,
         }
+    }
+
+    /// Connects through `connect` instead of TCP: it is handed the endpoint
+    /// this builder configured (the address as its URI, the timeouts, the
+    /// HTTP/2 keep-alive, TLS) and returns a channel over a transport of
+    /// its own, typically with [`Endpoint::connect_with_connector_lazy`]:
+    /// a Unix socket, an in-process pipe, a simulated network. It should
+    /// connect lazily, as the TCP channel does, so building the client
+    /// never waits for the server.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use grpcdriver::GrpcLease;
+    /// let client = GrpcLease::builder("http://leases.internal:7878")
+    ///     .transport(|endpoint| endpoint.connect_lazy())
+    ///     .build()?;
+    /// # drop(client);
+    /// # Ok(()) }
+    /// ```
+    pub fn transport(
+        mut self,
+        connect: impl Fn(Endpoint) -> Channel + Send + Sync + 'static,
+    ) -> Self {
+        self.transport = Some(Transport(Arc::new(connect)));
+        self
     }
 
     /// Sends `authorization: Bearer <token>` with every lease call.
@@ -224,6 +261,9 @@ impl GrpcLeaseBuilder {
             })?,
             None => endpoint,
         };
-        Ok(endpoint.connect_lazy())
+        Ok(match &self.transport {
+            Some(Transport(connect)) => connect(endpoint),
+            None => endpoint.connect_lazy(),
+        })
     }
 }

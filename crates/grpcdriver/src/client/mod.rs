@@ -5,7 +5,6 @@ mod config;
 mod keepalive;
 
 use std::future::Future;
-use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, SystemTime};
@@ -201,7 +200,7 @@ impl GrpcLease {
                 Ok(Err(status)) => status,
                 Err(_) => Status::deadline_exceeded("the call's deadline passed"),
             };
-            let pause = jittered(backoff);
+            let pause = jittered(backoff, self.inner.clock.random());
             let retry = (status.code() == Code::Unavailable || broke_in_transport(&status))
                 && attempt < self.inner.attempts
                 && Instant::now() + pause < deadline;
@@ -409,10 +408,7 @@ fn broke_in_transport(status: &Status) -> bool {
 
 /// A pause between `d/2` and `d`, so many clients retrying after one fault
 /// do not all come back at once.
-fn jittered(d: Duration) -> Duration {
-    let r = std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish();
+fn jittered(d: Duration, r: u64) -> Duration {
     let fraction = 0.5 + (r % 1000) as f64 / 2000.0;
     d.mul_f64(fraction)
 }

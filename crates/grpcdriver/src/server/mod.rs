@@ -372,6 +372,38 @@ impl LeaseServer {
     ) -> Result<(), ServeError> {
         let addr = listener.local_addr().map_err(ServeError::Io)?;
         self.check_exposure(addr)?;
+        info!(
+            %addr,
+            authenticated = self.authenticated(),
+            get_access = ?self.get_access,
+            "serving leases"
+        );
+        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+        self.serve_with_incoming(incoming, shutdown).await
+    }
+
+    /// Serves on the connections `incoming` yields, until `shutdown`
+    /// completes, as [`serve`](Self::serve) does on a TCP listener: for a
+    /// transport of your own (a Unix socket, an in-process pipe, a
+    /// simulated network). There is no address, so nothing is checked for
+    /// exposure: a transport that reaches other hosts needs authentication
+    /// and TLS configured as [`serve`](Self::serve) would demand them.
+    pub async fn serve_with_incoming<I, IO, IE>(
+        self,
+        incoming: I,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), ServeError>
+    where
+        I: tokio_stream::Stream<Item = Result<IO, IE>>,
+        IO: tokio::io::AsyncRead
+            + tokio::io::AsyncWrite
+            + tonic::transport::server::Connected
+            + Unpin
+            + Send
+            + 'static,
+        IO::ConnectInfo: Clone + Send + Sync + 'static,
+        IE: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
         let (health, health_service) = tonic_health::server::health_reporter();
         health
             .set_service_status(pb::SERVICE_NAME, tonic_health::ServingStatus::Serving)
@@ -425,13 +457,9 @@ impl LeaseServer {
             Some(tls) => builder.tls_config(tls.config()).map_err(ServeError::Tls)?,
             None => builder,
         };
-        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
         info!(
-            %addr,
-            authenticated = self.authenticated(),
             callers_told_apart = auth.tells_callers_apart(),
-            get_access = ?self.get_access,
-            "serving leases"
+            "lease service ready"
         );
         let mut builder =
             builder.layer(tower::util::MapResponseLayer::new(input_errors_as_invalid));

@@ -1,13 +1,11 @@
 //! How a keeper is configured: the defaults and [`KeeperBuilder`], which
 //! checks the configuration once so the running keeper can trust it.
 
-use std::collections::hash_map::RandomState;
-use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lease_port::{OwnerId, SessionLease};
+use lease_port::{Clock, OwnerId, SessionLease};
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -49,6 +47,7 @@ pub struct KeeperBuilder {
     pub(super) renew_batch_limit: usize,
     pub(super) metrics: Arc<dyn KeeperMetrics>,
     pub(super) allow_unleased: bool,
+    pub(super) clock: Arc<dyn Clock>,
 }
 
 impl std::fmt::Debug for KeeperBuilder {
@@ -65,6 +64,7 @@ impl std::fmt::Debug for KeeperBuilder {
             .field("write_wait", &self.write_wait)
             .field("renew_batch_limit", &self.renew_batch_limit)
             .field("metrics", &self.metrics)
+            .field("clock", &self.clock)
             .finish_non_exhaustive()
     }
 }
@@ -159,6 +159,17 @@ impl KeeperBuilder {
         self
     }
 
+    /// Where the keeper draws its randomness (the renewal jitter, and the
+    /// nonce of its [`writer`](LeaseKeeper::writer) id) and the wall time
+    /// folded into that nonce. Default [`SystemClock`](lease_port::SystemClock). A simulation that
+    /// owns time passes its own clock, so a schedule replays from its seed;
+    /// deadlines stay on [`tokio::time::Instant`], which such a simulation
+    /// pauses and advances itself.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
     /// Checks the configuration and builds the keeper. Needs no runtime.
     ///
     /// Errors with [`KeeperErrorKind::Invalid`](crate::KeeperErrorKind::Invalid)
@@ -202,7 +213,7 @@ impl KeeperBuilder {
         Ok(LeaseKeeper {
             core: Arc::new(KeeperCore {
                 backend: self.backend,
-                writer: incarnation_writer(&self.owner),
+                writer: incarnation_writer(&self.owner, &*self.clock),
                 owner: self.owner,
                 ttl: self.ttl,
                 interval,
@@ -224,7 +235,7 @@ impl KeeperBuilder {
                 tracker: TaskTracker::new(),
                 next_id: AtomicU64::new(0),
                 held: AtomicUsize::new(0),
-                rng: RandomState::new(),
+                clock: self.clock,
                 pending: Mutex::default(),
                 driver_started: AtomicBool::new(false),
                 batched,
@@ -239,8 +250,8 @@ impl KeeperBuilder {
 
 /// `owner#<random>`: the owner id extended by an id of this keeper, unique
 /// across keepers and process incarnations.
-fn incarnation_writer(owner: &OwnerId) -> OwnerId {
-    let nonce = RandomState::new().hash_one((std::process::id(), std::time::SystemTime::now()));
+fn incarnation_writer(owner: &OwnerId, clock: &dyn Clock) -> OwnerId {
+    let nonce = clock.random();
     // An owner id near the length limit keeps its nonce by giving up its
     // tail: the writer must differ between incarnations, not read nicely.
     let suffix = format!("#{nonce:016x}");

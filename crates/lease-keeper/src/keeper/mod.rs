@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use lease_port::{
-    FencingToken, Lease, LeaseError, LeaseErrorKind, OwnerId, SessionId, SessionLease,
+    FencingToken, Lease, LeaseError, LeaseErrorKind, OwnerId, SessionId, SessionLease, SystemClock,
 };
 use tokio::runtime::Handle;
 use tokio::sync::{OwnedMutexGuard, watch};
@@ -102,6 +102,7 @@ impl LeaseKeeper {
             renew_batch_limit: DEFAULT_RENEW_BATCH_LIMIT,
             metrics: Arc::new(NoMetrics),
             allow_unleased: false,
+            clock: Arc::new(SystemClock),
         }
     }
 

@@ -3,13 +3,11 @@
 //! renew task — and the held in-process lock a run carries.
 
 use std::collections::HashMap;
-use std::collections::hash_map::RandomState;
-use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lease_port::{FencingToken, Lease, OwnerId, SessionId, SessionLease};
+use lease_port::{Clock, FencingToken, Lease, OwnerId, SessionId, SessionLease};
 use tokio::runtime::Handle;
 use tokio::sync::{Notify, OwnedMutexGuard};
 use tokio::time::Instant;
@@ -136,7 +134,8 @@ pub(super) struct KeeperCore {
     pub(super) tracker: TaskTracker,
     pub(super) next_id: AtomicU64,
     pub(super) held: AtomicUsize,
-    pub(super) rng: RandomState,
+    /// Draws the renewal jitter.
+    pub(super) clock: Arc<dyn Clock>,
     /// Leased runs whose renew task is not started yet, with when their
     /// acquisition was sent.
     pub(super) pending: Mutex<HashMap<u64, (Instant, Arc<Run>)>>,
@@ -183,9 +182,7 @@ impl KeeperCore {
         if self.jitter == 0.0 {
             return self.interval;
         }
-        let draw = self
-            .rng
-            .hash_one(self.next_id.fetch_add(1, Ordering::Relaxed));
+        let draw = self.clock.random();
         let unit = (draw >> 11) as f64 / (1u64 << 53) as f64; // [0, 1)
         self.interval
             .mul_f64(1.0 - self.jitter + 2.0 * self.jitter * unit)
