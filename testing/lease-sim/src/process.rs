@@ -1,0 +1,130 @@
+//! A session server process as the simulation runs it: the real keeper
+//! over the real gRPC client, taking sessions, writing under their fences
+//! and giving them back, with the pauses a real process has. Each start of
+//! the host is a new incarnation, as a restarted process is.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use grpcdriver::GrpcLease;
+use lease_keeper::LeaseKeeper;
+use lease_port::{Clock, OwnerId, SessionId};
+use memlease::MemLease;
+
+use crate::authority::{LEASE_PORT, holder, now};
+use crate::clock::{Rng, SimClock, mix};
+use crate::store::{self, WriteOutcome};
+use crate::world::World;
+use crate::{Config, net};
+
+/// What every incarnation of one process shares.
+pub(crate) struct Process {
+    pub index: usize,
+    pub config: Config,
+    pub world: Arc<World>,
+    /// The authority's table, looked at (never changed) to judge what the
+    /// process counts on.
+    pub table: MemLease,
+    /// Wall clocks of this process, one per incarnation in turn; the fault
+    /// schedule steps the newest.
+    pub clocks: Arc<std::sync::Mutex<Vec<SimClock>>>,
+}
+
+impl Process {
+    /// One incarnation: runs until the host is crashed.
+    pub(crate) async fn run(self: Arc<Self>) -> turmoil::Result {
+        let p = self.index;
+        let ttl = self.config.ttl;
+        let incarnation = {
+            let mut clocks = self.clocks.lock().unwrap_or_else(|e| e.into_inner());
+            let n = clocks.len() as u64;
+            clocks.push(SimClock::new(mix(
+                self.config.seed ^ ((p as u64) << 40) ^ (n << 20) ^ 0xc10c,
+            )));
+            n
+        };
+        let clock = self.clocks.lock().unwrap_or_else(|e| e.into_inner())[incarnation as usize]
+            .clone();
+        let me = format!("p{p}.{incarnation}");
+        let client = GrpcLease::builder(format!("http://leased:{LEASE_PORT}"))
+            .transport(net::channel_to(format!("leased:{LEASE_PORT}")))
+            .clock(Arc::new(clock.clone()))
+            .min_grant(ttl)
+            .call_timeout(ttl / 4)
+            .build()?;
+        let keeper = LeaseKeeper::builder(Arc::new(client), OwnerId::new(format!("p{p}"))?, ttl)
+            .clock(Arc::new(clock.clone()))
+            .build()?;
+        self.world.event(now(), format!("{me}: started as {}", keeper.writer()));
+        let keeper = Arc::new(keeper);
+        let workers: Vec<_> = (0..self.config.workers)
+            .map(|w| {
+                let (this, keeper) = (Arc::clone(&self), Arc::clone(&keeper));
+                let (me, rng) = (format!("{me}.{w}"), Rng::new(clock.random()));
+                tokio::spawn(async move { this.work(&keeper, &me, rng).await })
+            })
+            .collect();
+        for worker in workers {
+            worker.await??;
+        }
+        Ok(())
+    }
+
+    /// One worker: takes a session, writes under it, gives it back, and
+    /// again, until the host is crashed.
+    async fn work(&self, keeper: &LeaseKeeper, me: &str, mut rng: Rng) -> Result<(), String> {
+        let (p, ttl) = (self.index, self.config.ttl);
+        let mut written = 0u64;
+        loop {
+            let session = format!("s{}", rng.below(self.config.sessions as u64));
+            let id = SessionId::new(session.clone()).map_err(|e| e.to_string())?;
+            let guard = match keeper.acquire(&id).await {
+                Ok(guard) => guard,
+                Err(e) => {
+                    self.world
+                        .event(now(), format!("{me}: {session} refused: {:?}", e.kind()));
+                    tokio::time::sleep(rng.between(Duration::from_millis(1), ttl / 30)).await;
+                    continue;
+                }
+            };
+            let token = guard.token().map_or(0, |t| t.get());
+            self.world
+                .event(now(), format!("{me}: holds {session} token {token}"));
+            for _ in 0..1 + rng.below(5) {
+                tokio::time::sleep(rng.between(Duration::ZERO, ttl / 300)).await;
+                if guard.safe_for().is_some_and(|d| !d.is_zero()) {
+                    let held = holder(&self.table, &id);
+                    self.world
+                        .belief(now(), &session, &format!("p{p}"), token, held);
+                }
+                // Now and then the write stalls between reading its fence
+                // and sending it, as a paused process would.
+                let stall = if rng.chance(30) {
+                    rng.between(ttl / 2, ttl * 2)
+                } else {
+                    Duration::ZERO
+                };
+                let tag = format!("{me}.{written}");
+                written += 1;
+                let (s, t) = (session.clone(), tag.clone());
+                let write = guard.spawn_write(move |fence| async move {
+                    tokio::time::sleep(stall).await;
+                    store::write(&s, &fence, &t, ttl).await
+                });
+                let Ok(task) = write else {
+                    self.world.event(now(), format!("{me}: {session} lost"));
+                    break;
+                };
+                let outcome = task.await;
+                self.world
+                    .event(now(), format!("{me}: write {tag} {outcome:?}"));
+                if outcome == WriteOutcome::Fenced {
+                    break;
+                }
+            }
+            let released = guard.finish().await;
+            self.world
+                .event(now(), format!("{me}: released {session}: {}", released.is_ok()));
+        }
+    }
+}
