@@ -44,7 +44,8 @@ impl Schedule {
             ttl: config.ttl,
             max_latency: config.max_latency,
             processes: config.processes,
-            mean_steps: config.mean_fault_interval.as_millis().max(1) as u64,
+            mean_steps: (config.mean_fault_interval.as_micros() / config.tick.as_micros().max(1))
+                .max(1) as u64,
             server_clock,
             process_clocks,
             pending: Vec::new(),
@@ -87,7 +88,11 @@ impl Schedule {
         let later = |rng: &mut Rng, lo: Duration, hi: Duration| at + rng.between(lo, hi);
         match self.rng.below(10) {
             0 | 1 => {
-                let peer = if self.rng.chance(500) { "leased" } else { "store" };
+                let peer = if self.rng.chance(500) {
+                    "leased"
+                } else {
+                    "store"
+                };
                 if self.already_cut(&p, peer) {
                     return;
                 }
@@ -99,7 +104,11 @@ impl Schedule {
             2 => {
                 // A pause as the network sees it: nothing in or out, then
                 // everything held back arrives at once.
-                if self.pending.iter().any(|(_, h)| matches!(h, Heal::Release(q) if *q == p)) {
+                if self
+                    .pending
+                    .iter()
+                    .any(|(_, h)| matches!(h, Heal::Release(q) if *q == p))
+                {
                     return;
                 }
                 sim.hold(p.as_str(), "leased");
@@ -109,7 +118,11 @@ impl Schedule {
                 self.pending.push((until, Heal::Release(p)));
             }
             3 => {
-                if self.pending.iter().any(|(_, h)| matches!(h, Heal::Restart(q) if *q == p)) {
+                if self
+                    .pending
+                    .iter()
+                    .any(|(_, h)| matches!(h, Heal::Restart(q) if *q == p))
+                {
                     return;
                 }
                 sim.crash(p.as_str());
@@ -137,7 +150,11 @@ impl Schedule {
                 world.fault(at, format!("authority clock back {by:?}"));
             }
             7 => {
-                if self.pending.iter().any(|(_, h)| matches!(h, Heal::ServerRate)) {
+                if self
+                    .pending
+                    .iter()
+                    .any(|(_, h)| matches!(h, Heal::ServerRate))
+                {
                     return;
                 }
                 // Within the bound: a lease counted on for two thirds of
@@ -161,16 +178,24 @@ impl Schedule {
                 }
                 world.fault(
                     at,
-                    format!("{p} wall clock {} {by:?}", if forward { "forward" } else { "back" }),
+                    format!(
+                        "{p} wall clock {} {by:?}",
+                        if forward { "forward" } else { "back" }
+                    ),
                 );
             }
             _ => {
-                let peer = if self.rng.chance(500) { "leased" } else { "store" };
+                let peer = if self.rng.chance(500) {
+                    "leased"
+                } else {
+                    "store"
+                };
                 let latency = self.rng.between(Duration::from_millis(50), ttl / 2);
                 sim.set_link_max_message_latency(p.as_str(), peer, latency);
                 world.fault(at, format!("latency {p}–{peer} up to {latency:?}"));
                 let until = later(&mut self.rng, ttl / 2, ttl * 3);
-                self.pending.push((until, Heal::Latency(p, peer.to_owned())));
+                self.pending
+                    .push((until, Heal::Latency(p, peer.to_owned())));
             }
         }
     }

@@ -109,6 +109,9 @@ pub struct Config {
     pub sessions: usize,
     /// The lease TTL, granted by the service and reckoned by the keepers.
     pub ttl: Duration,
+    /// How far each step of the simulation moves time: the resolution of
+    /// every timer and message.
+    pub tick: Duration,
     /// A message's latency is drawn up to this, unless a fault raises it.
     pub max_latency: Duration,
     /// One fault is injected every this long, on average.
@@ -121,7 +124,7 @@ pub struct Config {
 
 impl Config {
     /// Four processes of four workers each competing for eight sessions,
-    /// TTL 3 s, messages up to 5 ms, a fault every 300 ms on average, for 60
+    /// TTL 3 s, steps of 2 ms, messages up to 10 ms, a fault every 300 ms on average, for 60
     /// simulated seconds.
     pub fn new(seed: u64) -> Self {
         Self {
@@ -131,7 +134,8 @@ impl Config {
             workers: 4,
             sessions: 8,
             ttl: Duration::from_secs(3),
-            max_latency: Duration::from_millis(5),
+            tick: Duration::from_millis(2),
+            max_latency: Duration::from_millis(10),
             mean_fault_interval: Duration::from_millis(300),
             variant: Variant::Correct,
             trace: false,
@@ -291,7 +295,7 @@ pub fn run(config: &Config) -> Result<Report, SimError> {
 
     let mut sim = turmoil::Builder::new()
         .simulation_duration(config.duration + Duration::from_secs(3600))
-        .tick_duration(Duration::from_millis(1))
+        .tick_duration(config.tick)
         .min_message_latency(Duration::ZERO)
         .max_message_latency(config.max_latency)
         .rng_seed(config.seed)

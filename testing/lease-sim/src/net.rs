@@ -64,7 +64,11 @@ pub(crate) fn channel_to(addr: String) -> impl Fn(Endpoint) -> Channel + Send + 
         let addr = addr.clone();
         endpoint.connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
             let addr = addr.clone();
-            async move { turmoil::net::TcpStream::connect(addr).await.map(TokioIo::new) }
+            async move {
+                turmoil::net::TcpStream::connect(addr)
+                    .await
+                    .map(TokioIo::new)
+            }
         }))
     }
 }

@@ -38,13 +38,14 @@ impl Process {
         let incarnation = {
             let mut clocks = self.clocks.lock().unwrap_or_else(|e| e.into_inner());
             let n = clocks.len() as u64;
-            clocks.push(SimClock::new(mix(
-                self.config.seed ^ ((p as u64) << 40) ^ (n << 20) ^ 0xc10c,
-            )));
+            clocks.push(SimClock::new(mix(self.config.seed
+                ^ ((p as u64) << 40)
+                ^ (n << 20)
+                ^ 0xc10c)));
             n
         };
-        let clock = self.clocks.lock().unwrap_or_else(|e| e.into_inner())[incarnation as usize]
-            .clone();
+        let clock =
+            self.clocks.lock().unwrap_or_else(|e| e.into_inner())[incarnation as usize].clone();
         let me = format!("p{p}.{incarnation}");
         let client = GrpcLease::builder(format!("http://leased:{LEASE_PORT}"))
             .transport(net::channel_to(format!("leased:{LEASE_PORT}")))
@@ -55,7 +56,8 @@ impl Process {
         let keeper = LeaseKeeper::builder(Arc::new(client), OwnerId::new(format!("p{p}"))?, ttl)
             .clock(Arc::new(clock.clone()))
             .build()?;
-        self.world.event(now(), format!("{me}: started as {}", keeper.writer()));
+        self.world
+            .event(now(), format!("{me}: started as {}", keeper.writer()));
         let keeper = Arc::new(keeper);
         let workers: Vec<_> = (0..self.config.workers)
             .map(|w| {
@@ -90,8 +92,15 @@ impl Process {
             let token = guard.token().map_or(0, |t| t.get());
             self.world
                 .event(now(), format!("{me}: holds {session} token {token}"));
-            for _ in 0..1 + rng.below(5) {
-                tokio::time::sleep(rng.between(Duration::ZERO, ttl / 300)).await;
+            // Most runs are a burst of writes; some are long, spanning
+            // renewals, which is where a lease is lost while counted on.
+            let (writes, gap) = if rng.chance(200) {
+                (2 + rng.below(12), ttl / 2)
+            } else {
+                (1 + rng.below(5), ttl / 300)
+            };
+            for _ in 0..writes {
+                tokio::time::sleep(rng.between(Duration::ZERO, gap)).await;
                 if guard.safe_for().is_some_and(|d| !d.is_zero()) {
                     let held = holder(&self.table, &id);
                     self.world
@@ -123,8 +132,10 @@ impl Process {
                 }
             }
             let released = guard.finish().await;
-            self.world
-                .event(now(), format!("{me}: released {session}: {}", released.is_ok()));
+            self.world.event(
+                now(),
+                format!("{me}: released {session}: {}", released.is_ok()),
+            );
         }
     }
 }

@@ -34,7 +34,8 @@ impl StoreRule {
         match self {
             StoreRule::Unfenced => true,
             StoreRule::Fenced => {
-                fence.token > mark.token || (fence.token == mark.token && fence.writer == mark.writer)
+                fence.token > mark.token
+                    || (fence.token == mark.token && fence.writer == mark.writer)
             }
             StoreRule::EqualTokenFromAnyWriter => fence.token >= mark.token,
         }

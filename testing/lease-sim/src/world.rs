@@ -138,7 +138,8 @@ impl World {
 
     /// Records an event at simulated time `at`.
     pub(crate) fn event(&self, at: Duration, what: impl fmt::Display) {
-        self.lock().record(format!("{:>10.4} {what}", at.as_secs_f64()));
+        self.lock()
+            .record(format!("{:>10.4} {what}", at.as_secs_f64()));
     }
 
     /// Records an injected fault.
