@@ -110,6 +110,7 @@ pub(crate) fn ci() -> Result {
         cargo().args(["test", "--workspace", "--locked", "--bench", "*"]),
     )?;
     crate::faults::faults(&["--profile".into(), "short".into()])?;
+    crate::sim::sim(&["--profile".into(), "short".into()])?;
     crate::scale::short()?;
     println!("\nci: all checks passed");
     Ok(())

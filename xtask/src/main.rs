@@ -20,6 +20,9 @@
 //! cargo xtask scale [--short] [--only live|takeover] [--backend NAME]
 //!                                     live runs per process and takeover latency on the
 //!                                     release servers, into docs/performance.md
+//! cargo xtask sim [--profile short|long] [--operations N] | --seed N [--variant NAME] [--release]
+//!                                     the real lease code under a simulated network and
+//!                                     clock; broken variants caught; replay one seed
 //! ```
 
 mod backends;
@@ -33,6 +36,7 @@ mod proto;
 mod publish;
 mod scale;
 mod services;
+mod sim;
 #[cfg(test)]
 mod tidy;
 
@@ -48,7 +52,8 @@ const USAGE: &str = "usage: cargo xtask <ci | conformance [--backend NAME] \
                      proto [--check | --bless] | faults [--backend NAME] [--ops N] \
                      [--seed S] [--profile short|long] [--out DIR] | \
                      fuzz [--seconds N] [TARGET…] | publish --dry-run | \
-                     scale [--short] [--only live|takeover] [--backend NAME]>";
+                     scale [--short] [--only live|takeover] [--backend NAME] | \
+                     sim [--profile short|long] [--operations N] | --seed N [--variant NAME]>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = env::args().skip(1).collect();
@@ -62,6 +67,7 @@ fn main() -> ExitCode {
         Some("fuzz") => fuzz::fuzz(&args[1..]),
         Some("publish") => publish::publish(&args[1..]),
         Some("scale") => scale::scale(&args[1..]),
+        Some("sim") => sim::sim(&args[1..]),
         _ => {
             eprintln!("{USAGE}");
             return ExitCode::from(2);

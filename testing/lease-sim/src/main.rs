@@ -2,17 +2,22 @@
 //! asked, until a number of operations or of seeds is reached, and stops
 //! at the first violation with the command that replays it.
 //!
+//! Each seed runs in a process of its own: tokio numbers tasks across the
+//! whole process, and the numbers decide the order in which a crashed
+//! host's tasks are dropped, so only a run that is its process's first
+//! replays exactly.
+//!
 //! ```text
 //! lease-sim [--seed N] [--seeds N | --operations N] [--seconds S]
 //!           [--variant NAME] [--jobs N] [--expect-violation] [--trace]
 //! ```
 
-use std::process::ExitCode;
+use std::process::{Command, ExitCode, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use lease_sim::{Config, Report, Variant, run};
+use lease_sim::{Config, Variant, run};
 
 struct Args {
     seed: u64,
@@ -23,6 +28,8 @@ struct Args {
     jobs: u64,
     expect_violation: bool,
     trace: bool,
+    /// Run `seed` alone, here, and end with a summary line for the parent.
+    one: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -35,6 +42,7 @@ fn parse() -> Result<Args, String> {
         jobs: 1,
         expect_violation: false,
         trace: false,
+        one: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -44,6 +52,10 @@ fn parse() -> Result<Args, String> {
         }
         if flag == "--trace" {
             args.trace = true;
+            continue;
+        }
+        if flag == "--one" {
+            args.one = true;
             continue;
         }
         let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
@@ -81,6 +93,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if args.one {
+        return one(&args);
+    }
     let started = Instant::now();
     let next = Arc::new(AtomicU64::new(args.seed));
     let done_ops = Arc::new(AtomicU64::new(0));
@@ -96,7 +111,7 @@ fn main() -> ExitCode {
             std::thread::spawn(move || worker(&args, &next, &done_ops, &stop))
         })
         .collect();
-    let mut reports: Vec<Report> = Vec::new();
+    let mut reports: Vec<Summary> = Vec::new();
     let mut failed = false;
     for w in workers {
         match w.join() {
@@ -108,10 +123,10 @@ fn main() -> ExitCode {
             Err(_) => failed = true,
         }
     }
-    let operations: u64 = reports.iter().map(Report::operations).sum();
+    let operations: u64 = reports.iter().map(|r| r.operations).sum();
     let simulated: Duration = reports.iter().map(|r| r.simulated).sum();
-    let faults: u64 = reports.iter().map(|r| r.counts.faults).sum();
-    let violations: Vec<&Report> = reports.iter().filter(|r| r.violation.is_some()).collect();
+    let faults: u64 = reports.iter().map(|r| r.faults).sum();
+    let violations: Vec<&Summary> = reports.iter().filter(|r| r.violated).collect();
     let elapsed = started.elapsed();
     println!(
         "{} runs of {}: {operations} operations, {faults} faults, {:.0} s simulated, in {:.1} s \
@@ -124,12 +139,18 @@ fn main() -> ExitCode {
         operations as f64 / elapsed.as_secs_f64(),
         violations.len()
     );
-    if let Some(first) = violations.iter().min_by_key(|r| r.config.seed) {
+    if let Some(first) = violations.iter().min_by_key(|r| r.seed) {
+        // A seed replays exactly within one build: say which.
         println!(
-            "replay: cargo xtask sim --seed {} --seconds {} --variant {}",
-            first.config.seed,
-            first.config.duration.as_secs(),
-            first.config.variant.name()
+            "replay: cargo xtask sim{} --seed {} --seconds {} --variant {}",
+            if cfg!(debug_assertions) {
+                ""
+            } else {
+                " --release"
+            },
+            first.seed,
+            args.seconds,
+            args.variant.name()
         );
     }
     let as_expected = violations.is_empty() != args.expect_violation;
@@ -140,14 +161,54 @@ fn main() -> ExitCode {
     }
 }
 
-/// Runs seeds until the budget is spent or a violation is found.
+/// What a seed's run reported, read from its summary line.
+struct Summary {
+    seed: u64,
+    operations: u64,
+    faults: u64,
+    simulated: Duration,
+    violated: bool,
+}
+
+const SUMMARY: &str = "summary:";
+
+/// `--one`: runs the seed here, prints its report, then its summary.
+fn one(args: &Args) -> ExitCode {
+    let config = Config {
+        duration: Duration::from_secs(args.seconds),
+        variant: args.variant,
+        trace: args.trace,
+        ..Config::new(args.seed)
+    };
+    match run(&config) {
+        Ok(report) => {
+            println!("{report}");
+            println!(
+                "{SUMMARY} {} {} {} {}",
+                report.operations(),
+                report.counts.faults,
+                report.simulated.as_millis(),
+                u8::from(report.violation.is_some())
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("lease-sim: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs seeds, each in a process of its own, until the budget is spent or
+/// a violation is found.
 fn worker(
     args: &Args,
     next: &AtomicU64,
     done_ops: &AtomicU64,
     stop: &AtomicBool,
-) -> Result<Vec<Report>, lease_sim::SimError> {
-    let mut reports = Vec::new();
+) -> Result<Vec<Summary>, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find myself: {e}"))?;
+    let mut summaries = Vec::new();
     while !stop.load(Ordering::SeqCst) {
         let seed = next.fetch_add(1, Ordering::SeqCst);
         if args.seeds.is_some_and(|n| seed >= args.seed + n)
@@ -157,19 +218,42 @@ fn worker(
         {
             break;
         }
-        let config = Config {
-            duration: Duration::from_secs(args.seconds),
-            variant: args.variant,
-            trace: args.trace,
-            ..Config::new(seed)
-        };
-        let report = run(&config)?;
-        done_ops.fetch_add(report.operations(), Ordering::SeqCst);
-        println!("{report}");
-        if report.violation.is_some() {
+        let mut child = Command::new(&exe);
+        child.args(["--one", "--seed", &seed.to_string()]);
+        child.args(["--seconds", &args.seconds.to_string()]);
+        child.args(["--variant", args.variant.name()]);
+        if args.trace {
+            child.arg("--trace");
+        }
+        let out = child
+            .stderr(Stdio::inherit())
+            .output()
+            .map_err(|e| format!("seed {seed}: cannot start: {e}"))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let summary = text
+            .lines()
+            .find_map(|l| l.strip_prefix(SUMMARY))
+            .and_then(|l| parse_summary(seed, l))
+            .ok_or_else(|| format!("seed {seed}: no summary ({})", out.status))?;
+        for line in text.lines().filter(|l| !l.starts_with(SUMMARY)) {
+            println!("{line}");
+        }
+        done_ops.fetch_add(summary.operations, Ordering::SeqCst);
+        if summary.violated {
             stop.store(true, Ordering::SeqCst);
         }
-        reports.push(report);
+        summaries.push(summary);
     }
-    Ok(reports)
+    Ok(summaries)
+}
+
+fn parse_summary(seed: u64, line: &str) -> Option<Summary> {
+    let mut numbers = line.split_whitespace().map(|n| n.parse::<u64>().ok());
+    Some(Summary {
+        seed,
+        operations: numbers.next()??,
+        faults: numbers.next()??,
+        simulated: Duration::from_millis(numbers.next()??),
+        violated: numbers.next()?? == 1,
+    })
 }
