@@ -72,7 +72,10 @@ fn an_unfenced_store_is_caught_and_its_seed_replays_to_the_same_violation() {
     );
     assert!(lines_with(&out, "VIOLATION").len() == 1, "{out}");
     let shown = out.lines().filter(|l| l.starts_with("  ")).count();
-    assert!(shown > 40, "the events before the violation are shown: {out}");
+    assert!(
+        shown > 40,
+        "the events before the violation are shown: {out}"
+    );
 
     let replay = lines_with(&out, "replay: cargo xtask sim")[0];
     let seed = replay
