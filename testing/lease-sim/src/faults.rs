@@ -134,6 +134,29 @@ impl Schedule {
                 sim.bounce("leased");
                 world.fault(at, "restart the lease service");
             }
+            kind @ 5..=8 => self.clock_fault(kind, at, &p, world),
+            _ => {
+                let peer = if self.rng.chance(500) {
+                    "leased"
+                } else {
+                    "store"
+                };
+                let latency = self.rng.between(Duration::from_millis(50), ttl / 2);
+                sim.set_link_max_message_latency(p.as_str(), peer, latency);
+                world.fault(at, format!("latency {p}–{peer} up to {latency:?}"));
+                let until = later(&mut self.rng, ttl / 2, ttl * 3);
+                self.pending
+                    .push((until, Heal::Latency(p, peer.to_owned())));
+            }
+        }
+    }
+
+    /// A clock fault of kind 5 to 8: the authority's clock stepped forward
+    /// or back or run at another rate, or process `p`'s wall clock stepped.
+    fn clock_fault(&mut self, kind: u64, at: Duration, p: &str, world: &World) {
+        let ttl = self.ttl;
+        let later = |rng: &mut Rng, lo: Duration, hi: Duration| at + rng.between(lo, hi);
+        match kind {
             5 => {
                 // Beyond what the keeper assumes: the authority's clock
                 // jumps ahead and its leases end early. Only the store's
@@ -184,19 +207,7 @@ impl Schedule {
                     ),
                 );
             }
-            _ => {
-                let peer = if self.rng.chance(500) {
-                    "leased"
-                } else {
-                    "store"
-                };
-                let latency = self.rng.between(Duration::from_millis(50), ttl / 2);
-                sim.set_link_max_message_latency(p.as_str(), peer, latency);
-                world.fault(at, format!("latency {p}–{peer} up to {latency:?}"));
-                let until = later(&mut self.rng, ttl / 2, ttl * 3);
-                self.pending
-                    .push((until, Heal::Latency(p, peer.to_owned())));
-            }
+            _ => {}
         }
     }
 

@@ -335,11 +335,11 @@ impl Inner {
         for b in line.bytes() {
             self.digest = (self.digest ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
         }
-        if let Some(v) = &mut self.violation {
-            if self.after_violation < SHOWN_AFTER {
-                v.around.push(line.clone());
-                self.after_violation += 1;
-            }
+        if let Some(v) = &mut self.violation
+            && self.after_violation < SHOWN_AFTER
+        {
+            v.around.push(line.clone());
+            self.after_violation += 1;
         }
         if self.events.len() == KEPT_EVENTS {
             self.events.pop_front();
