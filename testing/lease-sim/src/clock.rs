@@ -36,7 +36,7 @@ struct State {
 }
 
 impl SimClock {
-    /// A clock at [`EPOCH`] running at the simulation's rate, drawing its
+    /// A clock at 2026-01-01T00:00:00Z running at the simulation's rate, drawing its
     /// random numbers from `seed`.
     pub fn new(seed: u64) -> Self {
         Self {
