@@ -128,8 +128,10 @@ impl GrpcLeaseBuilder {
     /// never waits for the server.
     ///
     /// ```
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use grpcdriver::GrpcLease;
+    /// // The channel's tasks run on the runtime the client is built in.
     /// let client = GrpcLease::builder("http://leases.internal:7878")
     ///     .transport(|endpoint| endpoint.connect_lazy())
     ///     .build()?;
