@@ -16,12 +16,15 @@ use crate::{Result, cargo, run};
 const USAGE: &str = "usage: cargo xtask sim [--profile short|long] [--operations N] | \
                      --seed N [--variant NAME] [--seconds S] [--release] [--trace]";
 
-/// The variants that must be caught, with the seeds each may take.
-const BROKEN: [&str; 4] = [
+/// The variants that must be caught.
+const BROKEN: [&str; 7] = [
     "store-without-fencing",
     "takeover-keeps-token",
     "renew-of-lost-lease-granted",
     "release-frees-others",
+    "store-accepts-equal-token",
+    "counts-on-lease-until-lost",
+    "write-not-tracked",
 ];
 
 /// Seeds tried per broken variant before it counts as missed; each stops at

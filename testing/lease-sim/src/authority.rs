@@ -36,7 +36,7 @@ pub(crate) struct Observed {
 }
 
 impl Observed {
-    fn granted(&self, answer: &Result<Lease, LeaseError>) {
+    fn granted(&self, session: &SessionId, answer: &Result<Lease, LeaseError>) {
         match answer {
             Ok(lease) => self.world.granted(
                 now(),
@@ -44,7 +44,23 @@ impl Observed {
                 lease.token().get(),
                 owner_of(lease.owner().as_str()),
             ),
-            Err(_) => self.world.lease_call(),
+            Err(e) => self.world.refused(
+                now(),
+                session.as_str(),
+                &format!("acquire ({:?})", e.kind()),
+            ),
+        }
+    }
+
+    fn renewed(&self, asked: &Lease, answer: &Result<Lease, LeaseError>) {
+        let session = asked.session_id().as_str();
+        match answer {
+            Ok(lease) => self.world.renewed(now(), session, lease.token().get()),
+            Err(e) => self.world.refused(
+                now(),
+                session,
+                &format!("renew of token {} ({:?})", asked.token().get(), e.kind()),
+            ),
         }
     }
 }
@@ -53,7 +69,7 @@ impl Observed {
 impl SessionLease for Observed {
     async fn acquire(&self, session: &SessionId, owner: &OwnerId) -> Result<Lease, LeaseError> {
         let answer = self.inner.acquire(session, owner).await;
-        self.granted(&answer);
+        self.granted(session, &answer);
         answer
     }
 
@@ -64,29 +80,32 @@ impl SessionLease for Observed {
         floor: FencingToken,
     ) -> Result<Lease, LeaseError> {
         let answer = self.inner.acquire_above(session, owner, floor).await;
-        self.granted(&answer);
+        self.granted(session, &answer);
         answer
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Lease, LeaseError> {
-        self.world.lease_call();
-        self.inner.renew(lease).await
+        let answer = self.inner.renew(lease).await;
+        self.renewed(lease, &answer);
+        answer
     }
 
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LeaseError>> {
-        for _ in leases {
-            self.world.lease_call();
+        let answers = self.inner.renew_many(leases).await;
+        for (lease, answer) in leases.iter().zip(&answers) {
+            self.renewed(lease, answer);
         }
-        self.inner.renew_many(leases).await
+        answers
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), LeaseError> {
-        self.world.lease_call();
+        self.world
+            .releasing(now(), lease.session_id().as_str(), lease.token().get());
         self.inner.release(lease).await
     }
 
     async fn current(&self, session: &SessionId) -> Result<Option<Lease>, LeaseError> {
-        self.world.lease_call();
+        self.world.read();
         self.inner.current(session).await
     }
 

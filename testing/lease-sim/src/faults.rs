@@ -17,6 +17,7 @@ enum Heal {
     Restart(String),
     ServerRate,
     Latency(String, String),
+    RepairOneWay(String, String),
 }
 
 /// The schedule of one run.
@@ -75,6 +76,7 @@ impl Schedule {
             }
             Heal::Restart(p) => sim.bounce(p.as_str()),
             Heal::ServerRate => self.server_clock.set_rate(at, 1000),
+            Heal::RepairOneWay(from, to) => sim.repair_oneway(from.as_str(), to.as_str()),
             Heal::Latency(a, b) => {
                 sim.set_link_max_message_latency(a.as_str(), b.as_str(), self.max_latency)
             }
@@ -86,7 +88,7 @@ impl Schedule {
         let ttl = self.ttl;
         let p = format!("p{}", self.rng.below(self.processes as u64));
         let later = |rng: &mut Rng, lo: Duration, hi: Duration| at + rng.between(lo, hi);
-        match self.rng.below(10) {
+        match self.rng.below(11) {
             0 | 1 => {
                 let peer = if self.rng.chance(500) {
                     "leased"
@@ -135,6 +137,26 @@ impl Schedule {
                 world.fault(at, "restart the lease service");
             }
             kind @ 5..=8 => self.clock_fault(kind, at, &p, world),
+            10 => {
+                // Requests arrive and are handled; their answers are lost.
+                let peer = if self.rng.chance(500) {
+                    "leased"
+                } else {
+                    "store"
+                };
+                if self
+                    .pending
+                    .iter()
+                    .any(|(_, h)| matches!(h, Heal::RepairOneWay(a, b) if a == peer && *b == p))
+                {
+                    return;
+                }
+                sim.partition_oneway(peer, p.as_str());
+                world.fault(at, format!("answers from {peer} to {p} lost"));
+                let until = later(&mut self.rng, ttl / 4, ttl * 2);
+                self.pending
+                    .push((until, Heal::RepairOneWay(peer.to_owned(), p)));
+            }
             _ => {
                 let peer = if self.rng.chance(500) {
                     "leased"
@@ -155,6 +177,14 @@ impl Schedule {
     /// or back or run at another rate, or process `p`'s wall clock stepped.
     fn clock_fault(&mut self, kind: u64, at: Duration, p: &str, world: &World) {
         let ttl = self.ttl;
+        // Half the forward steps become backward ones: forward steps are
+        // beyond the keeper's bound, and beliefs in leases granted before
+        // one are not judged for a TTL.
+        let kind = if kind == 5 && self.rng.chance(500) {
+            6
+        } else {
+            kind
+        };
         let later = |rng: &mut Rng, lo: Duration, hi: Duration| at + rng.between(lo, hi);
         match kind {
             5 => {
@@ -164,7 +194,7 @@ impl Schedule {
                 // on its lease.
                 let by = self.rng.between(ttl / 2, ttl * 2);
                 self.server_clock.step(at, true, by);
-                world.excuse_until(at + ttl * 2);
+                world.forward_step(at);
                 world.fault(at, format!("authority clock forward {by:?}"));
             }
             6 => {

@@ -18,12 +18,15 @@
 //!   the writer that set it.
 //!
 //! Between steps, a schedule drawn from the seed partitions processes from
-//! the service or the store, holds a process's traffic back and lets it
-//! through at once (a pause, as the network sees it), raises link
-//! latencies (which reorders messages between connections), crashes and
-//! restarts processes (a new incarnation each time), restarts the lease
-//! service, steps the authority's clock both ways, runs it up to 20 % fast
-//! or slow, and steps the processes' wall clocks.
+//! the service or the store, both ways or only their answers, holds a
+//! process's traffic back and lets it through at once (a stall, as the
+//! network sees it), raises link latencies (which reorders messages
+//! between connections), crashes and restarts processes (a new
+//! incarnation each time), restarts the lease service, steps the
+//! authority's clock both ways, runs it up to 20 % fast or slow, and steps
+//! the processes' wall clocks (which the keeper must not read). A write now
+//! and then stalls between reading its fence and sending it, as a paused
+//! process's would, and a run now and then ends with its write running.
 //!
 //! The simulation sees what no process can, and checks as things happen:
 //!
@@ -36,8 +39,11 @@
 //!   owner was granted the token;
 //! - [`Rule::HolderBelief`]: whenever a process counts on its lease (its
 //!   keeper says time is left), the authority's table holds that lease for
-//!   it — unless the authority's clock was stepped forward, beyond what
-//!   the keeper assumes, within the last two TTLs.
+//!   it — unless the authority last granted or renewed that lease before
+//!   a forward step of its clock less than a TTL ago, which is beyond what
+//!   the keeper assumes;
+//! - [`Rule::ReleaseBeforeWritesSettle`]: the authority never handles the
+//!   release of a lease while a write made under it is still running.
 //!
 //! The first violation stops the run and is reported with the events
 //! around it. Each [`Variant`] other than [`Variant::Correct`] breaks one
@@ -165,16 +171,27 @@ pub enum Variant {
     RenewOfLostLeaseGranted,
     /// A release frees the session whoever holds it.
     ReleaseFreesOthers,
+    /// The store accepts the mark's token from any writer.
+    StoreAcceptsEqualTokenFromAnyWriter,
+    /// Processes count on a lease until their keeper finds it lost,
+    /// keeping no margin for the authority's clock.
+    CountsOnLeaseUntilLost,
+    /// Processes write on tasks of their own, beside the keeper, and end
+    /// the run without waiting for them.
+    WriteNotTracked,
 }
 
 impl Variant {
     /// Every variant, the correct one first.
-    pub const ALL: [Variant; 5] = [
+    pub const ALL: [Variant; 8] = [
         Variant::Correct,
         Variant::StoreWithoutFencing,
         Variant::TakeoverKeepsToken,
         Variant::RenewOfLostLeaseGranted,
         Variant::ReleaseFreesOthers,
+        Variant::StoreAcceptsEqualTokenFromAnyWriter,
+        Variant::CountsOnLeaseUntilLost,
+        Variant::WriteNotTracked,
     ];
 
     /// The variant's name on the command line.
@@ -185,6 +202,9 @@ impl Variant {
             Variant::TakeoverKeepsToken => "takeover-keeps-token",
             Variant::RenewOfLostLeaseGranted => "renew-of-lost-lease-granted",
             Variant::ReleaseFreesOthers => "release-frees-others",
+            Variant::StoreAcceptsEqualTokenFromAnyWriter => "store-accepts-equal-token",
+            Variant::CountsOnLeaseUntilLost => "counts-on-lease-until-lost",
+            Variant::WriteNotTracked => "write-not-tracked",
         }
     }
 
@@ -196,6 +216,7 @@ impl Variant {
     fn store_rule(self) -> StoreRule {
         match self {
             Variant::StoreWithoutFencing => StoreRule::Unfenced,
+            Variant::StoreAcceptsEqualTokenFromAnyWriter => StoreRule::EqualTokenFromAnyWriter,
             _ => StoreRule::Fenced,
         }
     }
@@ -205,7 +226,7 @@ impl Variant {
             Variant::TakeoverKeepsToken => Some(LeaseBreakage::NoTokenBump),
             Variant::RenewOfLostLeaseGranted => Some(LeaseBreakage::RenewIgnoresLoss),
             Variant::ReleaseFreesOthers => Some(LeaseBreakage::ReleaseOthersHold),
-            Variant::Correct | Variant::StoreWithoutFencing => None,
+            _ => None,
         }
     }
 }
@@ -232,7 +253,7 @@ impl Report {
     /// Operations done: lease calls answered and writes that reached the
     /// store.
     pub fn operations(&self) -> u64 {
-        self.counts.lease_calls + self.counts.writes
+        self.counts.lease_calls() + self.counts.writes()
     }
 
     /// Operations per second of real time.
@@ -243,19 +264,25 @@ impl Report {
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.counts;
         write!(
             f,
-            "seed {} ({}): {:.1} s simulated in {:.2} s, {} operations ({} lease calls, {} \
-             writes) at {:.0}/s, {} faults, digest {:016x}",
+            "seed {} ({}): {:.1} s simulated in {:.2} s, {} operations at {:.0}/s (lease calls: \
+             {} granted, {} renewed, {} released, {} refused; writes: {} applied, {} fenced), {} \
+             faults, digest {:016x}",
             self.config.seed,
             self.config.variant.name(),
             self.simulated.as_secs_f64(),
             self.elapsed.as_secs_f64(),
             self.operations(),
-            self.counts.lease_calls,
-            self.counts.writes,
             self.rate(),
-            self.counts.faults,
+            c.grants,
+            c.renewals,
+            c.releases,
+            c.refusals,
+            c.writes_applied,
+            c.writes_refused,
+            c.faults,
             self.digest,
         )?;
         match &self.violation {
@@ -281,7 +308,7 @@ pub fn run(config: &Config) -> Result<Report, SimError> {
         message,
     };
     let started = Instant::now();
-    let world = Arc::new(World::new(config.trace));
+    let world = Arc::new(World::new(config.ttl, config.trace));
     let server_clock = SimClock::new(clock::mix(config.seed ^ 0x5e7e));
     // One shard: the shard a session falls in is chosen by a randomly
     // keyed hash, and each shard numbers its own tokens.

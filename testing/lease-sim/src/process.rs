@@ -7,15 +7,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use grpcdriver::GrpcLease;
-use lease_keeper::LeaseKeeper;
-use lease_port::{Clock, OwnerId, SessionId};
+use lease_keeper::{LeaseGuard, LeaseKeeper};
+use lease_port::{Clock, OwnerId, SessionId, WriteFence};
 use memlease::MemLease;
 
 use crate::authority::{LEASE_PORT, holder, now};
 use crate::clock::{Rng, SimClock, mix};
 use crate::store::{self, WriteOutcome};
 use crate::world::World;
-use crate::{Config, net};
+use crate::{Config, Variant, net};
 
 /// What every incarnation of one process shares.
 pub(crate) struct Process {
@@ -72,6 +72,16 @@ impl Process {
         Ok(())
     }
 
+    /// Whether the worker counts on its lease now: while its keeper says
+    /// time is left, or, broken, until the keeper says it is lost.
+    fn counts_on(&self, guard: &LeaseGuard) -> bool {
+        if self.config.variant == Variant::CountsOnLeaseUntilLost {
+            guard.is_leased() && !guard.is_lost()
+        } else {
+            guard.safe_for().is_some_and(|d| !d.is_zero())
+        }
+    }
+
     /// One worker: takes a session, writes under it, gives it back, and
     /// again, until the host is crashed.
     async fn work(&self, keeper: &LeaseKeeper, me: &str, mut rng: Rng) -> Result<(), String> {
@@ -85,7 +95,9 @@ impl Process {
                 Err(e) => {
                     self.world
                         .event(now(), format!("{me}: {session} refused: {:?}", e.kind()));
-                    tokio::time::sleep(rng.between(Duration::from_millis(1), ttl / 30)).await;
+                    // A server tells its client to come back later; the
+                    // worker turns to another session after a pause.
+                    tokio::time::sleep(rng.between(ttl / 100, ttl / 10)).await;
                     continue;
                 }
             };
@@ -101,7 +113,7 @@ impl Process {
             };
             for _ in 0..writes {
                 tokio::time::sleep(rng.between(Duration::ZERO, gap)).await;
-                if guard.safe_for().is_some_and(|d| !d.is_zero()) {
+                if self.counts_on(&guard) {
                     let held = holder(&self.table, &id);
                     self.world
                         .belief(now(), &session, &format!("p{p}"), token, held);
@@ -115,15 +127,27 @@ impl Process {
                 };
                 let tag = format!("{me}.{written}");
                 written += 1;
+                let running = self.world.write_begins(&session, token);
                 let (s, t) = (session.clone(), tag.clone());
-                let write = guard.spawn_write(move |fence| async move {
+                let write = move |fence: WriteFence| async move {
+                    let _running = running;
                     tokio::time::sleep(stall).await;
                     store::write(&s, &fence, &t, ttl).await
-                });
-                let Ok(task) = write else {
+                };
+                // Now and then the run ends with its write still running:
+                // the release must wait for it.
+                if self.config.variant == Variant::WriteNotTracked {
+                    drop(tokio::spawn(write(guard.fence())));
+                    break;
+                }
+                let Ok(task) = guard.spawn_write(write) else {
                     self.world.event(now(), format!("{me}: {session} lost"));
                     break;
                 };
+                if rng.chance(50) {
+                    drop(task);
+                    break;
+                }
                 let outcome = task.await;
                 self.world
                     .event(now(), format!("{me}: write {tag} {outcome:?}"));

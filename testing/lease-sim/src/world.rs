@@ -29,6 +29,10 @@ pub enum Rule {
     /// reckoning) while the authority did not hold that lease for it, with
     /// every clock within the bound the keeper assumes.
     HolderBelief,
+    /// The authority handled the release of a lease while a write made
+    /// under it was still running: released early, the write could land
+    /// inside the next owner's run.
+    ReleaseBeforeWritesSettle,
 }
 
 impl Rule {
@@ -39,6 +43,7 @@ impl Rule {
             Rule::StoreOrder => "store-order",
             Rule::OneWriterPerToken => "one-writer-per-token",
             Rule::HolderBelief => "holder-belief",
+            Rule::ReleaseBeforeWritesSettle => "release-before-writes-settle",
         }
     }
 }
@@ -89,6 +94,10 @@ struct SessionState {
     writers: BTreeMap<u64, String>,
     /// The owner each token was granted to.
     grants: BTreeMap<u64, String>,
+    /// When the authority last granted or renewed each token.
+    refreshed: BTreeMap<u64, Duration>,
+    /// Writes running per token: begun and not yet ended.
+    writes_running: BTreeMap<u64, u32>,
 }
 
 #[derive(Debug, Default)]
@@ -100,11 +109,12 @@ struct Inner {
     sessions: BTreeMap<String, SessionState>,
     violation: Option<Violation>,
     after_violation: usize,
-    /// Until when a holder's belief is not judged: a clock left the bound.
-    excused_until: Duration,
-    lease_calls: u64,
-    writes: u64,
-    faults: u64,
+    /// When the authority's clock was stepped forward, beyond what the
+    /// keeper assumes: a lease the authority last granted or renewed
+    /// before such a step may end early, for a TTL after it.
+    forward_steps: Vec<Duration>,
+    ttl: Duration,
+    counts: Counts,
 }
 
 /// The simulation's omniscient record. One per run, shared by every host.
@@ -116,19 +126,66 @@ pub struct World {
 /// Counters of what a run did.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Counts {
-    /// Lease calls answered by the authority (each lease of a batch counts).
-    pub lease_calls: u64,
-    /// Writes that reached the store, applied or refused.
-    pub writes: u64,
+    /// Acquisitions the authority granted.
+    pub grants: u64,
+    /// Renewals the authority granted (each lease of a batch counts).
+    pub renewals: u64,
+    /// Releases the authority handled.
+    pub releases: u64,
+    /// Acquisitions and renewals the authority refused or failed.
+    pub refusals: u64,
+    /// Other lease calls (reads of the current holder).
+    pub reads: u64,
+    /// Writes the store applied.
+    pub writes_applied: u64,
+    /// Writes the store refused by their fence.
+    pub writes_refused: u64,
     /// Faults injected.
     pub faults: u64,
 }
 
+impl Counts {
+    /// Lease calls the authority answered.
+    pub fn lease_calls(&self) -> u64 {
+        self.grants + self.renewals + self.releases + self.refusals + self.reads
+    }
+
+    /// Writes that reached the store.
+    pub fn writes(&self) -> u64 {
+        self.writes_applied + self.writes_refused
+    }
+}
+
+/// A write under way; the world counts it as running until this is dropped
+/// (its answer came, its patience ran out, or its host crashed).
+#[derive(Debug)]
+pub(crate) struct RunningWrite {
+    world: std::sync::Arc<World>,
+    session: String,
+    token: u64,
+}
+
+impl Drop for RunningWrite {
+    fn drop(&mut self) {
+        let mut g = self.world.lock();
+        if let Some(state) = g.sessions.get_mut(&self.session)
+            && let Some(n) = state.writes_running.get_mut(&self.token)
+        {
+            *n = n.saturating_sub(1);
+        }
+    }
+}
+
 impl World {
-    /// A record that prints every event to standard error when `trace`.
-    pub fn new(trace: bool) -> Self {
+    /// A record of a run whose leases last `ttl`, printing every event to
+    /// standard error when `trace`.
+    pub fn new(ttl: Duration, trace: bool) -> Self {
         let world = World::default();
-        world.lock().trace = trace;
+        {
+            let mut g = world.lock();
+            g.trace = trace;
+            g.ttl = ttl;
+        }
         world
     }
 
@@ -145,22 +202,24 @@ impl World {
     /// Records an injected fault.
     pub(crate) fn fault(&self, at: Duration, what: impl fmt::Display) {
         let mut g = self.lock();
-        g.faults += 1;
+        g.counts.faults += 1;
         g.record(format!("{:>10.4} fault: {what}", at.as_secs_f64()));
     }
 
-    /// Holder beliefs are not judged until `until`: a clock was moved
-    /// beyond what the keeper assumes.
-    pub(crate) fn excuse_until(&self, until: Duration) {
+    /// The authority's clock was stepped forward at `at`.
+    pub(crate) fn forward_step(&self, at: Duration) {
         let mut g = self.lock();
-        g.excused_until = g.excused_until.max(until);
+        let ttl = g.ttl;
+        g.forward_steps.retain(|step| *step + ttl > at);
+        g.forward_steps.push(at);
     }
 
     /// The authority granted `token` of `session` to `owner`.
     pub(crate) fn granted(&self, at: Duration, session: &str, token: u64, owner: &str) {
         let mut g = self.lock();
-        g.lease_calls += 1;
+        g.counts.grants += 1;
         let state = g.sessions.entry(session.to_owned()).or_default();
+        state.refreshed.insert(token, at);
         let earlier = state.grants.insert(token, owner.to_owned());
         if let Some(earlier) = earlier
             && earlier != owner
@@ -177,9 +236,71 @@ impl World {
         ));
     }
 
-    /// A lease call other than a grant was answered.
-    pub(crate) fn lease_call(&self) {
-        self.lock().lease_calls += 1;
+    /// The authority renewed `token` of `session`.
+    pub(crate) fn renewed(&self, at: Duration, session: &str, token: u64) {
+        let mut g = self.lock();
+        g.counts.renewals += 1;
+        let state = g.sessions.entry(session.to_owned()).or_default();
+        state.refreshed.insert(token, at);
+        g.record(format!(
+            "{:>10.4} authority: {session} token {token} renewed",
+            at.as_secs_f64()
+        ));
+    }
+
+    /// The authority refused (or failed) an acquisition or renewal.
+    pub(crate) fn refused(&self, at: Duration, session: &str, what: &str) {
+        let mut g = self.lock();
+        g.counts.refusals += 1;
+        g.record(format!(
+            "{:>10.4} authority: {session} {what} refused",
+            at.as_secs_f64()
+        ));
+    }
+
+    /// The authority is about to handle the release of `token` of
+    /// `session`: no write made under it may still be running.
+    pub(crate) fn releasing(&self, at: Duration, session: &str, token: u64) {
+        let mut g = self.lock();
+        g.counts.releases += 1;
+        let running = g
+            .sessions
+            .get(session)
+            .and_then(|s| s.writes_running.get(&token).copied())
+            .unwrap_or(0);
+        g.record(format!(
+            "{:>10.4} authority: {session} token {token} released",
+            at.as_secs_f64()
+        ));
+        if running > 0 {
+            g.violate(
+                Rule::ReleaseBeforeWritesSettle,
+                at,
+                format!("{session}: token {token} released with {running} of its writes running"),
+            );
+        }
+    }
+
+    /// A lease call that neither grants nor releases (a read).
+    pub(crate) fn read(&self) {
+        self.lock().counts.reads += 1;
+    }
+
+    /// A write under `token` of `session` begins; it runs until the
+    /// returned value is dropped.
+    pub(crate) fn write_begins(
+        self: &std::sync::Arc<Self>,
+        session: &str,
+        token: u64,
+    ) -> RunningWrite {
+        let mut g = self.lock();
+        let state = g.sessions.entry(session.to_owned()).or_default();
+        *state.writes_running.entry(token).or_default() += 1;
+        RunningWrite {
+            world: std::sync::Arc::clone(self),
+            session: session.to_owned(),
+            token,
+        }
     }
 
     /// The store received a write; `admit` decides it from the session's
@@ -194,7 +315,6 @@ impl World {
         admit: impl FnOnce(Option<&Mark>, &Mark) -> bool,
     ) -> bool {
         let mut g = self.lock();
-        g.writes += 1;
         let state = g.sessions.entry(session.to_owned()).or_default();
         if !admit(state.mark.as_ref(), &fence) {
             let line = format!(
@@ -204,6 +324,7 @@ impl World {
                 fence.writer,
                 state.mark.as_ref().map(|m| m.token)
             );
+            g.counts.writes_refused += 1;
             g.record(line);
             return false;
         }
@@ -247,6 +368,7 @@ impl World {
             )),
             _ => {}
         }
+        g.counts.writes_applied += 1;
         g.record(format!(
             "{:>10.4} store: {session} applied {tag} (token {} by {})",
             at.as_secs_f64(),
@@ -270,13 +392,10 @@ impl World {
         held: Option<(u64, String)>,
     ) {
         let mut g = self.lock();
-        if at < g.excused_until {
-            return;
-        }
         let agrees = held
             .as_ref()
             .is_some_and(|(t, o)| *t == token && o == owner);
-        if !agrees {
+        if !agrees && !g.excused(session, token, at) {
             g.violate(
                 Rule::HolderBelief,
                 at,
@@ -311,12 +430,7 @@ impl World {
 
     /// What the run did so far.
     pub fn counts(&self) -> Counts {
-        let g = self.lock();
-        Counts {
-            lease_calls: g.lease_calls,
-            writes: g.writes,
-            faults: g.faults,
-        }
+        self.lock().counts
     }
 
     /// A digest of every event in order: two runs of one seed must give
@@ -327,6 +441,19 @@ impl World {
 }
 
 impl Inner {
+    /// Whether a belief in `token` of `session` at `at` is beyond the
+    /// keeper's assumptions: the authority last granted or renewed it
+    /// before a forward step of its clock less than a TTL ago.
+    fn excused(&self, session: &str, token: u64, at: Duration) -> bool {
+        let refreshed = self
+            .sessions
+            .get(session)
+            .and_then(|s| s.refreshed.get(&token).copied());
+        self.forward_steps
+            .iter()
+            .any(|&step| step <= at && at < step + self.ttl && refreshed.is_none_or(|r| r <= step))
+    }
+
     fn record(&mut self, line: String) {
         if self.trace {
             eprintln!("{line}");

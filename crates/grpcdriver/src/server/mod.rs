@@ -372,26 +372,53 @@ impl LeaseServer {
     ) -> Result<(), ServeError> {
         let addr = listener.local_addr().map_err(ServeError::Io)?;
         self.check_exposure(addr)?;
-        info!(
-            %addr,
-            authenticated = self.authenticated(),
-            get_access = ?self.get_access,
-            "serving leases"
-        );
         let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-        self.serve_with_incoming(incoming, shutdown).await
+        self.serve_on(incoming, shutdown, Some(addr)).await
     }
 
     /// Serves on the connections `incoming` yields, until `shutdown`
     /// completes, as [`serve`](Self::serve) does on a TCP listener: for a
     /// transport of your own (a Unix socket, an in-process pipe, a
-    /// simulated network). There is no address, so nothing is checked for
-    /// exposure: a transport that reaches other hosts needs authentication
-    /// and TLS configured as [`serve`](Self::serve) would demand them.
+    /// simulated network). The configuration is checked as for any
+    /// address (a shared token beside identities is refused), but with no
+    /// address nothing can tell whether the transport reaches other hosts:
+    /// one that does needs the authentication and TLS
+    /// [`serve`](Self::serve) would demand, and without authentication a
+    /// warning says so unless [`allow_insecure`](Self::allow_insecure) was
+    /// set.
     pub async fn serve_with_incoming<I, IO, IE>(
         self,
         incoming: I,
         shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), ServeError>
+    where
+        I: tokio_stream::Stream<Item = Result<IO, IE>>,
+        IO: tokio::io::AsyncRead
+            + tokio::io::AsyncWrite
+            + tonic::transport::server::Connected
+            + Unpin
+            + Send
+            + 'static,
+        IO::ConnectInfo: Clone + Send + Sync + 'static,
+        IE: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        if self.bearer.is_some() && self.identities.is_some() {
+            return Err(ServeError::SharedTokenBesideIdentities);
+        }
+        if !self.authenticated() && !self.allow_insecure {
+            warn!(
+                "serving leases without authentication on a transport of the caller's: \
+                 reachable from other hosts, any client may act for any owner"
+            );
+        }
+        self.serve_on(incoming, shutdown, None).await
+    }
+
+    async fn serve_on<I, IO, IE>(
+        self,
+        incoming: I,
+        shutdown: impl Future<Output = ()> + Send,
+        addr: Option<SocketAddr>,
     ) -> Result<(), ServeError>
     where
         I: tokio_stream::Stream<Item = Result<IO, IE>>,
@@ -458,8 +485,11 @@ impl LeaseServer {
             None => builder,
         };
         info!(
+            addr = addr.map(tracing::field::display),
+            authenticated = self.authenticated(),
             callers_told_apart = auth.tells_callers_apart(),
-            "lease service ready"
+            get_access = ?self.get_access,
+            "serving leases"
         );
         let mut builder =
             builder.layer(tower::util::MapResponseLayer::new(input_errors_as_invalid));

@@ -142,6 +142,11 @@ fn send_due(core: &Arc<KeeperCore>) -> Option<Instant> {
         schedule.wake_at = next_wake;
         next_wake
     };
+    // In the order the runs began, not the map's: which runs share a batch,
+    // and the order losses are told in, then depend on the runs alone, and
+    // a schedule replays.
+    expired.sort_unstable_by_key(|run| run.id);
+    due.sort_unstable_by_key(|(run, _)| run.id);
     for run in expired {
         run.lose(core, LossReason::Expired);
     }

@@ -159,12 +159,17 @@ impl KeeperBuilder {
         self
     }
 
-    /// Where the keeper draws its randomness (the renewal jitter, and the
-    /// nonce of its [`writer`](LeaseKeeper::writer) id) and the wall time
-    /// folded into that nonce. Default [`SystemClock`](lease_port::SystemClock). A simulation that
-    /// owns time passes its own clock, so a schedule replays from its seed;
-    /// deadlines stay on [`tokio::time::Instant`], which such a simulation
-    /// pauses and advances itself.
+    /// Where the keeper draws its randomness: the renewal jitter, and the
+    /// nonce of its [`writer`](LeaseKeeper::writer) id. Default
+    /// [`SystemClock`](lease_port::SystemClock). A simulation that owns time
+    /// passes its own clock, so a schedule replays from its seed; deadlines
+    /// stay on [`tokio::time::Instant`], which such a simulation pauses and
+    /// advances itself.
+    ///
+    /// The clock's [`random`](lease_port::Clock::random) must differ
+    /// between processes and between incarnations of one process: two
+    /// keepers of one owner drawing the same nonce would share a writer id,
+    /// and a store would take one's writes for the other's.
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self

@@ -38,11 +38,14 @@ pub(super) async fn renew_driver(
         let horizon = Instant::now() + tick;
         let due: Vec<(Instant, Arc<Run>)> = {
             let mut pending = lock(&core.pending);
-            let ids: Vec<u64> = pending
+            let mut ids: Vec<u64> = pending
                 .iter()
                 .filter(|(_, (sent, _))| *sent + earliest <= horizon)
                 .map(|(id, _)| *id)
                 .collect();
+            // In the order the runs began, not the map's: a schedule then
+            // depends on the runs alone, and replays.
+            ids.sort_unstable();
             ids.iter().filter_map(|id| pending.remove(id)).collect()
         };
         for (sent, run) in due {
