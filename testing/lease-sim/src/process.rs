@@ -35,17 +35,18 @@ impl Process {
     pub(crate) async fn run(self: Arc<Self>) -> turmoil::Result {
         let p = self.index;
         let ttl = self.config.ttl;
-        let incarnation = {
+        // Each incarnation draws from a seed of its own, and its clock is
+        // the one the fault schedule steps from now on.
+        let (incarnation, clock) = {
             let mut clocks = self.clocks.lock().unwrap_or_else(|e| e.into_inner());
             let n = clocks.len() as u64;
-            clocks.push(SimClock::new(mix(self.config.seed
+            let clock = SimClock::new(mix(self.config.seed
                 ^ ((p as u64) << 40)
                 ^ (n << 20)
-                ^ 0xc10c)));
-            n
+                ^ 0xc10c));
+            clocks.push(clock.clone());
+            (n, clock)
         };
-        let clock =
-            self.clocks.lock().unwrap_or_else(|e| e.into_inner())[incarnation as usize].clone();
         let me = format!("p{p}.{incarnation}");
         let client = GrpcLease::builder(format!("http://leased:{LEASE_PORT}"))
             .transport(net::channel_to(format!("leased:{LEASE_PORT}")))

@@ -418,11 +418,6 @@ impl World {
             .filter(|_| g.after_violation >= SHOWN_AFTER)
     }
 
-    /// Whether a violation was seen (its report may still be filling).
-    pub fn violated(&self) -> bool {
-        self.lock().violation.is_some()
-    }
-
     /// The violation as it stands, whether or not its later events are in.
     pub fn violation_now(&self) -> Option<Violation> {
         self.lock().violation.clone()
