@@ -12,8 +12,12 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+use std::time::Duration;
 
 use lease_port::{AuthorityId, LeaseError};
+
+use crate::store::boot_epoch::count_past_any_copy;
+use crate::store::directory::Directory;
 
 /// The file holding the id. Session files never start with a dot
 /// (`session-filename` stems contain no `.`), so the name cannot clash.
@@ -48,7 +52,7 @@ pub(crate) fn read_or_create(dir: &Path) -> Result<AuthorityId, LeaseError> {
                      may lag the store's or run beside the original's. If the original is \
                      retired for good, adopt the copy with every server of the store stopped \
                      (`mecated leases --session-lease-dir {} adopt --store-dir STORE`, or \
-                     flocklease::adopt), then repair any session the store refuses",
+                     flocklease::adopt)",
                     path.display(),
                     made_in.0,
                     made_in.1,
@@ -79,14 +83,25 @@ pub(crate) fn read_or_create(dir: &Path) -> Result<AuthorityId, LeaseError> {
 /// Makes a copied lease directory (refused by the authority check) its authority's
 /// directory: keeps the id and records this directory's identity. For an
 /// operator whose original directory is retired for good (moved to another
-/// disk, restored from a backup); never while the original still serves.
-/// Tokens of a restored backup may lag what the store accepted: repair the
-/// sessions it refuses with a minimum token.
+/// disk, restored from a backup), with every instance on the copy stopped;
+/// never while the original still serves.
+///
+/// A copy's lease files may lag the tokens the original issued after the
+/// copy was taken, and a store may have accepted those. So before the
+/// copy is named, every token issued from it is moved above anything the
+/// original could have issued: far past the highest token its lease files
+/// and boot count show (`.boot-epoch`, synced; it then sets the floor of
+/// synced and unsynced instances alike). No session needs repair after an
+/// adoption.
 pub fn adopt(dir: impl AsRef<Path>) -> Result<AuthorityId, LeaseError> {
     let dir = dir.as_ref();
     let path = dir.join(AUTHORITY_FILE);
     let text = read(&path).map_err(|e| io_error("read", &path, e))?;
     let (id, _) = parse(&path, &text)?;
+    // The floor first: interrupted between the two, the copy is still
+    // refused, and adopting it again raises the floor once more.
+    let lease_dir = Directory::open(dir.to_path_buf(), Duration::from_secs(1))?;
+    count_past_any_copy(&lease_dir)?;
     write_identity(dir, &id, identity(dir)?)?;
     Ok(id)
 }

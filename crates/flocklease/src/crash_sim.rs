@@ -762,4 +762,133 @@ mod tests {
             "{after:x?} after {issued:x?}"
         );
     }
+
+    /// Copies every regular file of `from` into `to` (created), as a
+    /// backup restored elsewhere would be.
+    fn copy_files(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            if entry.file_type().unwrap().is_file() {
+                std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+            }
+        }
+    }
+
+    /// `n` takeovers of `session` through `leases`, their tokens.
+    fn takeovers_of(
+        leases: &FlockLease,
+        rt: &tokio::runtime::Runtime,
+        session: &str,
+        n: usize,
+    ) -> Vec<u64> {
+        let s = SessionId::new(session).unwrap();
+        let o = OwnerId::new("o").unwrap();
+        (0..n)
+            .map(|_| {
+                let l = rt.block_on(leases.acquire(&s, &o)).unwrap();
+                rt.block_on(leases.release(&l)).unwrap();
+                l.token().get()
+            })
+            .collect()
+    }
+
+    /// The boot count put back from an older copy (here, by hand) while a
+    /// lease file shows a later boot's token: the next boot counts past
+    /// that token with a margin, so a session whose file was lost does
+    /// not get a token of the boots the count forgot.
+    #[test]
+    fn a_boot_count_put_back_behind_the_lease_files_never_repeats_a_token() {
+        let rt = rt();
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new();
+        let boot = |id: u8| {
+            unsynced(dir.path(), &clock)
+                .boot_id([id; 16])
+                .open()
+                .unwrap()
+        };
+        let count = dir.path().join(crate::store::boot_epoch::BOOT_EPOCH_FILE);
+        let mut issued = takeovers_of(&boot(1), &rt, "kept", 1);
+        let old_count = std::fs::read(&count).unwrap();
+        for id in 2..=3 {
+            let leases = boot(id);
+            issued.extend(takeovers_of(&leases, &rt, "kept", 1));
+            issued.extend(takeovers_of(&leases, &rt, "lost", 2));
+            clock.advance(TTL * 2);
+        }
+        std::fs::write(&count, old_count).unwrap();
+        std::fs::remove_file(dir.path().join(file_name(&SessionId::new("lost").unwrap()))).unwrap();
+        let after = takeovers_of(&boot(4), &rt, "lost", 1);
+        let before = *issued.iter().max().unwrap();
+        assert!(after[0] > before, "{after:x?} not above {issued:x?}");
+    }
+
+    /// A deleted boot count (as a damaged one's error advises) restarts
+    /// past every token the lease files show, with a margin: the last
+    /// boot's sessions may have lost their files with it.
+    #[test]
+    fn a_deleted_boot_count_restarts_past_the_lease_files_with_a_margin() {
+        let rt = rt();
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new();
+        let boot = |id: u8| {
+            unsynced(dir.path(), &clock)
+                .boot_id([id; 16])
+                .open()
+                .unwrap()
+        };
+        let mut issued = takeovers_of(&boot(1), &rt, "kept", 2);
+        issued.extend(takeovers_of(&boot(2), &rt, "lost", 2));
+        clock.advance(TTL * 2);
+        std::fs::remove_file(dir.path().join(crate::store::boot_epoch::BOOT_EPOCH_FILE)).unwrap();
+        std::fs::remove_file(dir.path().join(file_name(&SessionId::new("lost").unwrap()))).unwrap();
+        let after = takeovers_of(&boot(3), &rt, "lost", 1);
+        let before = *issued.iter().max().unwrap();
+        assert!(after[0] > before, "{after:x?} not above {issued:x?}");
+    }
+
+    /// A copy adopted after its original went on issuing tokens (the copy
+    /// is a backup): every token the adopted copy issues, synced or not,
+    /// is above every token the original issued, with no repair.
+    #[test]
+    fn an_adopted_copy_issues_tokens_above_everything_its_original_did() {
+        let rt = rt();
+        let root = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new();
+        for durability in [crate::Durability::Synced, crate::Durability::Unsynced] {
+            let (original, copy) = (
+                root.path().join(format!("{durability:?}")),
+                root.path().join(format!("{durability:?}-copy")),
+            );
+            let open = |dir: &Path| {
+                unsynced(dir, &clock)
+                    .durability(durability)
+                    .boot_id([1; 16])
+                    .open()
+                    .unwrap()
+            };
+            let leases = open(&original);
+            rt.block_on(leases.authority()).unwrap();
+            let mut issued = takeovers_of(&leases, &rt, "s", 2);
+            copy_files(&original, &copy);
+            // After the backup: more tokens, a session the copy never saw.
+            issued.extend(takeovers_of(&leases, &rt, "s", 40));
+            issued.extend(takeovers_of(&leases, &rt, "new", 3));
+            drop(leases);
+
+            assert!(rt.block_on(open(&copy).authority()).is_err());
+            crate::adopt(&copy).unwrap();
+            let adopted = open(&copy);
+            rt.block_on(adopted.authority()).unwrap();
+            let before = *issued.iter().max().unwrap();
+            for session in ["s", "new"] {
+                let after = takeovers_of(&adopted, &rt, session, 1);
+                assert!(
+                    after[0] > before,
+                    "{durability:?}, {session}: {after:x?} not above {issued:x?}"
+                );
+            }
+        }
+    }
 }

@@ -169,8 +169,9 @@ pub enum LeaseFileError {
     /// loss without it; nothing is issued until it is fixed.
     #[error(
         "{path}: {detail}. It counts this host's boots so that unsynced lease files never \
-         repeat a token after a power loss; restore it from a backup, or delete it so the \
-         next instance recounts from the lease files (only safe if none were lost with it)"
+         repeat a token after a power loss. Delete it: the next instance counts again, a \
+         million boots past every token the lease files show. Never put back an older copy \
+         of it: the boots it forgot would be counted again"
     )]
     BootEpoch {
         /// The boot count's file.

@@ -225,8 +225,12 @@
 //! When the boot id cannot be read (`/proc/sys/kernel/random/boot_id`),
 //! every instance counts a boot of its own. A damaged `.boot-epoch` is
 //! refused at start-up ([`LeaseFileError::BootEpoch`]) rather than
-//! guessed at; one that was deleted is recounted above every token the
-//! lease files still show.
+//! guessed at. The count is checked against the lease files when a new
+//! boot is counted: one that was deleted, or is behind a token the files
+//! show (an older copy put back), restarts a million boots (2²⁰) past
+//! every token they show, since the boots it forgot, and the lease files
+//! they may have lost, are unknown. Reading the lease files makes a boot's
+//! first instance cost one pass over the directory.
 //!
 //! Within one boot, the store's mark still backs the lease files: whatever
 //! of the store survived carries its mark, and the store refuses a token

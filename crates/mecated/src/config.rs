@@ -126,8 +126,10 @@ pub enum LeasesAction {
     /// Make a copied lease directory (a restored backup, a move to another
     /// disk) the one its authority lives in. Only once the original is
     /// retired for good: a copy serving beside the original would issue
-    /// unrelated tokens. Refused while any server serves the store. Then
-    /// repair any session the store refuses.
+    /// unrelated tokens. Refused while any server serves the store. Every
+    /// later token is moved far past any the copy shows, and so past any
+    /// the original issued after the copy was taken: no session needs
+    /// repair.
     Adopt {
         /// The store the lease directory fences (no server may be running
         /// on it); default: the `--store-dir` given to `leases`.

@@ -178,14 +178,27 @@ fn write_synced(
     dir.sync()
 }
 
+/// Epochs a count jumps when it cannot be trusted to be the latest: it
+/// was lost, found behind the lease files, or its directory adopted as a
+/// copy. Tokens of boots it forgot may have been issued and lost with
+/// their lease files; they lie within a few epochs of the last count, and
+/// only after a million boots (or 2^52 takeovers of one session) would
+/// one lie past this margin. The token range holds two thousand such
+/// jumps.
+pub(crate) const RECOUNT_MARGIN: u64 = 1 << 20;
+
 /// This boot's bounds for the directory, for an unsynced instance: every
 /// token it issues must exceed the floor. The first instance of a boot
 /// counts the boot (under the file's lock, so racing instances agree);
 /// every instance syncs the count itself before answering. `boot` is this
 /// boot's id; all zero when it cannot be read, and then every instance
-/// counts a boot of its own, as it cannot tell a reboot from a restart. An
-/// epoch file that is lost restarts past every epoch the directory's lease
-/// files show.
+/// counts a boot of its own, as it cannot tell a reboot from a restart.
+///
+/// Counting a new boot also reads the lease files: a count below a token
+/// they show was put back from an older copy (the file restored alone,
+/// or rolled back), and one that is missing was deleted. Either way the
+/// boots it forgot are unknown, so it restarts [`RECOUNT_MARGIN`] epochs
+/// past every token the files show.
 pub(crate) fn count_this_boot(
     dir: &Directory,
     boot: [u8; 16],
@@ -193,11 +206,31 @@ pub(crate) fn count_this_boot(
     let file = open_to_write(dir)?;
     let epoch = match read_count(dir, &file)? {
         Some((epoch, seen)) if seen == boot && boot != [0; 16] => epoch,
-        Some((epoch, _)) => epoch + 1,
-        None => 1 + highest_epoch_in_use(dir.path())?,
+        Some((epoch, _)) => match highest_epoch_in_use(dir.path())? {
+            Some(in_use) if in_use > epoch => in_use + RECOUNT_MARGIN,
+            _ => epoch + 1,
+        },
+        None => highest_epoch_in_use(dir.path())?.map_or(1, |in_use| in_use + RECOUNT_MARGIN),
     };
     write_synced(dir, &file, epoch, boot)?;
     Ok(bounds(epoch))
+}
+
+/// Moves the count [`RECOUNT_MARGIN`] epochs past the last count and
+/// every token the lease files show, for a directory adopted as a copy
+/// of a retired one ([`crate::adopt`]). The original may have issued
+/// tokens after the copy was taken, synced or not; every token issued
+/// after this, by synced instances too ([`floor_for_synced`]), lies above
+/// them, so the store's marks need no repair. Returns the new floor.
+pub(crate) fn count_past_any_copy(dir: &Directory) -> Result<u64, LeaseFileError> {
+    let file = open_to_write(dir)?;
+    let counted = read_count(dir, &file)?.map_or(0, |(epoch, _)| epoch);
+    let in_use = highest_epoch_in_use(dir.path())?.unwrap_or(0);
+    let epoch = counted.max(in_use) + RECOUNT_MARGIN;
+    // No boot is named: the next unsynced instance counts a boot of its
+    // own, above this one.
+    write_synced(dir, &file, epoch, [0; 16])?;
+    Ok(bounds(epoch).floor)
 }
 
 /// Raises the count so that `token` lies below this boot's limit, and
@@ -230,13 +263,13 @@ pub(crate) fn floor_for_synced(dir: &Directory) -> Result<u64, LeaseFileError> {
     Ok(read_count(dir, &file)?.map_or(0, |(epoch, _)| bounds(epoch.min(MAX_EPOCH)).limit))
 }
 
-/// The highest epoch of any token recorded in the directory's lease files
-/// (0 when none): where a count that was lost starts again above.
-fn highest_epoch_in_use(dir: &Path) -> Result<u64, LeaseFileError> {
+/// The highest epoch of any token recorded in the directory's lease
+/// files; `None` when no readable lease file records one.
+fn highest_epoch_in_use(dir: &Path) -> Result<Option<u64>, LeaseFileError> {
     let entries = crate::inspect::list_leases(dir, std::time::SystemTime::now()).map_err(|e| {
         LeaseFileError::BootEpoch {
             path: dir.join(BOOT_EPOCH_FILE),
-            detail: format!("it is missing, and the lease files cannot be read to recount: {e}"),
+            detail: format!("the lease files cannot be read to check the count against: {e}"),
         }
     })?;
     Ok(entries
@@ -245,8 +278,7 @@ fn highest_epoch_in_use(dir: &Path) -> Result<u64, LeaseFileError> {
         .flat_map(|l| [l.token, l.reserved])
         .flatten()
         .map(|t| t.get() >> EPOCH_SHIFT)
-        .max()
-        .unwrap_or(0))
+        .max())
 }
 
 #[cfg(test)]
