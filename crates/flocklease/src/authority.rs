@@ -12,7 +12,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use lease_port::{AuthorityId, LeaseError};
 
@@ -46,20 +46,7 @@ pub(crate) fn read_or_create(dir: &Path) -> Result<AuthorityId, LeaseError> {
             let text = other.map_err(|e| io_error("read", &path, e))?;
             let (id, made_in) = parse(&path, &text)?;
             if let Some(made_in) = made_in.filter(|m| *m != here) {
-                return Err(LeaseError::invalid(format!(
-                    "{} was created in another directory (device {}, inode {}; this one is \
-                     device {}, inode {}): this lease directory is a copy, and a copy's tokens \
-                     may lag the store's or run beside the original's. If the original is \
-                     retired for good, adopt the copy with every server of the store stopped \
-                     (`mecated leases --session-lease-dir {} adopt --store-dir STORE`, or \
-                     flocklease::adopt)",
-                    path.display(),
-                    made_in.0,
-                    made_in.1,
-                    here.0,
-                    here.1,
-                    dir.display()
-                )));
+                return Err(copy_refused(dir, made_in, here));
             }
             if made_in.is_none() {
                 // Written before files named their directory: name this one
@@ -80,6 +67,42 @@ pub(crate) fn read_or_create(dir: &Path) -> Result<AuthorityId, LeaseError> {
     parse(&path, &text).map(|(id, _)| id)
 }
 
+/// The refusal of a lease directory whose authority file was made in
+/// another directory.
+fn copy_refused(dir: &Path, made_in: Identity, here: Identity) -> LeaseError {
+    LeaseError::invalid(format!(
+        "{} was created in another directory (device {}, inode {}; this one is device {}, \
+         inode {}): this lease directory is a copy, and a copy's tokens may lag the store's or \
+         run beside the original's. If the original is retired for good, adopt the copy with \
+         every server of the store stopped (`mecated leases --session-lease-dir {} adopt \
+         --store-dir STORE`, or flocklease::adopt)",
+        dir.join(AUTHORITY_FILE).display(),
+        made_in.0,
+        made_in.1,
+        here.0,
+        here.1,
+        dir.display()
+    ))
+}
+
+/// Refuses to open a copy not yet adopted, before anything is counted or
+/// issued in it: an instance opened on the copy would keep the floor it
+/// opened with after the copy is adopted under it. A directory without an
+/// authority file yet passes.
+pub(crate) fn refuse_a_copy(dir: &Path) -> Result<(), LeaseError> {
+    let path = dir.join(AUTHORITY_FILE);
+    let text = match read(&path) {
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+        other => other.map_err(|e| io_error("read", &path, e))?,
+    };
+    let (_, made_in) = parse(&path, &text)?;
+    let here = identity(dir)?;
+    match made_in.filter(|m| *m != here) {
+        Some(made_in) => Err(copy_refused(dir, made_in, here)),
+        None => Ok(()),
+    }
+}
+
 /// Makes a copied lease directory (refused by the authority check) its authority's
 /// directory: keeps the id and records this directory's identity. For an
 /// operator whose original directory is retired for good (moved to another
@@ -87,21 +110,34 @@ pub(crate) fn read_or_create(dir: &Path) -> Result<AuthorityId, LeaseError> {
 /// never while the original still serves.
 ///
 /// A copy's lease files may lag the tokens the original issued after the
-/// copy was taken, and a store may have accepted those. So before the
-/// copy is named, every token issued from it is moved above anything the
-/// original could have issued: far past the highest token its lease files
-/// and boot count show (`.boot-epoch`, synced; it then sets the floor of
-/// synced and unsynced instances alike). No session needs repair after an
-/// adoption.
+/// copy was taken, and a store or an outside system may have seen those.
+/// So before the copy is named, its count of boots (`.boot-epoch`,
+/// synced) jumps to the wall clock's second since 2025 and past every
+/// token its files show; every token issued from it after that, by synced
+/// and unsynced instances alike, lies above that count. The original's
+/// tokens lie below it as long as it counted fewer boots since its last
+/// such jump than seconds went by, and adoptions of two copies of one
+/// directory lie apart when made in different seconds. With a wall clock
+/// set behind, only the lease files' tokens are jumped past: then repair
+/// any session the store refuses with a minimum token. After an adoption
+/// `.boot-epoch` holds the floor of synced instances too: never delete
+/// it; adopting again repairs a damaged one.
+///
+/// Instances opened on a copy are refused when they open, so none is left
+/// with an older floor once the copy is adopted.
 pub fn adopt(dir: impl AsRef<Path>) -> Result<AuthorityId, LeaseError> {
-    let dir = dir.as_ref();
+    adopt_at(dir.as_ref(), SystemTime::now())
+}
+
+/// [`adopt`], the wall clock reading `now`.
+pub(crate) fn adopt_at(dir: &Path, now: SystemTime) -> Result<AuthorityId, LeaseError> {
     let path = dir.join(AUTHORITY_FILE);
     let text = read(&path).map_err(|e| io_error("read", &path, e))?;
     let (id, _) = parse(&path, &text)?;
     // The floor first: interrupted between the two, the copy is still
     // refused, and adopting it again raises the floor once more.
     let lease_dir = Directory::open(dir.to_path_buf(), Duration::from_secs(1))?;
-    count_past_any_copy(&lease_dir)?;
+    count_past_any_copy(&lease_dir, now)?;
     write_identity(dir, &id, identity(dir)?)?;
     Ok(id)
 }

@@ -850,7 +850,8 @@ mod tests {
 
     /// A copy adopted after its original went on issuing tokens (the copy
     /// is a backup): every token the adopted copy issues, synced or not,
-    /// is above every token the original issued, with no repair.
+    /// is above every token the original issued, with no repair; until it
+    /// is adopted, no instance opens on it.
     #[test]
     fn an_adopted_copy_issues_tokens_above_everything_its_original_did() {
         let rt = rt();
@@ -866,9 +867,8 @@ mod tests {
                     .durability(durability)
                     .boot_id([1; 16])
                     .open()
-                    .unwrap()
             };
-            let leases = open(&original);
+            let leases = open(&original).unwrap();
             rt.block_on(leases.authority()).unwrap();
             let mut issued = takeovers_of(&leases, &rt, "s", 2);
             copy_files(&original, &copy);
@@ -877,9 +877,11 @@ mod tests {
             issued.extend(takeovers_of(&leases, &rt, "new", 3));
             drop(leases);
 
-            assert!(rt.block_on(open(&copy).authority()).is_err());
-            crate::adopt(&copy).unwrap();
-            let adopted = open(&copy);
+            let refused = open(&copy).unwrap_err();
+            assert!(refused.message().contains("is a copy"), "{refused}");
+            clock.advance(Duration::from_secs(1));
+            crate::authority::adopt_at(&copy, clock.now()).unwrap();
+            let adopted = open(&copy).unwrap();
             rt.block_on(adopted.authority()).unwrap();
             let before = *issued.iter().max().unwrap();
             for session in ["s", "new"] {
@@ -890,5 +892,71 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// One backup restored twice, each adopted in its own second: the two
+    /// restores never issue one token, and the second is above the first.
+    /// So is a copy adopted after its original jumped (its count deleted
+    /// and recounted) since the copy was taken.
+    #[test]
+    fn copies_adopted_apart_never_share_a_token() {
+        let rt = rt();
+        let root = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new();
+        let open = |dir: &Path, boot: u8| unsynced(dir, &clock).boot_id([boot; 16]).open().unwrap();
+        let (original, backup) = (root.path().join("original"), root.path().join("backup"));
+        let leases = open(&original, 1);
+        rt.block_on(leases.authority()).unwrap();
+        takeovers_of(&leases, &rt, "s", 2);
+        drop(leases);
+        copy_files(&original, &backup);
+
+        // The original recounts (its count deleted) and boots twice more.
+        std::fs::remove_file(original.join(crate::store::boot_epoch::BOOT_EPOCH_FILE)).unwrap();
+        let mut issued = Vec::new();
+        for boot in 2..=3 {
+            issued.extend(takeovers_of(&open(&original, boot), &rt, "s", 1));
+            clock.advance(TTL * 2);
+        }
+        for restore in ["first", "second"] {
+            clock.advance(Duration::from_secs(1));
+            let dir = root.path().join(restore);
+            copy_files(&backup, &dir);
+            crate::authority::adopt_at(&dir, clock.now()).unwrap();
+            let after = takeovers_of(&open(&dir, 9), &rt, "s", 2);
+            let before = *issued.iter().max().unwrap();
+            assert!(
+                after.iter().all(|t| *t > before),
+                "{restore}: {after:x?} not above {issued:x?}"
+            );
+            issued.extend(after);
+        }
+    }
+
+    /// Synced instances issue tokens one epoch past the unsynced count:
+    /// the next boot counts one further, no jump, however many boots.
+    #[test]
+    fn synced_tokens_beside_unsynced_boots_count_one_epoch_a_boot() {
+        let rt = rt();
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new();
+        let epochs: Vec<u64> = (1..=4)
+            .map(|boot| {
+                let unsynced = unsynced(dir.path(), &clock)
+                    .boot_id([boot; 16])
+                    .open()
+                    .unwrap();
+                let synced = FlockLease::builder(dir.path())
+                    .ttl(TTL)
+                    .clock(Arc::new(clock.clone()))
+                    .boot_id([boot; 16])
+                    .open()
+                    .unwrap();
+                takeovers_of(&synced, &rt, "synced", 1);
+                clock.advance(TTL * 2);
+                takeovers_of(&unsynced, &rt, "unsynced", 1)[0] >> 32
+            })
+            .collect();
+        assert_eq!(epochs, [1, 2, 3, 4]);
     }
 }

@@ -169,9 +169,10 @@ pub enum LeaseFileError {
     /// loss without it; nothing is issued until it is fixed.
     #[error(
         "{path}: {detail}. It counts this host's boots so that unsynced lease files never \
-         repeat a token after a power loss. Delete it: the next instance counts again, a \
-         million boots past every token the lease files show. Never put back an older copy \
-         of it: the boots it forgot would be counted again"
+         repeat a token after a power loss, and the floor of an adopted directory. Repair it \
+         with every instance on the directory stopped: `mecated leases adopt` (or \
+         flocklease::adopt) writes a count past every token the lease files show and the wall \
+         clock's second. Never put back an older copy of it"
     )]
     BootEpoch {
         /// The boot count's file.

@@ -14,6 +14,7 @@ use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use nix::fcntl::{Flock, FlockArg, OFlag};
 use nix::sys::stat::Mode;
@@ -178,14 +179,32 @@ fn write_synced(
     dir.sync()
 }
 
-/// Epochs a count jumps when it cannot be trusted to be the latest: it
-/// was lost, found behind the lease files, or its directory adopted as a
-/// copy. Tokens of boots it forgot may have been issued and lost with
-/// their lease files; they lie within a few epochs of the last count, and
-/// only after a million boots (or 2^52 takeovers of one session) would
-/// one lie past this margin. The token range holds two thousand such
-/// jumps.
-pub(crate) const RECOUNT_MARGIN: u64 = 1 << 20;
+/// 2025-01-01T00:00:00Z, in seconds after the Unix epoch: where
+/// [`epoch_of_time`] starts. 2^31 seconds later, in 2093, it reaches
+/// [`MAX_EPOCH`].
+const TIME_BASE_SECS: u64 = 1_735_689_600;
+
+/// The epoch a count that cannot be trusted jumps to at least: one per
+/// second of the wall clock since [`TIME_BASE_SECS`]. A count is jumped
+/// when it was lost, found behind the lease files, or its directory
+/// adopted as a copy. The boots it forgot, and copies of the directory
+/// that went on counting apart from it, counted one epoch per boot (or
+/// instance start) from an epoch no later than their own last jump, so
+/// unless one of them counted more boots than seconds went by, all their
+/// epochs are below this. A jump computed from the directory's contents
+/// alone would not do: two copies of one backup would jump to the same
+/// epoch.
+fn epoch_of_time(now: SystemTime) -> u64 {
+    now.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs().saturating_sub(TIME_BASE_SECS))
+        .min(MAX_EPOCH)
+}
+
+/// Where a jumped count goes: past the last count, every token the lease
+/// files show, and the wall clock's epoch.
+fn jump_target(counted: u64, in_use: Option<u64>, now: SystemTime) -> u64 {
+    (counted.max(in_use.unwrap_or(0)) + 1).max(epoch_of_time(now))
+}
 
 /// This boot's bounds for the directory, for an unsynced instance: every
 /// token it issues must exceed the floor. The first instance of a boot
@@ -194,39 +213,48 @@ pub(crate) const RECOUNT_MARGIN: u64 = 1 << 20;
 /// boot's id; all zero when it cannot be read, and then every instance
 /// counts a boot of its own, as it cannot tell a reboot from a restart.
 ///
-/// Counting a new boot also reads the lease files: a count below a token
+/// Counting a new boot also reads the lease files: a count behind a token
 /// they show was put back from an older copy (the file restored alone,
 /// or rolled back), and one that is missing was deleted. Either way the
-/// boots it forgot are unknown, so it restarts [`RECOUNT_MARGIN`] epochs
-/// past every token the files show.
+/// boots it forgot are unknown, so it jumps ([`epoch_of_time`]). Synced
+/// instances issue tokens one epoch past the count
+/// ([`floor_for_synced`]), so only a token further up shows a count
+/// behind.
 pub(crate) fn count_this_boot(
     dir: &Directory,
     boot: [u8; 16],
+    now: SystemTime,
 ) -> Result<BootCount, LeaseFileError> {
     let file = open_to_write(dir)?;
     let epoch = match read_count(dir, &file)? {
         Some((epoch, seen)) if seen == boot && boot != [0; 16] => epoch,
         Some((epoch, _)) => match highest_epoch_in_use(dir.path())? {
-            Some(in_use) if in_use > epoch => in_use + RECOUNT_MARGIN,
+            Some(in_use) if in_use > epoch + 1 => jump_target(epoch, Some(in_use), now),
             _ => epoch + 1,
         },
-        None => highest_epoch_in_use(dir.path())?.map_or(1, |in_use| in_use + RECOUNT_MARGIN),
+        None => match highest_epoch_in_use(dir.path())? {
+            None => 1,
+            in_use => jump_target(0, in_use, now),
+        },
     };
     write_synced(dir, &file, epoch, boot)?;
     Ok(bounds(epoch))
 }
 
-/// Moves the count [`RECOUNT_MARGIN`] epochs past the last count and
-/// every token the lease files show, for a directory adopted as a copy
-/// of a retired one ([`crate::adopt`]). The original may have issued
-/// tokens after the copy was taken, synced or not; every token issued
+/// Jumps the count past every token the lease files show and the wall
+/// clock's epoch ([`epoch_of_time`]), for a directory adopted as a copy
+/// of a retired one ([`crate::adopt`]): the original may have issued
+/// tokens after the copy was taken, synced or not, and every token issued
 /// after this, by synced instances too ([`floor_for_synced`]), lies above
-/// them, so the store's marks need no repair. Returns the new floor.
-pub(crate) fn count_past_any_copy(dir: &Directory) -> Result<u64, LeaseFileError> {
+/// them. A damaged count is replaced: this is how one is repaired.
+/// Returns the new floor.
+pub(crate) fn count_past_any_copy(dir: &Directory, now: SystemTime) -> Result<u64, LeaseFileError> {
     let file = open_to_write(dir)?;
-    let counted = read_count(dir, &file)?.map_or(0, |(epoch, _)| epoch);
-    let in_use = highest_epoch_in_use(dir.path())?.unwrap_or(0);
-    let epoch = counted.max(in_use) + RECOUNT_MARGIN;
+    let counted = read_count(dir, &file)
+        .ok()
+        .flatten()
+        .map_or(0, |(epoch, _)| epoch);
+    let epoch = jump_target(counted, highest_epoch_in_use(dir.path())?, now);
     // No boot is named: the next unsynced instance counts a boot of its
     // own, above this one.
     write_synced(dir, &file, epoch, [0; 16])?;
@@ -298,18 +326,26 @@ mod tests {
     fn one_epoch_per_boot_counted_once_and_rising() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = open(tmp.path());
-        let first = count_this_boot(&dir, BOOT_A).unwrap().floor;
+        let first = count_this_boot(&dir, BOOT_A, SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .floor;
         assert_eq!(first, 1 << EPOCH_SHIFT);
         assert_eq!(
-            count_this_boot(&open(tmp.path()), BOOT_A).unwrap().floor,
+            count_this_boot(&open(tmp.path()), BOOT_A, SystemTime::UNIX_EPOCH)
+                .unwrap()
+                .floor,
             first
         );
-        let next = count_this_boot(&dir, BOOT_B).unwrap().floor;
+        let next = count_this_boot(&dir, BOOT_B, SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .floor;
         assert_eq!(next, 2 << EPOCH_SHIFT);
         // Back to an earlier boot's id (a restored file, a reused id):
         // counted again, never back.
         assert_eq!(
-            count_this_boot(&dir, BOOT_A).unwrap().floor,
+            count_this_boot(&dir, BOOT_A, SystemTime::UNIX_EPOCH)
+                .unwrap()
+                .floor,
             3 << EPOCH_SHIFT
         );
     }
@@ -318,8 +354,12 @@ mod tests {
     fn an_unknown_boot_counts_every_instance() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = open(tmp.path());
-        let a = count_this_boot(&dir, [0; 16]).unwrap().floor;
-        let b = count_this_boot(&dir, [0; 16]).unwrap().floor;
+        let a = count_this_boot(&dir, [0; 16], SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .floor;
+        let b = count_this_boot(&dir, [0; 16], SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .floor;
         assert!(b > a, "{b} after {a}");
     }
 
@@ -328,7 +368,13 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let floors: Vec<u64> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..8)
-                .map(|_| s.spawn(|| count_this_boot(&open(tmp.path()), BOOT_A).unwrap().floor))
+                .map(|_| {
+                    s.spawn(|| {
+                        count_this_boot(&open(tmp.path()), BOOT_A, SystemTime::UNIX_EPOCH)
+                            .unwrap()
+                            .floor
+                    })
+                })
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
@@ -339,7 +385,7 @@ mod tests {
     fn a_damaged_count_is_refused_with_its_path() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = open(tmp.path());
-        count_this_boot(&dir, BOOT_A).unwrap();
+        count_this_boot(&dir, BOOT_A, SystemTime::UNIX_EPOCH).unwrap();
         let path = tmp.path().join(BOOT_EPOCH_FILE);
         for bad in [
             &b"garbage"[..],
@@ -347,7 +393,7 @@ mod tests {
             b"mecatl-boot-epoch 1 9999999999999 00000000000000000000000000000000",
         ] {
             std::fs::write(&path, bad).unwrap();
-            let e = count_this_boot(&dir, BOOT_B).unwrap_err();
+            let e = count_this_boot(&dir, BOOT_B, SystemTime::UNIX_EPOCH).unwrap_err();
             assert!(matches!(e, LeaseFileError::BootEpoch { .. }), "{e:?}");
             assert!(e.to_string().contains(BOOT_EPOCH_FILE), "{e}");
         }

@@ -90,7 +90,8 @@ impl Store {
         let (boot_floor, boot_limit) = match settings.durability {
             Durability::Synced => (boot_epoch::floor_for_synced(&dir)?, u64::MAX),
             Durability::Unsynced => {
-                let count = boot_epoch::count_this_boot(&dir, settings.boot_id)?;
+                let count =
+                    boot_epoch::count_this_boot(&dir, settings.boot_id, settings.clock.now())?;
                 (count.floor, count.limit)
             }
         };
