@@ -32,10 +32,16 @@
 //! `lease_history::check`: on a corpus of random paths ([`random_path`]),
 //! the checker and the model must agree.
 //!
-//! The clock is shared: every process and the authority count the same
-//! ticks. Clock rates and steps are left to the fault runs, which inject
-//! them into real processes; what the model adds is every ordering of
-//! messages, losses, duplicates and crashes within its bounds.
+//! Each process counts its leases on its own clock, which may run slow
+//! against the authority's by up to [`Bounds::clock_lag`] ticks (it misses
+//! ticks, never steps back); the keeper takes [`Bounds::keeper_margin`]
+//! ticks off each lease for it. Within that margin every property holds
+//! ([`Bounds::SMALL_SLOW_CLOCKS`]); past it only [`SINGLE_HOLDER`] breaks,
+//! since the store's fence never reads a clock. The real keeper takes no
+//! margin: it assumes its monotonic clock and the authority's run at one
+//! rate, and counts on nothing but the fence when they do not. Clock steps
+//! are left to the simulation (`lease-sim`) and the fault runs, which
+//! inject them into the real code.
 //!
 //! # Example
 //!

@@ -33,6 +33,16 @@ pub struct Bounds {
     /// Crashes in all; a crashed process restarts at once as a new
     /// incarnation, another owner.
     pub crashes: u8,
+    /// Ticks each process's clock may fall behind the authority's over a
+    /// run: a clock running slow, which counts a lease longer than the
+    /// authority keeps it. Monotonic still: a slow clock misses ticks, it
+    /// never steps back.
+    pub clock_lag: u8,
+    /// Ticks the keeper takes off each lease it counts, for clocks that
+    /// run slow by up to that many ticks per TTL: the rate bound it
+    /// assumes. The real keeper takes none; it assumes its monotonic
+    /// clock and the authority's run at one rate.
+    pub keeper_margin: u8,
 }
 
 impl Bounds {
@@ -46,12 +56,23 @@ impl Bounds {
         losses: 1,
         duplicates: 0,
         crashes: 1,
+        clock_lag: 0,
+        keeper_margin: 0,
     };
 
     /// [`Bounds::SMALL`] with a duplicated request instead of a crash.
     pub const SMALL_DUPLICATING: Bounds = Bounds {
         duplicates: 1,
         crashes: 0,
+        ..Bounds::SMALL
+    };
+
+    /// [`Bounds::SMALL`] with each process's clock free to fall a tick
+    /// behind the authority's (a third of a TTL: a rate far past any real
+    /// clock's), and a keeper whose margin covers it.
+    pub const SMALL_SLOW_CLOCKS: Bounds = Bounds {
+        clock_lag: 1,
+        keeper_margin: 1,
         ..Bounds::SMALL
     };
 }
@@ -97,7 +118,7 @@ pub enum Answer {
 
 /// A message in flight. Each carries the request's op number (to match a
 /// reply to the call that waits for it, as an RPC does) and the tick it was
-/// sent at.
+/// sent at, on its sender's clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Message {
     /// A lease request on its way to the authority.
@@ -157,7 +178,8 @@ pub enum Message {
 pub struct Held {
     /// The lease's token.
     pub token: u8,
-    /// The tick from which the keeper no longer counts on it.
+    /// The tick of its own clock from which the keeper no longer counts
+    /// on it.
     pub until: u8,
 }
 
@@ -174,6 +196,8 @@ pub struct Process {
     pub writing: Vec<Vec<u8>>,
     /// Writes it may still send.
     pub writes_left: u8,
+    /// Ticks its clock has fallen behind the authority's.
+    pub lag: u8,
 }
 
 impl Process {
@@ -185,9 +209,17 @@ impl Process {
         }
     }
 
-    /// Whether its keeper counts on the lease of `session` at `now`.
+    /// The time on its own clock when the authority's shows `now`.
+    pub fn local(&self, now: u8) -> u8 {
+        now - self.lag
+    }
+
+    /// Whether its keeper counts on the lease of `session` when the
+    /// authority's clock shows `now` (its own, [`local`](Self::local),
+    /// decides).
     pub fn holds(&self, session: u8, now: u8) -> Option<Held> {
-        self.held[usize::from(session)].filter(|h| h.until > now)
+        let local = self.local(now);
+        self.held[usize::from(session)].filter(|h| h.until > local)
     }
 }
 
@@ -252,6 +284,9 @@ pub struct State {
 pub enum Action {
     /// The clock advances one tick.
     Tick,
+    /// The clock advances one tick, but this process's clock does not: it
+    /// runs slow, within [`Bounds::clock_lag`].
+    SlowTick(u8),
     /// A process asks for a session's lease.
     Acquire(u8, u8),
     /// A process's keeper renews a lease it counts on.
@@ -304,7 +339,7 @@ impl LeaseSystem {
             proc.held[usize::from(session)] = None;
         }
         let owner = proc.owner(p);
-        let sent = state.now;
+        let sent = proc.local(state.now);
         self.send(
             state,
             Message::ToAuthority {
@@ -422,23 +457,22 @@ impl LeaseSystem {
                 }
                 proc.waiting[s] = None;
                 // Loss is counted from when the request was sent: the
-                // authority started the lease no earlier.
+                // authority started the lease no earlier. Less the margin
+                // for a clock slower than the authority's.
                 let from = if self.variant == Variant::LossCountedFromReceipt {
-                    now
+                    proc.local(now)
                 } else {
                     sent
                 };
+                let until = (from + TTL).saturating_sub(self.bounds.keeper_margin);
                 match (request, answer) {
                     (Request::Acquire, Answer::Granted(token)) => {
-                        proc.held[s] = Some(Held {
-                            token,
-                            until: from + TTL,
-                        });
+                        proc.held[s] = Some(Held { token, until });
                     }
                     (Request::Renew(renewed), Answer::Granted(token)) => {
                         if let Some(h) = proc.held[s].as_mut().filter(|h| h.token == renewed) {
                             h.token = token;
-                            h.until = h.until.max(from + TTL);
+                            h.until = h.until.max(until);
                         }
                     }
                     (Request::Renew(renewed), Answer::Refused)
@@ -543,6 +577,7 @@ impl Model for LeaseSystem {
             waiting: vec![None; sessions],
             writing: vec![Vec::new(); sessions],
             writes_left: self.bounds.writes_per_process,
+            lag: 0,
         };
         vec![State {
             now: 0,
@@ -560,6 +595,11 @@ impl Model for LeaseSystem {
     fn actions(&self, state: &State, actions: &mut Vec<Action>) {
         if state.now < self.bounds.max_time {
             actions.push(Action::Tick);
+            for (p, proc) in (0..).zip(&state.processes) {
+                if proc.lag < self.bounds.clock_lag {
+                    actions.push(Action::SlowTick(p));
+                }
+            }
         }
         for p in 0..self.bounds.processes {
             self.process_actions(state, p, actions);
@@ -584,6 +624,10 @@ impl Model for LeaseSystem {
         let mut state = last.clone();
         match action {
             Action::Tick => state.now += 1,
+            Action::SlowTick(p) => {
+                state.now += 1;
+                state.processes[usize::from(p)].lag += 1;
+            }
             Action::Acquire(p, s) => self.lease_request(&mut state, p, s, Request::Acquire),
             Action::Renew(p, s) => {
                 let token = state.processes[usize::from(p)].holds(s, state.now)?.token;

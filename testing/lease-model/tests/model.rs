@@ -4,8 +4,8 @@
 //! model on the histories of its paths.
 
 use lease_model::{
-    Bounds, LeaseSystem, ONE_OWNER_PER_TOKEN, SINGLE_HOLDER, STORE_FENCING, Variant, history_of,
-    judge, random_path,
+    Action, Bounds, LeaseSystem, ONE_OWNER_PER_TOKEN, SINGLE_HOLDER, STORE_FENCING, Variant,
+    history_of, judge, random_path,
 };
 use stateright::{Checker, Model};
 
@@ -49,6 +49,54 @@ fn the_rules_as_built_keep_every_property_in_every_state() {
             checker.state_count(),
             checker.unique_state_count()
         );
+    }
+}
+
+/// Clocks that run slow, within the rate the keeper's margin covers: every
+/// property holds, the keeper's belief included.
+#[test]
+fn slow_clocks_within_the_keepers_margin_keep_every_property() {
+    let bounds = Bounds::SMALL_SLOW_CLOCKS;
+    let checker = explore(bounds, Variant::Correct);
+    for property in [SINGLE_HOLDER, ONE_OWNER_PER_TOKEN, STORE_FENCING] {
+        if let Some(path) = checker.discovery(property) {
+            panic!("{property} broken within {bounds:?}:\n{path:#?}");
+        }
+    }
+    assert!(checker.discovery("a takeover is written").is_some());
+    println!(
+        "{bounds:?}: {} states explored, {} unique",
+        checker.state_count(),
+        checker.unique_state_count()
+    );
+}
+
+/// A clock slower than the keeper's margin allows makes it count on a
+/// lease the authority has given to another: two processes believe they
+/// hold the session. What the store keeps is still fenced, and no token
+/// has two owners: the fence does not depend on clock rates, only the
+/// keeper's belief does.
+#[test]
+fn a_clock_slower_than_the_margin_breaks_only_the_keepers_belief() {
+    let bounds = Bounds {
+        keeper_margin: 0,
+        crashes: 0,
+        ..Bounds::SMALL_SLOW_CLOCKS
+    };
+    let checker = explore(bounds, Variant::Correct);
+    let path = checker
+        .discovery(SINGLE_HOLDER)
+        .expect("a slow clock past the margin is caught");
+    let steps = path.into_actions();
+    assert!(
+        steps.iter().any(|a| matches!(a, Action::SlowTick(_))),
+        "{steps:?}"
+    );
+    println!("no margin: {SINGLE_HOLDER} broken in {} steps", steps.len());
+    for property in [ONE_OWNER_PER_TOKEN, STORE_FENCING] {
+        if let Some(path) = checker.discovery(property) {
+            panic!("{property} broken by a slow clock:\n{path:#?}");
+        }
     }
 }
 
