@@ -608,8 +608,9 @@ mod tests {
             .path()
             .join(file_name(&SessionId::new("sync/count").unwrap()));
         let leases = open();
-        // Above this boot's floor: one count of the boot, 2^32.
-        let f = 1 << 32;
+        // Above this boot's floor: the count of the boot, the clock's
+        // second since 2025, times 2^32.
+        let f = epoch_now(&clock) << 32;
         let above = |t: &[u64]| t.iter().map(|t| f + t).collect::<Vec<_>>();
         assert_eq!(takeovers(&leases, &rt, 7), above(&[1, 2, 3, 4, 5, 6, 7]));
         assert_eq!(takeovers(&open(), &rt, 2), above(&[10, 11]));
@@ -626,7 +627,7 @@ mod tests {
         let states = crash_states(&path);
         // Lost, any record written, or one torn between two of them.
         assert!(states[0].is_none() && states.len() > 1 + 30);
-        for mark in [1 << 32 | 1, 1 << 32 | 7, 1 << 32 | 13] {
+        for mark in [f | 1, f | 7, f | 13] {
             for state in &states {
                 match state {
                     Some(bytes) if Record::decode(&path, bytes).is_err() => {
@@ -933,15 +934,37 @@ mod tests {
         }
     }
 
-    /// Synced instances issue tokens one epoch past the unsynced count:
-    /// the next boot counts one further, no jump, however many boots.
+    /// An adoption with the wall clock before 2025 is refused: its jump
+    /// would not tell two copies apart.
     #[test]
-    fn synced_tokens_beside_unsynced_boots_count_one_epoch_a_boot() {
+    fn an_adoption_on_a_clock_before_2025_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new();
+        let leases = unsynced(dir.path(), &clock).open().unwrap();
+        rt().block_on(leases.authority()).unwrap();
+        let e = crate::authority::adopt_at(dir.path(), std::time::UNIX_EPOCH).unwrap_err();
+        assert!(e.message().contains("before 2025"), "{e}");
+        crate::authority::adopt_at(dir.path(), clock.now()).unwrap();
+    }
+
+    /// The clock's second since 2025: the least epoch a boot counts.
+    fn epoch_now(clock: &ManualClock) -> u64 {
+        let secs = clock.now().duration_since(std::time::UNIX_EPOCH).unwrap();
+        secs.as_secs() - 1_735_689_600
+    }
+
+    /// Synced instances issue tokens one epoch past the unsynced count;
+    /// each boot still counts the clock's second, never running ahead of
+    /// it, however many boots.
+    #[test]
+    fn synced_tokens_beside_unsynced_boots_keep_the_count_on_the_clock() {
         let rt = rt();
         let dir = tempfile::tempdir().unwrap();
         let clock = ManualClock::new();
+        let mut seconds = Vec::new();
         let epochs: Vec<u64> = (1..=4)
             .map(|boot| {
+                seconds.push(epoch_now(&clock));
                 let unsynced = unsynced(dir.path(), &clock)
                     .boot_id([boot; 16])
                     .open()
@@ -957,6 +980,6 @@ mod tests {
                 takeovers_of(&unsynced, &rt, "unsynced", 1)[0] >> 32
             })
             .collect();
-        assert_eq!(epochs, [1, 2, 3, 4]);
+        assert_eq!(epochs, seconds);
     }
 }

@@ -225,14 +225,14 @@
 //! When the boot id cannot be read (`/proc/sys/kernel/random/boot_id`),
 //! every instance counts a boot of its own. A damaged `.boot-epoch` is
 //! refused at start-up ([`LeaseFileError::BootEpoch`]) rather than
-//! guessed at. The count is checked against the lease files when a new
-//! boot is counted: one that was deleted, or is behind a token the files
-//! show (an older copy put back), jumps to the wall clock's second since
-//! 2025 (and past every token the files show), since the boots it forgot,
-//! and the lease files they may have lost, are unknown; unless more boots
-//! than seconds were counted since the last jump, every forgotten token
-//! lies below. Reading the lease files makes a boot's first instance cost
-//! one pass over the directory (about 6 µs a file).
+//! guessed at. Every new boot's count is the greatest of: one past the
+//! last count, one past every token the lease files show (a count put
+//! back from an older copy, or deleted, is behind them), and the wall
+//! clock's second since 2025. So boots counted without a boot id, one per
+//! instance start, stay on the clock, and unless a directory counted more
+//! boots than seconds went by, a copy of it counts past its original.
+//! Reading the lease files makes a boot's first instance cost one pass
+//! over the directory (about 6 µs a file).
 //!
 //! Within one boot, the store's mark still backs the lease files: whatever
 //! of the store survived carries its mark, and the store refuses a token

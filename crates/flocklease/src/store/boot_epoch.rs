@@ -213,13 +213,11 @@ fn jump_target(counted: u64, in_use: Option<u64>, now: SystemTime) -> u64 {
 /// boot's id; all zero when it cannot be read, and then every instance
 /// counts a boot of its own, as it cannot tell a reboot from a restart.
 ///
-/// Counting a new boot also reads the lease files: a count behind a token
-/// they show was put back from an older copy (the file restored alone,
-/// or rolled back), and one that is missing was deleted. Either way the
-/// boots it forgot are unknown, so it jumps ([`epoch_of_time`]). Synced
-/// instances issue tokens one epoch past the count
-/// ([`floor_for_synced`]), so only a token further up shows a count
-/// behind.
+/// Every new boot jumps ([`jump_target`]): past the last count, past
+/// every token the lease files show (a count put back from an older copy,
+/// or deleted, is behind them), and to the wall clock's second at least,
+/// so that boots counted without a boot id, one per instance start, stay
+/// pinned to the clock rather than running ahead of it.
 pub(crate) fn count_this_boot(
     dir: &Directory,
     boot: [u8; 16],
@@ -228,14 +226,11 @@ pub(crate) fn count_this_boot(
     let file = open_to_write(dir)?;
     let epoch = match read_count(dir, &file)? {
         Some((epoch, seen)) if seen == boot && boot != [0; 16] => epoch,
-        Some((epoch, _)) => match highest_epoch_in_use(dir.path())? {
-            Some(in_use) if in_use > epoch + 1 => jump_target(epoch, Some(in_use), now),
-            _ => epoch + 1,
-        },
-        None => match highest_epoch_in_use(dir.path())? {
-            None => 1,
-            in_use => jump_target(0, in_use, now),
-        },
+        counted => jump_target(
+            counted.map_or(0, |(epoch, _)| epoch),
+            highest_epoch_in_use(dir.path())?,
+            now,
+        ),
     };
     write_synced(dir, &file, epoch, boot)?;
     Ok(bounds(epoch))
@@ -249,6 +244,16 @@ pub(crate) fn count_this_boot(
 /// them. A damaged count is replaced: this is how one is repaired.
 /// Returns the new floor.
 pub(crate) fn count_past_any_copy(dir: &Directory, now: SystemTime) -> Result<u64, LeaseFileError> {
+    if epoch_of_time(now) == 0 {
+        // Without the clock term two copies adopted apart would jump to
+        // the same count: refused, not guessed at.
+        return Err(LeaseFileError::BootEpoch {
+            path: dir.file_path(BOOT_EPOCH_FILE),
+            detail: "the wall clock reads before 2025, so an adoption cannot count past the \
+                     copies of this directory; set the clock, then adopt"
+                .to_owned(),
+        });
+    }
     let file = open_to_write(dir)?;
     let counted = read_count(dir, &file)
         .ok()
