@@ -112,16 +112,18 @@ pub(crate) fn refuse_a_copy(dir: &Path) -> Result<(), LeaseError> {
 /// A copy's lease files may lag the tokens the original issued after the
 /// copy was taken, and a store or an outside system may have seen those.
 /// So before the copy is named, its count of boots (`.boot-epoch`,
-/// synced) jumps to the wall clock's second since 2025 and past every
-/// token its files show; every token issued from it after that, by synced
-/// and unsynced instances alike, lies above that count. The original's
-/// tokens lie below it as long as it counted fewer boots since its last
-/// such jump than seconds went by, and adoptions of two copies of one
-/// directory lie apart when made in different seconds. With a wall clock
-/// set behind, only the lease files' tokens are jumped past: then repair
-/// any session the store refuses with a minimum token. After an adoption
-/// `.boot-epoch` holds the floor of synced instances too: never delete
-/// it; adopting again repairs a damaged one.
+/// synced) jumps: past every token its files show, to the wall clock's
+/// second since 2025 at least, and past the copy's own count by the
+/// seconds since that count was written. Every token issued from it after
+/// that, by synced and unsynced instances alike, lies above the new count.
+/// The original counted on from the copy's count by at most one epoch a
+/// boot, each at least the clock's second, so its later tokens lie below
+/// unless it counted more boots than seconds went by, or its clock ran
+/// ahead of the adopter's; two copies of one directory adopted in
+/// different seconds count apart. An adoption on a clock before 2025, or
+/// behind the second the copy's count was written, is refused: set the
+/// clock first. After an adoption `.boot-epoch` holds the floor of synced
+/// instances too: never delete it; adopting again repairs a damaged one.
 ///
 /// Instances opened on a copy are refused when they open, so none is left
 /// with an older floor once the copy is adopted.

@@ -934,6 +934,78 @@ mod tests {
         }
     }
 
+    /// A count ahead of the clock (here, a floor from a repair far above
+    /// it): two restores of one backup adopted an hour apart still count
+    /// apart, by the seconds since the backup's count was written.
+    #[test]
+    fn copies_of_a_count_ahead_of_the_clock_adopted_apart_never_share_a_token() {
+        let rt = rt();
+        let root = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new();
+        let open = |dir: &Path, boot: u8| unsynced(dir, &clock).boot_id([boot; 16]).open().unwrap();
+        let (original, backup) = (root.path().join("original"), root.path().join("backup"));
+        rt.block_on(open(&original, 1).authority()).unwrap();
+        crate::repair(&original, &SessionId::new("x").unwrap(), 1 << 60).unwrap();
+        drop(open(&original, 2));
+        copy_files(&original, &backup);
+        let mut issued: Vec<u64> = Vec::new();
+        for restore in ["first", "second"] {
+            clock.advance(Duration::from_secs(3600));
+            let dir = root.path().join(restore);
+            copy_files(&backup, &dir);
+            crate::authority::adopt_at(&dir, clock.now()).unwrap();
+            let after = takeovers_of(&open(&dir, 3), &rt, "s", 2);
+            assert!(
+                after
+                    .iter()
+                    .all(|t| t >> 32 > 1 << 28 && !issued.contains(t)),
+                "{restore}: {after:x?} beside {issued:x?}"
+            );
+            issued.extend(after);
+        }
+    }
+
+    /// A count put back by one boot, with a lease file of the boot it
+    /// forgot lost: the next boot counts past the tokens the other files
+    /// show, so the lost session's token is not issued again.
+    #[test]
+    fn a_count_put_back_by_one_boot_never_repeats_a_token() {
+        let rt = rt();
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new();
+        let boot = |id: u8| {
+            unsynced(dir.path(), &clock)
+                .boot_id([id; 16])
+                .open()
+                .unwrap()
+        };
+        let count = dir.path().join(crate::store::boot_epoch::BOOT_EPOCH_FILE);
+        drop(boot(1));
+        drop(boot(2));
+        let old_count = std::fs::read(&count).unwrap();
+        let third = boot(3);
+        takeovers_of(&third, &rt, "other", 1);
+        let first = takeovers_of(&third, &rt, "lost", 1)[0];
+        drop(third);
+        std::fs::remove_file(dir.path().join(file_name(&SessionId::new("lost").unwrap()))).unwrap();
+        std::fs::write(&count, old_count).unwrap();
+        let again = takeovers_of(&boot(4), &rt, "lost", 1)[0];
+        assert!(again > first, "{again:#x} after {first:#x}");
+    }
+
+    /// An adoption with the wall clock behind the second the copy's count
+    /// was written is refused: the margin it counts by would be negative.
+    #[test]
+    fn an_adoption_on_a_clock_behind_the_counts_last_write_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new();
+        let leases = unsynced(dir.path(), &clock).open().unwrap();
+        rt().block_on(leases.authority()).unwrap();
+        let behind = clock.now() - Duration::from_secs(60);
+        let e = crate::authority::adopt_at(dir.path(), behind).unwrap_err();
+        assert!(e.message().contains("set the clock"), "{e}");
+    }
+
     /// An adoption with the wall clock before 2025 is refused: its jump
     /// would not tell two copies apart.
     #[test]

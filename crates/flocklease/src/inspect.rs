@@ -248,14 +248,23 @@ fn inspect_one(
 /// result is the highest of `min_token`, the record's token and its
 /// reservation ceiling. With `min_token == 0` an unreadable record is
 /// refused (`Invalid`), never reset. A live hold in a readable record is
-/// ended; stop its holder first. Creates the file when absent. Blocking;
-/// waits up to two seconds for the file's lock.
+/// ended; stop its holder first. Creates the file when absent. A
+/// `min_token` above [`FencingToken::MAX_FLOOR`] is refused (`Invalid`).
+/// Blocking; waits up to two seconds for the file's lock.
 pub fn repair(
     dir: impl AsRef<Path>,
     session: &SessionId,
     min_token: u64,
 ) -> Result<FencingToken, LeaseError> {
     let dir = dir.as_ref();
+    if min_token > FencingToken::MAX_FLOOR.get() {
+        // Past it the boot count of unsynced instances, which must lie
+        // above every token on disk, would leave the token range.
+        return Err(LeaseError::invalid(format!(
+            "a minimum token of {min_token} is past {}, the highest floor a lease takes",
+            FencingToken::MAX_FLOOR.get()
+        )));
+    }
     let (dir_fd, _) = open_dir(dir, false)?;
     let name = file_name(session);
     let path = dir.join(&name);

@@ -31,20 +31,31 @@ pub(crate) const EPOCH_SHIFT: u32 = 32;
 
 /// The record's fixed length: written whole at offset 0, it fits one
 /// sector, which a power loss leaves old or new, never torn.
-const RECORD_LEN: usize = 64;
+const RECORD_LEN: usize = 128;
 
-/// `epoch` and `boot` as the file holds them.
-fn encode(epoch: u64, boot: [u8; 16]) -> [u8; RECORD_LEN] {
-    let hex: String = boot.iter().map(|b| format!("{b:02x}")).collect();
-    let text = format!("mecatl-boot-epoch 1 {epoch} {hex}");
+/// The count as the file holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Count {
+    epoch: u64,
+    /// The boot that counted it; all zero when unknown.
+    boot: [u8; 16],
+    /// The wall clock's second (after the Unix epoch) when it was written;
+    /// `None` in a record of version 1, which did not say.
+    written: Option<u64>,
+}
+
+fn encode(count: Count) -> [u8; RECORD_LEN] {
+    let hex: String = count.boot.iter().map(|b| format!("{b:02x}")).collect();
+    let written = count.written.unwrap_or(0);
+    let text = format!("mecatl-boot-epoch 2 {} {hex} {written}", count.epoch);
     let mut out = [b' '; RECORD_LEN];
     out[..text.len()].copy_from_slice(text.as_bytes());
     out[RECORD_LEN - 1] = b'\n';
     out
 }
 
-/// The epoch and boot id `bytes` hold; `None` for an empty file.
-fn decode(path: &Path, bytes: &[u8]) -> Result<Option<(u64, [u8; 16])>, LeaseFileError> {
+/// The count `bytes` hold (version 1 or 2); `None` for an empty file.
+fn decode(path: &Path, bytes: &[u8]) -> Result<Option<Count>, LeaseFileError> {
     if bytes.is_empty() {
         return Ok(None);
     }
@@ -54,9 +65,11 @@ fn decode(path: &Path, bytes: &[u8]) -> Result<Option<(u64, [u8; 16])>, LeaseFil
     };
     let text = std::str::from_utf8(bytes).map_err(|_| bad("not text"))?;
     let mut words = text.split_ascii_whitespace();
-    if (words.next(), words.next()) != (Some("mecatl-boot-epoch"), Some("1")) {
-        return Err(bad("no `mecatl-boot-epoch 1` header"));
-    }
+    let version = match (words.next(), words.next()) {
+        (Some("mecatl-boot-epoch"), Some("1")) => 1,
+        (Some("mecatl-boot-epoch"), Some("2")) => 2,
+        _ => return Err(bad("no `mecatl-boot-epoch 1` or `2` header")),
+    };
     let epoch = words
         .next()
         .and_then(|w| w.parse::<u64>().ok())
@@ -73,10 +86,23 @@ fn decode(path: &Path, bytes: &[u8]) -> Result<Option<(u64, [u8; 16])>, LeaseFil
         let pair = std::str::from_utf8(pair).map_err(|_| bad("a boot id that is not hex"))?;
         boot[i] = u8::from_str_radix(pair, 16).map_err(|_| bad("a boot id that is not hex"))?;
     }
+    let written = match version {
+        1 => None,
+        _ => Some(
+            words
+                .next()
+                .and_then(|w| w.parse::<u64>().ok())
+                .ok_or_else(|| bad("no second it was written"))?,
+        ),
+    };
     if words.next().is_some() {
-        return Err(bad("words after the boot id"));
+        return Err(bad("words after the record"));
     }
-    Ok(Some((epoch, boot)))
+    Ok(Some(Count {
+        epoch,
+        boot,
+        written,
+    }))
 }
 
 /// The highest epoch: `(MAX_EPOCH + 1) << EPOCH_SHIFT` is 2^63, the top
@@ -144,7 +170,7 @@ fn open_to_write(dir: &Directory) -> Result<Flock<File>, LeaseFileError> {
     })
 }
 
-fn read_count(dir: &Directory, file: &File) -> Result<Option<(u64, [u8; 16])>, LeaseFileError> {
+fn read_count(dir: &Directory, file: &File) -> Result<Option<Count>, LeaseFileError> {
     let path = dir.file_path(BOOT_EPOCH_FILE);
     let mut bytes = vec![0u8; RECORD_LEN + 1];
     let n = file
@@ -162,6 +188,7 @@ fn write_synced(
     file: &File,
     epoch: u64,
     boot: [u8; 16],
+    now: SystemTime,
 ) -> Result<(), LeaseFileError> {
     let path = dir.file_path(BOOT_EPOCH_FILE);
     if epoch > MAX_EPOCH {
@@ -170,7 +197,13 @@ fn write_synced(
             detail: format!("the count would pass {MAX_EPOCH}, the top of the token range"),
         });
     }
-    file.write_all_at(&encode(epoch, boot), 0)
+    let written = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let count = Count {
+        epoch,
+        boot,
+        written: Some(written),
+    };
+    file.write_all_at(&encode(count), 0)
         .map_err(|e| LeaseFileError::io("writing", path.clone(), e))?;
     file.sync_data()
         .map_err(|e| LeaseFileError::io("syncing", path, e))?;
@@ -225,44 +258,62 @@ pub(crate) fn count_this_boot(
 ) -> Result<BootCount, LeaseFileError> {
     let file = open_to_write(dir)?;
     let epoch = match read_count(dir, &file)? {
-        Some((epoch, seen)) if seen == boot && boot != [0; 16] => epoch,
+        Some(count) if count.boot == boot && boot != [0; 16] => count.epoch,
         counted => jump_target(
-            counted.map_or(0, |(epoch, _)| epoch),
+            counted.map_or(0, |count| count.epoch),
             highest_epoch_in_use(dir.path())?,
             now,
         ),
     };
-    write_synced(dir, &file, epoch, boot)?;
+    write_synced(dir, &file, epoch, boot, now)?;
     Ok(bounds(epoch))
 }
 
-/// Jumps the count past every token the lease files show and the wall
-/// clock's epoch ([`epoch_of_time`]), for a directory adopted as a copy
-/// of a retired one ([`crate::adopt`]): the original may have issued
-/// tokens after the copy was taken, synced or not, and every token issued
-/// after this, by synced instances too ([`floor_for_synced`]), lies above
-/// them. A damaged count is replaced: this is how one is repaired.
+/// Jumps the count for a directory adopted as a copy of a retired one
+/// ([`crate::adopt`]): the original may have issued tokens after the copy
+/// was taken, synced or not. The new count is past every token the lease
+/// files show and the wall clock's epoch ([`epoch_of_time`]), and past the
+/// copy's count by the seconds since that count was written: the original
+/// counted on from it at most one epoch a second (one a boot, and each at
+/// least the clock's second), so that margin keeps above it even where
+/// the count ran ahead of the clock (a floor from a store's mark, a clock
+/// that was ahead). Two copies of one backup adopted in different seconds
+/// get different counts for the same reason. Every token issued after
+/// this, by synced instances too ([`floor_for_synced`]), lies above the
+/// new count. A damaged count is replaced: this is how one is repaired.
 /// Returns the new floor.
 pub(crate) fn count_past_any_copy(dir: &Directory, now: SystemTime) -> Result<u64, LeaseFileError> {
+    let refused = |detail: String| LeaseFileError::BootEpoch {
+        path: dir.file_path(BOOT_EPOCH_FILE),
+        detail,
+    };
     if epoch_of_time(now) == 0 {
         // Without the clock term two copies adopted apart would jump to
         // the same count: refused, not guessed at.
-        return Err(LeaseFileError::BootEpoch {
-            path: dir.file_path(BOOT_EPOCH_FILE),
-            detail: "the wall clock reads before 2025, so an adoption cannot count past the \
-                     copies of this directory; set the clock, then adopt"
+        return Err(refused(
+            "the wall clock reads before 2025, so an adoption cannot count past the copies of \
+             this directory; set the clock, then adopt"
                 .to_owned(),
-        });
+        ));
     }
     let file = open_to_write(dir)?;
-    let counted = read_count(dir, &file)
-        .ok()
-        .flatten()
-        .map_or(0, |(epoch, _)| epoch);
-    let epoch = jump_target(counted, highest_epoch_in_use(dir.path())?, now);
+    let counted = read_count(dir, &file).ok().flatten();
+    let now_secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let since = match counted.and_then(|c| c.written) {
+        Some(written) if written > now_secs => {
+            return Err(refused(format!(
+                "the wall clock reads {now_secs}, before the count was last written \
+                 ({written}, seconds after 1970); set the clock, then adopt"
+            )));
+        }
+        Some(written) => (now_secs - written).max(1),
+        None => 1,
+    };
+    let epoch = jump_target(0, highest_epoch_in_use(dir.path())?, now)
+        .max(counted.map_or(0, |c| c.epoch).saturating_add(since));
     // No boot is named: the next unsynced instance counts a boot of its
     // own, above this one.
-    write_synced(dir, &file, epoch, [0; 16])?;
+    write_synced(dir, &file, epoch, [0; 16], now)?;
     Ok(bounds(epoch).floor)
 }
 
@@ -274,14 +325,15 @@ pub(crate) fn raise_to_cover(
     dir: &Directory,
     boot: [u8; 16],
     token: u64,
+    now: SystemTime,
 ) -> Result<BootCount, LeaseFileError> {
     let file = open_to_write(dir)?;
     let needed = token >> EPOCH_SHIFT;
-    let epoch = read_count(dir, &file)?.map_or(0, |(e, _)| e);
+    let epoch = read_count(dir, &file)?.map_or(0, |c| c.epoch);
     if epoch >= needed {
         return Ok(bounds(epoch));
     }
-    write_synced(dir, &file, needed, boot)?;
+    write_synced(dir, &file, needed, boot, now)?;
     Ok(bounds(needed))
 }
 
@@ -293,7 +345,7 @@ pub(crate) fn floor_for_synced(dir: &Directory) -> Result<u64, LeaseFileError> {
     let Some(file) = open_locked(dir, false, false)? else {
         return Ok(0);
     };
-    Ok(read_count(dir, &file)?.map_or(0, |(epoch, _)| bounds(epoch.min(MAX_EPOCH)).limit))
+    Ok(read_count(dir, &file)?.map_or(0, |c| bounds(c.epoch.min(MAX_EPOCH)).limit))
 }
 
 /// The highest epoch of any token recorded in the directory's lease
@@ -405,9 +457,17 @@ mod tests {
     }
 
     #[test]
-    fn the_record_reads_back() {
+    fn the_record_reads_back_and_version_1_is_read() {
         let path = Path::new("/x/.boot-epoch");
-        assert_eq!(decode(path, &encode(7, BOOT_B)).unwrap(), Some((7, BOOT_B)));
+        let count = Count {
+            epoch: 7,
+            boot: BOOT_B,
+            written: Some(1_767_225_600),
+        };
+        assert_eq!(decode(path, &encode(count)).unwrap(), Some(count));
         assert_eq!(decode(path, b"").unwrap(), None);
+        let v1 = b"mecatl-boot-epoch 1 7 626f6f742d622d626f6f742d622d6262                     \n";
+        let read = decode(path, v1).unwrap().unwrap();
+        assert_eq!((read.epoch, read.boot, read.written), (7, BOOT_B, None));
     }
 }

@@ -174,7 +174,8 @@ impl Store {
         if let Some(record) = &plan.write {
             let highest = record.token.max(record.reserved);
             if highest >= self.boot_limit.load(Ordering::Acquire) {
-                let count = boot_epoch::raise_to_cover(&self.dir, self.boot_id, highest)?;
+                let count =
+                    boot_epoch::raise_to_cover(&self.dir, self.boot_id, highest, self.clock.now())?;
                 self.boot_limit.fetch_max(count.limit, Ordering::AcqRel);
             }
         }

@@ -650,6 +650,10 @@ async fn repair_restores_an_unreadable_record_above_a_minimum_token() {
     // Without a minimum the unreadable record is never reset.
     let err = flocklease::repair(dir.path(), &s, 0).unwrap_err();
     assert_eq!(err.kind(), LeaseErrorKind::Invalid, "{err:?}");
+    // Nor set past the highest floor: the token range must stay open.
+    let past = lease_port::FencingToken::MAX_FLOOR.get() + 1;
+    let err = flocklease::repair(dir.path(), &s, past).unwrap_err();
+    assert_eq!(err.kind(), LeaseErrorKind::Invalid, "{err:?}");
     assert_eq!(
         flocklease::repair(dir.path(), &s, 5000).unwrap().get(),
         5000
