@@ -60,11 +60,13 @@
 //! ```
 
 mod history;
+mod symmetry;
 mod system;
 mod variant;
 mod walk;
 
 pub use history::history_of;
+pub use symmetry::permutations;
 pub use system::{
     Action, Answer, Authority, Bounds, Held, Landed, LeaseSystem, Message, Owner, Process, Request,
     State, Store, TTL, one_owner_per_token, single_holder, store_fenced,

@@ -174,7 +174,7 @@ pub enum Message {
 }
 
 /// A lease as its holder's keeper counts it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Held {
     /// The lease's token.
     pub token: u8,
@@ -184,7 +184,7 @@ pub struct Held {
 }
 
 /// One process: a keeper and the writes it has sent.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Process {
     /// The incarnation running.
     pub incarnation: u8,
@@ -224,7 +224,7 @@ impl Process {
 }
 
 /// The authority's record of one session.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Authority {
     /// The lease: owner, token, and the tick it expires at.
     pub holder: Option<(Owner, u8, u8)>,
@@ -236,7 +236,7 @@ pub struct Authority {
 }
 
 /// One write the store kept.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Landed {
     /// The write's op number.
     pub op: u8,
@@ -248,7 +248,7 @@ pub struct Landed {
 
 /// The store's record of one session: its high-water mark, bound to the
 /// writer that set it, and what it kept, in order.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Store {
     /// The highest token written, and by whom.
     pub mark: Option<(u8, Owner)>,
@@ -257,7 +257,7 @@ pub struct Store {
 }
 
 /// Everything at one instant.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct State {
     /// The clock, in ticks; every process's and the authority's alike.
     pub now: u8,
@@ -701,7 +701,7 @@ impl Model for LeaseSystem {
 
 /// `message` into the network, kept sorted so that one multiset of
 /// messages is one state.
-fn put_in_flight(state: &mut State, message: Message) {
+pub(crate) fn put_in_flight(state: &mut State, message: Message) {
     let at = state.network.partition_point(|m| *m < message);
     state.network.insert(at, message);
 }
