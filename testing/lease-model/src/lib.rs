@@ -24,7 +24,9 @@
 //!   owners;
 //! - [`STORE_FENCING`]: in the store's order tokens never go down, and one
 //!   token has one writer — after a takeover is written, nothing the old
-//!   owner does changes the session.
+//!   owner does changes the session;
+//! - [`WRITES_SETTLE_BEFORE_RELEASE`]: no write lands after the release of
+//!   the lease it was sent under was handled.
 //!
 //! Each breakage the fault runs inject into real backends is a
 //! [`Variant`] of the model, and each must be found. The model's paths are
@@ -70,6 +72,7 @@ pub use symmetry::permutations;
 pub use system::{
     Action, Answer, Authority, Bounds, Held, Landed, LeaseSystem, Message, Owner, Process, Request,
     State, Store, TTL, one_owner_per_token, single_holder, store_fenced,
+    writes_settle_before_release,
 };
 pub use variant::Variant;
 pub use walk::{Agreement, judge, random_path};
@@ -80,3 +83,6 @@ pub const SINGLE_HOLDER: &str = "single holder";
 pub const ONE_OWNER_PER_TOKEN: &str = "one owner per token";
 /// The name of the store-fencing property.
 pub const STORE_FENCING: &str = "store fencing";
+/// The name of the property that writes settle before their lease's
+/// release.
+pub const WRITES_SETTLE_BEFORE_RELEASE: &str = "writes settle before release";

@@ -66,10 +66,11 @@ impl State {
                     a.holder = a
                         .holder
                         .map(|(o, token, expires)| (owner(o), token, expires));
-                    for grant in &mut a.grants {
+                    for grant in a.grants.iter_mut().chain(&mut a.released) {
                         grant.1 = owner(grant.1);
                     }
                     a.grants.sort();
+                    a.released.sort();
                     a
                 })
                 .collect(),

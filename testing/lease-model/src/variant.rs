@@ -22,24 +22,33 @@ pub enum Variant {
     /// The keeper counts its lease from when the answer arrived rather
     /// than from when it sent the request.
     LossCountedFromReceipt,
+    /// The keeper releases a lease while writes sent under it are still
+    /// unanswered.
+    ReleaseBeforeWritesSettle,
 }
 
 impl Variant {
     /// Every broken variant.
-    pub const BROKEN: [Variant; 6] = [
+    pub const BROKEN: [Variant; 7] = [
         Variant::StoreWithoutFencing,
         Variant::TakeoverKeepsToken,
         Variant::RepeatedTokenAcceptedByStore,
         Variant::RenewOfLostLeaseGranted,
         Variant::ReleaseFreesOthers,
         Variant::LossCountedFromReceipt,
+        Variant::ReleaseBeforeWritesSettle,
     ];
 
     /// Whether a history shows the breakage: what the authority and the
     /// store answered is recorded, what a keeper believes is not. A keeper
     /// that counts its lease too long holds past what it was told, which
-    /// only a model of the keeper can see.
+    /// only a model of the keeper can see. Nor does a history say when a
+    /// write landed against when a release was handled, only when each
+    /// was answered.
     pub fn visible_in_histories(self) -> bool {
-        self != Variant::LossCountedFromReceipt
+        !matches!(
+            self,
+            Variant::LossCountedFromReceipt | Variant::ReleaseBeforeWritesSettle
+        )
     }
 }

@@ -5,7 +5,8 @@
 
 use lease_model::{
     Action, Bounds, LeaseSystem, ONE_OWNER_PER_TOKEN, SINGLE_HOLDER, STORE_FENCING, Variant,
-    history_of, judge, one_owner_per_token, permutations, random_path, single_holder, store_fenced,
+    WRITES_SETTLE_BEFORE_RELEASE, history_of, judge, one_owner_per_token, permutations,
+    random_path, single_holder, store_fenced, writes_settle_before_release,
 };
 use stateright::{Checker, HasDiscoveries, Model, Representative};
 
@@ -26,6 +27,7 @@ fn broken_property(variant: Variant) -> &'static str {
         Variant::RenewOfLostLeaseGranted
         | Variant::ReleaseFreesOthers
         | Variant::LossCountedFromReceipt => SINGLE_HOLDER,
+        Variant::ReleaseBeforeWritesSettle => WRITES_SETTLE_BEFORE_RELEASE,
     }
 }
 
@@ -33,7 +35,12 @@ fn broken_property(variant: Variant) -> &'static str {
 fn the_rules_as_built_keep_every_property_in_every_state() {
     for bounds in [Bounds::SMALL, Bounds::SMALL_DUPLICATING] {
         let checker = explore(bounds, Variant::Correct);
-        for property in [SINGLE_HOLDER, ONE_OWNER_PER_TOKEN, STORE_FENCING] {
+        for property in [
+            SINGLE_HOLDER,
+            ONE_OWNER_PER_TOKEN,
+            STORE_FENCING,
+            WRITES_SETTLE_BEFORE_RELEASE,
+        ] {
             if let Some(path) = checker.discovery(property) {
                 panic!("{property} broken within {bounds:?}:\n{path:#?}");
             }
@@ -58,7 +65,12 @@ fn the_rules_as_built_keep_every_property_in_every_state() {
 fn slow_clocks_within_the_keepers_margin_keep_every_property() {
     let bounds = Bounds::SMALL_SLOW_CLOCKS;
     let checker = explore(bounds, Variant::Correct);
-    for property in [SINGLE_HOLDER, ONE_OWNER_PER_TOKEN, STORE_FENCING] {
+    for property in [
+        SINGLE_HOLDER,
+        ONE_OWNER_PER_TOKEN,
+        STORE_FENCING,
+        WRITES_SETTLE_BEFORE_RELEASE,
+    ] {
         if let Some(path) = checker.discovery(property) {
             panic!("{property} broken within {bounds:?}:\n{path:#?}");
         }
@@ -235,12 +247,14 @@ fn every_renaming_of_a_state_has_its_representative() {
                         (
                             single_holder(&renamed),
                             one_owner_per_token(&renamed),
-                            store_fenced(&renamed)
+                            store_fenced(&renamed),
+                            writes_settle_before_release(&renamed)
                         ),
                         (
                             single_holder(&state),
                             one_owner_per_token(&state),
-                            store_fenced(&state)
+                            store_fenced(&state),
+                            writes_settle_before_release(&state)
                         )
                     );
                     checked += 1;
@@ -271,7 +285,12 @@ fn symmetry_reduction_keeps_every_verdict() {
             .join()
     };
     let checker = reduced(Bounds::SMALL, Variant::Correct);
-    for property in [SINGLE_HOLDER, ONE_OWNER_PER_TOKEN, STORE_FENCING] {
+    for property in [
+        SINGLE_HOLDER,
+        ONE_OWNER_PER_TOKEN,
+        STORE_FENCING,
+        WRITES_SETTLE_BEFORE_RELEASE,
+    ] {
         assert!(checker.discovery(property).is_none(), "{property} broken");
     }
     assert!(checker.discovery("a takeover is written").is_some());
