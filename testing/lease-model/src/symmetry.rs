@@ -6,18 +6,26 @@
 //! swapped behaves exactly as the state itself: the same actions lead to
 //! states swapped alike, and every property judges them alike. Exploring
 //! one state of each such class is enough, and with two processes and two
-//! sessions it visits about a quarter of the states. The class's
+//! sessions it visits about a quarter of the states. A process configured
+//! with another authority ([`Bounds::foreign_processes`](crate::Bounds))
+//! is interchangeable only with another such. The class's
 //! representative is its least member, found by trying every
 //! permutation: at most 3! × 2! of them within the bounds explored.
 
 use stateright::Representative;
 
-use crate::system::{Action, Message, Owner, State, put_in_flight};
+use crate::system::{Action, Authority, Message, Owner, State, put_in_flight};
 
 impl Representative for State {
     fn representative(&self) -> Self {
         let mut least: Option<State> = None;
-        for processes in &permutations(self.processes.len()) {
+        // Only processes configured alike are interchangeable.
+        let alike = |renaming: &&Vec<u8>| {
+            (0..).zip(renaming.iter()).all(|(from, &to): (usize, &u8)| {
+                self.processes[from].authority == self.processes[usize::from(to)].authority
+            })
+        };
+        for processes in permutations(self.processes.len()).iter().filter(alike) {
             for sessions in &permutations(self.store.len()) {
                 let candidate = self.permuted(processes, sessions);
                 if least.as_ref().is_none_or(|l| candidate < *l) {
@@ -46,6 +54,26 @@ impl State {
         };
         let by_session = place(self.store.len(), sessions);
         let by_process = place(self.processes.len(), processes);
+        let records = |records: &[Authority]| -> Vec<Authority> {
+            if records.is_empty() {
+                return Vec::new();
+            }
+            by_session
+                .iter()
+                .map(|&from| {
+                    let mut a = records[from].clone();
+                    a.holder = a
+                        .holder
+                        .map(|(o, token, expires)| (owner(o), token, expires));
+                    for grant in a.grants.iter_mut().chain(&mut a.released) {
+                        grant.1 = owner(grant.1);
+                    }
+                    a.grants.sort();
+                    a.released.sort();
+                    a
+                })
+                .collect()
+        };
         let mut state = State {
             now: self.now,
             processes: by_process
@@ -59,21 +87,8 @@ impl State {
                     moved
                 })
                 .collect(),
-            authority: by_session
-                .iter()
-                .map(|&from| {
-                    let mut a = self.authority[from].clone();
-                    a.holder = a
-                        .holder
-                        .map(|(o, token, expires)| (owner(o), token, expires));
-                    for grant in a.grants.iter_mut().chain(&mut a.released) {
-                        grant.1 = owner(grant.1);
-                    }
-                    a.grants.sort();
-                    a.released.sort();
-                    a
-                })
-                .collect(),
+            authority: records(&self.authority),
+            foreign: records(&self.foreign),
             store: by_session
                 .iter()
                 .map(|&from| {

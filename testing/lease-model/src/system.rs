@@ -43,6 +43,11 @@ pub struct Bounds {
     /// assumes. The real keeper takes none; it assumes its monotonic
     /// clock and the authority's run at one rate.
     pub keeper_margin: u8,
+    /// How many of the processes (the last ones) are configured with
+    /// another lease authority (another lease directory, say) for the same
+    /// store: its tokens count from 1 apart from the first's, so only the
+    /// store's binding to one authority keeps them out.
+    pub foreign_processes: u8,
 }
 
 impl Bounds {
@@ -58,6 +63,7 @@ impl Bounds {
         crashes: 1,
         clock_lag: 0,
         keeper_margin: 0,
+        foreign_processes: 0,
     };
 
     /// [`Bounds::SMALL`] with a duplicated request instead of a crash.
@@ -198,6 +204,9 @@ pub struct Process {
     pub writes_left: u8,
     /// Ticks its clock has fallen behind the authority's.
     pub lag: u8,
+    /// The authority it is configured with: 0, or 1 for a process of
+    /// [`Bounds::foreign_processes`].
+    pub authority: u8,
 }
 
 impl Process {
@@ -259,6 +268,8 @@ pub struct Store {
     pub log: Vec<Landed>,
     /// A write landed after the authority handled its lease's release.
     pub landed_after_release: bool,
+    /// The authority whose tokens it takes, bound by its first write.
+    pub authority: Option<u8>,
 }
 
 /// Everything at one instant.
@@ -268,8 +279,11 @@ pub struct State {
     pub now: u8,
     /// Per process.
     pub processes: Vec<Process>,
-    /// Per session.
+    /// Per session, the records of the authority most processes use.
     pub authority: Vec<Authority>,
+    /// Per session, the records of the foreign authority; empty without
+    /// [`Bounds::foreign_processes`].
+    pub foreign: Vec<Authority>,
     /// Per session.
     pub store: Vec<Store>,
     /// The messages in flight, sorted: the network is a multiset.
@@ -365,7 +379,12 @@ impl LeaseSystem {
         request: Request,
     ) -> Answer {
         let now = state.now;
-        let record = &mut state.authority[usize::from(session)];
+        let records = if state.processes[usize::from(owner.process)].authority == 0 {
+            &mut state.authority
+        } else {
+            &mut state.foreign
+        };
+        let record = &mut records[usize::from(session)];
         let live = record.holder.filter(|&(_, _, expires)| expires > now);
         match request {
             Request::Acquire => match live {
@@ -427,8 +446,12 @@ impl LeaseSystem {
         session: u8,
         token: u8,
     ) -> bool {
+        let authority = state.processes[usize::from(owner.process)].authority;
         let store = &mut state.store[usize::from(session)];
+        let bound_elsewhere = store.authority.is_some_and(|a| a != authority)
+            && self.variant != Variant::StoreIgnoresAuthority;
         let written = match store.mark {
+            _ if bound_elsewhere => false,
             None => true,
             Some(_) if self.variant == Variant::StoreWithoutFencing => true,
             Some((mark, writer)) if token == mark => {
@@ -437,7 +460,13 @@ impl LeaseSystem {
             Some((mark, _)) => token > mark,
         };
         if written {
-            if state.authority[usize::from(session)]
+            store.authority.get_or_insert(authority);
+            let records = if authority == 0 {
+                &state.authority
+            } else {
+                &state.foreign
+            };
+            if records[usize::from(session)]
                 .released
                 .contains(&(token, owner))
             {
@@ -595,11 +624,23 @@ impl Model for LeaseSystem {
             writing: vec![Vec::new(); sessions],
             writes_left: self.bounds.writes_per_process,
             lag: 0,
+            authority: 0,
         };
+        let mut processes = vec![process; usize::from(self.bounds.processes)];
+        let foreign = usize::from(self.bounds.foreign_processes).min(processes.len());
+        let first_foreign = processes.len() - foreign;
+        for p in &mut processes[first_foreign..] {
+            p.authority = 1;
+        }
         vec![State {
             now: 0,
-            processes: vec![process; usize::from(self.bounds.processes)],
+            processes,
             authority: vec![Authority::default(); sessions],
+            foreign: if foreign > 0 {
+                vec![Authority::default(); sessions]
+            } else {
+                Vec::new()
+            },
             store: vec![Store::default(); sessions],
             network: Vec::new(),
             next_op: 0,
@@ -739,23 +780,36 @@ pub fn single_holder(state: &State) -> bool {
     })
 }
 
-/// A token is granted to one owner only.
+/// An authority grants a token to one owner only.
 pub fn one_owner_per_token(state: &State) -> bool {
     state
         .authority
         .iter()
+        .chain(&state.foreign)
         .all(|a| a.grants.windows(2).all(|w| w[0].0 != w[1].0))
 }
 
 /// In the store's order, tokens never go down, and one token has one
 /// writer: after a takeover is written, nothing the previous owner sends
-/// changes the session.
+/// changes the session. And every write kept carries a token that the
+/// authority the store is bound to granted its writer.
 pub fn store_fenced(state: &State) -> bool {
-    state.store.iter().all(|st| {
-        st.log.windows(2).all(|w| {
-            w[0].token < w[1].token || (w[0].token == w[1].token && w[0].owner == w[1].owner)
+    (0..)
+        .zip(&state.store)
+        .all(|(session, st): (usize, &Store)| {
+            let ordered = st.log.windows(2).all(|w| {
+                w[0].token < w[1].token || (w[0].token == w[1].token && w[0].owner == w[1].owner)
+            });
+            let records = match st.authority {
+                Some(0) | None => &state.authority,
+                Some(_) => &state.foreign,
+            };
+            let granted = st
+                .log
+                .iter()
+                .all(|w| records[session].grants.contains(&(w.token, w.owner)));
+            ordered && granted
         })
-    })
 }
 
 /// No write lands after the authority handled the release of the lease it

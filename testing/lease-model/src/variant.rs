@@ -25,11 +25,14 @@ pub enum Variant {
     /// The keeper releases a lease while writes sent under it are still
     /// unanswered.
     ReleaseBeforeWritesSettle,
+    /// The store takes tokens from any authority, not only the one it is
+    /// bound to.
+    StoreIgnoresAuthority,
 }
 
 impl Variant {
     /// Every broken variant.
-    pub const BROKEN: [Variant; 7] = [
+    pub const BROKEN: [Variant; 8] = [
         Variant::StoreWithoutFencing,
         Variant::TakeoverKeepsToken,
         Variant::RepeatedTokenAcceptedByStore,
@@ -37,7 +40,25 @@ impl Variant {
         Variant::ReleaseFreesOthers,
         Variant::LossCountedFromReceipt,
         Variant::ReleaseBeforeWritesSettle,
+        Variant::StoreIgnoresAuthority,
     ];
+
+    /// The bounds that can show this variant's breakage: a store ignoring
+    /// authorities needs a process configured with another, and requests
+    /// enough for it to pass the first token (the mark's writer binding
+    /// refuses an equal one); [`Bounds::SMALL`] for every other.
+    pub fn bounds(self) -> crate::Bounds {
+        match self {
+            Variant::StoreIgnoresAuthority => crate::Bounds {
+                foreign_processes: 1,
+                max_ops: 6,
+                losses: 0,
+                crashes: 0,
+                ..crate::Bounds::SMALL
+            },
+            _ => crate::Bounds::SMALL,
+        }
+    }
 
     /// Whether a history shows the breakage: what the authority and the
     /// store answered is recorded, what a keeper believes is not. A keeper
