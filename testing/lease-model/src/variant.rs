@@ -46,7 +46,7 @@ impl Variant {
     /// The bounds that can show this variant's breakage: a store ignoring
     /// authorities needs a process configured with another, and requests
     /// enough for it to pass the first token (the mark's writer binding
-    /// refuses an equal one); [`Bounds::SMALL`] for every other.
+    /// refuses an equal one); [`Bounds::SMALL`](crate::Bounds::SMALL) for every other.
     pub fn bounds(self) -> crate::Bounds {
         match self {
             Variant::StoreIgnoresAuthority => crate::Bounds {

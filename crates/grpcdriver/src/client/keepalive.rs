@@ -2,7 +2,7 @@
 //! batches go out tagged with an id, a reader task hands each answer to
 //! the batch that waits for it.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -17,7 +17,10 @@ use crate::pb;
 use crate::status::{Refusal, from_status};
 
 type Answer = Result<Vec<pb::RenewResult>, Status>;
-type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Answer>>>>;
+/// The batches waiting for their answers, by id: ordered, so a broken
+/// stream tells its waiters in the order they sent, whatever the process's
+/// hash seed, and a simulated run replays.
+type Pending = Arc<Mutex<BTreeMap<u64, oneshot::Sender<Answer>>>>;
 
 /// Batches that may queue for sending on one stream.
 const OUTBOX: usize = 16;
@@ -131,7 +134,7 @@ async fn open(mut client: Client) -> Result<Stream, Status> {
             }
         };
         b.store(true, Ordering::Release);
-        for (_, waiter) in lock(&p).drain() {
+        for (_, waiter) in std::mem::take(&mut *lock(&p)) {
             let _ = waiter.send(Err(end.clone()));
         }
     });

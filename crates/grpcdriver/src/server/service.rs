@@ -406,7 +406,25 @@ impl Service for LeaseService {
         // connection breaks, or nobody reads the answers any more.
         tokio::spawn(async move {
             loop {
+                // Biased, stopping first: a stream asked to stop stops even
+                // while its client keeps sending, and which branch wins when
+                // both are ready depends on nothing but this order, so a
+                // simulated run replays.
                 let next = tokio::select! {
+                    biased;
+                    // A graceful shutdown waits for every open call, and a
+                    // KeepAlive stream stays open as long as its client
+                    // lives: end it, or the server never stops. The client
+                    // takes this as a passing fault and reopens the stream
+                    // on whichever server answers next.
+                    _ = stopping.wait_for(|stop| *stop) => {
+                        let _ = tx.try_send(Err(reason_status(
+                            pb::Reason::Unavailable,
+                            "the lease service is shutting down",
+                            None,
+                        )));
+                        break;
+                    }
                     next = tokio::time::timeout(this.stream_idle, inbound.next()) => match next {
                         Ok(next) => next,
                         // A stream that carries nothing ties up a task and a
@@ -421,19 +439,6 @@ impl Service for LeaseService {
                             break;
                         }
                     },
-                    // A graceful shutdown waits for every open call, and a
-                    // KeepAlive stream stays open as long as its client
-                    // lives: end it, or the server never stops. The client
-                    // takes this as a passing fault and reopens the stream
-                    // on whichever server answers next.
-                    _ = stopping.wait_for(|stop| *stop) => {
-                        let _ = tx.try_send(Err(reason_status(
-                            pb::Reason::Unavailable,
-                            "the lease service is shutting down",
-                            None,
-                        )));
-                        break;
-                    }
                 };
                 let Some(next) = next else { break };
                 let started = Instant::now();

@@ -98,7 +98,10 @@ pub(super) async fn batch_driver(core: Weak<KeeperCore>, idle: Duration, wake: A
             send_due(&core)
         };
         let wake_at = wake_at.unwrap_or_else(|| Instant::now() + idle);
+        // Biased: either branch only wakes the loop, and a fixed order
+        // keeps a simulated run's schedule a function of its seed.
         tokio::select! {
+            biased;
             () = wake.notified() => {}
             () = sleep_until(wake_at) => {}
         }

@@ -35,11 +35,13 @@ impl LeaseKeeper {
     /// calls too. Calling it again waits again, within the bound.
     pub async fn shutdown(&self) -> ShutdownReport {
         let core = &self.core;
-        let open: Vec<Arc<Run>> = {
+        let mut open: Vec<Arc<Run>> = {
             let mut reg = lock(&core.registry);
             reg.shutting_down = true;
             reg.open.values().cloned().collect()
         };
+        // In the order the runs began, not the map's.
+        open.sort_by_key(|run| run.id);
         core.shutdown.cancel();
         let span = info_span!("lease_keeper.shutdown", open = open.len());
         let _enter = span.enter();
