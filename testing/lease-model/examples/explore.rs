@@ -1,6 +1,6 @@
 //! Explores the model and prints what it found: `cargo run --release -p
 //! lease-model --example explore [processes sessions max_time max_ops]
-//! [--symmetry] [--correct-only]`. With `--symmetry` the search is depth
+//! [--symmetry] [--correct-only] [--no-crash] [--no-loss]`. With `--symmetry` the search is depth
 //! first over one state of each class of renamed processes and sessions
 //! (stateright reduces only depth-first searches), so its
 //! counterexamples are not the shortest.
@@ -20,6 +20,12 @@ fn main() {
     let symmetry = flags.iter().any(|f| f == "--symmetry");
     let correct_only = flags.iter().any(|f| f == "--correct-only");
     let mut bounds = Bounds::SMALL;
+    if flags.iter().any(|f| f == "--no-crash") {
+        bounds.crashes = 0;
+    }
+    if flags.iter().any(|f| f == "--no-loss") {
+        bounds.losses = 0;
+    }
     if let [processes, sessions, max_time, max_ops] = numbers[..] {
         bounds = Bounds {
             processes,

@@ -340,3 +340,37 @@ fn symmetry_reduction_keeps_every_verdict() {
     let full = explore(bounds, Variant::Correct).unique_state_count();
     assert!(unique < full * 2 / 3, "{unique} of {full}");
 }
+
+/// Two processes contending for two sessions, with a lost message, every
+/// state explored (one per class of renamings): the rules as built keep
+/// every property, and a takeover is written.
+#[test]
+fn two_sessions_explored_exhaustively_keep_every_property() {
+    let bounds = Bounds {
+        sessions: 2,
+        crashes: 0,
+        ..Bounds::SMALL
+    };
+    let checker = LeaseSystem::new(bounds, Variant::Correct)
+        .checker()
+        .threads(std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .symmetry()
+        .spawn_dfs()
+        .join();
+    for property in [
+        SINGLE_HOLDER,
+        ONE_OWNER_PER_TOKEN,
+        STORE_FENCING,
+        WRITES_SETTLE_BEFORE_RELEASE,
+    ] {
+        if let Some(path) = checker.discovery(property) {
+            panic!("{property} broken within {bounds:?}:\n{path:#?}");
+        }
+    }
+    assert!(checker.discovery("a takeover is written").is_some());
+    println!(
+        "{bounds:?}, symmetry: {} states explored, {} unique",
+        checker.state_count(),
+        checker.unique_state_count()
+    );
+}
