@@ -150,6 +150,11 @@ pub fn history_of(steps: &[(State, Option<Action>)]) -> History {
             | Action::Write(p, s) => record.send(state, action, p, s),
             Action::Deliver(message) => record.reply(state, message, at),
             Action::Crash(p) => record.give_up(Some(u32::from(p)), at),
+            Action::GiveUp(p, s) => {
+                if let Some(op) = state.processes[usize::from(p)].waiting[usize::from(s)] {
+                    record.complete(op, at, Outcome::Ambiguous(Ambiguity::Timeout));
+                }
+            }
             _ => {}
         }
     }

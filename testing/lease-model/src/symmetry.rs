@@ -84,6 +84,7 @@ impl State {
                     moved.held = by_session.iter().map(|&s| p.held[s]).collect();
                     moved.waiting = by_session.iter().map(|&s| p.waiting[s]).collect();
                     moved.writing = by_session.iter().map(|&s| p.writing[s].clone()).collect();
+                    moved.unreleased = by_session.iter().map(|&s| p.unreleased[s]).collect();
                     moved
                 })
                 .collect(),
@@ -192,6 +193,7 @@ impl Action {
             Action::Lose(m) => Action::Lose(m.permuted(processes, sessions)),
             Action::Duplicate(m) => Action::Duplicate(m.permuted(processes, sessions)),
             Action::Crash(process) => Action::Crash(p(process)),
+            Action::GiveUp(process, session) => Action::GiveUp(p(process), s(session)),
         }
     }
 }

@@ -27,6 +27,10 @@ pub struct Bounds {
     pub writes_per_process: u8,
     /// Messages the network may lose.
     pub losses: u8,
+    /// Lease calls a keeper may give up on (its call timed out): it stops
+    /// waiting, ignores the answer if one still comes, and may call again.
+    /// Without them a lost message would only be one never delivered.
+    pub timeouts: u8,
     /// Requests to the authority the network may deliver twice (a client's
     /// retry of a call it thought lost).
     pub duplicates: u8,
@@ -59,6 +63,7 @@ impl Bounds {
         max_ops: 4,
         writes_per_process: 1,
         losses: 1,
+        timeouts: 0,
         duplicates: 0,
         crashes: 1,
         clock_lag: 0,
@@ -69,6 +74,15 @@ impl Bounds {
     /// [`Bounds::SMALL`] with a duplicated request instead of a crash.
     pub const SMALL_DUPLICATING: Bounds = Bounds {
         duplicates: 1,
+        crashes: 0,
+        ..Bounds::SMALL
+    };
+
+    /// [`Bounds::SMALL`] with a lease call given up on (a timeout) instead
+    /// of a crash: the keeper may then call again while its first call is
+    /// still on its way, and a release it gave up on may still be handled.
+    pub const SMALL_TIMEOUTS: Bounds = Bounds {
+        timeouts: 1,
         crashes: 0,
         ..Bounds::SMALL
     };
@@ -204,6 +218,12 @@ pub struct Process {
     pub writes_left: u8,
     /// Ticks its clock has fallen behind the authority's.
     pub lag: u8,
+    /// Per session, the token of a release it gave up waiting for: the
+    /// lease may still be held for it, and an acquire would hand that
+    /// token back while writes under it might still be about. A grant of
+    /// it or below is not counted on (the real keeper releases it and
+    /// leaves a second such grant to lapse); a greater one clears it.
+    pub unreleased: Vec<Option<u8>>,
     /// The authority it is configured with: 0, or 1 for a process of
     /// [`Bounds::foreign_processes`].
     pub authority: u8,
@@ -294,6 +314,8 @@ pub struct State {
     pub losses_left: u8,
     /// See [`Bounds::duplicates`].
     pub duplicates_left: u8,
+    /// See [`Bounds::timeouts`].
+    pub timeouts_left: u8,
     /// See [`Bounds::crashes`].
     pub crashes_left: u8,
 }
@@ -326,6 +348,10 @@ pub enum Action {
     /// A process crashes, losing what it held in memory, and starts again
     /// as a new owner.
     Crash(u8),
+    /// A process's keeper gives up on its lease call for a session: the
+    /// call timed out. What it counts on stays as it was (a renewal's loss
+    /// is still counted from its last send).
+    GiveUp(u8, u8),
 }
 
 /// The model: the bounds of the exploration and the variant of the rules.
@@ -510,7 +536,11 @@ impl LeaseSystem {
                 };
                 let until = (from + TTL).saturating_sub(self.bounds.keeper_margin);
                 match (request, answer) {
+                    (Request::Acquire, Answer::Granted(token))
+                        if proc.unreleased[s].is_some_and(|stale| token <= stale)
+                            && self.variant != Variant::ReacquireTrustsTokenInDoubt => {}
                     (Request::Acquire, Answer::Granted(token)) => {
+                        proc.unreleased[s] = None;
                         proc.held[s] = Some(Held { token, until });
                     }
                     (Request::Renew(renewed), Answer::Granted(token)) => {
@@ -583,6 +613,13 @@ impl LeaseSystem {
         if state.crashes_left > 0 {
             actions.push(Action::Crash(p));
         }
+        if state.timeouts_left > 0 {
+            for session in 0..self.bounds.sessions {
+                if proc.waiting[usize::from(session)].is_some() {
+                    actions.push(Action::GiveUp(p, session));
+                }
+            }
+        }
         if state.next_op >= self.bounds.max_ops {
             return;
         }
@@ -625,6 +662,7 @@ impl Model for LeaseSystem {
             writes_left: self.bounds.writes_per_process,
             lag: 0,
             authority: 0,
+            unreleased: vec![None; sessions],
         };
         let mut processes = vec![process; usize::from(self.bounds.processes)];
         let foreign = usize::from(self.bounds.foreign_processes).min(processes.len());
@@ -646,6 +684,7 @@ impl Model for LeaseSystem {
             next_op: 0,
             losses_left: self.bounds.losses,
             duplicates_left: self.bounds.duplicates,
+            timeouts_left: self.bounds.timeouts,
             crashes_left: self.bounds.crashes,
         }]
     }
@@ -728,6 +767,28 @@ impl Model for LeaseSystem {
                 state.duplicates_left -= 1;
                 self.deliver(&mut state, message);
             }
+            Action::GiveUp(p, session) => {
+                state.timeouts_left -= 1;
+                let s = usize::from(session);
+                let op = state.processes[usize::from(p)].waiting[s].take();
+                let released = state.network.iter().find_map(|m| match *m {
+                    Message::ToAuthority {
+                        op: o,
+                        request: Request::Release(token),
+                        ..
+                    }
+                    | Message::FromAuthority {
+                        op: o,
+                        request: Request::Release(token),
+                        ..
+                    } if Some(o) == op => Some(token),
+                    _ => None,
+                });
+                if let Some(token) = released {
+                    let doubt = &mut state.processes[usize::from(p)].unreleased[s];
+                    *doubt = Some(doubt.map_or(token, |d| d.max(token)));
+                }
+            }
             Action::Crash(p) => {
                 // Down and up again at once, as a new owner: a process that
                 // stays down a while is one that takes no step meanwhile.
@@ -737,6 +798,7 @@ impl Model for LeaseSystem {
                 proc.held = vec![None; sessions];
                 proc.waiting = vec![None; sessions];
                 proc.writing = vec![Vec::new(); sessions];
+                proc.unreleased = vec![None; sessions];
                 proc.incarnation += 1;
             }
         }

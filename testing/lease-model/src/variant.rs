@@ -28,11 +28,14 @@ pub enum Variant {
     /// The store takes tokens from any authority, not only the one it is
     /// bound to.
     StoreIgnoresAuthority,
+    /// The keeper counts on a re-acquired token whose release it gave up
+    /// waiting for: that release may still be handled after the grant.
+    ReacquireTrustsTokenInDoubt,
 }
 
 impl Variant {
     /// Every broken variant.
-    pub const BROKEN: [Variant; 8] = [
+    pub const BROKEN: [Variant; 9] = [
         Variant::StoreWithoutFencing,
         Variant::TakeoverKeepsToken,
         Variant::RepeatedTokenAcceptedByStore,
@@ -41,6 +44,7 @@ impl Variant {
         Variant::LossCountedFromReceipt,
         Variant::ReleaseBeforeWritesSettle,
         Variant::StoreIgnoresAuthority,
+        Variant::ReacquireTrustsTokenInDoubt,
     ];
 
     /// The bounds that can show this variant's breakage: a store ignoring
@@ -56,6 +60,7 @@ impl Variant {
                 crashes: 0,
                 ..crate::Bounds::SMALL
             },
+            Variant::ReacquireTrustsTokenInDoubt => crate::Bounds::SMALL_TIMEOUTS,
             _ => crate::Bounds::SMALL,
         }
     }
@@ -65,11 +70,14 @@ impl Variant {
     /// that counts its lease too long holds past what it was told, which
     /// only a model of the keeper can see. Nor does a history say when a
     /// write landed against when a release was handled, only when each
-    /// was answered.
+    /// was answered, nor which authority granted a token.
     pub fn visible_in_histories(self) -> bool {
         !matches!(
             self,
-            Variant::LossCountedFromReceipt | Variant::ReleaseBeforeWritesSettle
+            Variant::LossCountedFromReceipt
+                | Variant::ReleaseBeforeWritesSettle
+                | Variant::ReacquireTrustsTokenInDoubt
+                | Variant::StoreIgnoresAuthority
         )
     }
 }

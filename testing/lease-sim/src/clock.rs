@@ -14,11 +14,16 @@ const EPOCH: Duration = Duration::from_secs(1_767_225_600);
 /// A host's clock. Wall time is the simulation's elapsed time, read from
 /// the simulation itself so that every host and the fault schedule agree
 /// on it, moved by the steps and rate spells the schedule gives this
-/// host. Monotonic time is tokio's, which the simulation pauses and
-/// advances. Clones share one clock.
+/// host. Monotonic time is the simulation's elapsed time too, after one
+/// base instant taken when the clock is made: not tokio's, whose paused
+/// clock starts from the real instant each host's runtime was built, so
+/// that a host restarted (a new runtime) would read instants that differ
+/// from the old ones by however long the restart took in real time.
+/// Clones share one clock.
 #[derive(Debug, Clone)]
 pub struct SimClock {
     state: Arc<Mutex<State>>,
+    base: Instant,
 }
 
 #[derive(Debug)]
@@ -47,6 +52,7 @@ impl SimClock {
                 driver_sim: Duration::ZERO,
                 rng: seed,
             })),
+            base: Instant::now(),
         }
     }
 
@@ -105,7 +111,7 @@ impl Clock for SimClock {
     }
 
     fn instant(&self) -> Instant {
-        tokio::time::Instant::now().into_std()
+        self.base + sim_now(self)
     }
 
     fn random(&self) -> u64 {

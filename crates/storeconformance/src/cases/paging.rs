@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use lease_port::SessionId;
 use serde_json::json;
@@ -286,8 +286,10 @@ pub async fn listing_under_concurrent_changes<F: StoreFactory>(f: &F) {
         must(&format!("create {s:?}"), lister.create(s).await);
     }
     let stop = StopOnDrop(Arc::new(AtomicBool::new(false)));
+    let churned = Arc::new(AtomicU64::new(0));
     let churn = tokio::spawn({
         let stop = Arc::clone(&stop.0);
+        let churned = Arc::clone(&churned);
         async move {
             let mut round = 0u64;
             while !stop.load(Ordering::Relaxed) && round < MAX_CHURN_ROUNDS {
@@ -300,13 +302,24 @@ pub async fn listing_under_concurrent_changes<F: StoreFactory>(f: &F) {
                     }
                 }
                 round += 1;
+                churned.store(round, Ordering::Relaxed);
                 tokio::task::yield_now().await;
             }
             round
         }
     });
-    for limit in [1, 4, 7, 50] {
-        for pass in 0..2 {
+    // Every page size twice, and on until a round of churn has run beside
+    // the listings: a slow store (one that syncs each change) may take
+    // longer over one round than the listings over their passes.
+    let passes = [1, 4, 7, 50]
+        .into_iter()
+        .flat_map(|limit| [(limit, 0), (limit, 1)]);
+    let more = (2..2_000).map(|pass| (7, pass));
+    for (limit, pass) in passes.chain(more) {
+        if pass >= 2 && churned.load(Ordering::Relaxed) > 0 {
+            break;
+        }
+        {
             let state = format!(
                 "pass {pass} with pages of {limit}, while sessions between are created and deleted"
             );
