@@ -585,6 +585,11 @@ mod tests {
         }
     }
 
+    /// Unsynced leases in `dir` on `clock` as boot `id` opens them.
+    fn booted(dir: &Path, clock: &ManualClock, id: u8) -> FlockLease {
+        unsynced(dir, clock).boot_id([id; 16]).open().unwrap()
+    }
+
     /// Unsynced leases in `dir` on `clock`, three tokens a reservation.
     fn unsynced(dir: &Path, clock: &ManualClock) -> crate::FlockLeaseBuilder {
         FlockLease::builder(dir)
@@ -664,12 +669,7 @@ mod tests {
         let rt = rt();
         let dir = tempfile::tempdir().unwrap();
         let clock = ManualClock::new();
-        let boot = |id: u8| {
-            unsynced(dir.path(), &clock)
-                .boot_id([id; 16])
-                .open()
-                .unwrap()
-        };
+        let boot = |id: u8| booted(dir.path(), &clock, id);
         let path = dir
             .path()
             .join(file_name(&SessionId::new("sync/count").unwrap()));
@@ -803,12 +803,7 @@ mod tests {
         let rt = rt();
         let dir = tempfile::tempdir().unwrap();
         let clock = ManualClock::new();
-        let boot = |id: u8| {
-            unsynced(dir.path(), &clock)
-                .boot_id([id; 16])
-                .open()
-                .unwrap()
-        };
+        let boot = |id: u8| booted(dir.path(), &clock, id);
         let count = dir.path().join(crate::store::boot_epoch::BOOT_EPOCH_FILE);
         let mut issued = takeovers_of(&boot(1), &rt, "kept", 1);
         let old_count = std::fs::read(&count).unwrap();
@@ -833,12 +828,7 @@ mod tests {
         let rt = rt();
         let dir = tempfile::tempdir().unwrap();
         let clock = ManualClock::new();
-        let boot = |id: u8| {
-            unsynced(dir.path(), &clock)
-                .boot_id([id; 16])
-                .open()
-                .unwrap()
-        };
+        let boot = |id: u8| booted(dir.path(), &clock, id);
         let mut issued = takeovers_of(&boot(1), &rt, "kept", 2);
         issued.extend(takeovers_of(&boot(2), &rt, "lost", 2));
         clock.advance(TTL * 2);
@@ -904,7 +894,7 @@ mod tests {
         let rt = rt();
         let root = tempfile::tempdir().unwrap();
         let clock = ManualClock::new();
-        let open = |dir: &Path, boot: u8| unsynced(dir, &clock).boot_id([boot; 16]).open().unwrap();
+        let open = |dir: &Path, boot: u8| booted(dir, &clock, boot);
         let (original, backup) = (root.path().join("original"), root.path().join("backup"));
         let leases = open(&original, 1);
         rt.block_on(leases.authority()).unwrap();
@@ -942,7 +932,7 @@ mod tests {
         let rt = rt();
         let root = tempfile::tempdir().unwrap();
         let clock = ManualClock::new();
-        let open = |dir: &Path, boot: u8| unsynced(dir, &clock).boot_id([boot; 16]).open().unwrap();
+        let open = |dir: &Path, boot: u8| booted(dir, &clock, boot);
         let (original, backup) = (root.path().join("original"), root.path().join("backup"));
         rt.block_on(open(&original, 1).authority()).unwrap();
         crate::repair(&original, &SessionId::new("x").unwrap(), 1 << 60).unwrap();
@@ -973,12 +963,7 @@ mod tests {
         let rt = rt();
         let dir = tempfile::tempdir().unwrap();
         let clock = ManualClock::new();
-        let boot = |id: u8| {
-            unsynced(dir.path(), &clock)
-                .boot_id([id; 16])
-                .open()
-                .unwrap()
-        };
+        let boot = |id: u8| booted(dir.path(), &clock, id);
         let count = dir.path().join(crate::store::boot_epoch::BOOT_EPOCH_FILE);
         drop(boot(1));
         drop(boot(2));

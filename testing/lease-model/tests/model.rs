@@ -10,6 +10,24 @@ use lease_model::{
 };
 use stateright::{Checker, HasDiscoveries, Model, Representative};
 
+/// Every safety property the model checks.
+const SAFETY: &[&str] = &[
+    SINGLE_HOLDER,
+    ONE_OWNER_PER_TOKEN,
+    STORE_FENCING,
+    WRITES_SETTLE_BEFORE_RELEASE,
+];
+
+/// Panics with the counterexample if `checker` found any of `properties`
+/// broken; `context` says where (the bounds, or the fault).
+fn assert_kept(checker: &impl Checker<LeaseSystem>, properties: &[&'static str], context: &str) {
+    for &property in properties {
+        if let Some(path) = checker.discovery(property) {
+            panic!("{property} broken {context}:\n{path:#?}");
+        }
+    }
+}
+
 fn explore(bounds: Bounds, variant: Variant) -> impl Checker<LeaseSystem> {
     LeaseSystem::new(bounds, variant)
         .checker()
@@ -43,16 +61,7 @@ fn the_rules_as_built_keep_every_property_in_every_state() {
         Bounds::SMALL_TIMEOUTS,
     ] {
         let checker = explore(bounds, Variant::Correct);
-        for property in [
-            SINGLE_HOLDER,
-            ONE_OWNER_PER_TOKEN,
-            STORE_FENCING,
-            WRITES_SETTLE_BEFORE_RELEASE,
-        ] {
-            if let Some(path) = checker.discovery(property) {
-                panic!("{property} broken within {bounds:?}:\n{path:#?}");
-            }
-        }
+        assert_kept(&checker, SAFETY, &format!("within {bounds:?}"));
         // Not vacuous: the explored space holds takeovers that are written.
         assert!(
             checker.discovery("a takeover is written").is_some(),
@@ -73,16 +82,7 @@ fn the_rules_as_built_keep_every_property_in_every_state() {
 fn slow_clocks_within_the_keepers_margin_keep_every_property() {
     let bounds = Bounds::SMALL_SLOW_CLOCKS;
     let checker = explore(bounds, Variant::Correct);
-    for property in [
-        SINGLE_HOLDER,
-        ONE_OWNER_PER_TOKEN,
-        STORE_FENCING,
-        WRITES_SETTLE_BEFORE_RELEASE,
-    ] {
-        if let Some(path) = checker.discovery(property) {
-            panic!("{property} broken within {bounds:?}:\n{path:#?}");
-        }
-    }
+    assert_kept(&checker, SAFETY, &format!("within {bounds:?}"));
     assert!(checker.discovery("a takeover is written").is_some());
     println!(
         "{bounds:?}: {} states explored, {} unique",
@@ -108,15 +108,7 @@ fn a_process_on_another_authority_never_writes_to_a_bound_store() {
     );
     let checker = explore(bounds, Variant::Correct);
     assert!(checker.discovery(SINGLE_HOLDER).is_some());
-    for property in [
-        ONE_OWNER_PER_TOKEN,
-        STORE_FENCING,
-        WRITES_SETTLE_BEFORE_RELEASE,
-    ] {
-        if let Some(path) = checker.discovery(property) {
-            panic!("{property} broken within {bounds:?}:\n{path:#?}");
-        }
-    }
+    assert_kept(&checker, &SAFETY[1..], &format!("within {bounds:?}"));
 }
 
 /// A clock slower than the keeper's margin allows makes it count on a
@@ -141,15 +133,7 @@ fn a_clock_slower_than_the_margin_breaks_only_the_keepers_belief() {
         "{steps:?}"
     );
     println!("no margin: {SINGLE_HOLDER} broken in {} steps", steps.len());
-    for property in [
-        ONE_OWNER_PER_TOKEN,
-        STORE_FENCING,
-        WRITES_SETTLE_BEFORE_RELEASE,
-    ] {
-        if let Some(path) = checker.discovery(property) {
-            panic!("{property} broken by a slow clock:\n{path:#?}");
-        }
-    }
+    assert_kept(&checker, &SAFETY[1..], "by a slow clock");
 }
 
 #[test]
@@ -330,14 +314,7 @@ fn symmetry_reduction_keeps_every_verdict() {
             .join()
     };
     let checker = reduced(Bounds::SMALL, Variant::Correct);
-    for property in [
-        SINGLE_HOLDER,
-        ONE_OWNER_PER_TOKEN,
-        STORE_FENCING,
-        WRITES_SETTLE_BEFORE_RELEASE,
-    ] {
-        assert!(checker.discovery(property).is_none(), "{property} broken");
-    }
+    assert_kept(&checker, SAFETY, "under symmetry");
     assert!(checker.discovery("a takeover is written").is_some());
     for variant in Variant::BROKEN {
         let property = broken_property(variant);
@@ -375,16 +352,7 @@ fn two_sessions_explored_exhaustively_keep_every_property() {
         .symmetry()
         .spawn_dfs()
         .join();
-    for property in [
-        SINGLE_HOLDER,
-        ONE_OWNER_PER_TOKEN,
-        STORE_FENCING,
-        WRITES_SETTLE_BEFORE_RELEASE,
-    ] {
-        if let Some(path) = checker.discovery(property) {
-            panic!("{property} broken within {bounds:?}:\n{path:#?}");
-        }
-    }
+    assert_kept(&checker, SAFETY, &format!("within {bounds:?}"));
     assert!(checker.discovery("a takeover is written").is_some());
     println!(
         "{bounds:?}, symmetry: {} states explored, {} unique",
