@@ -1,6 +1,13 @@
 //! A process holding many sessions reaches its API server over a bounded
 //! number of TCP connections, however many requests are in flight: the
-//! emulator counts every connection it accepted.
+//! emulator counts every connection it accepted and the most it held open
+//! at once.
+//!
+//! The bound is on connections open at once. A connection that closes (a
+//! request dropped mid-flight on a loaded machine closes its own) is
+//! replaced by a new one, so the count of connections accepted over a run
+//! may pass the bound; it must stay far below one per session, which is
+//! what an unshared client opens.
 
 use std::time::Duration;
 
@@ -68,13 +75,16 @@ async fn a_thousand_sessions_at_once_share_the_default_bound() {
     let connections = cluster.emulator().connections();
     connections.reset();
     let failed = hold_all_at_once(&leases(&client, &cluster, 4), 1000).await;
-    let accepted = connections.accepted();
+    let (accepted, peak) = (connections.accepted(), connections.peak_open());
+    let bound = DEFAULT_MAX_CONNECTIONS as u64;
     assert!(
-        accepted <= DEFAULT_MAX_CONNECTIONS as u64,
-        "{accepted} connections accepted, bound {DEFAULT_MAX_CONNECTIONS}"
+        (1..=bound).contains(&peak),
+        "{peak} connections open at once, bound {bound}"
     );
-    assert!(accepted >= 1);
-    assert!(connections.peak_open() <= DEFAULT_MAX_CONNECTIONS as u64);
+    assert!(
+        accepted <= 2 * bound,
+        "{accepted} connections accepted for 1,000 sessions: connections are not reused"
+    );
     assert!(
         failed.is_empty(),
         "{} calls failed: {:?}",
@@ -102,10 +112,15 @@ async fn a_chosen_bound_holds_and_zero_is_refused() {
     let connections = cluster.emulator().connections();
     connections.reset();
     let failed = hold_all_at_once(&leases(&client, &cluster, 2), 250).await;
-    let accepted = connections.accepted();
-    assert!(accepted <= 2, "{accepted} connections accepted, bound 2");
-    assert!(accepted >= 1);
-    assert!(connections.peak_open() <= 2);
+    let (accepted, peak) = (connections.accepted(), connections.peak_open());
+    assert!(
+        (1..=2).contains(&peak),
+        "{peak} connections open at once, bound 2"
+    );
+    assert!(
+        accepted <= 4,
+        "{accepted} connections accepted for 250 sessions: connections are not reused"
+    );
     assert!(
         failed.is_empty(),
         "{} calls failed: {:?}",
