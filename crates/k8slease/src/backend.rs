@@ -820,21 +820,16 @@ impl K8sLease {
             }
         }
         for owner in owners {
-            let proof = self.prove(owner).await;
-            for (lease, answer) in leases.iter().zip(answers.iter_mut()) {
+            let proof = self.prove(owner, leases).await;
+            for (i, (lease, answer)) in leases.iter().zip(answers.iter_mut()).enumerate() {
                 if lease.owner() != owner {
                     continue;
                 }
-                let session = lease.session_id().as_str();
                 *answer = match &proof {
-                    Ok(Some(Proof::Held { sessions, expiry }))
-                        if sessions.get(session) == Some(&lease.token()) =>
-                    {
+                    Ok(Some(Proof::Held { proven, expiry })) if proven[i] => {
                         Some(Ok(lease.with_expiry(*expiry)))
                     }
-                    Ok(Some(Proof::Lost(lost))) if lost.get(session) == Some(&lease.token()) => {
-                        Some(Err(LeaseError::held(None)))
-                    }
+                    Ok(Some(Proof::Lost(lost))) if lost[i] => Some(Err(LeaseError::held(None))),
                     Err(e) => Some(Err(LeaseError::new(e.kind(), e.message().to_owned()))),
                     Ok(_) => None,
                 };

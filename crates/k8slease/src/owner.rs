@@ -22,7 +22,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
 use kube::api::ListParams;
-use lease_port::{FencingToken, LeaseError, OwnerId, SessionId};
+use lease_port::{FencingToken, Lease, LeaseError, OwnerId, SessionId};
 use sha2::{Digest, Sha256};
 
 use crate::backend::{K8sLease, Written};
@@ -90,17 +90,19 @@ pub(crate) struct Fresh {
     pub(crate) expiry: SystemTime,
 }
 
-/// What a renewal of the owner lease proved for a batch.
+/// What a renewal of the owner lease proved for a batch, lease by lease
+/// in the order asked: only the batch's own leases are looked up, so a
+/// batch costs what it carries, not what the owner holds.
 pub(crate) enum Proof {
-    /// Renewed: the sessions still on it, with their tokens, and the
-    /// expiry they now have.
+    /// Renewed: whether each lease asked about is still on it under its
+    /// token, and the expiry those now have.
     Held {
-        sessions: HashMap<String, FencingToken>,
+        proven: Vec<bool>,
         expiry: SystemTime,
     },
-    /// Revoked, deleted, or never made by this client: every session this
-    /// client hung on it is lost.
-    Lost(HashMap<String, FencingToken>),
+    /// Revoked, deleted, or never made by this client: whether each lease
+    /// asked about was hung on it under its token, and is lost with it.
+    Lost(Vec<bool>),
 }
 
 /// How a session's owner lease stands, as this client judges it now.
@@ -113,6 +115,23 @@ pub(crate) enum Liveness {
     /// Held by the session's holder, but not renewed for its duration:
     /// revoke it (conditional on this version) before taking the session.
     Expired(Box<Observed>),
+}
+
+/// Whether each of `asked` is `owner`'s and on `held` under its token.
+fn on_it(
+    held: &HashMap<String, (FencingToken, Instant)>,
+    owner: &OwnerId,
+    asked: &[Lease],
+) -> Vec<bool> {
+    asked
+        .iter()
+        .map(|lease| {
+            lease.owner() == owner
+                && held
+                    .get(lease.session_id().as_str())
+                    .is_some_and(|(token, _)| *token == lease.token())
+        })
+        .collect()
 }
 
 /// How long an owner lease holds without renewal, for grants of `ttl`: a
@@ -308,7 +327,13 @@ impl K8sLease {
     /// then, if no list was taken since that renewal, lists the sessions on
     /// it: at most two requests per renewal period, however many sessions
     /// and batches. `None` when this client has no owner lease for `owner`.
-    pub(crate) async fn prove(&self, owner: &OwnerId) -> Result<Option<Proof>, LeaseError> {
+    /// Answers for each of `asked`; a lease of another owner is neither
+    /// proven nor lost.
+    pub(crate) async fn prove(
+        &self,
+        owner: &OwnerId,
+        asked: &[Lease],
+    ) -> Result<Option<Proof>, LeaseError> {
         let inner = &self.inner;
         let mut owners = inner.owners.by_owner.lock().await;
         let Some(state) = owners.get_mut(owner.as_str()) else {
@@ -324,7 +349,7 @@ impl K8sLease {
         } else if self.renew_owner_lease(owner, state).await? {
             Duration::ZERO
         } else {
-            let lost = state.held.drain().map(|(s, (t, _))| (s, t)).collect();
+            let lost = on_it(&state.held, owner, asked);
             owners.remove(owner.as_str());
             return Ok(Some(Proof::Lost(lost)));
         };
@@ -346,11 +371,7 @@ impl K8sLease {
         // A TTL from now: within what the owner lease's longer hold still
         // covers, since its renewal was sent less than the difference ago.
         Ok(Some(Proof::Held {
-            sessions: state
-                .held
-                .iter()
-                .map(|(s, (t, _))| (s.clone(), *t))
-                .collect(),
+            proven: on_it(&state.held, owner, asked),
             expiry: state.sent_wall + elapsed + inner.ttl,
         }))
     }
