@@ -63,6 +63,8 @@ pub(crate) const OTHER_SERVICE_USERS: &[(&str, &[Service])] = &[
         ],
     ),
     ("mecatl-leased", &[Service::Etcd]),
+    // A seed's run, replayed with the clocks of a far slower machine.
+    ("lease-sim", &[Service::Faketime]),
     // A store, not a lease backend: directly and through PgBouncer.
     ("pg-session-store", &[Service::Postgres, Service::PgBouncer]),
     // The connection settings both PostgreSQL crates share, TLS included.

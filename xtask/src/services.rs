@@ -32,6 +32,10 @@ pub(crate) enum Service {
     /// transaction pooling in front of a test's PostgreSQL
     /// (`test_services::PgBouncer`).
     PgBouncer,
+    /// `faketime`, from Debian's `faketime` package: runs a command with
+    /// its clocks sped up, as a far slower machine would see them (the
+    /// simulation's replay test).
+    Faketime,
 }
 
 /// Where a service's binary comes from. A service built from the workspace
@@ -90,6 +94,7 @@ impl Service {
             Service::Iproute2 => "iproute2",
             Service::Postgres => "postgres",
             Service::PgBouncer => "pgbouncer",
+            Service::Faketime => "faketime",
         }
     }
 
@@ -119,6 +124,10 @@ impl Service {
             Service::PgBouncer => Provision::Debian {
                 binary: "pgbouncer",
                 package: "pgbouncer",
+            },
+            Service::Faketime => Provision::Debian {
+                binary: "faketime",
+                package: "faketime",
             },
         }
     }
@@ -303,6 +312,7 @@ mod tests {
             Service::Iproute2,
             Service::Postgres,
             Service::PgBouncer,
+            Service::Faketime,
         ] {
             let p = s.provision();
             assert!(!p.package().is_empty() && !p.binary().is_empty(), "{s:?}");

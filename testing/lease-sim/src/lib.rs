@@ -52,12 +52,22 @@
 //! # Replaying a seed
 //!
 //! A run is a function of its [`Config`] and the build, provided it is the
-//! first run in its process: tokio numbers tasks across the whole
-//! process, and those numbers decide the order in which a crashed host's
-//! tasks are dropped. The `lease-sim` binary therefore runs every seed in
-//! a process of its own, prints the command that replays a violation
+//! first run in its process and that process's clocks do not move with
+//! the machine's speed:
+//!
+//! - tokio numbers tasks across the whole process, and those numbers
+//!   decide the order in which a crashed host's tasks are dropped;
+//! - some libraries under simulation read the machine's clocks
+//!   themselves (h2 forgets a stream it reset after one real second), so
+//!   on a slow enough machine a late frame is handled otherwise.
+//!
+//! The `lease-sim` binary therefore runs every seed in a process of its
+//! own, which answers every clock read from a logical clock (one
+//! microsecond per read), prints the command that replays a violation
 //! (`cargo xtask sim --seed N …`), and a replay prints the same events to
-//! the same violation; `--trace` prints every event of the run.
+//! the same violation; `--trace` prints every event of the run. A run
+//! through [`run`] in a process of the caller's keeps the real clocks and
+//! replays only as far as the machine's speed allows.
 //!
 //! # Example
 //!

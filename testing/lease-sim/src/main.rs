@@ -5,7 +5,10 @@
 //! Each seed runs in a process of its own: tokio numbers tasks across the
 //! whole process, and the numbers decide the order in which a crashed
 //! host's tasks are dropped, so only a run that is its process's first
-//! replays exactly.
+//! replays exactly. That process also answers the real-time reads of the
+//! libraries under simulation from a logical clock (see
+//! `logical_clock.rs`), so a run does not depend on how fast the machine
+//! runs it.
 //!
 //! ```text
 //! lease-sim [--seed N] [--seeds N | --operations N] [--seconds S]
@@ -18,6 +21,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use lease_sim::{Config, Variant, run};
+
+mod logical_clock;
 
 struct Args {
     seed: u64,
@@ -180,8 +185,11 @@ fn one(args: &Args) -> ExitCode {
         trace: args.trace,
         ..Config::new(args.seed)
     };
+    let started = logical_clock::real_monotonic();
+    logical_clock::enable();
     match run(&config) {
-        Ok(report) => {
+        Ok(mut report) => {
+            report.elapsed = logical_clock::real_monotonic().saturating_sub(started);
             println!("{report}");
             println!(
                 "{SUMMARY} {} {} {} {}",
