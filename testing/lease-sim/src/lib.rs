@@ -62,8 +62,9 @@
 //!   on a slow enough machine a late frame is handled otherwise.
 //!
 //! The `lease-sim` binary therefore runs every seed in a process of its
-//! own, which answers every clock read from a logical clock (one
-//! microsecond per read), prints the command that replays a violation
+//! own, which answers the wall and monotonic clock reads of everything in
+//! it from a logical clock on simulated time ([`Config::on_step`]: h2's
+//! second is then a simulated second), prints the command that replays a violation
 //! (`cargo xtask sim --seed N …`), and a replay prints the same events to
 //! the same violation; `--trace` prints every event of the run. A run
 //! through [`run`] in a process of the caller's keeps the real clocks and
@@ -143,6 +144,10 @@ pub struct Config {
     pub variant: Variant,
     /// Print every event to standard error as it happens.
     pub trace: bool,
+    /// Told the simulation's elapsed time before each step: how the
+    /// `lease-sim` binary keeps its logical clock on simulated time (see
+    /// [Replaying a seed](crate#replaying-a-seed)).
+    pub on_step: Option<fn(Duration)>,
 }
 
 impl Config {
@@ -162,6 +167,7 @@ impl Config {
             mean_fault_interval: Duration::from_millis(300),
             variant: Variant::Correct,
             trace: false,
+            on_step: None,
         }
     }
 }
@@ -254,8 +260,8 @@ pub struct Report {
     pub counts: Counts,
     /// The first rule broken, if any.
     pub violation: Option<Violation>,
-    /// A digest of every event in order: a replay (the first run in its
-    /// process, of the same build) gives the same.
+    /// A digest of every event in order: a replay gives the same, under
+    /// the conditions [Replaying a seed](crate#replaying-a-seed) names.
     pub digest: u64,
 }
 
@@ -310,8 +316,9 @@ pub struct SimError {
     message: String,
 }
 
-/// Runs one simulation. Only the first run in a process replays exactly
-/// (see [Replaying a seed](crate#replaying-a-seed)).
+/// Runs one simulation. It replays exactly only as the first run in its
+/// process, with the process's clocks on simulated time, as the
+/// `lease-sim` binary runs it (see [Replaying a seed](crate#replaying-a-seed)).
 pub fn run(config: &Config) -> Result<Report, SimError> {
     let fail = |message: String| SimError {
         seed: config.seed,
@@ -385,6 +392,9 @@ pub fn run(config: &Config) -> Result<Report, SimError> {
     let mut schedule = faults::Schedule::new(config.seed, config, server_clock, process_clocks);
     loop {
         let at = sim.elapsed();
+        if let Some(on_step) = config.on_step {
+            on_step(at);
+        }
         schedule.tick(&mut sim, at, &world);
         if world.violation().is_some() {
             break;

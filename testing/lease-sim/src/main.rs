@@ -5,8 +5,8 @@
 //! Each seed runs in a process of its own: tokio numbers tasks across the
 //! whole process, and the numbers decide the order in which a crashed
 //! host's tasks are dropped, so only a run that is its process's first
-//! replays exactly. That process also answers the real-time reads of the
-//! libraries under simulation from a logical clock (see
+//! replays exactly. That process also answers the clock reads of the
+//! libraries under simulation from the simulation's time (see
 //! `logical_clock.rs`), so a run does not depend on how fast the machine
 //! runs it.
 //!
@@ -183,6 +183,7 @@ fn one(args: &Args) -> ExitCode {
         duration: Duration::from_secs(args.seconds),
         variant: args.variant,
         trace: args.trace,
+        on_step: Some(logical_clock::at_simulated),
         ..Config::new(args.seed)
     };
     let started = logical_clock::real_monotonic();
