@@ -25,6 +25,11 @@ use crate::record::{self, StoredToken};
 /// The TTL when none is set: client-go leader election's default duration.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(15);
 
+/// How many sessions an owner holds on one client before their proof after
+/// each renewal comes from a watch instead of a list: see
+/// [`Builder::watch_from`].
+pub const DEFAULT_WATCH_FROM: usize = 100;
+
 /// The longest request timeout the builder picks by itself.
 const DEFAULT_TIMEOUT_CAP: Duration = Duration::from_secs(5);
 
@@ -66,7 +71,9 @@ pub(crate) struct Inner {
     pub(crate) api: Api<LeaseObject>,
     pub(crate) namespace: String,
     pub(crate) ttl: Duration,
-    request_timeout: Duration,
+    pub(crate) request_timeout: Duration,
+    /// See [`Builder::watch_from`].
+    pub(crate) watch_from: usize,
     pub(crate) expiry: ExpiryJudgement,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) seen: Observations,
@@ -99,6 +106,7 @@ pub struct Builder {
     namespace: String,
     ttl: Duration,
     request_timeout: Option<Duration>,
+    watch_from: usize,
     expiry: ExpiryJudgement,
     clock: Option<Arc<dyn Clock>>,
     #[cfg(feature = "broken")]
@@ -111,6 +119,7 @@ impl std::fmt::Debug for Builder {
             .field("namespace", &self.namespace)
             .field("ttl", &self.ttl)
             .field("request_timeout", &self.request_timeout)
+            .field("watch_from", &self.watch_from)
             .field("expiry", &self.expiry)
             .finish_non_exhaustive()
     }
@@ -132,6 +141,19 @@ impl Builder {
     /// lease lapses. Default: a quarter of the TTL, at most 5 s.
     pub fn request_timeout(mut self, timeout: Duration) -> Self {
         self.request_timeout = Some(timeout);
+        self
+    }
+
+    /// How many sessions an owner must hold on this client before the
+    /// proof that they are still its own, after each renewal of its owner
+    /// lease, comes from a watch rather than a list (see the crate docs,
+    /// "Holding many sessions"). Default [`DEFAULT_WATCH_FROM`];
+    /// `usize::MAX` never watches, zero counts as one.
+    ///
+    /// The watch holds one connection to the API server for as long as it
+    /// runs, and one owner per client watches: the first to get there.
+    pub fn watch_from(mut self, sessions: usize) -> Self {
+        self.watch_from = sessions;
         self
     }
 
@@ -195,6 +217,7 @@ impl Builder {
                 namespace: self.namespace,
                 ttl,
                 request_timeout,
+                watch_from: self.watch_from.max(1),
                 expiry: self.expiry,
                 clock: self.clock.unwrap_or_else(|| Arc::new(SystemClock)),
                 seen: Observations::default(),
@@ -294,6 +317,7 @@ impl K8sLease {
             namespace: namespace.into(),
             ttl: DEFAULT_TTL,
             request_timeout: None,
+            watch_from: DEFAULT_WATCH_FROM,
             expiry: ExpiryJudgement::default(),
             clock: None,
             #[cfg(feature = "broken")]

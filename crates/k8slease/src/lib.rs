@@ -9,18 +9,20 @@
 //! once. Give every replica a `K8sLease` on the same namespace: each session
 //! has at most one live owner, and every takeover hands out a token greater
 //! than any before it, which the session store checks on every write. It
-//! needs nothing but the API server and four verbs on Leases — and an
+//! needs nothing but the API server and five verbs on Leases — and an
 //! etcd beneath it that keeps what it acknowledged (see "What it requires
 //! of the cluster").
 //!
 //! # When to choose it
 //!
 //! - The processes run in one Kubernetes cluster (or reach its API server),
-//!   and a service account may `get`, `list`, `create` and `update` Leases
-//!   in one namespace.
+//!   and a service account may `get`, `list`, `watch`, `create` and
+//!   `update` Leases in one namespace.
 //! - Holding many sessions is cheap: a process renews them all with one
-//!   write and proves them its own with one list per renewal period (two
-//!   requests per period at 10,000 sessions, counted on the emulator).
+//!   write per renewal period, and proves them its own with one list or,
+//!   from [`DEFAULT_WATCH_FROM`] sessions on, with a watch that delivers
+//!   only what changes (one request per period at 10,000 sessions,
+//!   counted on the emulator).
 //!   Acquiring and releasing a session cost one to four requests each.
 //!
 //! Not for: processes on one host (`flocklease` needs no cluster).
@@ -74,7 +76,8 @@
 //!
 //! Each client makes, for each owner id it acquires for, an owner lease:
 //! a Lease named `mecatl-o-<hash of the owner id>-<part unique to the
-//! client>`, labelled `mecatl.dev/role=owner`, held by the owner id. Its
+//! client>`, labelled `mecatl.dev/role=owner` and, with its own name,
+//! `mecatl.dev/owner-lease`, held by the owner id. Its
 //! `renewTime` says when that holder last renewed; its
 //! `leaseDurationSeconds` is its *hold*, the TTL plus a third of it in
 //! whole seconds (the TTL itself under three seconds): one renewal can then
@@ -89,7 +92,8 @@
 //! - **Renewal** writes the owner lease, conditional on the version this
 //!   client last wrote, and lists the session objects labelled with it to
 //!   prove they still name our holder and token: one update and one list
-//!   per owner for all its sessions. [`renew_many`](lease_port::SessionLease::renew_many)
+//!   per owner for all its sessions; an owner holding many watches them
+//!   instead of listing (see "Holding many sessions"). [`renew_many`](lease_port::SessionLease::renew_many)
 //!   does this at most once per hold minus TTL (a third of a TTL), however
 //!   many calls the leases come in (the lease keeper sends them in
 //!   batches); a call in between answers from the last renewal and list,
@@ -130,7 +134,8 @@
 //!
 //! `kubectl get leases` shows each session's holder; `kubectl get leases
 //! -l mecatl.dev/role=owner` the owner leases and their renewal times;
-//! `kubectl get leases -l mecatl.dev/owner-lease=NAME` the sessions on one.
+//! `kubectl get leases -l mecatl.dev/owner-lease=NAME` the sessions on one,
+//! and that owner lease itself.
 //! Owner leases of clients that ended are left behind, held until they
 //! lapse and inert afterwards; delete them at will once expired.
 //!
@@ -148,13 +153,42 @@
 //!
 //! | operation | requests |
 //! |---|---|
-//! | renewal of every session of one owner, per third of a TTL ([`renew_many`](lease_port::SessionLease::renew_many)) | 1 update + 1 list |
+//! | renewal of every session of one owner, per third of a TTL ([`renew_many`](lease_port::SessionLease::renew_many)) | 1 update + 1 list; 1 update while its watch runs |
 //! | renew of one lease | get + update |
 //! | release | 1 update (get + update if this process never saw the object) |
 //! | first acquire of a client | + 1 create (its owner lease) |
 //! | acquire, session never leased | get + create + update, + 1 update of the owner lease |
 //! | acquire, free or expired session | get + update, + 1 update of the owner lease (+ 1 update revoking an expired owner lease) |
 //! | acquire, held elsewhere | get of the object and of its owner lease |
+//!
+//! ## Holding many sessions
+//!
+//! The list after each renewal costs the API server a read of every
+//! session on the owner lease, and this client their decoding: at 10,000
+//! sessions, 10,000 objects each renewal period. So once an owner holds
+//! [`Builder::watch_from`] sessions on one client ([`DEFAULT_WATCH_FROM`],
+//! 100, by default), that client lists them once and then *watches* the
+//! label `mecatl.dev/owner-lease=<its owner lease>`, which the owner lease
+//! carries too. A watch sends every change in `resourceVersion` order,
+//! and a session that leaves the label (taken over, released) as deleted;
+//! so once it has delivered the owner lease's own renewal, it has shown
+//! every change to the sessions before that renewal, which is what the
+//! list proved. A renewal then costs one request however many sessions
+//! the owner holds.
+//!
+//! The watch saves requests and decides nothing alone. Whenever it cannot
+//! show the sessions as of a renewal within a quarter of the request
+//! timeout — starting, resumed after a broken connection, relisting after
+//! its history was compacted (410 `Gone`) or after its versions went back —
+//! the renewal lists, as below the threshold. A version that goes back on
+//! the watch makes it list again, and that list is refused as `Rewound` as
+//! any other would be. A Role without `watch` is not an error: the client
+//! stops trying and lists each period.
+//!
+//! One owner per client watches (the first to reach the threshold; a
+//! process holds its sessions as one owner), and the watch holds one
+//! connection to the API server for as long as it runs (see
+//! "Connections").
 //!
 //! ## Upgrading from per-session renewals
 //!
@@ -357,7 +391,9 @@
 //! Several `K8sLease`s on clones of one client each take six turns, so
 //! that guarantee holds for one `K8sLease` per client (as `mecated` and
 //! `mecak8s` build them); give several a larger bound (`client_from_config`)
-//! of at least six per instance and two more.
+//! of at least six per instance and two more. A watching owner (see
+//! "Holding many sessions") keeps one of those two for its watch; its
+//! renewals are then one request each.
 //!
 //! # Errors
 //!
@@ -394,11 +430,12 @@
 //! rules:
 //!   - apiGroups: [coordination.k8s.io]
 //!     resources: [leases]
-//!     verbs: [get, list, create, update]
+//!     verbs: [get, list, watch, create, update]
 //! ```
 //!
-//! `list` serves batch renewal alone: the one read that proves a process's
-//! sessions are still its own.
+//! `list` and `watch` serve batch renewal alone: the read that proves a
+//! process's sessions are still its own. `watch` may be left out; an owner
+//! holding many sessions then lists them every renewal period.
 
 mod backend;
 mod connections;
@@ -408,8 +445,11 @@ mod name;
 mod observe;
 mod owner;
 mod record;
+mod sessions_watch;
 
-pub use backend::{Builder, DEFAULT_TTL, K8sLease, client_from_kubeconfig, client_infer};
+pub use backend::{
+    Builder, DEFAULT_TTL, DEFAULT_WATCH_FROM, K8sLease, client_from_kubeconfig, client_infer,
+};
 pub use connections::{DEFAULT_MAX_CONNECTIONS, client_from_config};
 pub use expiry::ExpiryJudgement;
 pub use name::object_name;

@@ -17,7 +17,8 @@
 //! lost; before one, the taker's revocation fails and it must look again.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
@@ -28,7 +29,8 @@ use sha2::{Digest, Sha256};
 use crate::backend::{K8sLease, Written};
 use crate::error::{Failure, Verb, rewound};
 use crate::observe::Observed;
-use crate::record::{self, StoredToken};
+use crate::record;
+use crate::sessions_watch::{Held, SessionsWatch, held_by};
 
 /// Names of owner leases: the prefix differs from every session prefix and
 /// from the authority object's name before the ninth character.
@@ -55,8 +57,11 @@ struct OwnerLease {
     /// the proof was taken: by the list after the latest renewal, or by our
     /// own acquire since.
     held: HashMap<String, (FencingToken, Instant)>,
-    /// True once a list has been taken after the latest renewal.
+    /// True once the sessions were proven after the latest renewal.
     listed: bool,
+    /// Shows the sessions on it without a list each renewal period, once
+    /// it holds [`Builder::watch_from`](crate::Builder::watch_from) of them.
+    watch: Option<SessionsWatch>,
 }
 
 impl OwnerLease {
@@ -79,6 +84,9 @@ pub(crate) struct Owners {
     /// Counts owner-lease writes as they are sent: a write numbered above
     /// what an operation read when it began was sent after it began.
     writes: AtomicU64,
+    /// Taken by the one owner lease whose sessions are watched: each watch
+    /// holds a connection for as long as it runs.
+    watch_slot: Arc<AtomicBool>,
 }
 
 /// An owner lease renewed recently enough to hang a session on.
@@ -236,6 +244,7 @@ impl K8sLease {
                         sent_mono,
                         held: HashMap::new(),
                         listed: true,
+                        watch: None,
                     });
                 }
                 // Someone has that name: take another.
@@ -324,9 +333,10 @@ impl K8sLease {
 
     /// Renews `owner`'s owner lease if it is due (its last renewal was
     /// sent as long ago as its hold exceeds the TTL, see [`owner_hold`]),
-    /// then, if no list was taken since that renewal, lists the sessions on
-    /// it: at most two requests per renewal period, however many sessions
-    /// and batches. `None` when this client has no owner lease for `owner`.
+    /// then, if its sessions were not proven since that renewal, lists
+    /// them, or has its watch show them (see `sessions_watch`): at most two
+    /// requests per renewal period, one while the watch runs, however many
+    /// sessions and batches. `None` when this client has no owner lease for `owner`.
     /// Answers for each of `asked`; a lease of another owner is neither
     /// proven nor lost.
     pub(crate) async fn prove(
@@ -355,11 +365,11 @@ impl K8sLease {
         };
         if !state.listed {
             let sent = inner.clock.instant();
-            let listed = self.list_on(&state.name, owner).await?;
+            let shown = self.shown_after_renewal(state, owner).await?;
             let mut held: HashMap<String, (FencingToken, Instant)> =
-                listed.into_iter().map(|(s, t)| (s, (t, sent))).collect();
-            // Acquired while the list was on its way: proven by their own
-            // write, which the list may not show.
+                shown.into_iter().map(|(s, t)| (s, (t, sent))).collect();
+            // Acquired while the proof was on its way: proven by their own
+            // write, which the proof may not show.
             for (session, (token, at)) in state.held.drain() {
                 if at > sent {
                     held.insert(session, (token, at));
@@ -367,6 +377,10 @@ impl K8sLease {
             }
             state.held = held;
             state.listed = true;
+            if state.watch.is_none() && state.held.len() >= inner.watch_from {
+                state.watch =
+                    SessionsWatch::start(self, &state.name, owner, &inner.owners.watch_slot);
+            }
         }
         // A TTL from now: within what the owner lease's longer hold still
         // covers, since its renewal was sent less than the difference ago.
@@ -376,13 +390,31 @@ impl K8sLease {
         }))
     }
 
+    /// The sessions `owner` holds on `state`'s owner lease as of its latest
+    /// renewal or later, session id to token: from the watch when it shows
+    /// them within a quarter of a request timeout, else from a list.
+    async fn shown_after_renewal(
+        &self,
+        state: &OwnerLease,
+        owner: &OwnerId,
+    ) -> Result<HashMap<String, FencingToken>, LeaseError> {
+        if let (Some(watch), Ok(renewal)) = (&state.watch, record::resource_version(&state.object))
+            && let Some(shown) = watch.held_at(renewal, self.request_timeout() / 4).await
+        {
+            return Ok(shown);
+        }
+        let (_, held) = self.list_on(&state.name, owner).await?;
+        Ok(held.into_values().collect())
+    }
+
     /// The sessions labelled with owner lease `name` and held by `owner`,
-    /// with their tokens: one consistent list.
-    async fn list_on(
+    /// by object name, and the list's version (`None` when it is not an
+    /// integer): one consistent list.
+    pub(crate) async fn list_on(
         &self,
         name: &str,
         owner: &OwnerId,
-    ) -> Result<Vec<(String, FencingToken)>, LeaseError> {
+    ) -> Result<(Option<u64>, Held), LeaseError> {
         let inner = &self.inner;
         let target = self.target(Verb::List, name);
         let newest = inner.seen.newest();
@@ -399,7 +431,8 @@ impl K8sLease {
         };
         // A consistent list includes every write seen before it was sent.
         let version = list.metadata.resource_version.as_deref().unwrap_or("");
-        if let Ok(version) = version.parse::<u64>() {
+        let version = version.parse::<u64>().ok();
+        if let Some(version) = version {
             if version < newest {
                 return Err(rewound(
                     &inner.namespace,
@@ -412,15 +445,12 @@ impl K8sLease {
             }
             inner.seen.saw_version(version);
         }
-        Ok(list
+        let held = list
             .items
             .iter()
-            .filter(|o| record::holder(o) == Some(owner.as_str()))
-            .filter_map(|o| match (record::session_of(o), record::stored_token(o)) {
-                (Some(session), StoredToken::Known(token)) => Some((session.to_owned(), token)),
-                _ => None,
-            })
-            .collect())
+            .filter_map(|o| Some((o.metadata.name.clone()?, held_by(o, owner)?)))
+            .collect();
+        Ok((version, held))
     }
 
     /// Counts `session`, just taken or confirmed under `token` on owner

@@ -276,6 +276,9 @@ pub(crate) fn new_owner_lease(
             labels: Some(BTreeMap::from([
                 (MANAGED_BY_LABEL.to_owned(), MANAGED_BY.to_owned()),
                 (ROLE_LABEL.to_owned(), OWNER_ROLE.to_owned()),
+                // Its own name, so that a watch of the sessions on it
+                // delivers its renewals too (see `sessions_watch`).
+                (OWNER_LEASE_LABEL.to_owned(), name.to_owned()),
             ])),
             annotations: Some(BTreeMap::from([(
                 "mecatl.dev/purpose".to_owned(),
@@ -304,6 +307,14 @@ pub(crate) fn owner_renewed(
 ) -> Result<LeaseObject, LeaseError> {
     let at = micro_time(now)?;
     let mut next = object.clone();
+    // Back if someone removed it: the watch of its sessions counts on
+    // seeing each renewal.
+    if let Some(name) = next.metadata.name.clone() {
+        next.metadata
+            .labels
+            .get_or_insert_with(BTreeMap::new)
+            .insert(OWNER_LEASE_LABEL.to_owned(), name);
+    }
     let spec = next.spec.get_or_insert_with(LeaseSpec::default);
     spec.lease_duration_seconds = Some(ttl_seconds(ttl));
     spec.renew_time = Some(at);

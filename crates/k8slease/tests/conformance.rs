@@ -30,17 +30,23 @@ async fn independent_clients() -> RealTimeFactory<K8sLease> {
 
 /// Skew-safe judgement needs a client to have seen a record unchanged for
 /// a TTL, so the suite's clients are the clones of one process's
-/// `K8sLease`; each restart starts a new process with nothing seen.
-async fn one_process() -> RealTimeFactory<K8sLease> {
+/// `K8sLease`; each restart starts a new process with nothing seen. An
+/// owner watches its sessions once it holds `watch_from`.
+async fn one_process(watch_from: usize) -> RealTimeFactory<K8sLease> {
     let cluster = Cluster::start().await;
-    let first = cluster.lease(TTL, ExpiryJudgement::SkewSafe).await;
-    let process = Arc::new(Mutex::new(first));
-    let current = process.clone();
-    RealTimeFactory::new(TTL, move || current.lock().unwrap().clone()).restart_with(move || {
-        let (cluster, process) = (cluster.clone(), process.clone());
+    let process = move |cluster: Arc<Cluster>| async move {
+        cluster
+            .lease_watching_from(TTL, ExpiryJudgement::SkewSafe, watch_from)
+            .await
+    };
+    let first = process(cluster.clone()).await;
+    let current = Arc::new(Mutex::new(first));
+    let shared = current.clone();
+    RealTimeFactory::new(TTL, move || shared.lock().unwrap().clone()).restart_with(move || {
+        let (cluster, current) = (cluster.clone(), current.clone());
         async move {
-            let restarted = cluster.lease(TTL, ExpiryJudgement::SkewSafe).await;
-            *process.lock().unwrap() = restarted;
+            let restarted = process(cluster).await;
+            *current.lock().unwrap() = restarted;
         }
     })
 }
@@ -48,5 +54,11 @@ async fn one_process() -> RealTimeFactory<K8sLease> {
 leaseconformance::suite!(independent_clients());
 
 mod skew_safe {
-    leaseconformance::suite!(super::one_process());
+    leaseconformance::suite!(super::one_process(k8slease::DEFAULT_WATCH_FROM));
+}
+
+/// Every owner watches its sessions from the first: the proof after a
+/// renewal comes from the watch wherever it keeps up.
+mod watching {
+    leaseconformance::suite!(super::one_process(1));
 }

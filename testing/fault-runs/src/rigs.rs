@@ -448,9 +448,12 @@ pub(crate) async fn k8s(
                 let client = k8slease::client_from_kubeconfig(&kubeconfig)
                     .await
                     .map_err(|e| format!("kube client: {e}"))?;
+                // Every owner watches its sessions, so the faults reach the
+                // watch and the lists it falls back to.
                 let mut builder = K8sLease::builder(client, "default")
                     .ttl(ttl)
-                    .request_timeout(call_timeout(ttl));
+                    .request_timeout(call_timeout(ttl))
+                    .watch_from(1);
                 if trusted {
                     builder = builder.broken_trust_remembered_owner_lease();
                 }

@@ -1,4 +1,5 @@
-//! Serves: kubectl only — `kubectl get --watch`; k8slease never watches the API.
+//! Serves: both — `kubectl get --watch`, and k8slease's watch of the sessions
+//! on an owner lease.
 //!
 //! `?watch=1`: a chunked stream of `{"type", "object"}` lines.
 

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_emulator::Verb;
+use k8s_emulator::{RequestCounters, Verb};
 use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
 use k8slease::{ExpiryJudgement, K8sLease, object_name};
 use kube::api::{Api, DeleteParams, ListParams};
@@ -26,10 +26,15 @@ const KEEPER_BATCH: usize = 256;
 const OWNER_LABEL: &str = "mecatl.dev/owner-lease";
 
 async fn client(cluster: &Cluster, clock: &ManualClock) -> K8sLease {
+    watching_from(cluster, clock, k8slease::DEFAULT_WATCH_FROM).await
+}
+
+async fn watching_from(cluster: &Cluster, clock: &ManualClock, sessions: usize) -> K8sLease {
     K8sLease::builder(cluster.kube().await, &cluster.namespace)
         .ttl(TTL)
         .expiry(ExpiryJudgement::SkewSafe)
         .clock(Arc::new(clock.clone()))
+        .watch_from(sessions)
         .build()
         .unwrap()
 }
@@ -86,6 +91,27 @@ async fn renewal_period(leases: &K8sLease, clock: &ManualClock, held: &mut [Leas
     }
 }
 
+/// Renewal periods until one proves the sessions without a list: the
+/// first after the grants lists and starts the watch, which lists once
+/// itself before it runs. Fails if that never happens.
+async fn until_watched(
+    leases: &K8sLease,
+    clock: &ManualClock,
+    held: &mut [Lease],
+    counts: &RequestCounters,
+) {
+    for _ in 0..20 {
+        counts.reset();
+        renewal_period(leases, clock, held).await;
+        if counts.get(Verb::List, "leases") == 0 {
+            return;
+        }
+        // Give the watch's own list and its start a moment.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    panic!("every renewal period still listed: the watch never took over");
+}
+
 fn expect_held(answer: &Result<Lease, lease_port::LeaseError>, step: &str) {
     match answer {
         Err(e) if e.kind() == LeaseErrorKind::Held => {}
@@ -94,7 +120,7 @@ fn expect_held(answer: &Result<Lease, lease_port::LeaseError>, step: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ten_thousand_sessions_cost_two_requests_per_renewal_period() {
+async fn ten_thousand_sessions_cost_one_request_per_renewal_period_once_watched() {
     let cluster = Cluster::emulated().await;
     let clock = ManualClock::new();
     let leases = client(&cluster, &clock).await;
@@ -108,8 +134,7 @@ async fn ten_thousand_sessions_cost_two_requests_per_renewal_period() {
         started.elapsed()
     );
     let counts = cluster.emulator().requests();
-    // The first period after the grants settles the proof; then steady.
-    renewal_period(&leases, &clock, &mut held).await;
+    until_watched(&leases, &clock, &mut held, counts).await;
     for period in 0..3 {
         counts.reset();
         let before = held[0].expiry();
@@ -117,13 +142,13 @@ async fn ten_thousand_sessions_cost_two_requests_per_renewal_period() {
         let seen = counts.snapshot();
         let total = counts.resource_total("leases");
         eprintln!("period {period}: {total} requests for 10,000 sessions: {seen:?}");
-        assert!(
-            total <= 2,
+        // One write renews them all; the watch, already running, proves
+        // they are still ours.
+        assert_eq!(
+            total, 1,
             "period {period}: {total} requests for 10,000 sessions: {seen:?}"
         );
-        // One write renews them all, one list proves they are still ours.
         assert_eq!(counts.get(Verb::Update, "leases"), 1, "{seen:?}");
-        assert_eq!(counts.get(Verb::List, "leases"), 1, "{seen:?}");
         assert!(held[0].expiry() > before, "the period moved no expiry");
     }
     // Still every one of them ours: another owner is refused.
@@ -303,7 +328,12 @@ async fn kubectl_shows_the_holder_on_each_session_and_the_renewal_on_its_owner_l
         .list(&ListParams::default().labels(&format!("{OWNER_LABEL}={owner_lease}")))
         .await
         .unwrap();
-    assert_eq!(listed.items.len(), 3, "`kubectl get leases -l` finds them");
+    // The owner lease carries its own name in the label, for the watch.
+    assert_eq!(
+        listed.items.len(),
+        4,
+        "`kubectl get leases -l` finds the sessions and their owner lease"
+    );
     let first = api.get(&owner_lease).await.unwrap();
     let owner_spec = first.spec.as_ref().unwrap();
     assert_eq!(owner_spec.holder_identity.as_deref(), Some("pod-a/1"));
@@ -339,4 +369,43 @@ async fn a_session_object_deleted_while_held_is_lost_at_the_next_batch_renewal()
     answers[0].as_ref().unwrap();
     answers[1].as_ref().unwrap();
     expect_held(&answers[2], "a deleted session object");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watching_owner_loses_a_session_deleted_or_given_to_another_holder() {
+    let cluster = Cluster::emulated().await;
+    let clock = ManualClock::new();
+    let leases = watching_from(&cluster, &clock, 4).await;
+    let me = owner("pod-a/1");
+    let all = sessions("watched", 6);
+    let mut held = acquire_all(&leases, &all, &me).await;
+    let counts = cluster.emulator().requests();
+    until_watched(&leases, &clock, &mut held, counts).await;
+    // An operator deletes one session's object and gives another to a
+    // different holder, leaving its owner-lease label: the watch shows
+    // both, and only those two are lost.
+    let api: Api<LeaseObject> = Api::namespaced(cluster.kube().await, &cluster.namespace);
+    api.delete(&object_name(&all[2]), &DeleteParams::default())
+        .await
+        .unwrap();
+    let mut edited = api.get(&object_name(&all[4])).await.unwrap();
+    edited.spec.as_mut().unwrap().holder_identity = Some("pod-z/1".to_owned());
+    api.replace(&object_name(&all[4]), &Default::default(), &edited)
+        .await
+        .unwrap();
+    counts.reset();
+    clock.advance(TTL / 2);
+    let answers = leases.renew_many(&held).await;
+    for (i, answer) in answers.iter().enumerate() {
+        match i {
+            2 => expect_held(answer, "a deleted session object"),
+            4 => expect_held(answer, "a session given to another holder"),
+            _ => {
+                answer.as_ref().expect("every other session stays held");
+            }
+        }
+    }
+    // Proven by the watch: no list was sent.
+    let seen = counts.snapshot();
+    assert_eq!(counts.get(Verb::List, "leases"), 0, "{seen:?}");
 }

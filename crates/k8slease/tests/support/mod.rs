@@ -62,10 +62,22 @@ impl Cluster {
 
     /// A lease client with its own connection and its own memory.
     pub async fn lease(&self, ttl: Duration, expiry: ExpiryJudgement) -> K8sLease {
+        self.lease_watching_from(ttl, expiry, k8slease::DEFAULT_WATCH_FROM)
+            .await
+    }
+
+    /// The same, whose owner watches its sessions once it holds `sessions`.
+    pub async fn lease_watching_from(
+        &self,
+        ttl: Duration,
+        expiry: ExpiryJudgement,
+        sessions: usize,
+    ) -> K8sLease {
         K8sLease::builder(self.kube().await, &self.namespace)
             .ttl(ttl)
             .request_timeout(ttl / 3)
             .expiry(expiry)
+            .watch_from(sessions)
             .build()
             .expect("valid settings")
     }

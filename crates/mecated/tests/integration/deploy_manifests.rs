@@ -101,7 +101,7 @@ fn the_rendered_deployment_is_what_mecak8s_needs() {
             .any(|s| s.metadata.name.as_deref() == Some("mecak8s"))
     );
 
-    // RBAC: exactly get, list, create, update on leases, bound to the pods' account.
+    // RBAC: exactly get, list, watch, create, update on leases, bound to the pods' account.
     let rules = role.rules.expect("the Role has rules");
     assert_eq!(rules.len(), 1, "{rules:?}");
     assert_eq!(
@@ -114,7 +114,7 @@ fn the_rendered_deployment_is_what_mecak8s_needs() {
     );
     let mut verbs = rules[0].verbs.clone();
     verbs.sort();
-    assert_eq!(verbs, ["create", "get", "list", "update"]);
+    assert_eq!(verbs, ["create", "get", "list", "update", "watch"]);
     assert_eq!(binding.role_ref.name, role.metadata.name.clone().unwrap());
     let subject = &binding.subjects.expect("a subject")[0];
     assert_eq!(subject.kind, "ServiceAccount");

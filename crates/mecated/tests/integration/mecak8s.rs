@@ -75,6 +75,9 @@ async fn replicas_share_sessions_in_redis_and_lease_them_as_lease_objects() {
     // The sessions were leased as Lease objects, with exactly the verbs the
     // deployment's Role grants (deploy/kubernetes/role.yaml): no more (the
     // replicas would be refused), no fewer (the Role would grant too much).
+    // `watch` is sent only by a replica holding k8slease's
+    // DEFAULT_WATCH_FROM sessions (100), which these few runs do not reach;
+    // k8slease's scale tests send it.
     let used: std::collections::BTreeSet<String> = emulator
         .requests()
         .snapshot()
@@ -82,7 +85,9 @@ async fn replicas_share_sessions_in_redis_and_lease_them_as_lease_objects() {
         .filter(|((_, resource), n)| resource == "leases" && *n > 0)
         .map(|((verb, _), _)| format!("{verb:?}").to_lowercase())
         .collect();
-    assert_eq!(used, role_verbs(), "verbs used against the API vs the Role");
+    let mut granted = role_verbs();
+    assert!(granted.remove("watch"), "the Role grants watch");
+    assert_eq!(used, granted, "verbs used against the API vs the Role");
 }
 
 /// The verbs `deploy/kubernetes/role.yaml` grants on leases.
