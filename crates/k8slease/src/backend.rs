@@ -152,6 +152,9 @@ impl Builder {
     ///
     /// The watch holds one connection to the API server for as long as it
     /// runs, and one owner per client watches: the first to get there.
+    /// Give a client that watches a connection bound of at least the
+    /// default (see the crate docs, "Connections"); with fewer, turn
+    /// watching off, or the watch may hold the connection a renewal needs.
     pub fn watch_from(mut self, sessions: usize) -> Self {
         self.watch_from = sessions;
         self

@@ -182,8 +182,16 @@
 //! its history was compacted (410 `Gone`) or after its versions went back —
 //! the renewal lists, as below the threshold. A version that goes back on
 //! the watch makes it list again, and that list is refused as `Rewound` as
-//! any other would be. A Role without `watch` is not an error: the client
-//! stops trying and lists each period.
+//! any other would be. Storage can also go back where no watch event shows
+//! it: restored to a point after the owner lease's previous renewal but
+//! before a session acquired since, with the version counter then pushed
+//! past everything this client saw by other writers. So a session whose
+//! object changed after the version the renewal was conditional on is read
+//! again before the watch's word is taken for it (a read older than what
+//! this client saw is `Rewound`); with more than 32 such sessions, the
+//! renewal lists instead. A renewal that changed nothing (same version)
+//! lists too. A Role without `watch` is not an error: the client asks once,
+//! then lists each period.
 //!
 //! One owner per client watches (the first to reach the threshold; a
 //! process holds its sessions as one owner), and the watch holds one

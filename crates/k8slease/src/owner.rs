@@ -36,6 +36,10 @@ use crate::sessions_watch::{Held, SessionsWatch, held_by};
 /// from the authority object's name before the ninth character.
 pub(crate) const OWNER_PREFIX: &str = "mecatl-o-";
 
+/// How many sessions written since the previous renewal a proof by the
+/// watch reads again one by one; more, and one list costs less.
+const READS_BEFORE_A_LIST: usize = 32;
+
 /// How many times one owner-lease renewal re-reads after a lost race or
 /// reply before it gives up as `Transient`.
 const OWNER_ROUNDS: usize = 6;
@@ -57,6 +61,9 @@ struct OwnerLease {
     /// the proof was taken: by the list after the latest renewal, or by our
     /// own acquire since.
     held: HashMap<String, (FencingToken, Instant)>,
+    /// The version the latest renewal was conditional on: everything
+    /// written up to it is still stored, or the renewal would have failed.
+    renewed_from: u64,
     /// True once the sessions were proven after the latest renewal.
     listed: bool,
     /// Shows the sessions on it without a list each renewal period, once
@@ -243,6 +250,7 @@ impl K8sLease {
                         sent_wall,
                         sent_mono,
                         held: HashMap::new(),
+                        renewed_from: 0,
                         listed: true,
                         watch: None,
                     });
@@ -299,6 +307,7 @@ impl K8sLease {
             let next = record::owner_renewed(&base, owner_hold(inner.ttl), sent_wall)?;
             match self.write(Verb::Update, &name, &next).await? {
                 Written::Done(renewed) => {
+                    state.renewed_from = record::resource_version(&base)?;
                     (state.object, state.seq, state.sent_wall, state.sent_mono) =
                         (renewed.object, seq, sent_wall, sent_mono);
                     state.listed = false;
@@ -398,13 +407,59 @@ impl K8sLease {
         state: &OwnerLease,
         owner: &OwnerId,
     ) -> Result<HashMap<String, FencingToken>, LeaseError> {
-        if let (Some(watch), Ok(renewal)) = (&state.watch, record::resource_version(&state.object))
+        if let Some(watch) = &state.watch
+            && let Ok(renewal) = record::resource_version(&state.object)
+            // A renewal that changed nothing kept its version and sent no
+            // event to wait for.
+            && renewal > state.renewed_from
             && let Some(shown) = watch.held_at(renewal, self.request_timeout() / 4).await
+            && let Some(proven) = self.confirm_since(shown, state.renewed_from, owner).await
         {
-            return Ok(shown);
+            return Ok(proven);
         }
         let (_, held) = self.list_on(&state.name, owner).await?;
-        Ok(held.into_values().collect())
+        Ok(held.into_values().map(|(s, t, _)| (s, t)).collect())
+    }
+
+    /// The sessions of `shown` (the watch's view) proven ours, when the
+    /// renewal was conditional on version `from`. Everything written up to
+    /// `from` is still stored; a session written since (an acquire after
+    /// the previous renewal) may have been lost to storage that went back
+    /// past its write but not past `from`, which no watch event shows, so
+    /// each is read again, and a read older than what this client saw of
+    /// it is refused as `Rewound` (by [`read`](K8sLease::read)) as a list
+    /// would have it. `None` when so many were written since that one list
+    /// is cheaper.
+    async fn confirm_since(
+        &self,
+        shown: Held,
+        from: u64,
+        owner: &OwnerId,
+    ) -> Option<HashMap<String, FencingToken>> {
+        let (settled, since): (Vec<_>, Vec<_>) = shown
+            .into_iter()
+            .partition(|(_, (_, _, version))| *version <= from);
+        if since.len() > READS_BEFORE_A_LIST {
+            return None;
+        }
+        let reads = since.iter().map(|(name, _)| self.read(name));
+        let read = futures_util::future::join_all(reads).await;
+        let confirmed = since
+            .into_iter()
+            .zip(read)
+            .filter_map(|((_, entry), read)| {
+                let (session, token, _) = entry;
+                let now = held_by(&read.ok()??.object, owner)?;
+                // Unconfirmed sessions are decided on their own objects.
+                (now.0 == session && now.1 == token).then_some((session, token))
+            });
+        Some(
+            settled
+                .into_iter()
+                .map(|(_, (session, token, _))| (session, token))
+                .chain(confirmed)
+                .collect(),
+        )
     }
 
     /// The sessions labelled with owner lease `name` and held by `owner`,

@@ -39,8 +39,9 @@ const WATCH_SECONDS: u32 = 240;
 const FIRST_PAUSE: Duration = Duration::from_millis(500);
 const LONGEST_PAUSE: Duration = Duration::from_secs(30);
 
-/// A session held by the owner: its id and token.
-pub(crate) type Entry = (String, FencingToken);
+/// A session held by the owner: its id, its token, and the version of
+/// its object that says so.
+pub(crate) type Entry = (String, FencingToken, u64);
 
 /// The sessions on one owner lease that its owner holds, by object name.
 pub(crate) type Held = HashMap<String, Entry>;
@@ -120,8 +121,11 @@ pub(crate) fn held_by(object: &LeaseObject, owner: &OwnerId) -> Option<Entry> {
     if record::holder(object) != Some(owner.as_str()) {
         return None;
     }
+    let version = record::resource_version(object).ok()?;
     match (record::session_of(object), record::stored_token(object)) {
-        (Some(session), record::StoredToken::Known(token)) => Some((session.to_owned(), token)),
+        (Some(session), record::StoredToken::Known(token)) => {
+            Some((session.to_owned(), token, version))
+        }
         _ => None,
     }
 }
@@ -158,15 +162,10 @@ impl SessionsWatch {
         })
     }
 
-    /// The sessions held, with their tokens (session id to token), as of a
-    /// revision at least `at`. `None` when the watch is not running, or
-    /// does not get there within `patience` (it is then rebuilt), and the
-    /// caller must list.
-    pub(crate) async fn held_at(
-        &self,
-        at: u64,
-        patience: Duration,
-    ) -> Option<HashMap<String, FencingToken>> {
+    /// The sessions held, by object name, as of a revision at least `at`.
+    /// `None` when the watch is not running, or does not get there within
+    /// `patience` (it is then rebuilt), and the caller must list.
+    pub(crate) async fn held_at(&self, at: u64, patience: Duration) -> Option<Held> {
         if !self.view.lock().live {
             return None;
         }
@@ -176,7 +175,7 @@ impl SessionsWatch {
             .is_ok_and(|r| r.is_ok());
         let shown = self.view.lock();
         if got_there && shown.live && shown.revision >= at {
-            return Some(shown.held.values().map(|(s, t)| (s.clone(), *t)).collect());
+            return Some(shown.held.clone());
         }
         let stuck = shown.live;
         drop(shown);
@@ -269,9 +268,8 @@ async fn watch(lease: &Weak<Inner>, view: &View, name: &str, owner: &OwnerId, fr
     let stream = match tokio::time::timeout(timeout, api.watch(&params, &from.to_string())).await {
         Ok(Ok(stream)) => stream,
         // Not granted: the renewals list, as a Role without `watch` asks.
-        Ok(Err(kube::Error::Api(status))) if status.code == 403 => return Ended::Stop,
-        Ok(Err(kube::Error::Api(status))) if status.code == 410 => return Ended::Relist,
-        Ok(Err(_)) | Err(_) => return Ended::Broken(from),
+        Ok(Err(refused)) => return refusal(&refused).unwrap_or(Ended::Broken(from)),
+        Err(_) => return Ended::Broken(from),
     };
     let mut stream = std::pin::pin!(stream);
     view.set_live(true);
@@ -283,12 +281,25 @@ async fn watch(lease: &Weak<Inner>, view: &View, name: &str, owner: &OwnerId, fr
         };
         let event = match next {
             None => return Ended::Resume(at),
-            Some(Err(_)) => return Ended::Broken(at),
+            // kube hands an error status of the request itself (403, 410)
+            // over as the stream's first item.
+            Some(Err(e)) => return refusal(&e).unwrap_or(Ended::Broken(at)),
             Some(Ok(event)) => event,
         };
         if let Err(ended) = apply(view, owner, &mut at, event) {
             return ended;
         }
+    }
+}
+
+/// What an API status refusing the watch means, if it is final for this
+/// request: not granted by RBAC (stop; renewals list, as a Role without
+/// `watch` asks), or a version whose history is gone (list again).
+fn refusal(error: &kube::Error) -> Option<Ended> {
+    match error {
+        kube::Error::Api(status) if status.code == 403 => Some(Ended::Stop),
+        kube::Error::Api(status) if status.code == 410 => Some(Ended::Relist),
+        _ => None,
     }
 }
 
@@ -395,7 +406,7 @@ mod tests {
             .lock()
             .held
             .values()
-            .map(|(s, t)| (s.clone(), t.get()))
+            .map(|(s, t, _)| (s.clone(), t.get()))
             .collect();
         held.sort();
         held

@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use lease_port::{Clock, FencingToken, Lease, LeaseErrorKind, OwnerId, SessionId, SessionLease};
+use lease_port::{
+    Clock, FencingToken, Lease, LeaseError, LeaseErrorKind, OwnerId, SessionId, SessionLease,
+};
 use serde_json::json;
 use session_store::{SessionStore, StoreError, StoreErrorKind, WriteFence};
 use tokio::sync::Notify;
@@ -555,6 +557,7 @@ async fn worker(i: usize, shared: Arc<Shared>) {
     // acquire of it asks for a token above (after a lease authority lost
     // its tokens, as a session server does).
     let mut floors: HashMap<SessionId, u64> = HashMap::new();
+    let renewals = AtomicU64::new(0);
     while shared.take_op() {
         let session = &shared.sessions[rng.below(shared.sessions.len() as u64) as usize];
         let Some(generation) = shared.generation() else {
@@ -565,6 +568,7 @@ async fn worker(i: usize, shared: Arc<Shared>) {
             owner: &owner,
             shared: &shared,
             generation: &generation,
+            renewals: &renewals,
         };
         let mut held = match me.acquire(session, floors.remove(session)).await {
             Granted::Yes(held) => held,
@@ -677,6 +681,8 @@ struct Actor<'a> {
     owner: &'a OwnerId,
     shared: &'a Shared,
     generation: &'a Generation,
+    /// The worker's renewals so far, over all its holds.
+    renewals: &'a AtomicU64,
 }
 
 impl Actor<'_> {
@@ -717,11 +723,31 @@ impl Actor<'_> {
         }
     }
 
+    /// Renews `lease`; every other renewal of a worker is a batch of one
+    /// (`renew_many`), so that the faults reach batch renewal too, which
+    /// some backends prove otherwise than a single renew (Kubernetes by a
+    /// list or a watch of the owner's sessions).
     async fn renew(&self, lease: &Lease) -> Granted {
         let _running = self.generation.enter();
         let inv = self.invoke(lease.session_id(), OpKind::Renew, Some(lease));
-        let fut = self.leases().renew(lease);
-        self.granted(inv, fut).await
+        let leases = self.leases();
+        if self
+            .renewals
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(2)
+        {
+            return self.granted(inv, leases.renew(lease)).await;
+        }
+        let batch = async move {
+            let mut answers = leases.renew_many(std::slice::from_ref(lease)).await;
+            match (answers.pop(), answers.is_empty()) {
+                (Some(answer), true) => answer,
+                _ => Err(LeaseError::invalid(
+                    "renew_many answered other than one result for one lease",
+                )),
+            }
+        };
+        self.granted(inv, batch).await
     }
 
     async fn granted(

@@ -4,7 +4,9 @@
 //! connections (`connections`); fifty clients contending for one session
 //! (`contention`); lost replies, server faults, outside edits and missing
 //! RBAC verbs (`faults`); token floors (`floor`); API requests per
-//! operation (`requests`); Lease storage that went back (`rewind`). They
+//! operation (`requests`); Lease storage that went back (`rewind`); many
+//! sessions on one owner lease (`scale`) and the watch that proves them
+//! (`watch`). They
 //! share no process-wide state, so they run as threads of one process.
 //!
 //! The behaviour suite is `tests/conformance.rs`, a binary of its own:
@@ -22,3 +24,4 @@ mod floor;
 mod requests;
 mod rewind;
 mod scale;
+mod watch;
