@@ -335,6 +335,8 @@ struct Shared {
     sessions: Vec<SessionId>,
     recorder: Recorder,
     started: AtomicU64,
+    /// Renewals so far, by every worker: every other one is a batch.
+    renewals: AtomicU64,
 }
 
 impl Shared {
@@ -388,6 +390,7 @@ pub async fn run(
         sessions,
         recorder: recorder.clone(),
         started: AtomicU64::new(0),
+        renewals: AtomicU64::new(0),
     });
     let begun = Instant::now();
     let mut workers = JoinSet::new();
@@ -557,7 +560,6 @@ async fn worker(i: usize, shared: Arc<Shared>) {
     // acquire of it asks for a token above (after a lease authority lost
     // its tokens, as a session server does).
     let mut floors: HashMap<SessionId, u64> = HashMap::new();
-    let renewals = AtomicU64::new(0);
     while shared.take_op() {
         let session = &shared.sessions[rng.below(shared.sessions.len() as u64) as usize];
         let Some(generation) = shared.generation() else {
@@ -568,7 +570,6 @@ async fn worker(i: usize, shared: Arc<Shared>) {
             owner: &owner,
             shared: &shared,
             generation: &generation,
-            renewals: &renewals,
         };
         let mut held = match me.acquire(session, floors.remove(session)).await {
             Granted::Yes(held) => held,
@@ -681,8 +682,6 @@ struct Actor<'a> {
     owner: &'a OwnerId,
     shared: &'a Shared,
     generation: &'a Generation,
-    /// The worker's renewals so far, over all its holds.
-    renewals: &'a AtomicU64,
 }
 
 impl Actor<'_> {
@@ -723,7 +722,7 @@ impl Actor<'_> {
         }
     }
 
-    /// Renews `lease`; every other renewal of a worker is a batch of one
+    /// Renews `lease`; every other renewal of the workers is a batch of one
     /// (`renew_many`), so that the faults reach batch renewal too, which
     /// some backends prove otherwise than a single renew (Kubernetes by a
     /// list or a watch of the owner's sessions).
@@ -732,6 +731,7 @@ impl Actor<'_> {
         let inv = self.invoke(lease.session_id(), OpKind::Renew, Some(lease));
         let leases = self.leases();
         if self
+            .shared
             .renewals
             .fetch_add(1, Ordering::Relaxed)
             .is_multiple_of(2)
