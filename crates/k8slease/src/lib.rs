@@ -178,9 +178,13 @@
 //!
 //! The watch saves requests and decides nothing alone. Whenever it cannot
 //! show the sessions as of a renewal within a quarter of the request
-//! timeout — starting, resumed after a broken connection, relisting after
-//! its history was compacted (410 `Gone`) or after its versions went back —
-//! the renewal lists, as below the threshold. A version that goes back on
+//! timeout — starting, or starting over — the renewal lists, as below the
+//! threshold. A watch that ends, however (closed by the API server after
+//! four minutes, broken, its history compacted, its versions gone back),
+//! starts over from a list rather than resuming from the last version it
+//! saw: behind an API server restarted for an etcd restore, versions it
+//! saw may have been used again for other changes, which a resumed watch
+//! would never send. That is one list every four minutes or so. A version that goes back on
 //! the watch makes it list again, and that list is refused as `Rewound` as
 //! any other would be. Storage can also go back where no watch event shows
 //! it: restored to a point after the owner lease's previous renewal but

@@ -413,7 +413,7 @@ impl K8sLease {
             // event to wait for.
             && renewal > state.renewed_from
             && let Some(shown) = watch.held_at(renewal, self.request_timeout() / 4).await
-            && let Some(proven) = self.confirm_since(shown, state.renewed_from, owner).await
+            && let Some(proven) = self.confirm_since(shown, state, owner).await
         {
             return Ok(proven);
         }
@@ -422,7 +422,8 @@ impl K8sLease {
     }
 
     /// The sessions of `shown` (the watch's view) proven ours, when the
-    /// renewal was conditional on version `from`. Everything written up to
+    /// renewal was conditional on version `from` (`state.renewed_from`).
+    /// Everything written up to
     /// `from` is still stored; a session written since (an acquire after
     /// the previous renewal) may have been lost to storage that went back
     /// past its write but not past `from`, which no watch event shows, so
@@ -433,9 +434,10 @@ impl K8sLease {
     async fn confirm_since(
         &self,
         shown: Held,
-        from: u64,
+        state: &OwnerLease,
         owner: &OwnerId,
     ) -> Option<HashMap<String, FencingToken>> {
+        let from = state.renewed_from;
         let (settled, since): (Vec<_>, Vec<_>) = shown
             .into_iter()
             .partition(|(_, (_, _, version))| *version <= from);
@@ -449,9 +451,11 @@ impl K8sLease {
             .zip(read)
             .filter_map(|((_, entry), read)| {
                 let (session, token, _) = entry;
-                let now = held_by(&read.ok()??.object, owner)?;
+                let object = read.ok()??.object;
+                let now = held_by(&object, owner)?;
                 // Unconfirmed sessions are decided on their own objects.
-                (now.0 == session && now.1 == token).then_some((session, token))
+                let on_it = record::owner_lease_of(&object) == Some(state.name.as_str());
+                (on_it && now.0 == session && now.1 == token).then_some((session, token))
             });
         Some(
             settled

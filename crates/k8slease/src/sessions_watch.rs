@@ -195,61 +195,51 @@ impl Drop for SessionsWatch {
     }
 }
 
-/// How one watch request ended.
+/// How one watch request ended. Each but `Stop` is followed by a new
+/// list, never by a watch resumed from the last version seen: storage that
+/// went back while no watch ran (an API server restarted for an etcd
+/// restore) may have written other changes under the versions in between,
+/// which a resumed watch would never send. A list every few minutes per
+/// watching owner is the price.
 enum Ended {
-    /// The server closed it on time: resume from this revision at once.
-    Resume(u64),
-    /// Broken: resume from this revision after a pause.
-    Broken(u64),
-    /// Its history is gone, it went back, or it was asked to: list again.
+    /// Closed by the server on time, its history gone, its versions gone
+    /// back, or asked to: list again.
     Relist,
+    /// Broken: list again after a pause.
+    Broken,
     /// The client is gone, or the API server refuses to watch.
     Stop,
 }
 
 async fn keep(lease: Weak<Inner>, view: Arc<View>, name: String, owner: OwnerId) {
     let mut pause = FIRST_PAUSE;
-    let mut resume = None;
     loop {
-        let from = match resume {
-            Some(from) => from,
-            None => {
-                let Some(inner) = lease.upgrade() else { return };
-                let listed = K8sLease { inner }.list_on(&name, &owner).await;
-                match listed {
-                    Ok((Some(revision), held)) => {
-                        view.reset(revision, held);
-                        revision
-                    }
-                    // Versions that are not integers cannot be ordered.
-                    Ok((None, _)) => return,
-                    Err(_) => {
-                        tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(LONGEST_PAUSE);
-                        continue;
-                    }
-                }
+        let Some(inner) = lease.upgrade() else { return };
+        let listed = K8sLease { inner }.list_on(&name, &owner).await;
+        let from = match listed {
+            Ok((Some(revision), held)) => {
+                view.reset(revision, held);
+                revision
+            }
+            // Versions that are not integers cannot be ordered.
+            Ok((None, _)) => return,
+            Err(_) => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(LONGEST_PAUSE);
+                continue;
             }
         };
-        match watch(&lease, &view, &name, &owner, from).await {
-            Ended::Resume(at) => {
-                resume = Some(at);
-                pause = FIRST_PAUSE;
-            }
-            Ended::Broken(at) => {
-                view.set_live(false);
-                resume = Some(at);
+        let began = tokio::time::Instant::now();
+        let ended = watch(&lease, &view, &name, &owner, from).await;
+        view.set_live(false);
+        match ended {
+            // A watch that ends as soon as it starts is not let spin.
+            Ended::Relist if began.elapsed() >= FIRST_PAUSE => pause = FIRST_PAUSE,
+            Ended::Relist | Ended::Broken => {
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(LONGEST_PAUSE);
             }
-            Ended::Relist => {
-                view.set_live(false);
-                resume = None;
-            }
-            Ended::Stop => {
-                view.set_live(false);
-                return;
-            }
+            Ended::Stop => return,
         }
     }
 }
@@ -268,8 +258,8 @@ async fn watch(lease: &Weak<Inner>, view: &View, name: &str, owner: &OwnerId, fr
     let stream = match tokio::time::timeout(timeout, api.watch(&params, &from.to_string())).await {
         Ok(Ok(stream)) => stream,
         // Not granted: the renewals list, as a Role without `watch` asks.
-        Ok(Err(refused)) => return refusal(&refused).unwrap_or(Ended::Broken(from)),
-        Err(_) => return Ended::Broken(from),
+        Ok(Err(refused)) => return refusal(&refused).unwrap_or(Ended::Broken),
+        Err(_) => return Ended::Broken,
     };
     let mut stream = std::pin::pin!(stream);
     view.set_live(true);
@@ -280,10 +270,10 @@ async fn watch(lease: &Weak<Inner>, view: &View, name: &str, owner: &OwnerId, fr
             next = stream.next() => next,
         };
         let event = match next {
-            None => return Ended::Resume(at),
+            None => return Ended::Relist,
             // kube hands an error status of the request itself (403, 410)
             // over as the stream's first item.
-            Some(Err(e)) => return refusal(&e).unwrap_or(Ended::Broken(at)),
+            Some(Err(e)) => return refusal(&e).unwrap_or(Ended::Broken),
             Some(Ok(event)) => event,
         };
         if let Err(ended) = apply(view, owner, &mut at, event) {
@@ -325,7 +315,7 @@ fn apply(
             };
         }
         WatchEvent::Error(status) if status.code == 410 => return Err(Ended::Relist),
-        WatchEvent::Error(_) => return Err(Ended::Broken(*at)),
+        WatchEvent::Error(_) => return Err(Ended::Broken),
     };
     // Each write has a version of its own, sent in rising order: one not
     // above the last is storage that went back, and the list that follows
@@ -443,7 +433,7 @@ mod tests {
             match apply(&view, &me, &mut at, event) {
                 Ok(()) => "applied",
                 Err(Ended::Relist) => "relist",
-                Err(Ended::Broken(20)) => "broken",
+                Err(Ended::Broken) => "broken",
                 Err(_) => "other",
             }
         };

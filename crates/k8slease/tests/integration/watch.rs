@@ -1,8 +1,10 @@
 //! The watch that proves an owner's sessions after each renewal in place
 //! of a list (`Builder::watch_from`): storage that went back where no
-//! watch event shows it, and a Role that does not grant `watch`.
+//! watch event shows it, or behind an API server restart, and a Role that
+//! does not grant `watch`.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k8s_emulator::Verb;
@@ -158,4 +160,157 @@ async fn a_role_without_watch_is_asked_once_and_renewals_list() {
         7,
         "six renewals and the watch's list: {seen:?}"
     );
+}
+
+/// A TCP proxy in front of the emulator that the test can cut (every
+/// connection through it closed) and block (new ones refused): an API
+/// server restarted, as an etcd restore requires.
+struct Proxy {
+    addr: std::net::SocketAddr,
+    blocked: Arc<AtomicBool>,
+    cut: tokio::sync::watch::Sender<u64>,
+}
+
+async fn proxy(target: std::net::SocketAddr) -> Proxy {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let blocked = Arc::new(AtomicBool::new(false));
+    let (cut, _) = tokio::sync::watch::channel(0u64);
+    let (b, c) = (blocked.clone(), cut.clone());
+    tokio::spawn(async move {
+        loop {
+            let (mut inbound, _) = listener.accept().await.unwrap();
+            if b.load(Ordering::SeqCst) {
+                drop(inbound);
+                continue;
+            }
+            let mut rx = c.subscribe();
+            tokio::spawn(async move {
+                let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
+                    return;
+                };
+                tokio::select! {
+                    _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                    _ = rx.changed() => {}
+                }
+            });
+        }
+    });
+    Proxy { addr, blocked, cut }
+}
+
+/// The Lease storage goes back to a snapshot while the holder's watch has
+/// seen versions past it; the API server restarts (the watch breaks and
+/// cannot reconnect), the owner's next incarnation takes a session over
+/// under versions the lost history had used, and other writers push the
+/// counter past every version the watch saw. A watch resumed from its
+/// last version would never be sent that takeover, and the holder's
+/// renewal, based on an owner-lease version the restore kept, succeeds:
+/// what the holder then answers for the session taken over.
+async fn renewal_after_a_restart_across_a_restore(watch_from: usize) -> String {
+    let cluster = Cluster::emulated().await;
+    let emulator = cluster.emulator();
+    let p = proxy(emulator.address()).await;
+    let text = std::fs::read_to_string(emulator.http_kubeconfig_path()).unwrap();
+    let text = text.replace(emulator.url(), &format!("http://{}", p.addr));
+    assert!(text.contains(&p.addr.to_string()));
+    let path = std::env::temp_dir().join(format!("k8slease-proxied-{}.yaml", p.addr.port()));
+    std::fs::write(&path, text).unwrap();
+    let kube_a = k8slease::client_from_kubeconfig(&path).await.unwrap();
+    let clock = ManualClock::new();
+    let a = K8sLease::builder(kube_a, &cluster.namespace)
+        .ttl(TTL)
+        .expiry(ExpiryJudgement::SkewSafe)
+        .clock(Arc::new(clock.clone()))
+        .watch_from(watch_from)
+        .build()
+        .unwrap();
+    let o = OwnerId::new("pod-a/1").unwrap();
+    let mut held: Vec<Lease> = Vec::new();
+    for s in ["y0", "y1", "y2"] {
+        held.push(a.acquire(&sid(s), &o).await.unwrap());
+    }
+    let counts = emulator.requests();
+    for _ in 0..20 {
+        counts.reset();
+        clock.advance(TTL / 3);
+        let answers = a.renew_many(&held).await;
+        for (l, r) in held.iter_mut().zip(answers) {
+            *l = r.unwrap();
+        }
+        if watch_from == usize::MAX || counts.get(k8s_emulator::Verb::List, "leases") == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let snapshot = emulator.snapshot();
+    // Writes under the owner-lease label that only the watch sees (on a
+    // real API server, a bookmark moves it likewise), then lost.
+    let admin: Api<LeaseObject> = Api::namespaced(cluster.kube().await, &cluster.namespace);
+    for i in 0..3 {
+        let mut y2 = admin.get(&object_name(&sid("y2"))).await.unwrap();
+        y2.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert("example.com/edit".into(), i.to_string());
+        admin
+            .replace(&object_name(&sid("y2")), &PostParams::default(), &y2)
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let at_old = emulator.revision();
+    // The watch breaks (API server restarted with the restored etcd) and
+    // cannot come back until the counter has passed its revision.
+    p.blocked.store(true, Ordering::SeqCst);
+    p.cut.send_modify(|g| *g += 1);
+    emulator.restore(&snapshot);
+    // The same owner's next incarnation takes y0 over, on the storage as
+    // restored.
+    let b = K8sLease::builder(cluster.kube().await, &cluster.namespace)
+        .ttl(TTL)
+        .expiry(ExpiryJudgement::SkewSafe)
+        .build()
+        .unwrap();
+    let taken = b.acquire(&sid("y0"), &o).await.unwrap();
+    assert!(
+        emulator.revision() <= at_old,
+        "{} {}",
+        emulator.revision(),
+        at_old
+    );
+    for i in 0..5 {
+        let mut other = LeaseObject::default();
+        other.metadata.name = Some(format!("unrelated-{i}"));
+        admin.create(&PostParams::default(), &other).await.unwrap();
+    }
+    assert!(emulator.revision() > at_old);
+    p.blocked.store(false, Ordering::SeqCst);
+    // Time for the watch to come back.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    counts.reset();
+    clock.advance(TTL / 3);
+    let answers = a.renew_many(&held).await;
+    let lists = counts.get(k8s_emulator::Verb::List, "leases");
+    match &answers[0] {
+        Ok(l) => format!(
+            "y0 renewed under token {} while the other incarnation holds token {} (lists {lists})",
+            l.token(),
+            taken.token()
+        ),
+        Err(e) => format!("{:?}", e.kind()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_across_a_restore_is_held_when_listing() {
+    let answer = renewal_after_a_restart_across_a_restore(usize::MAX).await;
+    assert_eq!(answer, "Held");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_across_a_restore_is_held_when_watching() {
+    let answer = renewal_after_a_restart_across_a_restore(1).await;
+    assert_eq!(answer, "Held");
 }
