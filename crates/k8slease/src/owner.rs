@@ -30,7 +30,7 @@ use crate::backend::{K8sLease, Written};
 use crate::error::{Failure, Verb, rewound};
 use crate::observe::Observed;
 use crate::record;
-use crate::sessions_watch::{Held, SessionsWatch, held_by};
+use crate::sessions_watch::{Held, SessionsWatch, held_entry};
 
 /// Names of owner leases: the prefix differs from every session prefix and
 /// from the authority object's name before the ninth character.
@@ -345,7 +345,8 @@ impl K8sLease {
     /// then, if its sessions were not proven since that renewal, lists
     /// them, or has its watch show them (see `sessions_watch`): at most two
     /// requests per renewal period, one while the watch runs, however many
-    /// sessions and batches. `None` when this client has no owner lease for `owner`.
+    /// sessions and batches. `None` when this client has no owner lease for
+    /// `owner`.
     /// Answers for each of `asked`; a lease of another owner is neither
     /// proven nor lost.
     pub(crate) async fn prove(
@@ -423,14 +424,13 @@ impl K8sLease {
 
     /// The sessions of `shown` (the watch's view) proven ours, when the
     /// renewal was conditional on version `from` (`state.renewed_from`).
-    /// Everything written up to
-    /// `from` is still stored; a session written since (an acquire after
-    /// the previous renewal) may have been lost to storage that went back
-    /// past its write but not past `from`, which no watch event shows, so
-    /// each is read again, and a read older than what this client saw of
-    /// it is refused as `Rewound` (by [`read`](K8sLease::read)) as a list
-    /// would have it. `None` when so many were written since that one list
-    /// is cheaper.
+    /// Everything written up to `from` is still stored; a session written
+    /// since (an acquire after the previous renewal) may have been lost to
+    /// storage that went back past its write but not past `from`, which no
+    /// watch event shows, so each is read again, and a read older than what
+    /// this client saw of it is refused as `Rewound` (by
+    /// [`read`](K8sLease::read)) as a list would have it. `None` when so
+    /// many were written since that one list is cheaper.
     async fn confirm_since(
         &self,
         shown: Held,
@@ -452,7 +452,7 @@ impl K8sLease {
             .filter_map(|((_, entry), read)| {
                 let (session, token, _) = entry;
                 let object = read.ok()??.object;
-                let now = held_by(&object, owner)?;
+                let now = held_entry(&object, owner)?;
                 // Unconfirmed sessions are decided on their own objects.
                 let on_it = record::owner_lease_of(&object) == Some(state.name.as_str());
                 (on_it && now.0 == session && now.1 == token).then_some((session, token))
@@ -507,7 +507,7 @@ impl K8sLease {
         let held = list
             .items
             .iter()
-            .filter_map(|o| Some((o.metadata.name.clone()?, held_by(o, owner)?)))
+            .filter_map(|o| Some((o.metadata.name.clone()?, held_entry(o, owner)?)))
             .collect();
         Ok((version, held))
     }

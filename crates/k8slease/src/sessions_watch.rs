@@ -117,7 +117,7 @@ impl View {
 
 /// Whether `object` is a session held by `owner` under a known token, and
 /// which.
-pub(crate) fn held_by(object: &LeaseObject, owner: &OwnerId) -> Option<Entry> {
+pub(crate) fn held_entry(object: &LeaseObject, owner: &OwnerId) -> Option<Entry> {
     if record::holder(object) != Some(owner.as_str()) {
         return None;
     }
@@ -328,7 +328,11 @@ fn apply(
     let Some(name) = object.metadata.name.clone() else {
         return Err(Ended::Relist);
     };
-    let entry = if gone { None } else { held_by(&object, owner) };
+    let entry = if gone {
+        None
+    } else {
+        held_entry(&object, owner)
+    };
     view.advance(revision, Some((name, entry)));
     Ok(())
 }
