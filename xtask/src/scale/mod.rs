@@ -99,7 +99,13 @@ impl Form {
             ],
             live: LivePlan {
                 ttl: Duration::from_secs(6),
-                window: Duration::from_secs(20),
+                // A held run reads its cancel requests on an interval of
+                // its own besides the store's notification: `mecated`'s
+                // `CANCEL_SAFETY_READ`, 30 s. Runs started together read
+                // together, so a shorter window shows either none of
+                // those reads or a burst of them; one whole interval
+                // holds each run's reads once, whatever its phase.
+                window: Duration::from_secs(30),
             },
             takeover: TakeoverPlan {
                 ttl: Duration::from_secs(6),

@@ -198,7 +198,7 @@ pub(super) fn write(table: &str, window: Duration, repeats: usize, built: &Built
     let header = format!(
         "Measured by `cargo xtask scale` on commit {}, {} ({} cores), release binaries. \
          Live runs: echo runs of an hour held by one `mecated` (TTL 6 s), CPU over {} s \
-         once all had started and renewed (`/proc/<pid>/stat`), resident memory less the \
+         (one interval of the runs' cancel safety reads) once all had started and renewed (`/proc/<pid>/stat`), resident memory less the \
          idle server's; \"above unleased\" subtracts the unleased server's CPU at the \
          same size. Kubernetes leases are in the API emulator, reached in plain \
          HTTP through a proxy that counts the requests; a renewal period is a \
@@ -208,7 +208,7 @@ pub(super) fn write(table: &str, window: Duration, repeats: usize, built: &Built
          their leases (`--shutdown-timeout` {} s, the default, bounds it). Followers: idle SSE \
          followers of live runs on file leases, spread evenly over the sessions, each \
          a connection of its own; CPU over the same window. CPU is read in clock \
-         ticks: 0.05 % of a core is one tick in 20 s. Load average when the run \
+         ticks: {:.2} % of a core is one tick in {} s. Load average when the run \
          started: {}.",
         built.commit,
         crate::bench::today()?,
@@ -216,6 +216,9 @@ pub(super) fn write(table: &str, window: Duration, repeats: usize, built: &Built
         window.as_secs(),
         repeats,
         SHUTDOWN_TIMEOUT.as_secs(),
+        // A tick is 10 ms (`CLK_TCK` is 100 on Linux).
+        1.0 / window.as_secs_f64(),
+        window.as_secs(),
         built.load,
     );
     let section = format!("{header}\n\n{table}");
