@@ -184,12 +184,13 @@
 //! starts over from a list rather than resuming from the last version it
 //! saw: behind an API server restarted for an etcd restore, versions it
 //! saw may have been used again for other changes, which a resumed watch
-//! would never send. That is one list every four minutes or so. A version that goes back on
-//! the watch makes it list again, and that list is refused as `Rewound` as
-//! any other would be. Storage can also go back where no watch event shows
-//! it: restored to a point after the owner lease's previous renewal but
-//! before a session acquired since, with the version counter then pushed
-//! past everything this client saw by other writers. So a session whose
+//! would never send. That is one list every four minutes or so. A version
+//! that goes back on the watch makes it list again, and that list is
+//! refused as `Rewound` as any other would be. Storage can also go back
+//! where no watch event shows it: restored to a point after the owner
+//! lease's previous renewal but before a session acquired since, with the
+//! version counter then pushed past everything this client saw by other
+//! writers. So a session whose
 //! object changed after the version the renewal was conditional on is read
 //! again before the watch's word is taken for it (a read older than what
 //! this client saw is `Rewound`); with more than 32 such sessions, the

@@ -4,7 +4,6 @@
 //! does not grant `watch`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k8s_emulator::Verb;
@@ -12,6 +11,7 @@ use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
 use k8slease::{ExpiryJudgement, K8sLease, object_name};
 use kube::api::{Api, PostParams};
 use lease_port::{Lease, LeaseErrorKind, ManualClock, OwnerId, SessionId, SessionLease};
+use test_services::{FaultProxy, ProxyMode};
 
 use crate::support::Cluster;
 
@@ -162,43 +162,6 @@ async fn a_role_without_watch_is_asked_once_and_renewals_list() {
     );
 }
 
-/// A TCP proxy in front of the emulator that the test can cut (every
-/// connection through it closed) and block (new ones refused): an API
-/// server restarted, as an etcd restore requires.
-struct Proxy {
-    addr: std::net::SocketAddr,
-    blocked: Arc<AtomicBool>,
-    cut: tokio::sync::watch::Sender<u64>,
-}
-
-async fn proxy(target: std::net::SocketAddr) -> Proxy {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let blocked = Arc::new(AtomicBool::new(false));
-    let (cut, _) = tokio::sync::watch::channel(0u64);
-    let (b, c) = (blocked.clone(), cut.clone());
-    tokio::spawn(async move {
-        loop {
-            let (mut inbound, _) = listener.accept().await.unwrap();
-            if b.load(Ordering::SeqCst) {
-                drop(inbound);
-                continue;
-            }
-            let mut rx = c.subscribe();
-            tokio::spawn(async move {
-                let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
-                    return;
-                };
-                tokio::select! {
-                    _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
-                    _ = rx.changed() => {}
-                }
-            });
-        }
-    });
-    Proxy { addr, blocked, cut }
-}
-
 /// The Lease storage goes back to a snapshot while the holder's watch has
 /// seen versions past it; the API server restarts (the watch breaks and
 /// cannot reconnect), the owner's next incarnation takes a session over
@@ -210,11 +173,13 @@ async fn proxy(target: std::net::SocketAddr) -> Proxy {
 async fn renewal_after_a_restart_across_a_restore(watch_from: usize) -> String {
     let cluster = Cluster::emulated().await;
     let emulator = cluster.emulator();
-    let p = proxy(emulator.address()).await;
+    // An API server restarted, as an etcd restore requires: every
+    // connection closed, new ones refused until it is back.
+    let p = FaultProxy::start(emulator.address()).unwrap();
     let text = std::fs::read_to_string(emulator.http_kubeconfig_path()).unwrap();
-    let text = text.replace(emulator.url(), &format!("http://{}", p.addr));
-    assert!(text.contains(&p.addr.to_string()));
-    let path = std::env::temp_dir().join(format!("k8slease-proxied-{}.yaml", p.addr.port()));
+    let text = text.replace(emulator.url(), &format!("http://{}", p.addr()));
+    assert!(text.contains(&p.addr().to_string()));
+    let path = std::env::temp_dir().join(format!("k8slease-proxied-{}.yaml", p.addr().port()));
     std::fs::write(&path, text).unwrap();
     let kube_a = k8slease::client_from_kubeconfig(&path).await.unwrap();
     let clock = ManualClock::new();
@@ -263,8 +228,7 @@ async fn renewal_after_a_restart_across_a_restore(watch_from: usize) -> String {
     let at_old = emulator.revision();
     // The watch breaks (API server restarted with the restored etcd) and
     // cannot come back until the counter has passed its revision.
-    p.blocked.store(true, Ordering::SeqCst);
-    p.cut.send_modify(|g| *g += 1);
+    p.set_mode(ProxyMode::Drop);
     emulator.restore(&snapshot);
     // The same owner's next incarnation takes y0 over, on the storage as
     // restored.
@@ -286,7 +250,7 @@ async fn renewal_after_a_restart_across_a_restore(watch_from: usize) -> String {
         admin.create(&PostParams::default(), &other).await.unwrap();
     }
     assert!(emulator.revision() > at_old);
-    p.blocked.store(false, Ordering::SeqCst);
+    p.set_mode(ProxyMode::Pass);
     // Time for the watch to come back.
     tokio::time::sleep(Duration::from_secs(4)).await;
     counts.reset();
